@@ -1,0 +1,198 @@
+from __future__ import annotations
+
+import enum
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Protocol, runtime_checkable
+
+from hermes.core._errors import NotSupportedError, UnknownPriorityError
+from hermes.core._message import Message
+from hermes.core._serializer import MessageSerializer, Serializer
+from hermes.core._shutdown import Shutdown
+
+#: The priority of ``send()`` without one, and the one every driver has a queue for.
+#: A higher number is a higher priority.
+DEFAULT_PRIORITY = 100
+
+#: ``callback(message, priority) -> bool``, what ``Driver.wait`` calls per message.
+Callback = Callable[[Message, int], bool]
+
+
+class Delivery(enum.Enum):
+    """When the broker forgets a message, relative to the handler."""
+
+    #: Removed before the callback: a worker that dies mid-handler loses it.
+    AT_MOST_ONCE = "at-most-once"
+    #: Removed after the callback returns: a worker that dies mid-handler gets it
+    #: delivered again (to itself or another worker), so handlers must be idempotent.
+    AT_LEAST_ONCE = "at-least-once"
+
+
+class Delay(enum.Enum):
+    """What the driver does with a message whose ``execute_at`` is in the future."""
+
+    #: Holds it until ``execute_at``.
+    NATIVE = "native"
+    #: Delivers it at once; ``execute_at`` is kept in the message.
+    IGNORED = "ignored"
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a driver promises. Core, the CLI and the conformance kit all read this.
+
+    The conformance kit tests both branches of every row: a feature that is
+    off must show its declared fallback.
+    """
+
+    #: When the message leaves the broker relative to the callback.
+    delivery: Delivery
+    #: Whether ``execute_at`` holds a message back.
+    delay: Delay
+    #: ``setup_priority_queue`` works and queues are read highest first;
+    #: when False it raises :class:`NotSupportedError`.
+    priorities: bool
+    #: Several workers on one queue never get the same message (barring
+    #: at-least-once redelivery after a crash).
+    competing_consumers: bool
+    #: A message sent in one process can be received in another. Only an
+    #: in-process driver (memory) says no; the kit then skips its subprocess tests.
+    cross_process: bool = True
+    #: The largest serialized message, in bytes, the driver promises to carry.
+    max_message_bytes: int = 256 * 1024
+    #: At-least-once: seconds after which a message claimed by a dead worker is
+    #: handed out again (a visibility timeout, a session timeout, 0 = at once).
+    redelivery_timeout_s: float = 0.0
+
+
+class Driver(ABC):
+    """A broker connection that sends messages and waits for them.
+
+    Contract of every driver:
+
+    * ``send()`` serializes the message before any I/O, so a
+      :class:`SerializeError` leaves the broker untouched. It is safe to call
+      from many threads at once, and a driver created before ``os.fork()``
+      works in the child without sharing the parent's sockets. A message the
+      broker did not take raises a :class:`DriverError` subclass; it never
+      vanishes silently.
+    * ``wait()`` blocks, calling ``callback(message, priority)`` for each
+      message, until :meth:`should_stop` is true (shutdown or max items); it
+      checks that at the top of every loop and before every idle wait, and no
+      idle wait lasts longer than about a second. Queues are read from the
+      highest priority down; ``priorities`` restricts the worker to those.
+    * A body that is not a Hermes message is logged with the reason and set
+      aside (quarantine, dead-letter, or deleted after the log); the loop goes on.
+    * An exception escaping ``callback`` propagates out of ``wait()``; an
+      at-least-once driver leaves that message on the broker so the next
+      ``wait()`` (this worker's or another's) receives it again.
+    * Broker failures are logged with their cause, then either reconnected with
+      backoff or raised as :class:`DriverError`.
+    """
+
+    #: What this driver promises; instances may narrow it from their options.
+    capabilities: Capabilities
+
+    def __init__(self) -> None:
+        self.serializer: Serializer = MessageSerializer()
+        self.shutdown: Shutdown | None = None
+        self.max_process_items = 0
+        #: Messages this driver has handed to a callback since it was created.
+        self.processed_items = 0
+        #: When ``wait()`` was first entered; a shutdown request before it is ignored.
+        self.start_time = time.time()
+
+    @abstractmethod
+    def send(self, message: Message, priority: int = DEFAULT_PRIORITY) -> None:
+        """Put ``message`` on the queue of ``priority``; see the class contract."""
+
+    @abstractmethod
+    def wait(self, callback: Callback, priorities: Sequence[int] = ()) -> None:
+        """Call ``callback`` for each message until stopped; see the class contract."""
+
+    def setup_priority_queue(self, name: str, priority: int) -> None:
+        """Add a queue ``name`` that holds messages sent with ``priority``.
+
+        Raises :class:`NotSupportedError` on a driver without priorities.
+        """
+        raise NotSupportedError(f"{type(self).__name__} has no priority queues")
+
+    def close(self) -> None:  # noqa: B027 - most drivers have something to close, not all
+        """Release the broker connection. Idempotent."""
+
+    def set_max_process_items(self, count: int) -> None:
+        """Make ``wait()`` return after ``count`` messages (0 = never)."""
+        if count < 0:
+            raise ValueError(f"max process items must be >= 0, got {count}")
+        self.max_process_items = count
+
+    def set_shutdown(self, shutdown: Shutdown | None) -> None:
+        """Make ``wait()`` return once ``shutdown.should_shutdown(start_time)`` is true."""
+        self.shutdown = shutdown
+
+    def set_serializer(self, serializer: Serializer) -> None:
+        self.serializer = serializer
+
+    # Helpers for implementations -------------------------------------------
+
+    def should_stop(self) -> bool:
+        """True when ``wait()`` must return now: max items reached or shutdown asked."""
+        if self.max_process_items and self.processed_items >= self.max_process_items:
+            return True
+        return self.shutdown is not None and self.shutdown.should_shutdown(self.start_time)
+
+    def check_priorities(self, known: Iterable[int], wanted: Sequence[int]) -> list[int]:
+        """The priorities to read, highest first: ``wanted`` (validated) or all ``known``."""
+        known = set(known)
+        for priority in wanted:
+            if priority not in known:
+                raise UnknownPriorityError(
+                    f"{type(self).__name__} has no queue for priority {priority}; "
+                    f"known priorities: {sorted(known, reverse=True)}",
+                    priority,
+                )
+        return sorted(set(wanted) if wanted else known, reverse=True)
+
+    def __enter__(self) -> Driver:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__}>"
+
+
+@runtime_checkable
+class SupportsRawSend(Protocol):
+    """Optional: put bytes on the broker as they are, without serializing.
+
+    The conformance kit uses it to put poison messages where a worker will find them.
+    """
+
+    def send_raw(self, body: bytes, priority: int = DEFAULT_PRIORITY) -> None: ...
+
+
+@runtime_checkable
+class SupportsBatchSend(Protocol):
+    """Optional: send many messages in one broker round trip where the broker allows."""
+
+    def send_batch(self, messages: Sequence[Message], priority: int = DEFAULT_PRIORITY) -> None: ...
+
+
+@runtime_checkable
+class SupportsPurge(Protocol):
+    """Optional: delete every message and every queue this driver object addresses.
+
+    The conformance kit calls it to clean up after each test.
+    """
+
+    def purge(self) -> None: ...

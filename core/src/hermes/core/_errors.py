@@ -1,0 +1,72 @@
+"""Every error Hermes raises on purpose.
+
+::
+
+    HermesError
+    ├── SerializeError          bytes on the broker that are not a Hermes message,
+    │                           or a payload that cannot be encoded
+    ├── ConfigurationError      (also ValueError) a bad URL, option or handler setup
+    │   └── UnknownDriverError  no installed driver handles the URL's scheme
+    ├── NotSupportedError       the driver has no such feature (e.g. priorities)
+    ├── UnknownPriorityError    (also KeyError-free) a priority no queue was set up for
+    └── DriverError             the broker or its client failed; ``__cause__`` is the
+        │                       client's own exception
+        ├── BrokerUnavailableError  the broker cannot be reached
+        └── DeliveryError           the broker refused or lost a ``send()``
+
+Drivers translate their client library's exceptions into ``DriverError``
+subclasses in one place and chain them (``raise DeliveryError(...) from exc``).
+"""
+
+from __future__ import annotations
+
+
+class HermesError(Exception):
+    """Base class of every error Hermes raises on purpose."""
+
+
+class SerializeError(HermesError):
+    """Data could not be turned into a :class:`Message`, or a message into data."""
+
+    def __init__(self, text: str, data: str | bytes | None = None) -> None:
+        super().__init__(text)
+        #: The offending input, when there was one (never truncated here).
+        self.data = data
+
+
+class ConfigurationError(HermesError, ValueError):
+    """A URL, option or registration that cannot work; the text says how to fix it."""
+
+
+class UnknownDriverError(ConfigurationError):
+    """No installed driver handles a URL scheme."""
+
+    def __init__(self, text: str, scheme: str) -> None:
+        super().__init__(text)
+        #: The scheme nobody handles.
+        self.scheme = scheme
+
+
+class NotSupportedError(HermesError):
+    """The driver does not offer this feature."""
+
+
+class UnknownPriorityError(HermesError):
+    """A priority was used that no queue was set up for."""
+
+    def __init__(self, text: str, priority: int) -> None:
+        super().__init__(text)
+        #: The priority that has no queue.
+        self.priority = priority
+
+
+class DriverError(HermesError):
+    """The broker or its client library failed."""
+
+
+class BrokerUnavailableError(DriverError):
+    """The broker cannot be reached (refused, timed out, restarting)."""
+
+
+class DeliveryError(DriverError):
+    """The broker did not take a message handed to ``send()``."""

@@ -1,0 +1,177 @@
+"""The memory driver: an in-process broker for tests and the conformance kit's self-test."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+
+from hermes.core._driver import (
+    DEFAULT_PRIORITY,
+    Callback,
+    Capabilities,
+    Delay,
+    Delivery,
+    Driver,
+)
+from hermes.core._errors import SerializeError, UnknownPriorityError
+from hermes.core._message import Message
+from hermes.core._registry import DriverPlugin, hookimpl
+from hermes.core._url import DriverUrl
+
+logger = logging.getLogger("hermes")
+
+#: Longest idle wait between two checks of shutdown and max items.
+_IDLE_WAIT_S = 0.2
+
+
+class _Broker:
+    """The queues of one ``memory://NAME``, shared by every driver object of that name."""
+
+    def __init__(self) -> None:
+        self.condition = threading.Condition()
+        self.queues: dict[int, deque[str | bytes]] = {DEFAULT_PRIORITY: deque()}
+        self.names: dict[int, str] = {DEFAULT_PRIORITY: "default"}
+        #: (execute_at, sequence, priority, data): held until due.
+        self.scheduled: list[tuple[float, int, int, str | bytes]] = []
+        self.sequence = itertools.count()
+        #: Bodies that were not Hermes messages, with the reason.
+        self.dead_letters: list[tuple[str | bytes, str]] = []
+
+    def move_due(self, now: float) -> None:
+        while self.scheduled and self.scheduled[0][0] <= now:
+            _, _, priority, data = heapq.heappop(self.scheduled)
+            self.queues[priority].append(data)
+
+
+_brokers: dict[str, _Broker] = {}
+_brokers_lock = threading.Lock()
+
+
+def _broker(name: str) -> _Broker:
+    with _brokers_lock:
+        return _brokers.setdefault(name, _Broker())
+
+
+class MemoryDriver(Driver):
+    """Queues in this process's memory: nothing crosses a process boundary.
+
+    Every ``MemoryDriver(name)`` with the same ``name`` shares one broker, so an
+    Emitter and a Dispatcher in one process can each ``connect("memory://jobs")``.
+    Messages are stored serialized, so the serializer is exercised as on a real
+    broker. Removal happens after the callback returns (at-least-once): a
+    callback that raises leaves its message at the head of its queue.
+    """
+
+    capabilities = Capabilities(
+        delivery=Delivery.AT_LEAST_ONCE,
+        delay=Delay.NATIVE,
+        priorities=True,
+        competing_consumers=True,
+        cross_process=False,
+        max_message_bytes=16 * 1024 * 1024,
+    )
+
+    def __init__(self, name: str = "default") -> None:
+        super().__init__()
+        #: The broker name: ``memory://NAME``.
+        self.name = name
+        self._broker = _broker(name)
+
+    def setup_priority_queue(self, name: str, priority: int) -> None:
+        with self._broker.condition:
+            self._broker.queues.setdefault(priority, deque())
+            self._broker.names[priority] = name
+
+    def send(self, message: Message, priority: int = DEFAULT_PRIORITY) -> None:
+        self._put(self.serializer.serialize(message), priority, message.execute_at)
+
+    def send_raw(self, body: bytes, priority: int = DEFAULT_PRIORITY) -> None:
+        self._put(body, priority, None)
+
+    def _put(self, data: str | bytes, priority: int, execute_at: float | None) -> None:
+        broker = self._broker
+        with broker.condition:
+            if priority not in broker.queues:
+                raise UnknownPriorityError(
+                    f"memory://{self.name} has no queue for priority {priority}; "
+                    f"known priorities: {sorted(broker.queues, reverse=True)}",
+                    priority,
+                )
+            if execute_at is not None and execute_at > time.time():
+                entry = (execute_at, next(broker.sequence), priority, data)
+                heapq.heappush(broker.scheduled, entry)
+            else:
+                broker.queues[priority].append(data)
+            broker.condition.notify_all()
+
+    def wait(self, callback: Callback, priorities: Sequence[int] = ()) -> None:
+        broker = self._broker
+        with broker.condition:
+            order = self.check_priorities(broker.queues, priorities)
+        while not self.should_stop():
+            with broker.condition:
+                now = time.time()
+                broker.move_due(now)
+                taken = next(
+                    ((p, broker.queues[p].popleft()) for p in order if broker.queues[p]), None
+                )
+                if taken is None:
+                    timeout = _IDLE_WAIT_S
+                    if broker.scheduled:
+                        timeout = min(timeout, max(0.0, broker.scheduled[0][0] - now))
+                    broker.condition.wait(timeout)
+                    continue
+            priority, data = taken
+            try:
+                message = self.serializer.unserialize(data)
+            except SerializeError as exc:
+                logger.error(
+                    "memory://%s: set aside a body that is not a message - %s", self.name, exc
+                )
+                with broker.condition:
+                    broker.dead_letters.append((data, str(exc)))
+                continue
+            try:
+                callback(message, priority)
+            except BaseException:
+                with broker.condition:
+                    broker.queues[priority].appendleft(data)
+                    broker.condition.notify_all()
+                raise
+            self.processed_items += 1
+
+    def purge(self) -> None:
+        with _brokers_lock:
+            _brokers.pop(self.name, None)
+        self._broker = _broker(self.name)
+
+    def __repr__(self) -> str:
+        return f"<MemoryDriver memory://{self.name}>"
+
+
+def _from_url(url: DriverUrl) -> MemoryDriver:
+    url.reject_unknown(())
+    return MemoryDriver(url.host or url.path or "default")
+
+
+def _isolate(url: DriverUrl, namespace: str) -> str:
+    return f"memory://{namespace}"
+
+
+@hookimpl
+def hermes_drivers() -> list[DriverPlugin]:
+    return [
+        DriverPlugin(
+            name="memory",
+            schemes=("memory",),
+            factory=_from_url,
+            capabilities=MemoryDriver.capabilities,
+            isolate=_isolate,
+            example_url="memory://jobs",
+        )
+    ]

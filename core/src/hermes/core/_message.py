@@ -1,0 +1,72 @@
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+
+def _new_id() -> str:
+    return str(uuid.uuid4())
+
+
+@dataclass(frozen=True, slots=True, init=False)
+class Message:
+    """One job: a type that selects the handlers, and a JSON payload for them.
+
+    Immutable. A retry is a new ``Message`` made with :meth:`replace`. Priority
+    is not part of the message: it is chosen per ``send()``.
+    """
+
+    #: Selects the handlers registered with ``Dispatcher.register_handler(type, ...)``.
+    type: str
+    #: Any JSON value (usually a dict); ``None`` when the job needs no data.
+    payload: Any
+    #: A UUID4 string unless given; an empty string also gets a fresh UUID.
+    id: str
+    #: UNIX timestamp (float seconds) of creation; kept across retries.
+    created: float
+    #: UNIX timestamp before which the message should not run, or ``None``.
+    execute_at: float | None
+    #: How many times this job was retried before (0 for a fresh message).
+    retries: int
+
+    def __init__(
+        self,
+        type: str,
+        payload: Any = None,
+        *,
+        id: str | None = None,
+        created: float | None = None,
+        execute_at: float | None = None,
+        retries: int = 0,
+    ) -> None:
+        if not isinstance(type, str) or not type:
+            raise ValueError(f"Message type must be a non-empty string, got {type!r}")
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise ValueError(f"Message retries must be an int >= 0, got {retries!r}")
+        if execute_at is not None:
+            execute_at = float(execute_at)
+        setattr_ = object.__setattr__
+        setattr_(self, "type", type)
+        setattr_(self, "payload", payload)
+        setattr_(self, "id", id or _new_id())
+        setattr_(self, "created", time.time() if created is None else float(created))
+        setattr_(self, "execute_at", execute_at)
+        setattr_(self, "retries", retries)
+
+    def replace(self, **changes: Any) -> Message:
+        """A copy with some fields changed (``id`` and ``created`` are kept unless given)."""
+        fields: dict[str, Any] = {
+            "type": self.type,
+            "payload": self.payload,
+            "id": self.id,
+            "created": self.created,
+            "execute_at": self.execute_at,
+            "retries": self.retries,
+        }
+        unknown = changes.keys() - fields.keys()
+        if unknown:
+            raise TypeError(f"Message has no field(s) {sorted(unknown)}")
+        fields.update(changes)
+        return Message(**fields)

@@ -1,0 +1,155 @@
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import pluggy
+
+from hermes.core import hookspecs
+from hermes.core._driver import Capabilities, Driver
+from hermes.core._errors import ConfigurationError, UnknownDriverError
+from hermes.core._url import DriverUrl
+
+#: Marks the functions of a plugin module that implement :mod:`hermes.core.hookspecs`.
+hookimpl = pluggy.HookimplMarker("hermes")
+
+#: The distributions that add the schemes Hermes knows of, for error messages.
+KNOWN_DISTRIBUTIONS = {
+    "redis": "hermes-redis",
+    "rediss": "hermes-redis",
+    "amqp": "hermes-rabbitmq",
+    "amqps": "hermes-rabbitmq",
+    "sqs": "hermes-sqs",
+    "kafka": "hermes-kafka",
+    "file": "hermes-filesystem",
+}
+
+
+@dataclass(frozen=True)
+class DriverPlugin:
+    """What a driver distribution tells Hermes about one driver."""
+
+    #: Short name shown by ``hermes drivers``.
+    name: str
+    #: URL schemes this driver handles, without ``://``.
+    schemes: tuple[str, ...]
+    #: Builds a driver from a parsed URL; rejects unknown options with
+    #: :class:`ConfigurationError`. Keyword options of ``connect()`` are passed on.
+    factory: Callable[..., Driver]
+    #: What a driver built from a URL without options promises.
+    capabilities: Capabilities
+    #: Returns a URL on the same broker whose queues no other namespace uses;
+    #: the conformance kit gives every test its own namespace this way.
+    isolate: Callable[[DriverUrl, str], str]
+    #: An example URL for help texts.
+    example_url: str = ""
+    #: The distribution that registered it (filled in by the registry).
+    distribution: str = ""
+    version: str = ""
+
+
+class _Registry:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._manager: pluggy.PluginManager | None = None
+        self._drivers: dict[str, DriverPlugin] = {}
+
+    @property
+    def manager(self) -> pluggy.PluginManager:
+        manager = self._manager
+        if manager is None:
+            with self._lock:
+                if self._manager is None:
+                    self._manager = self._load()
+                manager = self._manager
+        return manager
+
+    def _load(self) -> pluggy.PluginManager:
+        manager = pluggy.PluginManager("hermes")
+        manager.add_hookspecs(hookspecs)
+        manager.load_setuptools_entrypoints("hermes")
+        origins = {id(plugin): dist for plugin, dist in manager.list_plugin_distinfo()}
+        drivers: dict[str, DriverPlugin] = {}
+        for impl in manager.hook.hermes_drivers.get_hookimpls():
+            dist = origins.get(id(impl.plugin))
+            provided = cast(Sequence[DriverPlugin], impl.function())
+            for driver in provided:
+                if dist is not None:
+                    driver = _with_origin(driver, dist.project_name, dist.version)
+                for scheme in driver.schemes:
+                    other = drivers.get(scheme)
+                    if other is not None and other.name != driver.name:
+                        raise ConfigurationError(
+                            f"URL scheme {scheme}:// is claimed by two drivers: "
+                            f"{other.name} ({other.distribution}) and "
+                            f"{driver.name} ({driver.distribution})"
+                        )
+                    drivers[scheme] = driver
+        self._drivers = drivers
+        return manager
+
+    def drivers(self) -> dict[str, DriverPlugin]:
+        _ = self.manager
+        return self._drivers
+
+
+def _with_origin(driver: DriverPlugin, distribution: str, version: str) -> DriverPlugin:
+    from dataclasses import replace
+
+    return replace(driver, distribution=distribution, version=version)
+
+
+_registry = _Registry()
+
+
+def plugin_manager() -> pluggy.PluginManager:
+    """The process-wide ``PluginManager("hermes")``, loaded from entry points on first use."""
+    return _registry.manager
+
+
+def available_drivers() -> list[DriverPlugin]:
+    """The installed drivers, one entry each, sorted by name."""
+    unique = {driver.name: driver for driver in _registry.drivers().values()}
+    return sorted(unique.values(), key=lambda driver: driver.name)
+
+
+def driver_for_url(url: str | DriverUrl) -> tuple[DriverPlugin, DriverUrl]:
+    """The installed driver for ``url``'s scheme.
+
+    Raises :class:`UnknownDriverError` saying which distribution to install.
+    """
+    parsed = url if isinstance(url, DriverUrl) else DriverUrl.parse(url)
+    drivers = _registry.drivers()
+    driver = drivers.get(parsed.scheme)
+    if driver is None:
+        installed = ", ".join(f"{scheme}://" for scheme in sorted(drivers)) or "none"
+        dist = KNOWN_DISTRIBUTIONS.get(parsed.scheme)
+        hint = (
+            f"`pip install {dist}` adds it"
+            if dist
+            else f"install the distribution that provides {parsed.scheme}://"
+        )
+        raise UnknownDriverError(
+            f"no installed Hermes driver handles {parsed.scheme}:// ({parsed.redacted}); "
+            f"installed schemes: {installed}; {hint}",
+            parsed.scheme,
+        )
+    return driver, parsed
+
+
+def connect(url: str, **options: Any) -> Driver:
+    """Build the driver for ``url`` through its plugin, e.g. ``connect("redis://localhost:6379/0")``.
+
+    Keyword ``options`` go to the driver's factory (objects a URL cannot carry).
+    Bad URLs and options raise :class:`ConfigurationError` naming the problem.
+    """
+    driver, parsed = driver_for_url(url)
+    return driver.factory(parsed, **options)
+
+
+def isolated_url(url: str, namespace: str) -> str:
+    """A URL on the same broker as ``url`` whose queues belong to ``namespace`` alone."""
+    driver, parsed = driver_for_url(url)
+    return driver.isolate(parsed, namespace)

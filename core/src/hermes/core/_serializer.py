@@ -1,0 +1,107 @@
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Protocol, runtime_checkable
+
+from hermes.core._errors import SerializeError
+from hermes.core._message import Message
+
+#: How much of a bad input an error message quotes.
+QUOTE_LIMIT = 200
+
+_encoder = json.JSONEncoder(ensure_ascii=True, allow_nan=False, separators=(",", ":"))
+
+
+@runtime_checkable
+class Serializer(Protocol):
+    """Turns messages into text for the broker and back.
+
+    ``unserialize`` raises :class:`SerializeError` -- never another exception
+    type -- for anything that is not a message, whatever the input.
+    """
+
+    def serialize(self, message: Message) -> str: ...
+
+    def unserialize(self, data: str | bytes) -> Message: ...
+
+
+def _quote(data: str | bytes) -> str:
+    if isinstance(data, bytes):
+        text = data[:QUOTE_LIMIT].decode("utf-8", errors="backslashreplace")
+    else:
+        text = data[:QUOTE_LIMIT]
+    return text + ("..." if len(data) > QUOTE_LIMIT else "")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+class MessageSerializer:
+    """The PHP Hermes 4.x JSON envelope, byte-compatible in both directions::
+
+        {"message":{"id":"…","type":"…","created":1764480000.123,"payload":{…}|null,
+                    "execute_at":1764480016.5|null,"retries":0}}
+
+    Output escapes non-ASCII as ``\\uXXXX`` like PHP's ``json_encode``; input may
+    use any JSON escapes (``\\/`` included). PHP writes an empty payload array as
+    ``[]``; it decodes to ``{}``.
+    """
+
+    def serialize(self, message: Message) -> str:
+        envelope = {
+            "message": {
+                "id": message.id,
+                "type": message.type,
+                "created": message.created,
+                "payload": message.payload,
+                "execute_at": message.execute_at,
+                "retries": message.retries,
+            }
+        }
+        try:
+            return _encoder.encode(envelope)
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise SerializeError(f"Cannot serialize message {message.id}: {exc}") from exc
+
+    def unserialize(self, data: str | bytes) -> Message:
+        try:
+            decoded = json.loads(data)
+        except (ValueError, RecursionError) as exc:
+            # UnicodeDecodeError is a ValueError: invalid UTF-8 lands here too.
+            raise SerializeError(f"Cannot unserialize message from '{_quote(data)}'", data) from exc
+        except TypeError as exc:
+            raise SerializeError(
+                f"Cannot unserialize message from a {type(data).__name__}", None
+            ) from exc
+        body = decoded.get("message") if isinstance(decoded, dict) else None
+        if not isinstance(body, dict):
+            raise SerializeError(f"Cannot unserialize message from '{_quote(data)}'", data)
+        try:
+            return self._message_from(body)
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
+            raise SerializeError(f"Invalid message format in '{_quote(data)}'", data) from exc
+
+    @staticmethod
+    def _message_from(body: dict[str, Any]) -> Message:
+        id_, type_, created = body["id"], body["type"], body["created"]
+        if not isinstance(id_, str) or not isinstance(type_, str) or not _is_number(created):
+            raise TypeError("id and type must be strings, created a number")
+        payload = body.get("payload")
+        if payload == []:
+            payload = {}
+        execute_at = body.get("execute_at")
+        if execute_at is not None and not _is_number(execute_at):
+            raise TypeError("execute_at must be a number or null")
+        retries = body.get("retries") or 0
+        if not _is_number(retries) or retries < 0:
+            raise TypeError("retries must be a number >= 0")
+        return Message(
+            type_,
+            payload,
+            id=id_,
+            created=created,
+            execute_at=execute_at,
+            retries=int(retries),
+        )

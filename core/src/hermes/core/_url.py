@@ -1,0 +1,135 @@
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
+
+from hermes.core._errors import ConfigurationError
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+_PASSWORD_IN_URL = re.compile(
+    r"(?P<head>[a-z][a-z0-9+.-]*://[^:/@\s]*:)(?P<password>[^@\s]*)(?=@)", re.IGNORECASE
+)
+
+
+def redact_url(text: str) -> str:
+    """``text`` with the password of every URL in it replaced by ``***``."""
+    return _PASSWORD_IN_URL.sub(lambda m: m.group("head") + "***", text)
+
+
+@dataclass(frozen=True)
+class DriverUrl:
+    """A broker URL, parsed once for every driver the same way.
+
+    ``scheme://user:password@host:port/path?option=value``. Options are read
+    through the typed getters, which name the option and the URL (password
+    masked) when a value is wrong; :meth:`reject_unknown` lists the options a
+    driver accepts when a URL carries one it does not know.
+    """
+
+    raw: str
+    scheme: str
+    username: str | None
+    password: str | None
+    host: str | None
+    port: int | None
+    #: The path without its leading ``/``, percent-decoded.
+    path: str
+    options: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, url: str) -> DriverUrl:
+        parts = urlsplit(url)
+        if not parts.scheme:
+            raise ConfigurationError(
+                f"{redact_url(url)!r} is not a broker URL: it needs a scheme, e.g. redis://localhost:6379/0"
+            )
+        try:
+            port = parts.port
+        except ValueError as exc:
+            raise ConfigurationError(f"{redact_url(url)!r} has an invalid port: {exc}") from exc
+        options: dict[str, str] = {}
+        for key, value in parse_qsl(parts.query, keep_blank_values=True):
+            if key in options:
+                raise ConfigurationError(f"option {key!r} appears twice in {redact_url(url)!r}")
+            options[key] = value
+        path = unquote(parts.path[1:] if parts.path.startswith("/") else parts.path)
+        return cls(
+            raw=url,
+            scheme=parts.scheme.lower(),
+            username=unquote(parts.username) if parts.username is not None else None,
+            password=unquote(parts.password) if parts.password is not None else None,
+            host=parts.hostname,
+            port=port,
+            path=path,
+            options=options,
+        )
+
+    @property
+    def redacted(self) -> str:
+        """The URL with its password masked, for logs, errors and ``repr()``."""
+        return redact_url(self.raw)
+
+    def reject_unknown(self, allowed: Iterable[str]) -> None:
+        allowed = set(allowed)
+        unknown = sorted(set(self.options) - allowed)
+        if unknown:
+            raise ConfigurationError(
+                f"unknown option(s) {', '.join(unknown)} in {self.redacted!r}; "
+                f"{self.scheme}:// accepts: {', '.join(sorted(allowed)) or 'no options'}"
+            )
+
+    def _bad(self, name: str, value: str, expected: str) -> ConfigurationError:
+        return ConfigurationError(
+            f"option {name}={value!r} in {self.redacted!r} must be {expected}"
+        )
+
+    def get_str(self, name: str, default: str) -> str:
+        return self.options.get(name, default)
+
+    def get_int(self, name: str, default: int, *, minimum: int | None = None) -> int:
+        value = self.options.get(name)
+        if value is None:
+            return default
+        try:
+            number = int(value)
+        except ValueError:
+            raise self._bad(name, value, "an integer") from None
+        if minimum is not None and number < minimum:
+            raise self._bad(name, value, f"an integer >= {minimum}")
+        return number
+
+    def get_float(self, name: str, default: float, *, minimum: float | None = None) -> float:
+        value = self.options.get(name)
+        if value is None:
+            return default
+        try:
+            number = float(value)
+        except ValueError:
+            raise self._bad(name, value, "a number") from None
+        if minimum is not None and number < minimum:
+            raise self._bad(name, value, f"a number >= {minimum}")
+        return number
+
+    def get_bool(self, name: str, default: bool) -> bool:
+        value = self.options.get(name)
+        if value is None:
+            return default
+        if value.lower() in _TRUE:
+            return True
+        if value.lower() in _FALSE:
+            return False
+        raise self._bad(name, value, "true or false")
+
+    def with_options(self, **options: str) -> str:
+        """The raw URL with ``options`` added or replaced (used to derive test URLs)."""
+        parts = urlsplit(self.raw)
+        merged = {**self.options, **options}
+        return urlunsplit(parts._replace(query=urlencode(merged)))
+
+    def with_path(self, path: str) -> str:
+        """The raw URL with its path replaced by ``path`` (percent-encoded here)."""
+        parts = urlsplit(self.raw)
+        return urlunsplit(parts._replace(path="/" + quote(path, safe="/")))

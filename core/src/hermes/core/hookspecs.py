@@ -1,0 +1,66 @@
+"""The hooks a Hermes plugin may implement.
+
+A plugin is a module (or object) registered under the entry-point group
+``hermes``::
+
+    [project.entry-points.hermes]
+    foo = "hermes_foo._plugin"
+
+whose functions are marked with :data:`hermes.core.hookimpl`. Each hook below
+states who calls it and when. Hooks take keyword arguments; an
+implementation may accept only the ones it needs. Hooks that observe messages
+run in the worker or emitting process, synchronously: keep them fast, and
+do not raise -- an exception from an observer propagates to the caller.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import pluggy
+
+if TYPE_CHECKING:
+    from hermes.core._driver import Driver
+    from hermes.core._message import Message
+    from hermes.core._registry import DriverPlugin
+
+hookspec = pluggy.HookspecMarker("hermes")
+
+
+@hookspec
+def hermes_drivers() -> Sequence[DriverPlugin]:  # type: ignore[empty-body]
+    """Return the drivers this plugin provides, one :class:`DriverPlugin` each.
+
+    Called once per process, when :func:`hermes.core.connect` or
+    :func:`hermes.core.available_drivers` is first used. Every result of every
+    plugin is collected; two plugins claiming one URL scheme is an error that
+    names both.
+    """
+
+
+@hookspec
+def hermes_message_emitted(message: Message, priority: int, driver: Driver) -> None:
+    """Called by :meth:`Emitter.emit` after ``driver.send`` returned."""
+
+
+@hookspec
+def hermes_message_started(message: Message, priority: int) -> None:
+    """Called by the Dispatcher before the first handler of ``message`` runs."""
+
+
+@hookspec
+def hermes_message_succeeded(message: Message, priority: int, handler: object) -> None:
+    """Called by the Dispatcher after ``handler.handle(message)`` returned."""
+
+
+@hookspec
+def hermes_message_failed(
+    message: Message, priority: int, handler: object, exception: BaseException
+) -> None:
+    """Called by the Dispatcher after ``handler.handle(message)`` raised ``exception``."""
+
+
+@hookspec
+def hermes_message_retried(message: Message, retry: Message, handler: object) -> None:
+    """Called by the Dispatcher after it sent ``retry``, the copy of a failed ``message``."""
