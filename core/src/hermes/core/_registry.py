@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
 import pluggy
@@ -54,7 +54,6 @@ class _Registry:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._manager: pluggy.PluginManager | None = None
-        self._drivers: dict[str, DriverPlugin] = {}
 
     @property
     def manager(self) -> pluggy.PluginManager:
@@ -62,14 +61,16 @@ class _Registry:
         if manager is None:
             with self._lock:
                 if self._manager is None:
-                    self._manager = self._load()
+                    manager = pluggy.PluginManager("hermes")
+                    manager.add_hookspecs(hookspecs)
+                    manager.load_setuptools_entrypoints("hermes")
+                    self._manager = manager
                 manager = self._manager
         return manager
 
-    def _load(self) -> pluggy.PluginManager:
-        manager = pluggy.PluginManager("hermes")
-        manager.add_hookspecs(hookspecs)
-        manager.load_setuptools_entrypoints("hermes")
+    def drivers(self) -> dict[str, DriverPlugin]:
+        """Scheme -> driver, from every registered plugin (entry points or ``register()``)."""
+        manager = self.manager
         origins = {id(plugin): dist for plugin, dist in manager.list_plugin_distinfo()}
         drivers: dict[str, DriverPlugin] = {}
         for impl in manager.hook.hermes_drivers.get_hookimpls():
@@ -77,7 +78,7 @@ class _Registry:
             provided = cast(Sequence[DriverPlugin], impl.function())
             for driver in provided:
                 if dist is not None:
-                    driver = _with_origin(driver, dist.project_name, dist.version)
+                    driver = replace(driver, distribution=dist.project_name, version=dist.version)
                 for scheme in driver.schemes:
                     other = drivers.get(scheme)
                     if other is not None and other.name != driver.name:
@@ -87,25 +88,18 @@ class _Registry:
                             f"{driver.name} ({driver.distribution})"
                         )
                     drivers[scheme] = driver
-        self._drivers = drivers
-        return manager
-
-    def drivers(self) -> dict[str, DriverPlugin]:
-        _ = self.manager
-        return self._drivers
-
-
-def _with_origin(driver: DriverPlugin, distribution: str, version: str) -> DriverPlugin:
-    from dataclasses import replace
-
-    return replace(driver, distribution=distribution, version=version)
+        return drivers
 
 
 _registry = _Registry()
 
 
 def plugin_manager() -> pluggy.PluginManager:
-    """The process-wide ``PluginManager("hermes")``, loaded from entry points on first use."""
+    """The process-wide ``PluginManager("hermes")``, loaded from entry points on first use.
+
+    ``plugin_manager().register(module)`` adds a plugin that is not installed
+    (a test's own driver, say); its drivers are seen by the next ``connect()``.
+    """
     return _registry.manager
 
 

