@@ -9,8 +9,11 @@ from hermes.core._errors import ConfigurationError
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
+# The password runs to the LAST "@" of the authority, as urlsplit reads it: an
+# unencoded "@" in a password ("user:p@ss@host") must not leave "ss" in a log.
 _PASSWORD_IN_URL = re.compile(
-    r"(?P<head>[a-z][a-z0-9+.-]*://[^:/@\s]*:)(?P<password>[^@\s]*)(?=@)", re.IGNORECASE
+    r"(?P<head>[a-z][a-z0-9+.-]*://[^:/?#@\s]*:)(?P<password>[^/?#\s]*)(?=@[^@/?#\s]*)",
+    re.IGNORECASE,
 )
 
 
@@ -66,6 +69,9 @@ class DriverUrl:
             path=path,
             options=options,
         )
+
+    def __repr__(self) -> str:
+        return f"DriverUrl({self.redacted!r})"
 
     @property
     def redacted(self) -> str:
