@@ -34,6 +34,17 @@ def _quote(data: str | bytes) -> str:
     return text + ("..." if len(data) > QUOTE_LIMIT else "")
 
 
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite_float(text: str) -> float:
+    number = float(text)
+    if not math.isfinite(number):
+        raise ValueError(f"{text} is out of range")
+    return number
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -67,7 +78,9 @@ class MessageSerializer:
 
     def unserialize(self, data: str | bytes) -> Message:
         try:
-            decoded = json.loads(data)
+            # NaN, Infinity and 1e400 are refused like PHP's json_decode does: a
+            # payload holding them could never be serialized again (for a retry).
+            decoded = json.loads(data, parse_constant=_reject_constant, parse_float=_finite_float)
         except (ValueError, RecursionError) as exc:
             # UnicodeDecodeError is a ValueError: invalid UTF-8 lands here too.
             raise SerializeError(f"Cannot unserialize message from '{_quote(data)}'", data) from exc
@@ -94,7 +107,9 @@ class MessageSerializer:
         execute_at = body.get("execute_at")
         if execute_at is not None and not _is_number(execute_at):
             raise TypeError("execute_at must be a number or null")
-        retries = body.get("retries") or 0
+        retries = body.get("retries")
+        if retries is None:
+            retries = 0
         if not _is_number(retries) or retries < 0:
             raise TypeError("retries must be a number >= 0")
         return Message(
