@@ -72,6 +72,23 @@ def conformance(session: nox.Session, target: str) -> None:
     )
 
 
+BENCH_DEPS = [
+    "celery>=5.4",
+    "rq>=2",
+    "dramatiq[redis,rabbitmq]>=1.17",
+    "matplotlib",
+    "redis",
+    "pika",
+]
+
+
+@nox.session(python="3.11")
+def bench(session: nox.Session) -> None:
+    """Benchmarks: Hermes vs raw clients vs Celery/RQ/Dramatiq (``-- --quick`` for a smoke run)."""
+    install_all(session, *TEST_DEPS, *BENCH_DEPS)
+    session.run("python", "-m", "bench.run", *session.posargs)
+
+
 @nox.session(python="3.11")
 def lint(session: nox.Session) -> None:
     """ruff: lint and format check over the whole repository."""
