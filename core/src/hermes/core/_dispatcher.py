@@ -113,7 +113,10 @@ class Dispatcher:
         ``priorities`` restricts this worker to those priority queues. A driver
         failure is logged with its cause and raised.
         """
-        stop = _StopRequest(self.shutdown)
+        # A Shutdown set on the driver itself (PHP's ``$driver->setShutdown()``) still
+        # counts when the Dispatcher was given none.
+        previous = self.driver.shutdown
+        stop = _StopRequest(self.shutdown if self.shutdown is not None else previous)
         self.driver.set_shutdown(stop)
         self.driver.start_time = time.time()
         with self._graceful_signals(stop):
@@ -124,6 +127,8 @@ class Dispatcher:
                     "Driver %s failed - %s", type(self.driver).__name__, exc, exc_info=True
                 )
                 raise
+            finally:
+                self.driver.set_shutdown(previous)
         if stop.should_shutdown(self.driver.start_time):
             self.logger.log(NOTICE, "Exiting hermes dispatcher - shutdown")
 
@@ -180,7 +185,7 @@ class Dispatcher:
                 hooks.hermes_message_failed(
                     message=message, priority=priority, handler=handler, exception=exc
                 )
-                if should_retry(handler, message, exc, self.logger):
+                if self._should_retry(handler, message, exc):
                     self._retry(message, handler)
                 continue
             if info:
@@ -196,6 +201,21 @@ class Dispatcher:
     def next_retry(self, message: Message) -> float:
         """When a retry of ``message`` may run (SPEC §5): now + r⁴ + 15 + randint(1, 30)·(r+1)."""
         return next_retry(message, self.randomizer)
+
+    def _should_retry(self, handler: Handler, message: Message, exc: Exception) -> bool:
+        try:
+            return should_retry(handler, message, exc, self.logger)
+        except Exception as policy_exc:
+            # can_retry()/max_retry() are user code too: their failure must not
+            # kill the worker (and bring the same message back to kill the next).
+            self.logger.error(
+                "Handler %s retry policy throws exception - %s; message #%s is not retried",
+                type(handler).__name__,
+                policy_exc,
+                message.id,
+                exc_info=True,
+            )
+            return False
 
     def _retry(self, message: Message, handler: Handler) -> None:
         retry = message.replace(retries=message.retries + 1, execute_at=self.next_retry(message))
