@@ -73,21 +73,27 @@ class _Registry:
         manager = self.manager
         origins = {id(plugin): dist for plugin, dist in manager.list_plugin_distinfo()}
         drivers: dict[str, DriverPlugin] = {}
+        #: scheme -> who claimed it, for the error message.
+        claimed_by: dict[str, str] = {}
         for impl in manager.hook.hermes_drivers.get_hookimpls():
             dist = origins.get(id(impl.plugin))
             provided = cast(Sequence[DriverPlugin], impl.function())
             for driver in provided:
                 if dist is not None:
                     driver = replace(driver, distribution=dist.project_name, version=dist.version)
+                origin = driver.distribution or f"plugin {impl.plugin_name!r}"
                 for scheme in driver.schemes:
                     other = drivers.get(scheme)
-                    if other is not None and other.name != driver.name:
+                    # Any second claim is an error, even under the same driver name:
+                    # which one won would depend on the plugin load order.
+                    if other is not None:
                         raise ConfigurationError(
                             f"URL scheme {scheme}:// is claimed by two drivers: "
-                            f"{other.name} ({other.distribution}) and "
-                            f"{driver.name} ({driver.distribution})"
+                            f"{other.name} ({claimed_by[scheme]}) and "
+                            f"{driver.name} ({origin}); uninstall or unregister one of them"
                         )
                     drivers[scheme] = driver
+                    claimed_by[scheme] = origin
         return drivers
 
 

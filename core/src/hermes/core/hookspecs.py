@@ -32,10 +32,11 @@ hookspec = pluggy.HookspecMarker("hermes")
 def hermes_drivers() -> Sequence[DriverPlugin]:  # type: ignore[empty-body]
     """Return the drivers this plugin provides, one :class:`DriverPlugin` each.
 
-    Called once per process, when :func:`hermes.core.connect` or
-    :func:`hermes.core.available_drivers` is first used. Every result of every
-    plugin is collected; two plugins claiming one URL scheme is an error that
-    names both.
+    Called by :func:`hermes.core.connect`, :func:`hermes.core.available_drivers`
+    and :func:`hermes.core.isolated_url`, on every call (so a plugin registered
+    later is seen): return the same drivers each time, cheaply. Every result of
+    every plugin is collected; two plugins claiming one URL scheme is an error
+    that names both.
     """
 
 
