@@ -3,7 +3,15 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
+from urllib.parse import (
+    SplitResult,
+    parse_qsl,
+    quote,
+    unquote,
+    urlencode,
+    urlsplit,
+    urlunsplit,
+)
 
 from hermes.core._errors import ConfigurationError
 
@@ -22,11 +30,33 @@ def redact_url(text: str) -> str:
     return _PASSWORD_IN_URL.sub(lambda m: m.group("head") + "***", text)
 
 
+def _port(parts: SplitResult, url: str) -> int | None:
+    try:
+        return parts.port
+    except ValueError as exc:
+        raise ConfigurationError(f"{redact_url(url)!r} has an invalid port: {exc}") from exc
+
+
+def _hosts(items: list[str], url: str) -> tuple[tuple[str, int | None], ...]:
+    """The ``host[:port]`` items of an authority as ``(host, port)`` pairs."""
+    hosts: list[tuple[str, int | None]] = []
+    for item in items:
+        one = urlsplit("//" + item)
+        port = _port(one, url)
+        if one.hostname:
+            hosts.append((one.hostname, port))
+        elif len(items) > 1:
+            raise ConfigurationError(f"{redact_url(url)!r} lists an empty host: {item!r}")
+    return tuple(hosts)
+
+
 @dataclass(frozen=True)
 class DriverUrl:
     """A broker URL, parsed once for every driver the same way.
 
-    ``scheme://user:password@host:port/path?option=value``. Options are read
+    ``scheme://user:password@host:port/path?option=value``; a broker that takes
+    several seed hosts may list them, ``kafka://h1:9092,h2:9092/topic``
+    (:attr:`hosts` has them all, :attr:`host`/:attr:`port` the first). Options are read
     through the typed getters, which name the option and the URL (password
     masked) when a value is wrong; :meth:`reject_unknown` lists the options a
     driver accepts when a URL carries one it does not know.
@@ -41,6 +71,8 @@ class DriverUrl:
     #: The path without its leading ``/``, percent-decoded.
     path: str
     options: Mapping[str, str] = field(default_factory=dict)
+    #: Every ``(host, port)`` of the authority, in order; one entry unless it lists several.
+    hosts: tuple[tuple[str, int | None], ...] = ()
 
     @classmethod
     def parse(cls, url: str) -> DriverUrl:
@@ -49,10 +81,9 @@ class DriverUrl:
             raise ConfigurationError(
                 f"{redact_url(url)!r} is not a broker URL: it needs a scheme, e.g. redis://localhost:6379/0"
             )
-        try:
-            port = parts.port
-        except ValueError as exc:
-            raise ConfigurationError(f"{redact_url(url)!r} has an invalid port: {exc}") from exc
+        hostinfo = parts.netloc.rpartition("@")[2]
+        hosts = _hosts(hostinfo.split(","), url)
+        host, port = hosts[0] if hosts else (None, _port(parts, url))
         options: dict[str, str] = {}
         for key, value in parse_qsl(parts.query, keep_blank_values=True):
             if key in options:
@@ -64,10 +95,11 @@ class DriverUrl:
             scheme=parts.scheme.lower(),
             username=unquote(parts.username) if parts.username is not None else None,
             password=unquote(parts.password) if parts.password is not None else None,
-            host=parts.hostname,
+            host=host,
             port=port,
             path=path,
             options=options,
+            hosts=hosts,
         )
 
     def __repr__(self) -> str:
