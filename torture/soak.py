@@ -1,0 +1,350 @@
+"""SIGKILL soaks and broker restarts: count what every driver loses.
+
+    python -m torture.soak [--quick] [--only filesystem,redis,...]
+
+For each driver: emit numbered messages, run 3 workers, SIGKILL a random
+worker every ~0.5 s and start a new one, stop killing, wait until nothing
+moves, then count like Jepsen's total-queue checker:
+
+* lost       -- sent (``emit`` returned) but never handled
+* duplicated -- handled more than once
+* unexpected -- handled but never sent
+
+Rules: at-least-once drivers lose nothing; Redis (at-most-once) loses at
+most one message per kill (the one SPOPped by the killed worker); nothing is
+ever unexpected. Broker-restart runs (Redis, RabbitMQ) restart the server
+mid-run while an emitter keeps emitting: every ``emit`` either raised or its
+message is eventually handled. Exit status 1 if any rule is broken.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+import services  # noqa: E402
+
+from hermes.core import (  # noqa: E402
+    Delivery,
+    Driver,
+    Emitter,
+    HermesError,
+    Message,
+    SupportsBatchSend,
+    SupportsPurge,
+    connect,
+    isolated_url,
+)
+
+WORKERS = 3
+
+
+@dataclass
+class Outcome:
+    target: str
+    sent: int
+    indeterminate: int
+    handled: int
+    kills: int
+    restarts: int
+    lost: int
+    duplicated: int
+    unexpected: int
+    rule: str
+    ok: bool
+    notes: list[str] = field(default_factory=list)
+
+
+class Workers:
+    """Three worker processes on one URL, any of which can be killed and replaced."""
+
+    def __init__(self, url: str, record: Path, log: Path) -> None:
+        self.url, self.record, self.log = url, record, log
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.kills = 0
+
+    def spawn(self) -> subprocess.Popen[bytes]:
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        }
+        with self.log.open("ab") as log:
+            return subprocess.Popen(
+                [sys.executable, "-m", "torture.worker", self.url, str(self.record)],
+                env=env,
+                cwd=ROOT,
+                stdout=log,
+                stderr=log,
+            )
+
+    def start(self) -> None:
+        self.procs = [self.spawn() for _ in range(WORKERS)]
+
+    def kill_one(self, rng: random.Random) -> None:
+        index = rng.randrange(len(self.procs))
+        victim = self.procs[index]
+        victim.send_signal(signal.SIGKILL)
+        victim.wait()
+        self.kills += 1
+        self.procs[index] = self.spawn()
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def handled(record: Path) -> list[int]:
+    if not record.exists():
+        return []
+    return [int(line.split("\t", 1)[0]) for line in record.read_text().splitlines() if line]
+
+
+def emit_numbered(driver: Driver, numbers: range) -> None:
+    messages = [Message("torture", {"n": n}) for n in numbers]
+    if isinstance(driver, SupportsBatchSend):
+        for i in range(0, len(messages), 100):
+            driver.send_batch(messages[i : i + 100])
+    else:
+        emitter = Emitter(driver)
+        for message in messages:
+            emitter.emit(message)
+
+
+def soak(
+    target: str,
+    base_url: str,
+    count: int,
+    kill_phase_s: float,
+    restart: Callable[[], None] | None = None,
+) -> Outcome:
+    """One soak on one driver; ``restart`` (if given) restarts the broker mid-run."""
+    rng = random.Random(os.getpid())
+    url = isolated_url(base_url, f"torture-{uuid.uuid4().hex[:10]}")
+    driver = connect(url)
+    caps = driver.capabilities
+    notes: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="hermes-torture-") as tmp:
+        record, log = Path(tmp, "record"), Path(tmp, "workers.log")
+        emit_numbered(driver, range(count))
+        sent = set(range(count))
+        indeterminate: set[int] = set()
+        workers = Workers(url, record, log)
+        workers.start()
+        restarts = 0
+        stop_emitting = threading.Event()
+
+        def emit_through_restart() -> None:
+            # A second stream, emitted while the broker goes away and comes back.
+            emitter, n = Emitter(driver), count
+            while not stop_emitting.is_set():
+                try:
+                    emitter.emit(Message("torture", {"n": n}))
+                    sent.add(n)
+                except HermesError:
+                    indeterminate.add(n)
+                    time.sleep(0.05)
+                n += 1
+                time.sleep(0.005)
+
+        emitter_thread = threading.Thread(target=emit_through_restart, daemon=True)
+        if restart is not None:
+            emitter_thread.start()
+        try:
+            deadline = time.monotonic() + kill_phase_s
+            restart_at = time.monotonic() + kill_phase_s / 2
+            while time.monotonic() < deadline:
+                time.sleep(rng.uniform(0.3, 0.7))
+                workers.kill_one(rng)
+                if restart is not None and restarts == 0 and time.monotonic() >= restart_at:
+                    restart()
+                    restarts += 1
+            stop_emitting.set()
+            if restart is not None:
+                emitter_thread.join(10)
+            # Drain: until every sent message is handled, or nothing moved for a while.
+            quiet_s = max(8.0, 2 * caps.redelivery_timeout_s + 5)
+            last, last_change = -1, time.monotonic()
+            while time.monotonic() - last_change < quiet_s:
+                got = handled(record)
+                if len(got) != last:
+                    last, last_change = len(got), time.monotonic()
+                if sent <= set(got):
+                    time.sleep(1.0)  # let duplicates in flight land before counting
+                    break
+                time.sleep(0.2)
+        finally:
+            workers.stop()
+            with contextlib.suppress(HermesError):
+                if isinstance(driver, SupportsPurge):
+                    driver.purge()
+            driver.close()
+        got = handled(record)
+        counts = collections.Counter(got)
+        delivered = set(counts)
+        lost = len(sent - delivered)
+        duplicated = sum(1 for c in counts.values() if c > 1)
+        unexpected = len(delivered - sent - indeterminate)
+        if caps.delivery is Delivery.AT_LEAST_ONCE:
+            rule, ok = "lost = 0", lost == 0
+        else:
+            rule, ok = f"lost <= kills ({workers.kills})", lost <= workers.kills
+        ok = ok and unexpected == 0
+        if not ok:
+            notes.append(f"worker log: {log.read_text()[-1500:]}")
+        return Outcome(
+            target,
+            len(sent),
+            len(indeterminate),
+            len(got),
+            workers.kills,
+            restarts,
+            lost,
+            duplicated,
+            unexpected,
+            rule,
+            ok,
+            notes,
+        )
+
+
+@contextlib.contextmanager
+def private_redis() -> Iterator[tuple[str, Callable[[], None]]]:
+    """A redis-server of our own, persisting every write, so a restart keeps the queue."""
+    port = services.free_port()
+    with tempfile.TemporaryDirectory(prefix="hermes-redis-") as tmp:
+        argv = [
+            "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            tmp,
+            "--save",
+            "",
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+        ]
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
+        services.wait_for_port(port, 20, "redis-server", proc)
+
+        def restart() -> None:
+            nonlocal proc
+            proc.terminate()  # SIGTERM: redis flushes the append-only file and exits
+            proc.wait(20)
+            time.sleep(1.0)
+            proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
+            services.wait_for_port(port, 20, "redis-server", proc)
+
+        try:
+            yield f"redis://127.0.0.1:{port}/0", restart
+        finally:
+            proc.terminate()
+            proc.wait(20)
+
+
+def restart_rabbitmq() -> None:
+    subprocess.run(["rabbitmqctl", "stop_app"], check=True, capture_output=True)
+    try:
+        time.sleep(2.0)
+    finally:
+        subprocess.run(["rabbitmqctl", "start_app"], check=True, capture_output=True)
+    services.wait_for_port(services.AMQP_PORT, 60, "rabbitmq")
+
+
+def table(outcomes: list[Outcome]) -> str:
+    lines = [
+        "| run | sent | indeterminate | handled | kills | broker restarts | lost | duplicated "
+        "| unexpected | rule | result |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for o in outcomes:
+        cells = [
+            o.target,
+            o.sent,
+            o.indeterminate,
+            o.handled,
+            o.kills,
+            o.restarts,
+            o.lost,
+            o.duplicated,
+            o.unexpected,
+            o.rule,
+            "ok" if o.ok else "BROKEN",
+        ]
+        lines.append("| " + " | ".join(str(cell) for cell in cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--only", default="")
+    args = parser.parse_args()
+    count, kill_phase = (600, 6.0) if args.quick else (10_000, 30.0)
+    only = set(filter(None, args.only.split(",")))
+    outcomes: list[Outcome] = []
+
+    def run(target: str, fn: Callable[[], Outcome]) -> None:
+        if only and target.split(" ")[0] not in only:
+            return
+        print(f"== {target}", flush=True)
+        outcome = fn()
+        outcomes.append(outcome)
+        print(table([outcome]).splitlines()[-1], flush=True)
+        for note in outcome.notes:
+            print(note)
+
+    def with_service(name: str, **kw: object) -> Callable[[], Outcome]:
+        def go() -> Outcome:
+            with services.service_url(name) as url:
+                return soak(name, url, count, kill_phase, **kw)  # type: ignore[arg-type]
+
+        return go
+
+    def redis_restart() -> Outcome:
+        with private_redis() as (url, restart):
+            return soak("redis + restart", url, count // 2, kill_phase, restart)
+
+    def rabbitmq_restart() -> Outcome:
+        url = services.ensure_rabbitmq() + "?queue=hermes"
+        return soak("rabbitmq + restart", url, count // 2, kill_phase, restart_rabbitmq)
+
+    for name in ("filesystem", "redis", "rabbitmq", "sqs", "kafka"):
+        if (ROOT / "drivers" / name / "pyproject.toml").exists():
+            run(name, with_service(name))
+    if (ROOT / "drivers" / "redis" / "pyproject.toml").exists():
+        run("redis + restart", redis_restart)
+    if (ROOT / "drivers" / "rabbitmq" / "pyproject.toml").exists():
+        run("rabbitmq + restart", rabbitmq_restart)
+    print()
+    print(table(outcomes))
+    return 0 if outcomes and all(o.ok for o in outcomes) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,196 @@
+"""Hostile input: nothing but SerializeError escapes the serializer, poison on every
+driver is set aside while the good messages around it are handled, and passwords
+never leak into logs, reprs or CLI output.
+
+Run by ``nox -s torture`` (``HERMES_TORTURE_EXAMPLES`` sets the fuzz size:
+10,000 in the full run).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hermes.core import (
+    Dispatcher,
+    Message,
+    MessageSerializer,
+    SerializeError,
+    SharedFileShutdown,
+    SupportsPurge,
+    SupportsRawSend,
+    connect,
+    isolated_url,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = int(os.environ.get("HERMES_TORTURE_EXAMPLES", "1000"))
+serializer = MessageSerializer()
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
+envelopes = st.fixed_dictionaries(
+    {},
+    optional={
+        "id": json_values,
+        "type": json_values,
+        "created": json_values,
+        "payload": json_values,
+        "execute_at": json_values,
+        "retries": json_values,
+    },
+).map(lambda body: {"message": body})
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.one_of(st.binary(), st.text(), envelopes.map(json.dumps)))
+def test_unserialize_raises_nothing_but_serialize_error(data: str | bytes) -> None:
+    try:
+        message = serializer.unserialize(data)
+    except SerializeError as exc:
+        assert str(exc)
+    else:
+        assert serializer.unserialize(serializer.serialize(message)) == message
+
+
+@pytest.mark.parametrize("depth", [10, 1_000, 100_000])
+def test_deep_nesting_is_a_serialize_error_or_a_message(depth: int) -> None:
+    nested = (
+        '{"message":{"id":"x","type":"t","created":1,"payload":' + "[" * depth + "]" * depth + "}}"
+    )
+    try:
+        serializer.unserialize(nested)
+    except SerializeError as exc:
+        assert "Cannot unserialize" in str(exc)
+
+
+TARGETS = [
+    name
+    for name in ("filesystem", "redis", "rabbitmq", "sqs", "kafka")
+    if (ROOT / "drivers" / name / "pyproject.toml").exists()
+]
+POISON = {
+    "not JSON": b"this is not json",
+    "wrong shape": b'{"message":{"type":"t"}}',
+    "invalid UTF-8": b"\xff\xfe\xfa not utf-8",
+    "10 MB": b"{" + b"x" * (10 * 1024 * 1024),
+}
+
+
+@pytest.fixture(params=TARGETS)
+def driver_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    from hermes_test_services import service_url
+
+    with service_url(request.param) as url:
+        yield isolated_url(url, f"hostile-{uuid.uuid4().hex[:10]}")
+
+
+def test_poison_is_set_aside_and_the_good_messages_around_it_are_handled(
+    driver_url: str, caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    driver = connect(driver_url)
+    assert isinstance(driver, SupportsRawSend), f"{type(driver).__name__} has no send_raw"
+    good: list[str] = []
+    refused: dict[str, str] = {}
+    sent_good: list[str] = []
+    try:
+        for name, body in POISON.items():
+            message = Message("good", {"before": name})
+            driver.send(message)
+            sent_good.append(message.id)
+            if len(body) > driver.capabilities.max_message_bytes:
+                with pytest.raises(Exception) as info:
+                    driver.send_raw(body)
+                refused[name] = f"{type(info.value).__name__}: {info.value}"[:200]
+            else:
+                driver.send_raw(body)
+        last = Message("good", {"last": True})
+        driver.send(last)
+        sent_good.append(last.id)
+
+        class Collect:
+            def handle(self, message: Message) -> bool:
+                good.append(message.id)
+                return True
+
+        worker = connect(driver_url)
+        stop = SharedFileShutdown(tmp_path / "stop")
+        dispatcher = Dispatcher(worker, shutdown=stop)
+        dispatcher.register_handler("good", Collect())
+        thread = threading.Thread(target=dispatcher.handle, daemon=True)
+        with caplog.at_level(logging.WARNING):
+            thread.start()
+            end = time.monotonic() + 60
+            while time.monotonic() < end and set(sent_good) - set(good):
+                time.sleep(0.1)
+            stop.shutdown()
+            thread.join(30)
+        assert not thread.is_alive(), "the worker did not stop"
+        assert set(sent_good) <= set(good), f"good messages lost: {set(sent_good) - set(good)}"
+        placed = len(POISON) - len(refused)
+        errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+        assert len(errors) >= placed, f"{placed} poison bodies but {len(errors)} error log lines"
+        worker.close()
+    finally:
+        if isinstance(driver, SupportsPurge):
+            driver.purge()
+        driver.close()
+
+
+SECRET = "s3cr3t-pa55"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"redis://user:{SECRET}@127.0.0.1:1/0",
+        f"amqp://guest:{SECRET}@127.0.0.1:1/?queue=q",
+        f"kafka://127.0.0.1:1/t?sasl.password={SECRET}",
+    ],
+)
+def test_passwords_never_appear_in_reprs_errors_or_logs(
+    url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    scheme = url.split(":", 1)[0]
+    dist = {"redis": "redis", "amqp": "rabbitmq", "kafka": "kafka"}[scheme]
+    if not (ROOT / "drivers" / dist / "pyproject.toml").exists():
+        pytest.skip(f"drivers/{dist} is not in this tree")
+    with caplog.at_level(logging.DEBUG):
+        try:
+            driver = connect(url)
+            assert SECRET not in repr(driver)
+            driver.send(Message("t"))
+        except Exception as exc:
+            text = f"{exc!r} {exc} {exc.__cause__!r}"
+            assert SECRET not in str(exc) and SECRET not in repr(exc), text
+    assert SECRET not in caplog.text
+
+
+def test_the_cli_masks_passwords() -> None:
+    hermes = shutil.which("hermes") or str(Path(sys.executable).with_name("hermes"))
+    if not Path(hermes).exists():
+        pytest.skip("the hermes console script is not installed")
+    url = f"redis://user:{SECRET}@127.0.0.1:1/0"
+    result = subprocess.run(
+        [hermes, "emit", "--url", url, "t", "{}"], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode != 0
+    assert SECRET not in result.stdout + result.stderr, result.stdout + result.stderr
