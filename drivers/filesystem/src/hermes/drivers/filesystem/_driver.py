@@ -1,0 +1,516 @@
+"""FileSystemDriver: a queue in a directory, for one machine and no server."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import math
+import os
+import shutil
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
+from datetime import UTC, datetime
+from urllib.parse import quote
+
+from hermes.core import (
+    DEFAULT_PRIORITY,
+    BrokerUnavailableError,
+    Callback,
+    Capabilities,
+    ConfigurationError,
+    Delay,
+    Delivery,
+    DeliveryError,
+    Driver,
+    DriverError,
+    Message,
+    SerializeError,
+    UnknownPriorityError,
+)
+from hermes.drivers.filesystem._names import SCHEME, QueuedName, next_name, parse
+from hermes.drivers.filesystem._worker import LOCK_NAME, WorkerClaims, recover_dead_workers
+
+logger = logging.getLogger("hermes.drivers.filesystem")
+
+#: Priorities must fit the file-name scheme.
+_PRIORITY_LIMIT = 10**18
+#: A listing of ``new/`` is redone at least this often, whatever its mtime says.
+_FULL_LISTING_S = 1.0
+#: Partial files a sender left in ``tmp/`` (it died mid-write) are removed after this.
+_TMP_MAX_AGE_S = 3600.0
+#: How often ``tmp/`` is checked for such leftovers.
+_TMP_CLEANUP_S = 60.0
+#: link() failures that mean "this filesystem has no hard links here".
+_NO_HARD_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK, errno.EXDEV}
+
+
+class FileSystemDriver(Driver):
+    """Messages as files in a directory shared by the processes of one machine.
+
+    Layout under ``path`` (created on first use)::
+
+        tmp/          a message being written, and worker directories being set up
+        new/          queued messages, named so the order is known without reading them
+        processing/   processing/<worker-id>/: files a live worker has claimed
+        quarantine/   files found in new/ that are not Hermes messages, each with
+                      a <name>.reason text file saying why
+
+    ``send()`` writes the file in ``tmp/`` and renames it into ``new/`` (atomic;
+    with ``fsync`` the file and ``new/`` are flushed to disk first, so a sent
+    message survives a power cut). A worker claims the next due file by an
+    atomic rename into its own directory under ``processing/``, calls the
+    callback, then deletes it: at-least-once. A callback that raises puts the
+    file back in ``new/`` under its old name, so it keeps its place.
+
+    Order: among files whose time has come (``execute_at``, or when they were
+    sent), the highest priority first, FIFO within a priority; a delayed
+    message stays in ``new/`` until due. See :mod:`._names` for the scheme.
+
+    Crashes: each worker holds a lock on its ``processing/`` directory while it
+    runs. Workers check every ``recovery_interval_s`` (and when they start)
+    for directories whose lock is free -- their owner died -- and return those
+    files to ``new/``; a live worker's files are never touched.
+
+    An idle worker stats ``new/`` every ``poll_interval_s`` and lists it only
+    when it changed (or every second regardless). While busy it relists at most
+    every ``poll_interval_s`` (longer for a very large backlog), so a
+    higher-priority message sent meanwhile overtakes within about that time.
+
+    POSIX only (``flock``, atomic ``rename``); the processes must share one
+    machine's filesystem -- network filesystems without working ``flock`` are
+    not supported.
+    """
+
+    capabilities = Capabilities(
+        delivery=Delivery.AT_LEAST_ONCE,
+        delay=Delay.NATIVE,
+        priorities=True,
+        competing_consumers=True,
+        cross_process=True,
+        max_message_bytes=16 * 1024 * 1024,
+        redelivery_timeout_s=1.0,
+    )
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        fsync: bool = True,
+        poll_interval_s: float = 0.02,
+        recovery_interval_s: float = 1.0,
+    ) -> None:
+        super().__init__()
+        if not 0 < poll_interval_s <= 1:
+            raise ConfigurationError(
+                f"poll_interval_s must be > 0 and <= 1 second, got {poll_interval_s!r}"
+            )
+        if not 0 < recovery_interval_s <= 3600:
+            raise ConfigurationError(
+                f"recovery_interval_s must be > 0 and <= 3600 seconds, got {recovery_interval_s!r}"
+            )
+        #: The queue directory, absolute.
+        self.path = os.path.abspath(os.path.expanduser(os.fspath(path)))
+        if not self.path or self.path == os.sep:
+            raise ConfigurationError(f"{self.path!r} cannot be a queue directory")
+        #: Flush each message file and ``new/`` to disk before ``send()`` returns.
+        self.fsync = fsync
+        #: Idle worker: how often ``new/`` is checked for changes.
+        self.poll_interval_s = poll_interval_s
+        #: How often a worker looks for dead workers' claimed files.
+        self.recovery_interval_s = recovery_interval_s
+        self.capabilities = replace(
+            type(self).capabilities, redelivery_timeout_s=recovery_interval_s
+        )
+        self._tmp_dir = os.path.join(self.path, "tmp")
+        self._new_dir = os.path.join(self.path, "new")
+        self._processing_dir = os.path.join(self.path, "processing")
+        #: Where files that are not Hermes messages are moved, each with a ``.reason`` file.
+        self.quarantine_dir = os.path.join(self.path, "quarantine")
+        self._priorities: dict[int, str] = {DEFAULT_PRIORITY: "default"}
+
+    @property
+    def url(self) -> str:
+        """``file:///the/queue/directory``."""
+        return "file://" + quote(self.path)
+
+    def __repr__(self) -> str:
+        return f"<FileSystemDriver {self.url}>"
+
+    # Sending -----------------------------------------------------------------
+
+    def setup_priority_queue(self, name: str, priority: int) -> None:
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise ConfigurationError(f"priority must be an int, got {priority!r}")
+        if abs(priority) >= _PRIORITY_LIMIT:
+            raise ConfigurationError(f"priority must be between ±10**18, got {priority}")
+        self._priorities[priority] = name
+
+    def send(self, message: Message, priority: int = DEFAULT_PRIORITY) -> None:
+        self._store([(_encode(self.serializer.serialize(message)), message.execute_at)], priority)
+
+    def send_batch(self, messages: Sequence[Message], priority: int = DEFAULT_PRIORITY) -> None:
+        """Send ``messages`` with one flush of ``new/``; all are serialized before any I/O."""
+        bodies = [(_encode(self.serializer.serialize(m)), m.execute_at) for m in messages]
+        self._store(bodies, priority)
+
+    def send_raw(self, body: bytes, priority: int = DEFAULT_PRIORITY) -> None:
+        """Queue ``body`` as it is, due now (the conformance kit's poison messages)."""
+        self._store([(bytes(body), None)], priority)
+
+    def _store(self, bodies: list[tuple[bytes, float | None]], priority: int) -> None:
+        if priority not in self._priorities:
+            raise UnknownPriorityError(
+                f"{self.url} has no queue for priority {priority}; "
+                f"known priorities: {sorted(self._priorities, reverse=True)}",
+                priority,
+            )
+        with self._errors("queue a message", DeliveryError):
+            staged: list[str] = []
+            try:
+                for body, execute_at in bodies:
+                    name = next_name(priority, execute_at)
+                    fd = self._create_tmp(name)
+                    staged.append(name)
+                    try:
+                        _write_all(fd, body)
+                        if self.fsync:
+                            os.fsync(fd)
+                    finally:
+                        os.close(fd)
+                while staged:
+                    name = staged[0]
+                    os.rename(os.path.join(self._tmp_dir, name), os.path.join(self._new_dir, name))
+                    staged.pop(0)
+                if self.fsync:
+                    _fsync_dir(self._new_dir)
+            finally:
+                for name in staged:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(os.path.join(self._tmp_dir, name))
+
+    def _create_tmp(self, name: str) -> int:
+        path = os.path.join(self._tmp_dir, name)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+        try:
+            return os.open(path, flags, 0o666)
+        except FileNotFoundError:
+            # Directories are created on first use, and again after a purge.
+            self._make_dirs()
+            return os.open(path, flags, 0o666)
+
+    # Waiting -----------------------------------------------------------------
+
+    def wait(self, callback: Callback, priorities: Sequence[int] = ()) -> None:
+        order = self.check_priorities(self._priorities, priorities)
+        claims = WorkerClaims(self._tmp_dir, self._processing_dir, self._new_dir)
+        with self._errors("register a worker"):
+            self._make_dirs()
+            claims.register()
+        try:
+            self._wait(callback, order, claims)
+        finally:
+            try:
+                claims.release()
+            except OSError as exc:
+                logger.error(
+                    "%s: could not remove worker directory %s - %s", self.url, claims.path, exc
+                )
+
+    def _wait(self, callback: Callback, order: list[int], claims: WorkerClaims) -> None:
+        scan = _Scan(self._new_dir, order, self.poll_interval_s, self._make_dirs)
+        next_recovery = next_cleanup = 0.0
+        while not self.should_stop():
+            now = time.monotonic()
+            if now >= next_recovery:
+                with self._errors("return the files of dead workers"):
+                    recover_dead_workers(self._processing_dir, self._new_dir, claims.worker_id)
+                next_recovery = now + self.recovery_interval_s
+            if now >= next_cleanup:
+                with self._errors("clean tmp/"):
+                    self._clean_tmp()
+                next_cleanup = now + _TMP_CLEANUP_S
+            with self._errors("list new/"):
+                queued = scan.next_due()
+            for stray in scan.take_strays():
+                self._quarantine_stray(stray, claims)
+            if queued is None:
+                time.sleep(scan.idle_wait_s())
+                continue
+            claimed = os.path.join(claims.path, queued.name)
+            if self._claim(queued.name, claimed, claims):
+                self._deliver(claimed, queued, callback)
+
+    def _claim(self, name: str, claimed: str, claims: WorkerClaims) -> bool:
+        """Move ``new/<name>`` to ``claimed``; False if another worker took it first."""
+        with self._errors(f"claim {name}"):
+            try:
+                os.rename(os.path.join(self._new_dir, name), claimed)
+            except FileNotFoundError:
+                # Another worker won it -- or the queue was purged under us.
+                if not claims.is_registered():
+                    self._make_dirs()
+                    claims.register()
+                return False
+        return True
+
+    def _deliver(self, claimed: str, queued: QueuedName, callback: Callback) -> None:
+        try:
+            with open(claimed, "rb") as file:
+                data = file.read()
+        except OSError as exc:
+            self._quarantine(claimed, queued.name, f"cannot read the file: {exc}")
+            return
+        try:
+            message = self.serializer.unserialize(data)
+        except SerializeError as exc:
+            self._quarantine(claimed, queued.name, str(exc))
+            return
+        try:
+            callback(message, queued.priority)
+        except BaseException:
+            self._put_back(claimed, queued.name)
+            raise
+        with contextlib.suppress(FileNotFoundError):  # the queue was purged meanwhile
+            os.unlink(claimed)
+        self.processed_items += 1
+
+    def _put_back(self, claimed: str, name: str) -> None:
+        try:
+            os.rename(claimed, os.path.join(self._new_dir, name))
+        except OSError as exc:
+            # It stays claimed; the worker returns it to new/ when it exits.
+            logger.error("%s: could not return %s to new/ - %s", self.url, name, exc)
+
+    # Poison ------------------------------------------------------------------
+
+    def _quarantine_stray(self, name: str, claims: WorkerClaims) -> None:
+        # Claim it first, so exactly one worker quarantines it.
+        claimed = os.path.join(claims.path, name if name != LOCK_NAME else name + "~")
+        if not self._claim(name, claimed, claims):
+            return
+        self._quarantine(claimed, name, f"the file name does not follow the Hermes scheme {SCHEME}")
+
+    def _quarantine(self, claimed: str, name: str, reason: str) -> None:
+        with self._errors(f"quarantine {name}"):
+            os.makedirs(self.quarantine_dir, exist_ok=True)
+            target = _move_without_overwriting(claimed, self.quarantine_dir, name)
+            when = datetime.now(UTC).isoformat(timespec="seconds")
+            with open(target + ".reason", "x", encoding="utf-8") as file:
+                file.write(
+                    f"{reason}\n\nfile: new/{name}\nqueue: {self.path}\n"
+                    f"quarantined: {when} by process {os.getpid()}\n"
+                )
+        logger.error(
+            "%s: quarantined new/%s as %s - %s (reason in %s.reason)",
+            self.url,
+            name,
+            target,
+            reason,
+            target,
+        )
+
+    # Housekeeping ------------------------------------------------------------
+
+    def _make_dirs(self) -> None:
+        for path in (self._tmp_dir, self._new_dir, self._processing_dir, self.quarantine_dir):
+            os.makedirs(path, exist_ok=True)
+
+    def _clean_tmp(self) -> None:
+        cutoff = time.time() - _TMP_MAX_AGE_S
+        try:
+            entries = list(os.scandir(self._tmp_dir))
+        except FileNotFoundError:
+            return
+        for entry in entries:
+            try:
+                if entry.stat(follow_symlinks=False).st_mtime >= cutoff:
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path)
+                else:
+                    os.unlink(entry.path)
+            except FileNotFoundError:
+                continue
+            logger.warning(
+                "%s: removed %s, left unfinished in tmp/ for over an hour by a process that died",
+                self.url,
+                entry.path,
+            )
+
+    def purge(self) -> None:
+        """Delete the queue: every message (queued, claimed, quarantined) and the directories."""
+        with self._errors("purge"):
+            for path in (self._new_dir, self._processing_dir, self.quarantine_dir, self._tmp_dir):
+                _remove_tree(path)
+            try:
+                os.rmdir(self.path)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                if exc.errno != errno.ENOTEMPTY:
+                    raise
+                # Files of the user's own next to our directories: not ours to delete.
+
+    @contextlib.contextmanager
+    def _errors(
+        self, action: str, error: type[DriverError] = BrokerUnavailableError
+    ) -> Iterator[None]:
+        """The one place OS errors become Hermes errors."""
+        try:
+            yield
+        except OSError as exc:
+            raise error(f"{self.url}: cannot {action}: {exc}") from exc
+
+
+class _Scan:
+    """One worker's sorted view of ``new/``: relisted when ``new/`` changes, not per message."""
+
+    def __init__(
+        self, new_dir: str, order: list[int], poll_interval_s: float, make_dirs: Callable[[], None]
+    ) -> None:
+        self._new_dir = new_dir
+        self._order = order
+        self._poll_interval_s = poll_interval_s
+        self._make_dirs = make_dirs
+        self._queues: dict[int, deque[QueuedName]] = {p: deque() for p in order}
+        self._strays: list[str] = []
+        #: ``new/``'s mtime before the last listing, and when (wall clock) it started.
+        self._mtime_ns = -1
+        self._listed_ns = 0
+        self._listed_at = -math.inf
+        self._listing_cost_s = 0.0
+
+    def next_due(self) -> QueuedName | None:
+        """The best due file (highest priority, then oldest), taken off the view."""
+        queue = self._first_due()
+        if self._stale(queue is not None):
+            self._list()
+            queue = self._first_due()
+        return queue.popleft() if queue is not None else None
+
+    def take_strays(self) -> list[str]:
+        """Names found in ``new/`` that are not message files (each reported once per listing)."""
+        strays, self._strays = self._strays, []
+        return strays
+
+    def idle_wait_s(self) -> float:
+        """How long to sleep: until the next check of ``new/`` or the next delayed file."""
+        wait = self._poll_interval_s
+        now_ns = time.time_ns()
+        for queue in self._queues.values():
+            if queue:
+                wait = min(wait, max(0.0, (queue[0].available_ns - now_ns) / 1e9))
+        return wait
+
+    def _first_due(self) -> deque[QueuedName] | None:
+        now_ns = time.time_ns()
+        for priority in self._order:
+            queue = self._queues[priority]
+            if queue and queue[0].available_ns <= now_ns:
+                return queue
+        return None
+
+    def _stale(self, have_due: bool) -> bool:
+        try:
+            mtime_ns = os.stat(self._new_dir).st_mtime_ns
+        except FileNotFoundError:
+            self._make_dirs()
+            return True
+        since_listing = time.monotonic() - self._listed_at
+        # Directory mtimes come from a coarse clock (a few ms; whole seconds on
+        # some filesystems): a file added just after a listing can leave the
+        # mtime unchanged. Trust "unchanged" only once the listing began well
+        # after the last change.
+        margin_ns = 2_500_000_000 if self._mtime_ns % 1_000_000_000 == 0 else 50_000_000
+        if mtime_ns == self._mtime_ns and self._mtime_ns < self._listed_ns - margin_ns:
+            return since_listing >= _FULL_LISTING_S
+        if not have_due:
+            return True
+        # Busy: our own claims change the mtime too. Relist at most every poll
+        # interval, and spend at most ~10% of the time listing a huge backlog.
+        return since_listing >= max(self._poll_interval_s, 10 * self._listing_cost_s)
+
+    def _list(self) -> None:
+        started = time.monotonic()
+        listed_ns = time.time_ns()
+        mtime_ns = os.stat(self._new_dir).st_mtime_ns
+        found: dict[int, list[QueuedName]] = {p: [] for p in self._order}
+        strays: list[str] = []
+        with os.scandir(self._new_dir) as entries:
+            for entry in entries:
+                queued = parse(entry.name)
+                if queued is None:
+                    strays.append(entry.name)
+                    continue
+                bucket = found.get(queued.priority)
+                if bucket is not None:
+                    bucket.append(queued)
+        for priority, bucket in found.items():
+            bucket.sort()
+            self._queues[priority] = deque(bucket)
+        self._strays = strays
+        self._mtime_ns, self._listed_ns, self._listed_at = mtime_ns, listed_ns, started
+        self._listing_cost_s = time.monotonic() - started
+
+
+def _encode(data: str | bytes) -> bytes:
+    return data.encode("utf-8") if isinstance(data, str) else data
+
+
+def _write_all(fd: int, body: bytes) -> None:
+    view = memoryview(body)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _move_without_overwriting(source: str, directory: str, name: str) -> str:
+    """Move ``source`` into ``directory`` as ``name`` (``name.1``, ... if taken); the new path."""
+    attempt = 0
+    while True:
+        target = os.path.join(directory, name if attempt == 0 else f"{name}.{attempt}")
+        attempt += 1
+        if os.path.lexists(target) or os.path.lexists(target + ".reason"):
+            continue
+        if os.path.isdir(source) and not os.path.islink(source):
+            os.rename(source, target)  # a directory dropped into new/
+            return target
+        try:
+            # link() refuses to replace an existing name, unlike rename().
+            os.link(source, target, follow_symlinks=False)
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            if exc.errno not in _NO_HARD_LINKS:
+                raise
+            os.rename(source, target)  # checked free just above
+            return target
+        os.unlink(source)
+        return target
+
+
+def _remove_tree(path: str) -> None:
+    """``rmtree`` that tolerates workers moving files in the tree meanwhile."""
+    for _ in range(5):
+        try:
+            shutil.rmtree(path)
+            return
+        except FileNotFoundError:
+            if not os.path.lexists(path):
+                return
+        except OSError as exc:
+            if exc.errno != errno.ENOTEMPTY:
+                raise
+        # An entry vanished or appeared while deleting: go again.
+    if os.path.lexists(path):
+        shutil.rmtree(path)
