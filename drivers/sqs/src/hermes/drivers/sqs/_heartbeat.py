@@ -1,0 +1,256 @@
+"""The messages a worker holds, kept invisible while it works and deleted when it is done."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from hermes.core import DriverError
+from hermes.drivers.sqs._client import translate_errors
+
+logger = logging.getLogger("hermes.drivers.sqs")
+
+#: SQS takes at most ten entries per batch call.
+BATCH_LIMIT = 10
+#: A finished message waits at most this long for the rest of its batch before it is deleted.
+FLUSH_AFTER_S = 1.0
+
+
+@dataclass(frozen=True)
+class Queue:
+    """One SQS queue the driver reads or writes, resolved to its URL."""
+
+    name: str
+    url: str
+    priority: int
+    #: ``maxReceiveCount`` of the queue's redrive policy; None without one.
+    max_receive_count: int | None
+
+
+@dataclass(eq=False)
+class Held:
+    """A received message this worker has not yet deleted or given back."""
+
+    queue: Queue
+    receipt: str
+    message_id: str
+    body: str
+    receive_count: int
+    #: SentTimestamp as a UNIX time, when SQS reported it.
+    sent_at: float | None
+    #: ``time.monotonic()`` at which SQS makes it visible again unless extended.
+    visible_until: float
+    #: When its callback returned; it then waits to be deleted.
+    done_at: float | None = None
+
+
+class Heartbeat:
+    """Tracks held messages; a background thread keeps them invisible while the worker runs.
+
+    Every message of a received batch is held from receipt until it is deleted
+    (its callback returned, or it was not a Hermes message and there is no
+    redrive policy) or given back. While held, the thread renews its
+    visibility whenever less than half of ``visibility_timeout_s`` is left, so
+    neither a long handler nor the batch waiting behind it is handed to a
+    second worker. A worker that dies takes the thread with it, and SQS hands
+    its messages out again once their visibility runs out.
+
+    Finished messages are deleted in batches: at the end of their batch, or
+    by the thread about :data:`FLUSH_AFTER_S` after they finished if the next
+    handler runs long. Failures of these calls are logged, never raised: the
+    worst outcome is that SQS delivers a message again, which at-least-once
+    allows. One lock serializes every call, so a renewal can never land after
+    the main thread gave the same message back.
+    """
+
+    def __init__(
+        self, client: Callable[[], Any], visibility_timeout_s: int, *, enabled: bool
+    ) -> None:
+        self._client = client
+        self._visibility_timeout_s = visibility_timeout_s
+        self._enabled = enabled
+        self._lock = threading.RLock()
+        self._held: list[Held] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # The worker's side -------------------------------------------------------
+
+    def start(self) -> None:
+        if self._enabled and self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(
+                target=self._run, name="hermes-sqs-heartbeat", daemon=True
+            )
+            self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the thread, delete what is finished and give back everything else."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        self.flush()
+        with self._lock:
+            left = [item for item in self._held if item.done_at is None]
+        self.give_back(left)
+
+    def hold(self, items: Iterable[Held]) -> None:
+        with self._lock:
+            self._held.extend(items)
+
+    def finish(self, item: Held) -> None:
+        """``item`` is done with: delete it with the next flush."""
+        with self._lock:
+            item.done_at = time.monotonic()
+
+    def forget(self, item: Held) -> None:
+        """Stop renewing ``item``; SQS shows it again when its visibility runs out."""
+        with self._lock:
+            self._untrack([item])
+
+    def hide(self, item: Held, seconds: int) -> None:
+        """Stop holding ``item`` and keep it invisible for ``seconds`` from now."""
+        with self._lock:
+            self._untrack([item])
+            self._change_visibility([item], seconds, "hold back")
+
+    def give_back(self, items: Sequence[Held]) -> None:
+        """Make ``items`` visible at once, so any worker receives them again."""
+        if not items:
+            return
+        with self._lock:
+            self._untrack(items)
+            self._change_visibility(items, 0, "give back")
+
+    def flush(self, older_than_s: float | None = None) -> None:
+        """Delete finished messages (only those finished ``older_than_s`` ago, if given)."""
+        with self._lock:
+            now = time.monotonic()
+            done = [
+                item
+                for item in self._held
+                if item.done_at is not None
+                and (older_than_s is None or now - item.done_at >= older_than_s)
+            ]
+            if not done:
+                return
+            self._untrack(done)
+            for queue, items in _by_queue(done):
+                for chunk in _chunks(items):
+                    self._delete(queue, chunk)
+
+    def flush_stale(self) -> None:
+        """Delete messages that finished a while ago (the thread does this when it runs)."""
+        if not self._enabled:
+            self.flush(FLUSH_AFTER_S)
+
+    # The thread's side -------------------------------------------------------
+
+    def _run(self) -> None:
+        tick_s = min(1.0, self._visibility_timeout_s / 4)
+        while not self._stop.wait(tick_s):
+            try:
+                self.flush(FLUSH_AFTER_S)
+                self._renew_due()
+            except Exception:
+                # The calls below log their own failures; this is for bugs, so a
+                # broken heartbeat is visible instead of silently gone.
+                logger.exception("SQS heartbeat failed; held messages may be delivered again")
+
+    def _renew_due(self) -> None:
+        with self._lock:
+            now = time.monotonic()
+            due = [
+                item
+                for item in self._held
+                if item.visible_until - now < self._visibility_timeout_s / 2
+            ]
+            if due:
+                self._change_visibility(due, self._visibility_timeout_s, "extend visibility of")
+
+    # Calls to SQS, under the lock -------------------------------------------
+
+    def _untrack(self, items: Iterable[Held]) -> None:
+        gone = {id(item) for item in items}
+        self._held = [item for item in self._held if id(item) not in gone]
+
+    def _change_visibility(self, items: Sequence[Held], seconds: int, what: str) -> None:
+        for queue, group in _by_queue(items):
+            for chunk in _chunks(group):
+                started = time.monotonic()
+                entries = [
+                    {"Id": str(n), "ReceiptHandle": item.receipt, "VisibilityTimeout": seconds}
+                    for n, item in enumerate(chunk)
+                ]
+                try:
+                    with translate_errors("ChangeMessageVisibilityBatch", queue.name):
+                        response = self._client().change_message_visibility_batch(
+                            QueueUrl=queue.url, Entries=entries
+                        )
+                except DriverError as exc:
+                    logger.warning(
+                        "Could not %s %d SQS message(s) - %s",
+                        what,
+                        len(chunk),
+                        exc,
+                        exc_info=exc.__cause__,
+                    )
+                    continue
+                failed = {entry["Id"]: entry for entry in response.get("Failed", [])}
+                for n, item in enumerate(chunk):
+                    entry = failed.get(str(n))
+                    if entry is None:
+                        item.visible_until = started + seconds
+                        continue
+                    logger.warning(
+                        "Could not %s SQS message %s on queue %r - %s: %s",
+                        what,
+                        item.message_id,
+                        queue.name,
+                        entry.get("Code"),
+                        entry.get("Message", ""),
+                    )
+                    # A receipt SQS refuses once will be refused again.
+                    self._untrack([item])
+
+    def _delete(self, queue: Queue, chunk: Sequence[Held]) -> None:
+        entries = [{"Id": str(n), "ReceiptHandle": item.receipt} for n, item in enumerate(chunk)]
+        try:
+            with translate_errors("DeleteMessageBatch", queue.name):
+                response = self._client().delete_message_batch(QueueUrl=queue.url, Entries=entries)
+        except DriverError as exc:
+            logger.warning(
+                "Could not delete %d handled SQS message(s) from queue %r; "
+                "SQS will deliver them again - %s",
+                len(chunk),
+                queue.name,
+                exc,
+                exc_info=exc.__cause__,
+            )
+            return
+        for entry in response.get("Failed", []):
+            item = chunk[int(entry["Id"])]
+            logger.warning(
+                "Could not delete handled SQS message %s from queue %r; "
+                "SQS will deliver it again - %s: %s",
+                item.message_id,
+                queue.name,
+                entry.get("Code"),
+                entry.get("Message", ""),
+            )
+
+
+def _by_queue(items: Iterable[Held]) -> list[tuple[Queue, list[Held]]]:
+    groups: dict[str, tuple[Queue, list[Held]]] = {}
+    for item in items:
+        groups.setdefault(item.queue.url, (item.queue, []))[1].append(item)
+    return list(groups.values())
+
+
+def _chunks(items: Sequence[Held]) -> list[Sequence[Held]]:
+    return [items[i : i + BATCH_LIMIT] for i in range(0, len(items), BATCH_LIMIT)]

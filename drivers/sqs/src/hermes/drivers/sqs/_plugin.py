@@ -1,0 +1,136 @@
+"""The ``sqs://`` scheme: builds an AmazonSqsDriver from a URL."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlencode, urlsplit, urlunsplit
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ProfileNotFound
+
+from hermes.core import ConfigurationError, DriverPlugin, DriverUrl, hookimpl
+from hermes.drivers.sqs._driver import AmazonSqsDriver
+
+#: Every option ``sqs://`` accepts, with what it sets.
+OPTIONS = {
+    "region": "AWS region (else the AWS chain: AWS_DEFAULT_REGION, profile)",
+    "endpoint_url": "SQS endpoint, percent-encoded (a local SQS-compatible server)",
+    "profile": "AWS profile of the shared config/credentials files",
+    "visibility_timeout": "seconds a received message stays hidden (default 30)",
+    "wait_time": "long-poll seconds per ReceiveMessage, 0-20 (default 1)",
+    "batch_size": "messages per ReceiveMessage, 1-10 (default 10)",
+    "heartbeat": "renew visibility while a handler runs (default true)",
+    "dead_letter_queue": "queue SQS moves messages to after max_receive_count receipts",
+    "max_receive_count": "receipts before the dead-letter queue (default 5)",
+    "retention": "MessageRetentionPeriod in seconds",
+    "delay": "honour execute_at with DelaySeconds and re-hiding (default false)",
+}
+
+
+def _queue_name(url: DriverUrl) -> str:
+    # The URL's host is lowercased by the parser; SQS names are case-sensitive.
+    netloc = urlsplit(url.raw).netloc
+    if "@" in netloc or ":" in netloc:
+        raise ConfigurationError(
+            f"{url.redacted!r}: sqs:// takes no credentials or port; the queue name goes "
+            "where the host would be (sqs://QUEUE?region=…), credentials come from the "
+            "AWS chain (environment, profile, role)"
+        )
+    if netloc and url.path:
+        raise ConfigurationError(
+            f"{url.redacted!r}: write the queue as sqs://QUEUE, without a path"
+        )
+    name = netloc or url.path
+    if not name:
+        raise ConfigurationError(
+            f"{url.redacted!r}: name the queue, e.g. sqs://jobs?region=eu-west-1"
+        )
+    return name
+
+
+def _client_factory(url: DriverUrl, wait_time_s: int) -> Any:
+    region = url.options.get("region") or None
+    endpoint_url = url.options.get("endpoint_url") or None
+    profile = url.options.get("profile") or None
+    config = Config(
+        connect_timeout=5,
+        # A long poll holds the request open for wait_time_s.
+        read_timeout=wait_time_s + 10,
+        retries={"mode": "standard", "max_attempts": 3},
+    )
+    try:
+        session = boto3.session.Session(profile_name=profile, region_name=region)
+    except ProfileNotFound as exc:
+        raise ConfigurationError(f"{url.redacted!r}: {exc}") from exc
+    if session.region_name is None:
+        raise ConfigurationError(
+            f"{url.redacted!r}: no AWS region; add ?region=… or set AWS_DEFAULT_REGION"
+        )
+    if session.get_credentials() is None:
+        raise ConfigurationError(
+            f"{url.redacted!r}: no AWS credentials found; set AWS_ACCESS_KEY_ID and "
+            "AWS_SECRET_ACCESS_KEY, ?profile=…, or run with an instance/task role"
+        )
+
+    def factory() -> Any:
+        return boto3.session.Session(profile_name=profile, region_name=region).client(
+            "sqs", endpoint_url=endpoint_url, config=config
+        )
+
+    return factory
+
+
+def from_url(url: DriverUrl, **options: Any) -> AmazonSqsDriver:
+    """``sqs://QUEUE?region=…&endpoint_url=…``; keyword ``options`` go to the driver."""
+    url.reject_unknown(OPTIONS)
+    queue_name = _queue_name(url)
+    wait_time_s = url.get_int("wait_time", 1, minimum=0)
+    settings: dict[str, Any] = {
+        "wait_time_s": wait_time_s,
+        "batch_size": url.get_int("batch_size", 10, minimum=1),
+        "visibility_timeout_s": url.get_int("visibility_timeout", 30, minimum=1),
+        "heartbeat": url.get_bool("heartbeat", True),
+        "delay": url.get_bool("delay", False),
+        "dead_letter_queue": url.options.get("dead_letter_queue") or None,
+    }
+    if "max_receive_count" in url.options:
+        settings["max_receive_count"] = url.get_int("max_receive_count", 5, minimum=1)
+    if "retention" in url.options:
+        settings["retention_s"] = url.get_int("retention", 345600, minimum=60)
+    settings.update(options)
+    try:
+        factory = _client_factory(url, int(settings["wait_time_s"]))
+        client = factory()
+    except BotoCoreError as exc:
+        raise ConfigurationError(f"{url.redacted!r}: cannot build an SQS client - {exc}") from exc
+    try:
+        return AmazonSqsDriver(
+            client, queue_name, client_factory=factory, close_client=True, **settings
+        )
+    except ConfigurationError as exc:
+        client.close()
+        raise ConfigurationError(f"{url.redacted!r}: {exc}") from exc
+
+
+def isolate(url: DriverUrl, namespace: str) -> str:
+    """The same endpoint and options with queue ``namespace`` (and DLQ ``namespace-dlq``)."""
+    options = dict(url.options)
+    if "dead_letter_queue" in options:
+        options["dead_letter_queue"] = f"{namespace}-dlq"
+    parts = urlsplit(url.raw)
+    return urlunsplit(parts._replace(netloc=namespace, path="", query=urlencode(options)))
+
+
+@hookimpl
+def hermes_drivers() -> list[DriverPlugin]:
+    return [
+        DriverPlugin(
+            name="sqs",
+            schemes=("sqs",),
+            factory=from_url,
+            capabilities=AmazonSqsDriver.capabilities,
+            isolate=isolate,
+            example_url="sqs://jobs?region=eu-west-1",
+        )
+    ]
