@@ -1,0 +1,135 @@
+"""What every subcommand shares: the default URL, user errors, log and clock formatting."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+
+from hermes.core._driver import DEFAULT_PRIORITY, Driver
+from hermes.core._errors import BrokerUnavailableError, DriverError, HermesError
+from hermes.core._url import redact_url
+
+#: The environment variable that names the broker when ``--url`` is not given.
+URL_ENV = "HERMES_URL"
+#: The queue directory, relative to the current directory, used when neither is given.
+DEFAULT_QUEUE_DIR = "hermes-queue"
+
+
+class CliError(Exception):
+    """A mistake the user can fix: one line on stderr (plus ``context`` lines), exit code 2."""
+
+    def __init__(self, text: str, *, context: Sequence[str] = ()) -> None:
+        super().__init__(text)
+        #: Lines shown under the error, e.g. the bad JSON and a caret under the fault.
+        self.context = tuple(context)
+
+
+def default_url() -> str:
+    """``$HERMES_URL``, else ``file://`` of ``./hermes-queue`` (made absolute)."""
+    return os.environ.get(URL_ENV) or Path(DEFAULT_QUEUE_DIR).resolve().as_uri()
+
+
+def describe_error(exc: HermesError) -> str:
+    """One line for a Hermes error: its text, and the client's own error when not already in it."""
+    text = str(exc)
+    if isinstance(exc, BrokerUnavailableError):
+        text = f"broker unreachable: {text}"
+    elif isinstance(exc, DriverError):
+        text = f"broker error: {text}"
+    cause = exc.__cause__
+    if isinstance(exc, DriverError) and cause is not None and str(cause) not in text:
+        text = f"{text} (caused by {type(cause).__name__}: {cause})"
+    return one_line(text)
+
+
+def one_line(text: str) -> str:
+    """``text`` on a single line with every URL password masked."""
+    return redact_url(" ".join(text.split()))
+
+
+def print_error(text: str, context: Sequence[str] = ()) -> None:
+    print(f"hermes: error: {one_line(text)}", file=sys.stderr, flush=True)
+    for line in context:
+        print(redact_url(line), file=sys.stderr, flush=True)
+
+
+def clock(timestamp: float, *, millis: bool = False) -> str:
+    """A UNIX timestamp as local ``HH:MM:SS`` (``.mmm`` with ``millis``)."""
+    text = time.strftime("%H:%M:%S", time.localtime(timestamp))
+    if millis:
+        text += f".{int(timestamp % 1 * 1000):03d}"
+    return text
+
+
+def queue_name(driver: Driver, priority: int) -> str:
+    """The name the CLI gives the queue of ``priority``: ``<key>_priority_<P>``.
+
+    ``key`` is the driver's base queue key where it has one (Redis: ``hermes``),
+    so the name is a neighbour of its default queue; emitters and workers of the
+    CLI agree on it. A handlers function may set the queue up under another name.
+    """
+    key = getattr(driver, "key", None)
+    return f"{key if isinstance(key, str) and key else 'hermes'}_priority_{priority}"
+
+
+def setup_priorities(driver: Driver, priorities: Sequence[int]) -> None:
+    """Set up a queue for every non-default priority, so ``send``/``wait`` accept it."""
+    for priority in sorted(set(priorities), reverse=True):
+        if priority != DEFAULT_PRIORITY:
+            driver.setup_priority_queue(queue_name(driver, priority), priority)
+
+
+class LineFormatter(logging.Formatter):
+    """``12:00:01 INFO   text``: one line per record, passwords masked.
+
+    With ``tracebacks`` False an exception is summarised on the same line
+    (its type and where it was raised) instead of a multi-line traceback.
+    """
+
+    def __init__(self, *, tracebacks: bool = False, millis: bool = False) -> None:
+        super().__init__()
+        self.tracebacks = tracebacks
+        self.millis = millis
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = record.getMessage()
+        if not record.name.startswith("hermes"):
+            text = f"[{record.name}] {text}"
+        exc_info = record.exc_info
+        if exc_info and exc_info[1] is not None:
+            if self.tracebacks:
+                text = f"{text}\n{''.join(traceback.format_exception(*exc_info)).rstrip()}"
+            else:
+                text = f"{text} [{exception_origin(exc_info[1])}]"
+        line = f"{clock(record.created, millis=self.millis)} {record.levelname:<6} {text}"
+        return redact_url(line)
+
+
+def exception_origin(exc: BaseException) -> str:
+    """``ValueError at jobs.py:12``: the exception's type and the line that raised it."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return type(exc).__name__
+    last = frames[-1]
+    return f"{type(exc).__name__} at {Path(last.filename).name}:{last.lineno}"
+
+
+def configure_logging(verbosity: int, *, default_level: int = logging.INFO) -> None:
+    """Log to stdout, one line per event: -q shows warnings and errors only, -v adds debug
+    lines from Hermes and full tracebacks."""
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(LineFormatter(tracebacks=verbosity > 0))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    if verbosity < 0:
+        root.setLevel(logging.WARNING)
+    else:
+        root.setLevel(default_level if verbosity == 0 else min(default_level, logging.INFO))
+    logging.getLogger("hermes").setLevel(logging.DEBUG if verbosity > 0 else logging.NOTSET)

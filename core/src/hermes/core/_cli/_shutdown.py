@@ -1,0 +1,45 @@
+"""``hermes shutdown``: ask running workers to stop after the message in progress."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+from hermes.core._cli._common import URL_ENV, CliError, clock
+from hermes.core._cli._worker import redis_shutdown
+from hermes.core._registry import connect
+from hermes.core._shutdown import SharedFileShutdown
+from hermes.core._url import DriverUrl, redact_url
+
+
+def run(args: argparse.Namespace) -> int:
+    now = time.time()
+    if args.file:
+        SharedFileShutdown(args.file).shutdown(now)
+        print(
+            f"Asked every worker watching {args.file} (--shutdown-file) and started before "
+            f"{clock(now)} to stop after the message in progress",
+            flush=True,
+        )
+        return 0
+    url = args.url or os.environ.get(URL_ENV)
+    if not url:
+        raise CliError(
+            "say which workers to stop: --file F (workers started with --shutdown-file F) "
+            f"or --url redis://HOST:PORT/DB (workers on that Redis; ${URL_ENV} works too)"
+        )
+    scheme = DriverUrl.parse(url).scheme
+    if scheme not in ("redis", "rediss"):
+        raise CliError(
+            f"shutdown by URL needs Redis (redis:// or rediss://), not {scheme}://; "
+            "start workers with --shutdown-file F and stop them with hermes shutdown --file F"
+        )
+    with connect(url) as driver:
+        redis_shutdown(driver, url).shutdown(now)
+    print(
+        f"Asked every worker on {redact_url(url)} started before {clock(now)} to stop "
+        "after the message in progress",
+        flush=True,
+    )
+    return 0
