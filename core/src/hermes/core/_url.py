@@ -168,6 +168,10 @@ class DriverUrl:
         return urlunsplit(parts._replace(query=urlencode(merged)))
 
     def with_path(self, path: str) -> str:
-        """The raw URL with its path replaced by ``path`` (percent-encoded here)."""
+        """The raw URL with its path replaced by ``path`` (percent-encoded here).
+
+        A leading ``/`` is optional: ``with_path("/tmp/q")`` and ``with_path("tmp/q")``
+        give the same URL (a doubled slash would turn ``tmp`` into the host).
+        """
         parts = urlsplit(self.raw)
-        return urlunsplit(parts._replace(path="/" + quote(path, safe="/")))
+        return urlunsplit(parts._replace(path="/" + quote(path.lstrip("/"), safe="/")))
