@@ -1,0 +1,593 @@
+"""AmazonSqsDriver against a real SQS-compatible server (moto on 127.0.0.1)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from hermes.core import (
+    BrokerUnavailableError,
+    Capabilities,
+    Delay,
+    Delivery,
+    Message,
+    MessageSerializer,
+    UnknownPriorityError,
+)
+from hermes.drivers.sqs import AmazonSqsDriver, SqsDelivery, current_delivery
+
+MakeDriver = Callable[..., AmazonSqsDriver]
+Received = list[tuple[Message, int, SqsDelivery | None]]
+
+
+class StopWhen:
+    """A Shutdown that stops ``wait()`` once ``condition()`` holds or ``timeout_s`` passed."""
+
+    def __init__(self, condition: Callable[[], bool], timeout_s: float = 15.0) -> None:
+        self.condition = condition
+        self.deadline = time.monotonic() + timeout_s
+
+    def should_shutdown(self, start_time: float) -> bool:
+        return self.condition() or time.monotonic() > self.deadline
+
+    def shutdown(self, at: float | None = None) -> bool:
+        self.deadline = 0.0
+        return True
+
+
+def poll(condition: Callable[[], Any], timeout_s: float = 15.0) -> Any:
+    """``condition()``'s first truthy value, polled until ``timeout_s``; fails the test after."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"condition not met within {timeout_s} s")
+        time.sleep(0.1)
+
+
+def queue_counts(sqs: Any, name: str) -> tuple[int, int, int]:
+    """(visible, in flight, delayed) messages of queue ``name``, as SQS reports them."""
+    url = sqs.get_queue_url(QueueName=name)["QueueUrl"]
+    attributes = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+    return (
+        int(attributes["ApproximateNumberOfMessages"]),
+        int(attributes["ApproximateNumberOfMessagesNotVisible"]),
+        int(attributes["ApproximateNumberOfMessagesDelayed"]),
+    )
+
+
+def recorder(received: Received) -> Callable[[Message, int], bool]:
+    def callback(message: Message, priority: int) -> bool:
+        received.append((message, priority, current_delivery()))
+        return True
+
+    return callback
+
+
+def handle_until(
+    driver: AmazonSqsDriver, count: int, timeout_s: float = 15.0, **wait: Any
+) -> Received:
+    """Run ``driver.wait`` until ``count`` messages were handled (or the timeout passed)."""
+    received: Received = []
+    driver.set_shutdown(StopWhen(lambda: len(received) >= count, timeout_s))
+    driver.wait(recorder(received), **wait)
+    return received
+
+
+class Boom(Exception):
+    pass
+
+
+# Round trip -------------------------------------------------------------------
+
+
+def test_a_sent_message_is_handled_with_its_fields_and_then_deleted(
+    make_driver: MakeDriver, sqs: Any
+) -> None:
+    driver = make_driver()
+    sent = Message("mail", {"to": "a@example.com", "n": [1, 2.5, None]}, retries=3)
+    driver.send(sent)
+
+    received = handle_until(driver, 1)
+
+    assert [(m.id, m.type, m.payload, m.retries, m.created) for m, _, _ in received] == [
+        (sent.id, "mail", sent.payload, 3, sent.created)
+    ]
+    assert received[0][1] == 100
+    assert queue_counts(sqs, driver.queue_name) == (0, 0, 0)
+
+
+def test_capabilities_declare_at_least_once_and_the_visibility_timeout(
+    make_driver: MakeDriver, sqs_url: str
+) -> None:
+    driver = make_driver(sqs_url + "&visibility_timeout=7")
+    assert driver.capabilities == Capabilities(
+        delivery=Delivery.AT_LEAST_ONCE,
+        delay=Delay.IGNORED,
+        priorities=True,
+        competing_consumers=True,
+        max_message_bytes=256 * 1024,
+        redelivery_timeout_s=7.0,
+    )
+    assert make_driver(sqs_url + "&delay=true").capabilities.delay is Delay.NATIVE
+
+
+def test_the_handler_sees_its_delivery_and_nothing_outside_a_handler(
+    make_driver: MakeDriver,
+) -> None:
+    driver = make_driver()
+    driver.send(Message("a"))
+
+    received = handle_until(driver, 1)
+
+    delivery = received[0][2]
+    assert delivery is not None
+    assert delivery.receive_count == 1
+    assert delivery.queue_name == driver.queue_name
+    assert delivery.priority == 100
+    assert delivery.sent_at is not None and abs(delivery.sent_at - time.time()) < 600
+    assert current_delivery() is None and driver.current_delivery is None
+
+
+def test_a_message_as_large_as_declared_goes_through(make_driver: MakeDriver) -> None:
+    driver = make_driver()
+    envelope = len(MessageSerializer().serialize(Message("big", {"x": ""})))
+    limit = driver.capabilities.max_message_bytes
+    driver.send(Message("big", {"x": "y" * (limit - envelope)}))
+
+    received = handle_until(driver, 1)
+
+    assert len(received[0][0].payload["x"]) == limit - envelope
+
+
+def test_send_batch_sends_every_message_in_calls_of_ten(make_driver: MakeDriver) -> None:
+    driver = make_driver()
+    messages = [Message("n", {"i": i}) for i in range(23)]
+    driver.send_batch(messages)
+
+    received = handle_until(driver, 23)
+
+    assert sorted(m.payload["i"] for m, _, _ in received) == list(range(23))
+
+
+def test_sends_from_many_threads_all_arrive(make_driver: MakeDriver) -> None:
+    driver = make_driver()
+    errors: list[BaseException] = []
+
+    def emit(thread: int) -> None:
+        try:
+            for i in range(5):
+                driver.send(Message("n", {"id": f"{thread}-{i}"}))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=emit, args=(t,)) for t in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    received = handle_until(driver, 40)
+    assert errors == []
+    assert sorted(m.payload["id"] for m, _, _ in received) == sorted(
+        f"{t}-{i}" for t in range(8) for i in range(5)
+    )
+
+
+def test_a_driver_created_before_fork_gets_its_own_client_in_the_child(
+    make_driver: MakeDriver,
+) -> None:
+    driver = make_driver()
+    driver.send(Message("parent"))  # the parent's client now has pooled connections
+    parent_client = driver._client.get()
+
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through its exit code
+        code = 1
+        try:
+            child_client = driver._client.get()
+            driver.send(Message("child"))
+            code = 0 if child_client is not parent_client else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert driver._client.get() is parent_client
+    assert sorted(m.type for m, _, _ in handle_until(driver, 2)) == ["child", "parent"]
+
+
+# Failures and stopping --------------------------------------------------------
+
+
+def test_a_callback_that_raises_gives_back_its_message_and_the_rest_of_the_batch_at_once(
+    make_driver: MakeDriver,
+) -> None:
+    driver = make_driver()  # visibility timeout 30 s: only a give-back is this fast
+    driver.send_batch([Message("n", {"i": i}) for i in range(3)])
+
+    def explode(message: Message, priority: int) -> bool:
+        raise Boom(message.id)
+
+    with pytest.raises(Boom):
+        driver.wait(explode)
+    received = handle_until(driver, 3, timeout_s=10)
+
+    assert sorted(m.payload["i"] for m, _, _ in received) == [0, 1, 2]
+    assert all(d is not None and d.receive_count == 2 for _, _, d in received)
+
+
+def test_max_items_stops_mid_batch_and_another_worker_gets_the_rest_at_once(
+    make_driver: MakeDriver, sqs: Any
+) -> None:
+    first, second = make_driver(), make_driver()
+    first.send_batch([Message("n", {"i": i}) for i in range(5)])
+
+    first.set_max_process_items(2)
+    handled_first: Received = []
+    first.wait(recorder(handled_first))
+    handled_second = handle_until(second, 3, timeout_s=10)
+
+    assert len(handled_first) == 2
+    assert sorted(m.payload["i"] for m, _, _ in handled_first + handled_second) == list(range(5))
+    poll(lambda: queue_counts(sqs, first.queue_name) == (0, 0, 0))
+
+
+def test_an_idle_worker_returns_soon_after_shutdown(make_driver: MakeDriver) -> None:
+    driver = make_driver()
+    stop = threading.Event()
+    driver.set_shutdown(StopWhen(stop.is_set, timeout_s=30))
+    worker = threading.Thread(target=driver.wait, args=(recorder([]),))
+    worker.start()
+    time.sleep(0.3)  # let it enter its long poll; the result does not depend on it
+    stop.set()
+    worker.join(timeout=10)
+    assert not worker.is_alive()
+
+
+def test_an_unreachable_endpoint_raises_broker_unavailable_with_the_cause(
+    make_driver: MakeDriver, queue_name: str
+) -> None:
+    driver = make_driver(
+        f"sqs://{queue_name}?region=us-east-1&endpoint_url=http%3A%2F%2F127.0.0.1%3A9"
+    )
+    with pytest.raises(BrokerUnavailableError) as caught:
+        driver.send(Message("lost"))
+    assert caught.value.__cause__ is not None
+    driver.purge = lambda: None  # type: ignore[method-assign]  # nothing to clean up there
+
+
+# The article's cases ------------------------------------------------------------
+
+_DYING_WORKER = """
+import sys, time
+from hermes.core import connect
+driver = connect(sys.argv[1])
+def handle(message, priority):
+    print("handling", flush=True)
+    time.sleep(3600)
+    return True
+driver.wait(handle)
+"""
+
+
+def test_a_message_of_a_worker_killed_mid_handler_comes_back_with_receive_count_2(
+    make_driver: MakeDriver, sqs_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = sqs_url + "&visibility_timeout=2"
+    driver = make_driver(url)
+    sent = Message("job")
+    driver.send(sent)
+    with subprocess.Popen(
+        [sys.executable, "-c", _DYING_WORKER, url], stdout=subprocess.PIPE, text=True
+    ) as worker:
+        try:
+            assert worker.stdout is not None
+            assert worker.stdout.readline().strip() == "handling"
+        finally:
+            worker.send_signal(signal.SIGKILL)
+            worker.wait()
+
+    with caplog.at_level(logging.WARNING, logger="hermes.drivers.sqs"):
+        received = handle_until(driver, 1)
+
+    assert [m.id for m, _, _ in received] == [sent.id]
+    delivery = received[0][2]
+    assert delivery is not None and delivery.receive_count == 2
+    assert f"message #{sent.id} (job) received 2 times" in caplog.text
+
+
+def _long_handler_run(make_driver: MakeDriver, url: str, *, heartbeat: bool) -> Received:
+    """A handler longer than twice the 2 s visibility timeout, while a rival worker polls.
+
+    Returns what the rival received.
+    """
+    worker = make_driver(url + f"&visibility_timeout=2&heartbeat={str(heartbeat).lower()}")
+    rival = make_driver(url + "&visibility_timeout=2")
+    worker.send(Message("slow"))
+    rival_got: Received = []
+    finished = threading.Event()
+
+    def slow(message: Message, priority: int) -> bool:
+        if heartbeat:
+            time.sleep(5)  # the scenario itself: 2.5 visibility timeouts
+        else:
+            poll(lambda: rival_got, timeout_s=10)  # ends as soon as the duplicate shows
+        return True
+
+    rival.set_shutdown(StopWhen(finished.is_set, timeout_s=30))
+    rival_thread = threading.Thread(target=rival.wait, args=(recorder(rival_got),))
+    worker.set_max_process_items(1)
+    rival_thread.start()
+    try:
+        worker.wait(slow)
+    finally:
+        finished.set()
+        rival_thread.join()
+    return rival_got
+
+
+def test_a_long_handler_with_the_heartbeat_is_never_delivered_twice(
+    make_driver: MakeDriver, sqs_url: str, sqs: Any, queue_name: str
+) -> None:
+    assert _long_handler_run(make_driver, sqs_url, heartbeat=True) == []
+    assert queue_counts(sqs, queue_name) == (0, 0, 0)
+
+
+def test_without_the_heartbeat_a_long_handler_is_delivered_twice(
+    make_driver: MakeDriver, sqs_url: str
+) -> None:
+    rival_got = _long_handler_run(make_driver, sqs_url, heartbeat=False)
+    assert [m.type for m, _, _ in rival_got] == ["slow"]
+
+
+def test_a_message_received_max_receive_count_times_ends_in_the_dead_letter_queue(
+    make_driver: MakeDriver, sqs_url: str, sqs: Any, queue_name: str
+) -> None:
+    dead = f"{queue_name}-dlq"
+    driver = make_driver(sqs_url + f"&dead_letter_queue={dead}&max_receive_count=2")
+    sent = Message("doomed")
+    driver.send(sent)
+    counts: list[int] = []
+
+    def fail(message: Message, priority: int) -> bool:
+        delivery = current_delivery()
+        assert delivery is not None
+        counts.append(delivery.receive_count)
+        raise Boom("handler failed")
+
+    driver.set_shutdown(StopWhen(lambda: queue_counts(sqs, dead)[0] > 0, timeout_s=15))
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            driver.wait(fail)
+            break
+        except Boom:
+            continue
+
+    assert counts == [1, 2]
+    dead_url = sqs.get_queue_url(QueueName=dead)["QueueUrl"]
+    bodies = [m["Body"] for m in sqs.receive_message(QueueUrl=dead_url).get("Messages", [])]
+    assert [MessageSerializer().unserialize(b).id for b in bodies] == [sent.id]
+    assert queue_counts(sqs, queue_name) == (0, 0, 0)
+
+
+# Bodies that are not messages ---------------------------------------------------
+
+
+def test_a_body_that_is_not_a_message_is_logged_and_deleted_without_a_redrive_policy(
+    make_driver: MakeDriver, sqs: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    driver = make_driver()
+    driver.send_raw(b"\xff\xfe not json \x00")
+    driver.send(Message("good"))
+
+    with caplog.at_level(logging.ERROR, logger="hermes.drivers.sqs"):
+        received = handle_until(driver, 1)
+
+    assert [m.type for m, _, _ in received] == ["good"]
+    assert "is not a Hermes message (received 1 times" in caplog.text
+    assert "Cannot unserialize message" in caplog.text
+    poll(lambda: queue_counts(sqs, driver.queue_name) == (0, 0, 0))
+
+
+def test_a_body_that_is_not_a_message_is_left_for_the_redrive_policy(
+    make_driver: MakeDriver,
+    sqs_url: str,
+    sqs: Any,
+    queue_name: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    dead = f"{queue_name}-dlq"
+    driver = make_driver(
+        sqs_url + f"&dead_letter_queue={dead}&max_receive_count=1&visibility_timeout=1"
+    )
+    driver.send_raw(b"{not a message")
+    driver.send(Message("good"))
+    received: Received = []
+
+    driver.set_shutdown(StopWhen(lambda: queue_counts(sqs, dead)[0] > 0, timeout_s=15))
+    with caplog.at_level(logging.ERROR, logger="hermes.drivers.sqs"):
+        driver.wait(recorder(received))
+
+    assert [m.type for m, _, _ in received] == ["good"]
+    assert "left for the redrive policy" in caplog.text
+    dead_url = sqs.get_queue_url(QueueName=dead)["QueueUrl"]
+    bodies = [m["Body"] for m in sqs.receive_message(QueueUrl=dead_url).get("Messages", [])]
+    assert bodies == ["{not a message"]
+
+
+# Delay ----------------------------------------------------------------------------
+
+
+def test_by_default_a_future_execute_at_is_delivered_at_once_and_kept(
+    make_driver: MakeDriver,
+) -> None:
+    driver = make_driver()
+    execute_at = time.time() + 120
+    driver.send(Message("later", execute_at=execute_at))
+
+    received = handle_until(driver, 1)
+
+    assert received[0][0].execute_at == execute_at
+    assert time.time() < execute_at
+
+
+def test_in_delay_mode_a_message_is_held_until_execute_at(
+    make_driver: MakeDriver, sqs_url: str
+) -> None:
+    driver = make_driver(sqs_url + "&delay=true")
+    execute_at = time.time() + 2
+    driver.send(Message("later", execute_at=execute_at))
+    driver.send(Message("now"))
+    handled_at: dict[str, float] = {}
+
+    def note(message: Message, priority: int) -> bool:
+        handled_at[message.type] = time.time()
+        return True
+
+    driver.set_shutdown(StopWhen(lambda: len(handled_at) == 2, timeout_s=15))
+    driver.wait(note)
+
+    assert handled_at["now"] < execute_at <= handled_at["later"]
+
+
+def test_in_delay_mode_a_message_that_arrives_early_is_hidden_again_not_handled(
+    make_driver: MakeDriver, sqs_url: str
+) -> None:
+    driver = make_driver(sqs_url + "&delay=true")
+    execute_at = time.time() + 2
+    # send_raw skips DelaySeconds: the message arrives early, as after clock skew.
+    driver.send_raw(MessageSerializer().serialize(Message("early", execute_at=execute_at)).encode())
+
+    received = handle_until(driver, 1)
+
+    assert time.time() >= execute_at
+    delivery = received[0][2]
+    assert delivery is not None and delivery.receive_count == 2
+
+
+def test_in_delay_mode_a_delay_beyond_15_minutes_is_hidden_on_receipt(
+    make_driver: MakeDriver, sqs_url: str, sqs: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    driver = make_driver(sqs_url + "&delay=true")
+    far = Message("far", execute_at=time.time() + 3600)
+    driver.send_raw(MessageSerializer().serialize(far).encode())
+    received: Received = []
+
+    with caplog.at_level(logging.DEBUG, logger="hermes.drivers.sqs"):
+        driver.set_shutdown(StopWhen(lambda: "hid message" in caplog.text, timeout_s=15))
+        driver.wait(recorder(received))
+
+    assert received == []
+    assert f"hid message #{far.id} again, due in 3" in caplog.text
+    assert queue_counts(sqs, driver.queue_name) == (0, 1, 0)
+
+
+def test_in_delay_mode_send_caps_delay_seconds_at_15_minutes(
+    make_driver: MakeDriver, sqs_url: str, sqs: Any
+) -> None:
+    driver = make_driver(sqs_url + "&delay=true")
+    driver.send(Message("far", execute_at=time.time() + 3600))
+    assert queue_counts(sqs, driver.queue_name) == (0, 0, 1)
+
+
+def test_in_delay_mode_holding_back_near_the_redrive_limit_resends_instead(
+    make_driver: MakeDriver, sqs_url: str, sqs: Any, queue_name: str
+) -> None:
+    dead = f"{queue_name}-dlq"
+    driver = make_driver(sqs_url + f"&delay=true&dead_letter_queue={dead}&max_receive_count=1")
+    execute_at = time.time() + 2
+    driver.send_raw(MessageSerializer().serialize(Message("early", execute_at=execute_at)).encode())
+
+    received = handle_until(driver, 1)
+
+    assert time.time() >= execute_at
+    delivery = received[0][2]
+    assert delivery is not None and delivery.receive_count == 1
+    assert queue_counts(sqs, dead) == (0, 0, 0)
+
+
+# Priorities -----------------------------------------------------------------------
+
+
+def test_higher_priority_queues_are_read_first(make_driver: MakeDriver, sqs: Any) -> None:
+    driver = make_driver()
+    driver.setup_priority_queue("high", 200)
+    for i in range(3):
+        driver.send(Message("low", {"i": i}))
+    for i in range(3):
+        driver.send(Message("high", {"i": i}), 200)
+
+    received = handle_until(driver, 6)
+
+    assert [m.type for m, _, _ in received] == ["high"] * 3 + ["low"] * 3
+    assert [p for _, p, _ in received] == [200] * 3 + [100] * 3
+    assert queue_counts(sqs, f"{driver.queue_name}-high") == (0, 0, 0)
+
+
+def test_a_worker_restricted_to_a_priority_reads_only_that_queue(
+    make_driver: MakeDriver, sqs: Any
+) -> None:
+    driver = make_driver()
+    driver.setup_priority_queue("high", 200)
+    driver.send(Message("low"))
+    driver.send(Message("high"), 200)
+
+    received = handle_until(driver, 1, priorities=[200])
+
+    assert [m.type for m, _, _ in received] == ["high"]
+    assert queue_counts(sqs, driver.queue_name) == (1, 0, 0)
+
+
+def test_an_unknown_priority_is_refused(make_driver: MakeDriver) -> None:
+    driver = make_driver()
+    with pytest.raises(UnknownPriorityError) as caught:
+        driver.send(Message("x"), 300)
+    assert caught.value.priority == 300
+
+
+# Queues ---------------------------------------------------------------------------
+
+
+def test_an_existing_queue_gets_the_redrive_policy_and_retention_it_lacks(
+    make_driver: MakeDriver, sqs_url: str, sqs: Any, queue_name: str
+) -> None:
+    sqs.create_queue(QueueName=queue_name)
+    driver = make_driver(
+        sqs_url + f"&dead_letter_queue={queue_name}-dlq&max_receive_count=4&retention=3600"
+    )
+    driver.send(Message("x"))
+
+    url = sqs.get_queue_url(QueueName=queue_name)["QueueUrl"]
+    attributes = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+    policy = json.loads(attributes["RedrivePolicy"])
+    assert str(policy["maxReceiveCount"]) == "4"
+    assert policy["deadLetterTargetArn"].endswith(f":{queue_name}-dlq")
+    assert attributes["MessageRetentionPeriod"] == "3600"
+
+
+def test_purge_deletes_every_queue_of_the_driver(
+    make_driver: MakeDriver, sqs_url: str, sqs: Any, queue_name: str
+) -> None:
+    driver = make_driver(sqs_url + f"&dead_letter_queue={queue_name}-dlq")
+    driver.setup_priority_queue("high", 200)
+    driver.send(Message("x"))
+    driver.send(Message("y"), 200)
+
+    driver.purge()
+
+    names = [url.rsplit("/", 1)[1] for url in sqs.list_queues().get("QueueUrls", [])]
+    assert not {queue_name, f"{queue_name}-high", f"{queue_name}-dlq"} & set(names)
