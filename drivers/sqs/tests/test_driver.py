@@ -22,6 +22,7 @@ from hermes.core import (
     Delivery,
     Message,
     MessageSerializer,
+    NotSupportedError,
     UnknownPriorityError,
 )
 from hermes.drivers.sqs import AmazonSqsDriver, SqsDelivery, current_delivery
@@ -391,7 +392,7 @@ def test_a_body_that_is_not_a_message_is_logged_and_deleted_without_a_redrive_po
     make_driver: MakeDriver, sqs: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     driver = make_driver()
-    driver.send_raw(b"\xff\xfe not json \x00")
+    driver.send_raw(b"not json \xe2\x9c\x93")
     driver.send(Message("good"))
 
     with caplog.at_level(logging.ERROR, logger="hermes.drivers.sqs"):
@@ -427,6 +428,14 @@ def test_a_body_that_is_not_a_message_is_left_for_the_redrive_policy(
     dead_url = sqs.get_queue_url(QueueName=dead)["QueueUrl"]
     bodies = [m["Body"] for m in sqs.receive_message(QueueUrl=dead_url).get("Messages", [])]
     assert bodies == ["{not a message"]
+
+
+def test_send_raw_refuses_bytes_sqs_cannot_carry(make_driver: MakeDriver) -> None:
+    driver = make_driver()
+    with pytest.raises(NotSupportedError, match="not UTF-8"):
+        driver.send_raw(b"\xff\xfe")
+    with pytest.raises(NotSupportedError, match=r"XML 1\.0 characters only"):
+        driver.send_raw(b"nul \x00 inside")
 
 
 # Delay ----------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from hermes.core import (
     DeliveryError,
     Driver,
     Message,
+    NotSupportedError,
     SerializeError,
     UnknownPriorityError,
 )
@@ -111,8 +112,20 @@ def _check_range(name: str, value: int, low: int, high: int) -> int:
 
 
 def _sqs_text(body: bytes) -> str:
-    """``body`` as a string SQS accepts: bad UTF-8 and non-XML characters become U+FFFD."""
-    return _NOT_XML.sub("\ufffd", body.decode("utf-8", errors="replace"))
+    """``body`` as the text SQS carries, or NotSupportedError if it is not such text."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise NotSupportedError(
+            f"SQS message bodies are text: these bytes are not UTF-8 ({exc})"
+        ) from exc
+    bad = _NOT_XML.search(text)
+    if bad is not None:
+        raise NotSupportedError(
+            f"SQS message bodies cannot contain the character {bad.group()!r} "
+            f"(at {bad.start()}); SQS allows XML 1.0 characters only"
+        )
+    return text
 
 
 def _redrive_max(policy: str | None) -> int | None:
@@ -376,10 +389,11 @@ class AmazonSqsDriver(Driver):
         self._send_body(self._queue(priority), body, self._delay_seconds(message.execute_at))
 
     def send_raw(self, body: bytes, priority: int = DEFAULT_PRIORITY) -> None:
-        """Put ``body`` on the queue as it is, except what SQS cannot carry.
+        """Put ``body`` on the queue as it is.
 
-        SQS bodies are text: invalid UTF-8 and characters outside XML 1.0
-        become U+FFFD (which is still not a Hermes message, as intended).
+        SQS bodies are text: bytes that are not UTF-8, or that contain
+        characters outside XML 1.0 (most control characters), raise
+        :class:`NotSupportedError` -- no such body can be on an SQS queue.
         """
         self._send_body(self._queue(priority), _sqs_text(body), 0)
 
