@@ -173,7 +173,8 @@ def service_url(name: str) -> Iterator[str]:
         yield ensure_rabbitmq() + "?queue=hermes&delay=true"
     elif name in ("sqs", "sqs-delay"):
         with sqs_server() as endpoint:
-            query = f"region=us-east-1&endpoint_url={quote(endpoint, safe='')}"
+            # A short visibility timeout brings a killed worker's message back quickly.
+            query = f"region=us-east-1&endpoint_url={quote(endpoint, safe='')}&visibility_timeout=5"
             yield f"sqs://hermes?{query}" + ("&delay=true" if name == "sqs-delay" else "")
     elif name in ("kafka", "kafka-delay"):
         with kafka_broker() as bootstrap:
