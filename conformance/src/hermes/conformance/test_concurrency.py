@@ -1,0 +1,192 @@
+"""Threads and fork(): how web servers use a driver (SPEC §6.1).
+
+``send()`` is safe to call from many threads at once: 8 threads share one
+driver object and emit 100 messages each; every message is delivered exactly
+as sent, once. A driver object used before ``os.fork()`` (a pre-fork server's
+master) works in the child without sharing the parent's sockets: the child
+emits and consumes through it, and the parent keeps using it afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+import traceback
+import warnings
+from typing import Any, NoReturn
+
+import pytest
+
+from hermes.conformance._harness import (
+    DELIVERY_S,
+    QUIET_S,
+    Kit,
+    TotalQueue,
+    fields,
+    scaled,
+    wait_for_progress,
+    wait_quiet,
+    wait_until,
+)
+from hermes.conformance._worker import JOB
+from hermes.core import Driver, Emitter, Message
+
+_THREADS = 8
+_PER_THREAD = 100
+
+
+@pytest.mark.hermes_check("concurrent send", "8 threads x 100 messages through one driver")
+def test_eight_threads_sharing_one_driver_emit_800_messages_delivered_exactly_as_sent(
+    hermes_kit: Kit,
+) -> None:
+    emitter = Emitter(hermes_kit.sender)
+    start = threading.Barrier(_THREADS)
+    batches = [
+        [
+            Message(JOB, {"n": t * _PER_THREAD + i, "thread": t, "text": f"{t}/{i} ✓"})
+            for i in range(_PER_THREAD)
+        ]
+        for t in range(_THREADS)
+    ]
+    errors: list[BaseException] = []
+
+    def emit_batch(batch: list[Message]) -> None:
+        try:
+            start.wait()
+            for message in batch:
+                emitter.emit(message)
+        except BaseException as exc:  # reported below, with the others
+            errors.append(exc)
+
+    threads = [threading.Thread(target=emit_batch, args=(batch,)) for batch in batches]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + scaled(6 * DELIVERY_S)
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    assert not any(t.is_alive() for t in threads), "concurrent send() calls hang"
+    assert not errors, f"concurrent send() raised: {errors[:3]}"
+
+    sent = {m.id: m for batch in batches for m in batch}
+    ledger = hermes_kit.ledger
+    hermes_kit.worker()
+    wait_for_progress(ledger.distinct, len(sent), DELIVERY_S)
+    wait_quiet(lambda: len(ledger), QUIET_S / 2, DELIVERY_S)
+
+    check = TotalQueue.of(sent, ledger.ids())
+    hermes_kit.report(check.summary())
+    assert (len(check.lost), len(check.duplicated), len(check.unexpected)) == (0, 0, 0), (
+        check.summary()
+    )
+    changed = [
+        e.message.id for e in ledger.entries() if fields(e.message) != fields(sent[e.message.id])
+    ]
+    assert not changed, f"{len(changed)} messages arrived different from how they were sent"
+
+
+class _Until:
+    """A Shutdown that stops once ``done()`` is true or the deadline passed."""
+
+    def __init__(self, done: Any, timeout_s: float) -> None:
+        self.done = done
+        self.deadline = time.monotonic() + scaled(timeout_s)
+
+    def should_shutdown(self, start_time: float) -> bool:
+        return bool(self.done()) or time.monotonic() >= self.deadline
+
+    def shutdown(self, at: float | None = None) -> bool:
+        self.deadline = 0.0
+        return True
+
+
+def _in_child(driver: Driver, message: Message, fd: int) -> NoReturn:
+    """Emit and consume ``message`` through ``driver``; report on ``fd``; never return."""
+    code = 1
+    result: dict[str, Any] = {}
+    try:
+        Emitter(driver).emit(message)
+        seen: list[str] = []
+
+        def callback(received: Message, priority: int) -> bool:
+            seen.append(received.id)
+            return True
+
+        driver.set_shutdown(_Until(lambda: message.id in seen, DELIVERY_S))
+        driver.wait(callback)
+        driver.close()
+        code, result = 0, {"seen": seen}
+    except BaseException:
+        result = {"error": traceback.format_exc()[-30_000:]}
+    finally:
+        try:
+            os.write(fd, json.dumps(result).encode())
+        finally:
+            os._exit(code)
+
+
+def _child_result(pid: int, fd: int, timeout_s: float) -> tuple[int | None, dict[str, Any]]:
+    """The child's exit code (None if it had to be killed) and the JSON it wrote."""
+    statuses: list[int] = []
+
+    def exited() -> bool:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            statuses.append(status)
+        return bool(done)
+
+    code: int | None = None
+    if wait_until(exited, timeout_s):
+        code = os.waitstatus_to_exitcode(statuses[0])
+    else:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    with os.fdopen(fd, "rb") as pipe:  # the child is gone: read() ends at EOF
+        text = pipe.read().decode()
+    return code, (json.loads(text) if text else {})
+
+
+@pytest.mark.hermes_check("fork", "a driver used before fork()")
+def test_a_driver_used_before_fork_emits_and_consumes_in_the_child(hermes_kit: Kit) -> None:
+    if not hasattr(os, "fork"):
+        pytest.skip("not verified: os.fork() is not available on this platform")
+    caps = hermes_kit.capabilities
+    ledger = hermes_kit.ledger
+    driver = hermes_kit.driver()
+    emitter = Emitter(driver)
+    first = hermes_kit.message(1)
+    emitter.emit(first)  # the parent has used the driver: its connections exist
+    in_child = hermes_kit.message(2)
+    read_fd, write_fd = os.pipe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+ warns when threads exist
+        pid = os.fork()
+    if pid == 0:
+        os.close(read_fd)
+        _in_child(driver, in_child, write_fd)
+    os.close(write_fd)
+
+    code, result = _child_result(pid, read_fd, DELIVERY_S + caps.redelivery_timeout_s)
+    assert "error" not in result, f"in the forked child:\n{result['error']}"
+    assert code == 0, f"the forked child did not finish in time (exit code {code})"
+    child_seen: list[str] = result["seen"]
+    assert in_child.id in child_seen, "the child did not receive what it emitted"
+
+    last = hermes_kit.message(3)
+    emitter.emit(last)  # the parent keeps using the driver after the child closed it
+    hermes_kit.worker(driver=driver)
+    if caps.cross_process:
+        hermes_kit.claim("child emits and consumes, the parent goes on; nothing lost or doubled")
+        left = {first.id, last.id} - set(child_seen)
+        bound = DELIVERY_S + caps.redelivery_timeout_s
+        assert wait_until(lambda: left <= set(ledger.ids()), bound), "the parent lost messages"
+        wait_quiet(lambda: len(ledger), QUIET_S / 2, DELIVERY_S)
+        check = TotalQueue.of([first.id, in_child.id, last.id], child_seen + ledger.ids())
+        assert (len(check.lost), len(check.duplicated), len(check.unexpected)) == (0, 0, 0), (
+            check.summary()
+        )
+    else:
+        hermes_kit.claim("child emits and consumes (on its copy of the broker), the parent goes on")
+        assert wait_until(lambda: {first.id, last.id} <= set(ledger.ids()), DELIVERY_S)

@@ -1,0 +1,96 @@
+"""Delay: what the driver does with a message whose ``execute_at`` is in the future.
+
+``delay=NATIVE``: held back -- not delivered before ``execute_at`` (the lower
+bound, within EARLY_TOLERANCE_S) and delivered at most DELAY_LATE_S after it
+(the upper bound); several come out in ``execute_at`` order; a message that is
+due is not kept waiting behind them. ``delay=IGNORED``: delivered at once,
+``execute_at`` kept in the message.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from hermes.conformance._harness import (
+    DELAY_LATE_S,
+    DELIVERY_S,
+    EARLY_TOLERANCE_S,
+    Kit,
+    fields,
+    scaled,
+    wait_until,
+)
+from hermes.core import Delay, Message
+
+#: How far in the future the kit schedules (unscaled seconds).
+_AHEAD_S = 1.5
+_FAR_AHEAD_S = 3600.0
+
+
+def _on_time(kit: Kit, message: Message) -> None:
+    """NATIVE: ``message`` arrived no earlier than ``execute_at`` and not too late."""
+    assert message.execute_at is not None
+    deliveries = kit.ledger.of(message.id)
+    assert deliveries, f"message {message.id} due at {message.execute_at:.3f} never arrived"
+    early_by = message.execute_at - deliveries[0].at
+    assert early_by <= EARLY_TOLERANCE_S, (
+        f"delay=NATIVE: delivered {early_by:.3f} s before its execute_at"
+    )
+    late_by = -early_by
+    assert late_by <= scaled(DELAY_LATE_S), (
+        f"delay=NATIVE: delivered {late_by:.3f} s after its execute_at "
+        f"(at most {DELAY_LATE_S} s, scaled)"
+    )
+    assert fields(deliveries[0].message) == fields(message)
+
+
+@pytest.mark.hermes_check("delay", "a message due later")
+def test_a_message_due_later_follows_the_declared_delay(hermes_kit: Kit) -> None:
+    ledger = hermes_kit.ledger
+    hermes_kit.worker()
+
+    if hermes_kit.capabilities.delay is Delay.NATIVE:
+        hermes_kit.claim("held until execute_at, then delivered")
+        message = hermes_kit.emit(hermes_kit.message(1, execute_at=time.time() + scaled(_AHEAD_S)))
+        assert wait_until(lambda: ledger.has(message.id), _AHEAD_S + DELAY_LATE_S)
+        _on_time(hermes_kit, message)
+    else:
+        hermes_kit.claim("delivered at once, execute_at kept")
+        message = hermes_kit.emit(hermes_kit.message(1, execute_at=time.time() + _FAR_AHEAD_S))
+        assert wait_until(lambda: ledger.has(message.id), DELIVERY_S), (
+            f"delay=IGNORED: a message due in {_FAR_AHEAD_S:.0f} s was not delivered "
+            f"within {DELIVERY_S} s"
+        )
+        assert fields(ledger.of(message.id)[0].message) == fields(message)
+
+
+@pytest.mark.hermes_check("delay", "several messages due later")
+def test_delayed_messages_come_out_in_execute_at_order_after_due_ones(hermes_kit: Kit) -> None:
+    ledger = hermes_kit.ledger
+    now = time.time()
+    if hermes_kit.capabilities.delay is Delay.NATIVE:
+        hermes_kit.claim("in execute_at order, due ones first")
+        later = hermes_kit.emit(hermes_kit.message(3, execute_at=now + scaled(2 * _AHEAD_S)))
+        sooner = hermes_kit.emit(hermes_kit.message(2, execute_at=now + scaled(_AHEAD_S)))
+        past = hermes_kit.emit(hermes_kit.message(1, execute_at=now - 5))
+        plain = hermes_kit.emit(hermes_kit.message(0))
+        hermes_kit.worker()
+
+        assert wait_until(lambda: ledger.has(later.id), 2 * _AHEAD_S + DELAY_LATE_S)
+        order = [e.message.id for e in ledger.entries()]
+        assert sorted(order[:2]) == sorted([past.id, plain.id]), "due messages waited"
+        assert order[2:] == [sooner.id, later.id], "delayed messages out of execute_at order"
+        _on_time(hermes_kit, sooner)
+        _on_time(hermes_kit, later)
+    else:
+        hermes_kit.claim("all delivered at once, execute_at kept")
+        sent = [
+            hermes_kit.emit(hermes_kit.message(n, execute_at=now + _FAR_AHEAD_S - n))
+            for n in range(3)
+        ]
+        hermes_kit.worker()
+        assert wait_until(lambda: all(ledger.has(m.id) for m in sent), DELIVERY_S)
+        for message in sent:
+            assert fields(ledger.of(message.id)[0].message) == fields(message)

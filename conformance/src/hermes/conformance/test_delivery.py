@@ -1,0 +1,148 @@
+"""Ack ordering: when the broker forgets a message, relative to the handler.
+
+``delivery=AT_LEAST_ONCE``: a worker that dies inside a handler gets its
+message delivered again (to a fresh worker, within the declared
+``redelivery_timeout_s``). ``AT_MOST_ONCE``: it is gone. Either way a message
+whose handler returned is never delivered again.
+
+A death is simulated two ways. In-process (every driver): the handler raises
+a ``BaseException`` that is not an ``Exception``; the Dispatcher lets it
+through, so it escapes ``driver.wait()`` exactly like a crash, and the
+driver object is then closed as a dying process's connections would be. Out
+of process (``cross_process`` drivers): a worker subprocess blocks inside its
+handler and the kit SIGKILLs it.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from hermes.conformance._harness import (
+    DELIVERY_S,
+    QUIET_S,
+    WORKER_START_S,
+    Kit,
+    fields,
+    stays_false,
+    wait_until,
+)
+from hermes.conformance._worker import JOB
+from hermes.core import Delivery, Message
+
+
+class _WorkerCrash(BaseException):
+    """Stands for the worker process dying mid-handler: not an Exception, so not caught."""
+
+
+class _CrashOnce:
+    def __init__(self) -> None:
+        self.crashed = threading.Event()
+
+    def handle(self, message: Message) -> bool:
+        if not self.crashed.is_set():
+            self.crashed.set()
+            raise _WorkerCrash(message.id)
+        return True
+
+
+def require_cross_process(kit: Kit) -> None:
+    if not kit.capabilities.cross_process:
+        pytest.skip("not verified: driver is in-process")
+
+
+@pytest.mark.hermes_check("delivery", "handler crash (in-process)")
+def test_a_message_whose_worker_crashed_mid_handler_follows_the_declared_delivery(
+    hermes_kit: Kit,
+) -> None:
+    caps = hermes_kit.capabilities
+    ledger = hermes_kit.ledger
+    message = hermes_kit.emit(hermes_kit.message(1))
+    crashing = hermes_kit.worker(handlers={JOB: [_CrashOnce()]})
+
+    assert wait_until(lambda: ledger.has(message.id), DELIVERY_S), "the message never arrived"
+    assert crashing.join(DELIVERY_S), (
+        "an exception escaping the callback must propagate out of wait(); "
+        "the worker kept running instead"
+    )
+    crashing.stop(expect=_WorkerCrash)
+    assert isinstance(crashing.error, _WorkerCrash)
+    crashing.driver.close()
+
+    if caps.delivery is Delivery.AT_LEAST_ONCE:
+        hermes_kit.claim("handler crash (in-process): delivered again")
+        fresh = hermes_kit.worker()
+        bound = caps.redelivery_timeout_s + DELIVERY_S
+        assert wait_until(lambda: len(ledger.of(message.id)) >= 2, bound), (
+            f"AT_LEAST_ONCE: the message of a crashed worker was not delivered again within "
+            f"redelivery_timeout_s + {DELIVERY_S} = {bound} s (unscaled)"
+        )
+        again = ledger.of(message.id)[1]
+        assert again.worker == fresh.name
+        assert fields(again.message) == fields(message)
+    else:
+        hermes_kit.claim("handler crash (in-process): not delivered again")
+        sentinel = hermes_kit.emit(hermes_kit.message(2))
+        hermes_kit.worker()
+        assert wait_until(lambda: ledger.has(sentinel.id), DELIVERY_S)
+        assert stays_false(lambda: len(ledger.of(message.id)) > 1, QUIET_S), (
+            "AT_MOST_ONCE: the message of a crashed worker was delivered again"
+        )
+
+
+@pytest.mark.hermes_check("delivery", "SIGKILL mid-handler")
+def test_a_message_whose_worker_was_sigkilled_mid_handler_follows_the_declared_delivery(
+    hermes_kit: Kit,
+) -> None:
+    require_cross_process(hermes_kit)
+    caps = hermes_kit.capabilities
+    message = hermes_kit.emit(hermes_kit.message(1))
+    blocked = hermes_kit.spawn_worker(block=True)
+
+    def delivered_to(pid: int, message_id: str) -> bool:
+        return any(r.id == message_id and r.pid == pid for r in hermes_kit.records())
+
+    assert wait_until(lambda: delivered_to(blocked.pid, message.id), WORKER_START_S + DELIVERY_S), (
+        f"the blocking worker never started the handler\n{hermes_kit.process_output()}"
+    )
+    blocked.kill()
+    fresh = hermes_kit.spawn_worker()
+
+    if caps.delivery is Delivery.AT_LEAST_ONCE:
+        hermes_kit.claim("SIGKILL mid-handler: delivered again")
+        bound = WORKER_START_S + caps.redelivery_timeout_s + DELIVERY_S
+        assert wait_until(lambda: delivered_to(fresh.pid, message.id), bound), (
+            f"AT_LEAST_ONCE: the message of a SIGKILLed worker was not delivered again "
+            f"within {bound} s (unscaled)\n{hermes_kit.process_output()}"
+        )
+    else:
+        hermes_kit.claim("SIGKILL mid-handler: not delivered again")
+        sentinel = hermes_kit.emit(hermes_kit.message(2))
+        assert wait_until(
+            lambda: delivered_to(fresh.pid, sentinel.id), WORKER_START_S + DELIVERY_S
+        ), f"the fresh worker handled nothing\n{hermes_kit.process_output()}"
+        assert stays_false(lambda: delivered_to(fresh.pid, message.id), QUIET_S), (
+            "AT_MOST_ONCE: the message of a SIGKILLed worker was delivered again"
+        )
+
+
+@pytest.mark.hermes_check("delivery", "a handled message is never delivered again")
+def test_a_handled_message_is_never_delivered_again(hermes_kit: Kit) -> None:
+    caps = hermes_kit.capabilities
+    ledger = hermes_kit.ledger
+    message = hermes_kit.emit(hermes_kit.message(1))
+    first = hermes_kit.worker()
+    assert wait_until(lambda: ledger.has(message.id), DELIVERY_S)
+    first.stop()
+    first.driver.close()
+
+    sentinel = hermes_kit.emit(hermes_kit.message(2))
+    hermes_kit.worker()
+
+    assert wait_until(lambda: ledger.has(sentinel.id), DELIVERY_S)
+    window = caps.redelivery_timeout_s + QUIET_S
+    assert stays_false(lambda: len(ledger.of(message.id)) > 1, window), (
+        f"a message whose handler returned True was delivered again: "
+        f"{[(e.worker, e.at) for e in ledger.of(message.id)]}"
+    )

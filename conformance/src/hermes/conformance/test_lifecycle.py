@@ -1,0 +1,112 @@
+"""Max items and shutdown: how a worker stops.
+
+``set_max_process_items(n)``: ``wait()`` returns after n messages, and the
+messages it did not handle are left for the next worker. A
+``SharedFileShutdown`` stops an idle worker within 2 s (SPEC §4: the driver
+checks the shutdown at the top of every loop and before every idle wait, and
+no idle wait lasts longer than about a second). Both in-process and, for
+drivers that cross processes, in a worker process.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from hermes.conformance._harness import (
+    DELIVERY_S,
+    QUIET_S,
+    SHUTDOWN_S,
+    STOP_S,
+    WORKER_START_S,
+    Kit,
+    TotalQueue,
+    stays_false,
+    wait_until,
+)
+from hermes.core import SharedFileShutdown
+
+_MAX_ITEMS = 3
+_SENT = 5
+
+
+def require_cross_process(kit: Kit) -> None:
+    if not kit.capabilities.cross_process:
+        pytest.skip("not verified: driver is in-process")
+
+
+@pytest.mark.hermes_check("max items", "in-process")
+def test_a_worker_with_max_items_returns_after_that_many_messages(hermes_kit: Kit) -> None:
+    ledger = hermes_kit.ledger
+    sent = [hermes_kit.emit(hermes_kit.message(n)).id for n in range(_SENT)]
+    driver = hermes_kit.driver()
+    driver.set_max_process_items(_MAX_ITEMS)
+    limited = hermes_kit.worker(driver=driver)
+
+    assert limited.join(DELIVERY_S), (
+        f"handle() did not return after max items ({_MAX_ITEMS}); it handled {len(ledger)} messages"
+    )
+    limited.check()
+    assert len(ledger) == _MAX_ITEMS
+    driver.close()
+
+    hermes_kit.worker()
+    bound = hermes_kit.capabilities.redelivery_timeout_s + DELIVERY_S
+    assert wait_until(lambda: ledger.distinct() >= _SENT, bound), (
+        "the messages a worker with max items left were not delivered to the next worker"
+    )
+    check = TotalQueue.of(sent, ledger.ids())
+    assert (check.lost, check.duplicated, check.unexpected) == (set(), {}, set())
+
+
+@pytest.mark.hermes_check("max items", "worker process")
+def test_a_worker_process_with_max_items_exits_after_that_many_messages(hermes_kit: Kit) -> None:
+    require_cross_process(hermes_kit)
+    for n in range(_SENT):
+        hermes_kit.emit(hermes_kit.message(n))
+    process = hermes_kit.spawn_worker(max_items=_MAX_ITEMS)
+
+    code = process.wait_exit(WORKER_START_S + DELIVERY_S + STOP_S)
+    assert code == 0, (
+        f"the worker with max items {_MAX_ITEMS} did not exit by itself (exit code {code})\n"
+        f"{hermes_kit.process_output()}"
+    )
+    assert len(hermes_kit.records()) == _MAX_ITEMS
+    assert hermes_kit.statuses(process.pid) == ["#ready", "#stopped"]
+
+
+@pytest.mark.hermes_check("shutdown", "SharedFileShutdown, in-process")
+def test_shared_file_shutdown_stops_an_idle_worker_within_two_seconds(hermes_kit: Kit) -> None:
+    shutdown = SharedFileShutdown(hermes_kit.tmp_path / "stop")
+    worker = hermes_kit.worker(shutdown=shutdown)
+    sentinel = hermes_kit.emit(hermes_kit.message(1))
+    assert wait_until(lambda: hermes_kit.ledger.has(sentinel.id), DELIVERY_S)
+    assert stays_false(lambda: not worker.running, QUIET_S / 2), "the worker stopped by itself"
+
+    shutdown.shutdown()
+
+    assert worker.join(SHUTDOWN_S), (
+        f"an idle worker still runs {SHUTDOWN_S} s (scaled) after SharedFileShutdown asked"
+    )
+    worker.check()
+
+
+@pytest.mark.hermes_check("shutdown", "SharedFileShutdown, worker process")
+def test_shared_file_shutdown_stops_an_idle_worker_process_within_two_seconds(
+    hermes_kit: Kit,
+) -> None:
+    require_cross_process(hermes_kit)
+    stop_file = hermes_kit.tmp_path / "stop"
+    process = hermes_kit.spawn_worker(shutdown_file=stop_file)
+    sentinel = hermes_kit.emit(hermes_kit.message(1))
+    assert wait_until(
+        lambda: any(r.id == sentinel.id for r in hermes_kit.records()),
+        WORKER_START_S + DELIVERY_S,
+    ), f"the worker handled nothing\n{hermes_kit.process_output()}"
+
+    SharedFileShutdown(stop_file).shutdown()
+
+    assert wait_until(lambda: "#stopped" in hermes_kit.statuses(process.pid), SHUTDOWN_S), (
+        f"an idle worker process still runs {SHUTDOWN_S} s (scaled) after "
+        f"SharedFileShutdown asked\n{hermes_kit.process_output()}"
+    )
+    assert process.wait_exit(STOP_S) == 0, hermes_kit.process_output()
