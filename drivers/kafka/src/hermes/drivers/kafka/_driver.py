@@ -1,0 +1,497 @@
+"""KafkaDriver: Hermes messages as records of a Kafka topic, read by a consumer group."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import replace
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic  # what confluent_kafka.admin re-exports
+
+from hermes.core import (
+    DEFAULT_PRIORITY,
+    BrokerUnavailableError,
+    Callback,
+    Capabilities,
+    ConfigurationError,
+    Delay,
+    Delivery,
+    DeliveryError,
+    Driver,
+    DriverError,
+    Message,
+    NotSupportedError,
+    UnknownPriorityError,
+)
+from hermes.drivers.kafka import _settings
+
+logger = logging.getLogger("hermes.drivers.kafka")
+
+#: The largest serialized message the driver promises to carry: below both
+#: librdkafka's default ``message.max.bytes`` (1,000,000, batch framing included)
+#: and Apache Kafka's default broker limit (1,048,588).
+MAX_MESSAGE_BYTES = 900 * 1024
+#: Legal Kafka topic names.
+_TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
+#: The longest topic creation and deletion may take (``send`` waits less if its own
+#: deadline is shorter).
+_ADMIN_TIMEOUT_S = 15.0
+#: Producer defaults Hermes picks; a user value for the setting or its alias wins.
+_PRODUCER_DEFAULTS = (
+    (("acks", "request.required.acks"), "all"),
+    (("message.timeout.ms", "delivery.timeout.ms"), 30_000),
+    # Spread records without a key over the partitions one by one, not in
+    # bursts, so competing workers share a burst of sends.
+    (("sticky.partitioning.linger.ms",), 0),
+)
+#: Where librdkafka's own log lines go (instead of stderr).
+_client_logger = logging.getLogger("hermes.drivers.kafka.librdkafka")
+#: librdkafka's own default ``session.timeout.ms``.
+_DEFAULT_SESSION_TIMEOUT_MS = 45_000
+
+# A driver created before fork() must not touch its parent's librdkafka handles
+# in the child; _fork_lock guards the swap to fresh ones and is itself renewed.
+_fork_lock = threading.Lock()
+
+
+def _renew_fork_lock() -> None:
+    global _fork_lock
+    _fork_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_renew_fork_lock)
+
+
+class _Clients:
+    """The librdkafka handles of one process; never used across a fork."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.lock = threading.Lock()
+        self.producer: Producer | None = None
+        self.admin: AdminClient | None = None
+        #: Topics known to exist (created or found) in this process.
+        self.ready_topics: set[str] = set()
+
+
+class _DeliveryReport:
+    """Collects the delivery reports of one ``send``; callbacks may run in any thread."""
+
+    def __init__(self) -> None:
+        #: One entry per report: None for delivered, the KafkaError otherwise.
+        self.results: list[KafkaError | None] = []
+
+    def __call__(self, error: KafkaError | None, record: object) -> None:
+        self.results.append(error)
+
+
+def _check_topic(name: str, what: str) -> str:
+    if not isinstance(name, str) or not _TOPIC_NAME.fullmatch(name) or name in (".", ".."):
+        raise ConfigurationError(
+            f"{what} {name!r} is not a Kafka topic name: use 1-249 of [A-Za-z0-9._-]"
+        )
+    return name
+
+
+class KafkaDriver(Driver):
+    """Messages are records of ``topic``; workers share them as consumer group ``group_id``.
+
+    ``config`` is librdkafka's (``bootstrap.servers`` at least); each setting
+    goes to the producer, the consumer or both, by librdkafka's own scopes.
+    Hermes sets ``acks=all`` and ``message.timeout.ms=30000`` unless given,
+    ``enable.auto.commit=false`` always, and ``auto.offset.reset=earliest``
+    unless given (a new group starts at the oldest record).
+
+    * ``send`` produces one record (value = the serialized message, no key)
+      and returns once the broker acknowledged it; a refusal or no answer
+      within ``message.timeout.ms`` raises :class:`DeliveryError`. Thread-safe;
+      a driver created before ``fork()`` builds new clients in the child.
+    * ``wait`` subscribes as ``group_id`` (a group join: seconds, see
+      ``session.timeout.ms``), and per record: deserialize, callback, then
+      commit the offset after it, synchronously. ``commit_every=N`` commits
+      after every N records, ``commit_interval_s=T`` at least every T seconds
+      (``commit_every=0`` with T: by time only); both trade redelivery after
+      a crash for speed. Finished records are committed before a rebalance
+      takes their partitions away and when ``wait`` returns. The consumer
+      leaves the group when ``wait`` returns.
+    * A callback that raises leaves its record uncommitted: the next consumer
+      of the group (this worker's next ``wait`` or another worker) gets it.
+    * Competing consumers: Kafka gives each partition to one member of the
+      group, so at most ``partitions`` workers of a group get work.
+    * A record that is not a Hermes message is logged with its topic,
+      partition and offset, produced to ``dead_letter_topic`` if one is set,
+      and committed past.
+    * ``delay=True``: a record whose ``execute_at`` is in the future is held
+      in memory, uncommitted, until due; later records keep flowing, and held
+      ones are delivered in ``execute_at`` order. At most ``max_held`` records
+      per partition are held; beyond that the partition is paused until some
+      fall due. A crash redelivers from the oldest held record on.
+    * ``priority_topics=True``: ``setup_priority_queue(name, p)`` adds topic
+      ``<topic>.<name>``; a worker reads the topics highest priority first.
+    """
+
+    capabilities = Capabilities(
+        delivery=Delivery.AT_LEAST_ONCE,
+        delay=Delay.IGNORED,
+        priorities=False,
+        competing_consumers=True,
+        max_message_bytes=MAX_MESSAGE_BYTES,
+        redelivery_timeout_s=2 * _DEFAULT_SESSION_TIMEOUT_MS / 1000 + 2,
+    )
+
+    def __init__(
+        self,
+        config: Mapping[str, Any],
+        topic: str,
+        group_id: str = "hermes",
+        *,
+        commit_every: int = 1,
+        commit_interval_s: float = 0.0,
+        delay: bool = False,
+        dead_letter_topic: str | None = None,
+        priority_topics: bool = False,
+        partitions: int = 3,
+        max_held: int = 1000,
+        create_topics: bool = True,
+    ) -> None:
+        super().__init__()
+        config = dict(config)
+        if not (config.get("bootstrap.servers") or config.get("metadata.broker.list")):
+            raise ConfigurationError(
+                "KafkaDriver needs config['bootstrap.servers'], e.g. 'localhost:9092'"
+            )
+        for key, why in _settings.RESERVED.items():
+            if key in config:
+                raise ConfigurationError(f"KafkaDriver sets {key!r} itself: {why}")
+        if not isinstance(group_id, str) or not group_id:
+            raise ConfigurationError(f"group_id must be a non-empty string, got {group_id!r}")
+        if commit_every < 0 or commit_interval_s < 0:
+            raise ConfigurationError(
+                f"commit_every ({commit_every}) and commit_interval_s ({commit_interval_s}) "
+                "must be >= 0"
+            )
+        if commit_every == 0 and commit_interval_s == 0:
+            raise ConfigurationError(
+                "commit_every=0 commits by time only: give commit_interval_s > 0 too"
+            )
+        if partitions < 1 or max_held < 1:
+            raise ConfigurationError(
+                f"partitions ({partitions}) and max_held ({max_held}) must be >= 1"
+            )
+        #: The topic of the default priority.
+        self.topic = _check_topic(topic, "topic")
+        self.group_id = group_id
+        self.dead_letter_topic = (
+            _check_topic(dead_letter_topic, "dead_letter_topic") if dead_letter_topic else None
+        )
+        self.commit_every = commit_every
+        self.commit_interval_s = float(commit_interval_s)
+        self.delay = delay
+        self.priority_topics = priority_topics
+        #: Partitions of a topic the driver creates.
+        self.partitions = partitions
+        self.max_held = max_held
+        #: Create missing topics (``partitions`` each) before the first send or wait.
+        self.create_topics = create_topics
+        #: priority -> topic.
+        self.topics: dict[int, str] = {DEFAULT_PRIORITY: self.topic}
+        self.bootstrap = str(config.get("bootstrap.servers") or config["metadata.broker.list"])
+
+        producer, consumer = _settings.split(config)
+        for names, value in _PRODUCER_DEFAULTS:
+            if not any(name in producer for name in names):
+                producer[names[0]] = value
+        consumer.setdefault("auto.offset.reset", "earliest")
+        consumer.update({"group.id": group_id, "enable.auto.commit": False})
+        admin = _settings.admin(config)
+        for settings in (producer, consumer, admin):
+            settings.setdefault("error_cb", self._on_client_error)
+            settings.setdefault("logger", _client_logger)
+        self.producer_config = producer
+        self.consumer_config = consumer
+        self.admin_config = admin
+        timeout_ms = producer.get("message.timeout.ms", producer.get("delivery.timeout.ms"))
+        #: How long ``send`` waits for the broker before raising DeliveryError.
+        self.send_timeout_s = float(timeout_ms or 300_000) / 1000 + 1.0
+        self.admin_timeout_s = min(_ADMIN_TIMEOUT_S, self.send_timeout_s)
+        session_ms = float(consumer.get("session.timeout.ms", _DEFAULT_SESSION_TIMEOUT_MS))
+        self.capabilities = replace(
+            type(self).capabilities,
+            delay=Delay.NATIVE if delay else Delay.IGNORED,
+            priorities=priority_topics,
+            redelivery_timeout_s=2 * session_ms / 1000 + 2,
+        )
+        #: A fatal client error seen by ``error_cb``; ``wait`` raises it.
+        self.fatal_error: KafkaError | None = None
+        self._clients = _Clients()
+        self._clients.producer = self._check_config()
+        # Handles of the parent process after a fork: kept referenced, never
+        # used, so their destructor (which joins threads that do not exist in
+        # the child) never runs here.
+        self._forked_off: list[_Clients] = []
+        self._closed = False
+
+    def _check_config(self) -> Producer:
+        """Let librdkafka reject bad settings now, at ``connect()``; returns the producer."""
+        try:
+            Consumer(self.consumer_config).close()
+        except KafkaException as exc:
+            raise ConfigurationError(
+                f"librdkafka rejects the Kafka consumer settings: {exc.args[0].str()}"
+            ) from exc
+        try:
+            return Producer(self.producer_config)
+        except KafkaException as exc:
+            raise ConfigurationError(
+                f"librdkafka rejects the Kafka producer settings: {exc.args[0].str()}"
+            ) from exc
+
+    def _on_client_error(self, error: KafkaError) -> None:
+        if error.fatal():
+            self.fatal_error = error
+            logger.error("Kafka %s: fatal client error - %s", self.bootstrap, error.str())
+        else:
+            # librdkafka reconnects by itself, with backoff.
+            logger.warning("Kafka %s: %s", self.bootstrap, error.str())
+
+    # Clients ------------------------------------------------------------------
+
+    def _process_clients(self) -> _Clients:
+        clients = self._clients
+        if clients.pid != os.getpid():
+            with _fork_lock:
+                clients = self._clients
+                if clients.pid != os.getpid():
+                    self._forked_off.append(clients)
+                    clients = self._clients = _Clients()
+        return clients
+
+    def _producer(self) -> Producer:
+        if self._closed:
+            raise DriverError(f"{self!r} is closed")
+        clients = self._process_clients()
+        producer = clients.producer
+        if producer is None:
+            with clients.lock:
+                if clients.producer is None:
+                    clients.producer = Producer(self.producer_config)
+                producer = clients.producer
+        return producer
+
+    def _admin(self) -> AdminClient:
+        clients = self._process_clients()
+        with clients.lock:
+            if clients.admin is None:
+                clients.admin = AdminClient(self.admin_config)
+            return clients.admin
+
+    def ensure_topics(self, topics: Sequence[str]) -> None:
+        """Create those of ``topics`` that do not exist yet (``partitions`` each)."""
+        clients = self._process_clients()
+        missing = [topic for topic in dict.fromkeys(topics) if topic not in clients.ready_topics]
+        if not missing or not self.create_topics:
+            return
+        admin = self._admin()
+        new = [NewTopic(topic, num_partitions=self.partitions) for topic in missing]
+        futures = admin.create_topics(new, request_timeout=self.admin_timeout_s)
+        refused: dict[str, KafkaException] = {}
+        for topic, future in futures.items():
+            error = self._settle(future, f"the creation of topic {topic!r}")
+            if error is not None and error.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                refused[topic] = error
+        if refused:
+            # Not allowed to create topics is fine when they exist already.
+            existing = self._existing_topics(admin)
+            for topic, refusal in refused.items():
+                if topic not in existing:
+                    raise DriverError(
+                        f"Kafka {self.bootstrap} has no topic {topic!r} and refused to "
+                        f"create it: {refusal.args[0].str()}"
+                    ) from refusal
+        clients.ready_topics.update(missing)
+
+    def _settle(self, future: Future[Any], what: str) -> KafkaException | None:
+        """Wait for an admin request: its refusal, or None when it succeeded."""
+        try:
+            future.result(timeout=self.admin_timeout_s)
+        except KafkaException as exc:
+            return exc
+        except TimeoutError as exc:
+            raise BrokerUnavailableError(
+                f"Kafka {self.bootstrap} did not answer {what} within {self.admin_timeout_s:.0f} s"
+            ) from exc
+        return None
+
+    def _existing_topics(self, admin: AdminClient) -> set[str]:
+        try:
+            return set(admin.list_topics(timeout=self.admin_timeout_s).topics)
+        except KafkaException as exc:
+            raise BrokerUnavailableError(
+                f"Kafka {self.bootstrap} did not list its topics: {exc.args[0].str()}"
+            ) from exc
+
+    # Sending ------------------------------------------------------------------
+
+    def topic_for(self, priority: int) -> str:
+        """The topic of ``priority``; :class:`UnknownPriorityError` if there is none."""
+        topic = self.topics.get(priority)
+        if topic is None:
+            hint = "" if self.priority_topics else " (this driver has no priority topics)"
+            raise UnknownPriorityError(
+                f"{self!r} has no topic for priority {priority}{hint}; "
+                f"known priorities: {sorted(self.topics, reverse=True)}",
+                priority,
+            )
+        return topic
+
+    def send(self, message: Message, priority: int = DEFAULT_PRIORITY) -> None:
+        body = self.serializer.serialize(message).encode()
+        self.produce(self.topic_for(priority), [body])
+
+    def send_raw(self, body: bytes, priority: int = DEFAULT_PRIORITY) -> None:
+        """Put ``body`` on the topic as it is (the conformance kit's poison messages)."""
+        self.produce(self.topic_for(priority), [body])
+
+    def send_batch(self, messages: Sequence[Message], priority: int = DEFAULT_PRIORITY) -> None:
+        """Produce every message, then wait once for all delivery reports."""
+        topic = self.topic_for(priority)
+        bodies = [self.serializer.serialize(message).encode() for message in messages]
+        self.produce(topic, bodies)
+
+    def produce(
+        self,
+        topic: str,
+        bodies: Sequence[bytes],
+        headers: Sequence[tuple[str, bytes]] | None = None,
+    ) -> None:
+        """Produce ``bodies`` to ``topic`` and wait until the broker took every one.
+
+        Raises :class:`DeliveryError` (chained to the ``KafkaException``) if
+        the broker refused any or did not confirm within ``send_timeout_s``.
+        """
+        if not bodies:
+            return
+        self.ensure_topics([topic])
+        producer = self._producer()
+        report = _DeliveryReport()
+        deadline = time.monotonic() + self.send_timeout_s
+        for index, body in enumerate(bodies):
+            while True:
+                try:
+                    producer.produce(topic, body, headers=list(headers or ()), on_delivery=report)
+                    break
+                except BufferError as exc:
+                    # librdkafka's local queue is full: serve reports to make room.
+                    if time.monotonic() > deadline:
+                        raise DeliveryError(
+                            f"Kafka producer queue stayed full; {index} of {len(bodies)} "
+                            f"message(s) for topic {topic!r} were handed over"
+                        ) from exc
+                    producer.poll(0.1)
+                except KafkaException as exc:
+                    raise DeliveryError(
+                        f"Kafka refused a message for topic {topic!r} "
+                        f"({index} of {len(bodies)} handed over before it): "
+                        f"{exc.args[0].str()}"
+                    ) from exc
+        while len(report.results) < len(bodies):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise DeliveryError(
+                    f"Kafka {self.bootstrap} did not confirm {len(bodies) - len(report.results)} "
+                    f"message(s) for topic {topic!r} within {self.send_timeout_s:.0f} s"
+                )
+            producer.flush(min(remaining, 1.0))
+        errors = [error for error in report.results if error is not None]
+        if errors:
+            if any(error.fatal() for error in errors):
+                self._drop_producer(producer)
+            raise DeliveryError(
+                f"Kafka did not store {len(errors)} of {len(bodies)} message(s) for topic "
+                f"{topic!r}: {errors[0].str()}"
+            ) from KafkaException(errors[0])
+
+    def _drop_producer(self, producer: Producer) -> None:
+        clients = self._process_clients()
+        with clients.lock:
+            if clients.producer is producer:
+                clients.producer = None
+
+    # Priorities ---------------------------------------------------------------
+
+    def setup_priority_queue(self, name: str, priority: int) -> None:
+        """Add topic ``<topic>.<name>`` for ``priority`` (needs ``priority_topics=True``)."""
+        if not self.priority_topics:
+            raise NotSupportedError(
+                f"{self!r} has no priority queues; pass priority_topics=True "
+                "(priority_topics=true in the URL) for a topic per priority"
+            )
+        topic = self.topic if priority == DEFAULT_PRIORITY else f"{self.topic}.{name}"
+        self.topics[priority] = _check_topic(topic, "priority topic")
+
+    # Waiting ------------------------------------------------------------------
+
+    def wait(self, callback: Callback, priorities: Sequence[int] = ()) -> None:
+        from hermes.drivers.kafka._worker import ConsumerLoop
+
+        order = self.check_priorities(self.topics, priorities)
+        if self.should_stop():
+            return
+        if self._closed:
+            raise DriverError(f"{self!r} is closed")
+        topics = {self.topics[priority]: priority for priority in order}
+        self.ensure_topics([*topics, *([self.dead_letter_topic] if self.dead_letter_topic else [])])
+        ConsumerLoop(self, callback, topics).run()
+
+    # Cleaning up --------------------------------------------------------------
+
+    def purge(self) -> None:
+        """Delete this driver's topics (and dead-letter topic) and its group's offsets."""
+        admin = self._admin()
+        topics = [*dict.fromkeys(self.topics.values())]
+        if self.dead_letter_topic:
+            topics.append(self.dead_letter_topic)
+        futures = admin.delete_topics(topics, request_timeout=self.admin_timeout_s)
+        for topic, future in futures.items():
+            error = self._settle(future, f"the deletion of topic {topic!r}")
+            if error is not None and error.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                raise DriverError(
+                    f"Kafka {self.bootstrap} refused to delete topic {topic!r}: "
+                    f"{error.args[0].str()}"
+                ) from error
+        groups = admin.delete_consumer_groups([self.group_id], request_timeout=self.admin_timeout_s)
+        for group, future in groups.items():
+            error = self._settle(future, f"the deletion of group {group!r}")
+            if error is not None:
+                # A group that never committed, or still has members: its offsets
+                # point past the deleted records, and a new topic resets them.
+                logger.debug("Kafka: group %s not deleted - %s", group, error.args[0].str())
+        self._process_clients().ready_topics.difference_update(topics)
+
+    def close(self) -> None:
+        """Deliver what the producer holds (up to ``send_timeout_s``); drop the clients."""
+        if self._closed:
+            return
+        self._closed = True
+        clients = self._clients
+        if clients.pid != os.getpid():
+            return
+        with clients.lock:
+            producer, clients.producer, clients.admin = clients.producer, None, None
+        if producer is not None:
+            left = producer.flush(self.send_timeout_s)
+            if left:
+                logger.error(
+                    "Kafka %s: %d message(s) still undelivered at close", self.bootstrap, left
+                )
+
+    def __repr__(self) -> str:
+        return f"<KafkaDriver kafka://{self.bootstrap}/{self.topic} group={self.group_id}>"

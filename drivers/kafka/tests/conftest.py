@@ -1,0 +1,129 @@
+"""Helpers for the Kafka driver's tests: a topic and group per test on the session's broker."""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from hermes.core import Message, connect
+from hermes.drivers.kafka import KafkaDriver
+
+#: Group settings that make a join take ~1 s on the test broker instead of ~23 s
+#: (see the README: never this low against a production cluster).
+FAST_GROUP = "session.timeout.ms=2000&heartbeat.interval.ms=250"
+#: The longest a test waits for something that should happen.
+WAIT_S = 20.0
+
+
+class Deadline:
+    """A Shutdown that stops ``wait()`` once ``done()`` holds, or after ``seconds``."""
+
+    def __init__(self, done: Callable[[], bool] = lambda: False, seconds: float = WAIT_S) -> None:
+        self.done = done
+        self.at = time.monotonic() + seconds
+        self.stopped = False
+
+    def should_shutdown(self, start_time: float) -> bool:
+        return self.stopped or self.done() or time.monotonic() > self.at
+
+    def shutdown(self, at: float | None = None) -> bool:
+        self.stopped = True
+        return True
+
+
+@dataclass
+class Received:
+    """What a test callback saw, in order; thread-safe."""
+
+    messages: list[Message] = field(default_factory=list)
+    priorities: list[int] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def callback(self, message: Message, priority: int) -> bool:
+        with self.lock:
+            self.messages.append(message)
+            self.priorities.append(priority)
+            self.times.append(time.time())
+        return True
+
+    @property
+    def payloads(self) -> list[Any]:
+        with self.lock:
+            return [message.payload for message in self.messages]
+
+    def __len__(self) -> int:
+        with self.lock:
+            return len(self.messages)
+
+
+def _poll_until(condition: Callable[[], Any], timeout_s: float = WAIT_S) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"condition not met within {timeout_s} s")
+        time.sleep(0.05)
+
+
+def _handle(
+    driver: KafkaDriver,
+    count: int,
+    received: Received | None = None,
+    timeout_s: float = WAIT_S,
+    priorities: Sequence[int] = (),
+) -> Received:
+    received = received if received is not None else Received()
+    start = len(received)
+    driver.set_shutdown(Deadline(lambda: len(received) - start >= count, timeout_s))
+    driver.wait(received.callback, priorities)
+    return received
+
+
+@pytest.fixture
+def poll_until() -> Callable[..., Any]:
+    """``poll_until(condition, timeout_s=20)``: its first truthy value; fails the test after."""
+    return _poll_until
+
+
+@pytest.fixture
+def handle() -> Callable[..., Received]:
+    """``handle(driver, count, received=None, timeout_s=20, priorities=())``.
+
+    Runs ``driver.wait`` until ``count`` messages arrived (or ``timeout_s``) and
+    returns what the callback got.
+    """
+    return _handle
+
+
+@pytest.fixture
+def kafka_url(kafka_bootstrap: str) -> str:
+    """A URL whose topic and group belong to this test alone."""
+    name = f"t-{secrets.token_hex(6)}"
+    return f"kafka://{kafka_bootstrap}/{name}?group={name}&{FAST_GROUP}"
+
+
+@pytest.fixture
+def make_driver(kafka_url: str) -> Iterator[Callable[..., KafkaDriver]]:
+    """``make_driver("&option=value")``: a driver on this test's topic; all purged at the end."""
+    drivers: list[KafkaDriver] = []
+
+    def make(extra: str = "") -> KafkaDriver:
+        driver = connect(kafka_url + extra)
+        assert isinstance(driver, KafkaDriver)
+        drivers.append(driver)
+        return driver
+
+    yield make
+    if drivers:
+        drivers[0].purge()
+    for driver in drivers:
+        driver.close()

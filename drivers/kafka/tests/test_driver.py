@@ -1,0 +1,308 @@
+"""KafkaDriver against a real Kafka-protocol broker (Tansu on 127.0.0.1)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from hermes.core import (
+    DEFAULT_PRIORITY,
+    BrokerUnavailableError,
+    Delay,
+    Delivery,
+    DeliveryError,
+    Message,
+    NotSupportedError,
+    UnknownPriorityError,
+    connect,
+)
+from hermes.drivers.kafka import KafkaDriver
+
+MakeDriver = Callable[..., KafkaDriver]
+Handle = Callable[..., Any]
+Poll = Callable[..., Any]
+
+
+def read_topic(bootstrap: str, topic: str, count: int) -> list[tuple[bytes, dict[str, bytes]]]:
+    """The first ``count`` records of ``topic`` (value, headers), read without a group."""
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": "reader", "enable.auto.commit": False}
+    )
+    try:
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+        records: list[tuple[bytes, dict[str, bytes]]] = []
+        deadline = time.monotonic() + 15
+        while len(records) < count and time.monotonic() < deadline:
+            record = consumer.poll(0.2)
+            if record is not None and record.error() is None:
+                headers = {key: value for key, value in record.headers() or []}
+                records.append((record.value() or b"", headers))
+        return records
+    finally:
+        consumer.close()
+
+
+def committed_total(driver: KafkaDriver) -> int:
+    """The sum of the group's committed offsets over the driver's topic."""
+    consumer = Consumer({"bootstrap.servers": driver.bootstrap, "group.id": driver.group_id})
+    try:
+        partitions = [TopicPartition(driver.topic, p) for p in range(driver.partitions)]
+        return sum(max(tp.offset, 0) for tp in consumer.committed(partitions, timeout=10))
+    finally:
+        consumer.close()
+
+
+def test_a_message_sent_before_the_worker_starts_arrives_with_every_field_intact(
+    make_driver: MakeDriver, handle: Handle
+) -> None:
+    driver = make_driver()
+    sent = Message(
+        "order.paid",
+        {"id": 7, "name": "Žofia \u2603", "nested": [1, 2.5, None]},
+        created=1764480000.125,
+        execute_at=1764480016.5,
+        retries=3,
+    )
+    driver.send(sent)
+
+    received = handle(driver, 1)
+
+    assert received.messages == [sent]
+    assert received.priorities == [DEFAULT_PRIORITY]
+    assert driver.processed_items == 1
+
+
+def test_the_default_driver_is_at_least_once_without_delay_or_priorities(
+    make_driver: MakeDriver,
+) -> None:
+    capabilities = make_driver().capabilities
+
+    assert capabilities.delivery is Delivery.AT_LEAST_ONCE
+    assert capabilities.delay is Delay.IGNORED
+    assert capabilities.priorities is False
+    assert capabilities.competing_consumers is True
+    # session.timeout.ms=2000 in the test URL: a dead member is replaced within 2 x 2 s + 2 s.
+    assert capabilities.redelivery_timeout_s == pytest.approx(6.0)
+
+
+def test_a_batch_and_sends_from_many_threads_all_arrive_once(
+    make_driver: MakeDriver, handle: Handle
+) -> None:
+    driver = make_driver()
+    driver.send_batch([Message("batch", i) for i in range(20)])
+
+    def emit(thread: int) -> None:
+        for i in range(10):
+            driver.send(Message("thread", thread * 100 + i))
+
+    threads = [threading.Thread(target=emit, args=(n,)) for n in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    received = handle(driver, 80)
+
+    assert sorted(m.payload for m in received.messages if m.type == "batch") == list(range(20))
+    threaded = [m.payload for m in received.messages if m.type == "thread"]
+    assert sorted(threaded) == sorted(t * 100 + i for t in range(6) for i in range(10))
+
+
+def test_a_driver_created_before_fork_sends_from_the_child(
+    make_driver: MakeDriver, handle: Handle
+) -> None:
+    driver = make_driver()
+    driver.send(Message("from.parent"))
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through its exit code
+        code = 1
+        try:
+            driver.send(Message("from.child"))
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    driver.send(Message("parent.again"))
+
+    received = handle(driver, 3)
+
+    assert sorted(m.type for m in received.messages) == [
+        "from.child",
+        "from.parent",
+        "parent.again",
+    ]
+
+
+def test_an_oversized_message_raises_delivery_error_chained_to_the_kafka_error(
+    make_driver: MakeDriver,
+) -> None:
+    driver = make_driver()
+
+    with pytest.raises(DeliveryError, match=r"MSG_SIZE_TOO_LARGE|too large") as raised:
+        driver.send(Message("huge", "x" * 1_100_000))
+
+    assert isinstance(raised.value.__cause__, KafkaException)
+
+
+def test_a_send_nobody_confirms_raises_delivery_error_after_the_message_timeout() -> None:
+    driver = connect("kafka://127.0.0.1:9/nowhere?create_topics=false&message.timeout.ms=500")
+    try:
+        with pytest.raises(DeliveryError, match=r"timed out|did not confirm") as raised:
+            driver.send(Message("lost"))
+    finally:
+        driver.close()
+
+    assert raised.value.__cause__ is not None
+
+
+def test_an_unreachable_broker_fails_send_with_broker_unavailable_naming_it() -> None:
+    driver = connect("kafka://127.0.0.1:9/nowhere?message.timeout.ms=500")
+    try:
+        with pytest.raises(BrokerUnavailableError, match=r"127\.0\.0\.1:9"):
+            driver.send(Message("lost"))
+    finally:
+        driver.close()
+
+
+def test_a_record_that_is_not_a_message_is_logged_set_aside_and_copied_to_dead_letters(
+    make_driver: MakeDriver,
+    kafka_bootstrap: str,
+    caplog: pytest.LogCaptureFixture,
+    handle: Handle,
+    poll_until: Poll,
+) -> None:
+    # One partition: the poison records come before "after", so all are done when it is.
+    driver = make_driver(f"&partitions=1&dead_letter_topic=dl-{os.getpid()}-{time.monotonic_ns()}")
+    dead_letters = driver.dead_letter_topic
+    assert dead_letters is not None
+    driver.send(Message("before"))
+    driver.send_raw(b"\xff not json")
+    driver.send_raw(b'{"message": {"type": "no id"}}')
+    driver.send(Message("after"))
+
+    with caplog.at_level(logging.ERROR, logger="hermes.drivers.kafka"):
+        received = handle(driver, 2)
+        poll_until(lambda: committed_total(driver) == 4)
+
+    assert sorted(m.type for m in received.messages) == ["after", "before"]
+    errors = [r.getMessage() for r in caplog.records if "not a Hermes message" in r.getMessage()]
+    assert len(errors) == 2
+    assert all(f"{driver.topic}[" in text and "]@" in text for text in errors)
+    assert any("Cannot unserialize" in text for text in errors)
+    assert any("Invalid message format" in text for text in errors)
+    copies = read_topic(kafka_bootstrap, dead_letters, 2)
+    assert sorted(value for value, _ in copies) == sorted(
+        [b"\xff not json", b'{"message": {"type": "no id"}}']
+    )
+    assert all(headers["hermes-origin"].startswith(driver.topic.encode()) for _, headers in copies)
+
+
+def test_a_callback_that_raises_leaves_its_record_for_the_next_wait(
+    make_driver: MakeDriver, handle: Handle, poll_until: Poll
+) -> None:
+    driver = make_driver()
+    driver.send(Message("fragile"))
+
+    def explode(message: Message, priority: int) -> bool:
+        raise RuntimeError("handler bug")
+
+    with pytest.raises(RuntimeError, match="handler bug"):
+        driver.wait(explode)
+    received = handle(driver, 1)
+
+    assert [m.type for m in received.messages] == ["fragile"]
+    poll_until(lambda: committed_total(driver) == 1)
+
+
+def test_commit_every_n_still_commits_what_was_handled_when_wait_returns(
+    make_driver: MakeDriver, handle: Handle
+) -> None:
+    driver = make_driver("&commit_every=100&commit_interval_s=60")
+    for i in range(5):
+        driver.send(Message("counted", i))
+
+    received = handle(driver, 5)
+
+    assert len(received) == 5
+    assert committed_total(driver) == 5
+
+
+def test_max_items_returns_after_that_many_and_the_rest_stay_for_the_next_worker(
+    make_driver: MakeDriver, handle: Handle
+) -> None:
+    driver = make_driver()
+    for i in range(4):
+        driver.send(Message("item", i))
+    driver.set_max_process_items(1)
+
+    first = handle(driver, 4)  # max items ends it after 1
+    second = handle(make_driver(), 3)
+
+    assert len(first) == 1
+    assert sorted(first.payloads + second.payloads) == [0, 1, 2, 3]
+
+
+def test_purge_deletes_the_topic_and_forgets_it(
+    make_driver: MakeDriver, handle: Handle, poll_until: Poll
+) -> None:
+    driver = make_driver()
+    driver.send(Message("doomed"))
+    admin = AdminClient({"bootstrap.servers": driver.bootstrap})
+    assert driver.topic in admin.list_topics(timeout=10).topics
+
+    driver.purge()
+
+    poll_until(lambda: driver.topic not in admin.list_topics(timeout=10).topics)
+    driver.send(Message("reborn"))
+    assert [m.type for m in handle(driver, 1).messages] == ["reborn"]
+
+
+def test_without_priority_topics_priorities_are_refused(make_driver: MakeDriver) -> None:
+    driver = make_driver()
+
+    with pytest.raises(NotSupportedError, match="priority_topics"):
+        driver.setup_priority_queue("high", 200)
+    with pytest.raises(UnknownPriorityError, match="200"):
+        driver.send(Message("urgent"), 200)
+
+
+def test_priority_topics_are_read_highest_priority_first(
+    make_driver: MakeDriver, handle: Handle
+) -> None:
+    driver = make_driver("&priority_topics=true")
+    driver.setup_priority_queue("high", 200)
+    driver.setup_priority_queue("low", 50)
+    assert driver.capabilities.priorities is True
+    for i in range(3):
+        driver.send(Message("low", i), 50)
+        driver.send(Message("normal", i))
+        driver.send(Message("high", i), 200)
+
+    received = handle(driver, 9)
+
+    assert received.priorities == [200] * 3 + [100] * 3 + [50] * 3
+    assert [m.type for m in received.messages[:3]] == ["high"] * 3
+
+
+def test_a_worker_restricted_to_a_priority_reads_only_its_topic(
+    make_driver: MakeDriver, handle: Handle
+) -> None:
+    driver = make_driver("&priority_topics=true")
+    driver.setup_priority_queue("high", 200)
+    driver.send(Message("normal"))
+    driver.send(Message("high"), 200)
+
+    received = handle(driver, 1, priorities=[200])
+
+    assert [m.type for m in received.messages] == ["high"]
+    assert [m.type for m in handle(driver, 1).messages] == ["normal"]
