@@ -1,0 +1,87 @@
+"""The ``redis://`` and ``rediss://`` entry in Hermes's driver registry."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+from hermes.core import ConfigurationError, DriverPlugin, DriverUrl, hookimpl
+from hermes.drivers.redis._driver import RedisSetDriver
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+_DRIVER_OPTIONS = ("key", "schedule_key", "refresh_interval")
+_TLS_OPTIONS = ("ssl_cert_reqs", "ssl_ca_certs")
+_CLIENT_OPTIONS = ("socket_connect_timeout", *_TLS_OPTIONS)
+
+
+def build_client(url: DriverUrl) -> redis.Redis[Any]:
+    """The redis-py client for ``url``: host, port, database, credentials, TLS.
+
+    A command that hits a dropped connection is retried 3 times within about
+    half a second (``send`` is idempotent: re-adding the same body to a set is
+    a no-op), then the error reaches the caller.
+    """
+    if url.path and not url.path.isdigit():
+        raise ConfigurationError(
+            f"the path of {url.redacted!r} must be a database number, "
+            f"e.g. {url.scheme}://localhost:6379/0"
+        )
+    tls: dict[str, Any] = {}
+    for name in _TLS_OPTIONS:
+        if name in url.options:
+            if url.scheme != "rediss":
+                raise ConfigurationError(
+                    f"option {name} in {url.redacted!r} needs TLS: use rediss://"
+                )
+            tls[name] = url.options[name]
+    return redis.Redis(
+        host=url.host or "localhost",
+        port=url.port or 6379,
+        db=int(url.path or 0),
+        username=url.username or None,
+        password=url.password or None,
+        ssl=url.scheme == "rediss",
+        socket_connect_timeout=url.get_float("socket_connect_timeout", 5.0, minimum=0.001),
+        socket_timeout=5.0,
+        retry=Retry(ExponentialBackoff(cap=0.25, base=0.05), 3),
+        **tls,
+    )
+
+
+def _from_url(url: DriverUrl, **options: Any) -> RedisSetDriver:
+    url.reject_unknown((*_DRIVER_OPTIONS, *_CLIENT_OPTIONS))
+    client = options.pop("client", None)
+    if options:
+        raise ConfigurationError(
+            f"unknown keyword option(s) {', '.join(sorted(options))} for {url.redacted!r}; "
+            "redis:// accepts client=redis.Redis(...)"
+        )
+    if client is not None and not isinstance(client, redis.Redis):
+        raise ConfigurationError(f"client= must be a redis.Redis, got {type(client).__name__}")
+    owned = client is None
+    return RedisSetDriver(
+        build_client(url) if client is None else client,
+        key=url.get_str("key", "hermes"),
+        refresh_interval=url.get_float("refresh_interval", 1.0, minimum=0.001),
+        schedule_key=url.get_str("schedule_key", "hermes_schedule"),
+        close_client=owned,
+    )
+
+
+def _isolate(url: DriverUrl, namespace: str) -> str:
+    return url.with_options(key=namespace, schedule_key=f"{namespace}_schedule")
+
+
+@hookimpl
+def hermes_drivers() -> list[DriverPlugin]:
+    return [
+        DriverPlugin(
+            name="redis",
+            schemes=("redis", "rediss"),
+            factory=_from_url,
+            capabilities=RedisSetDriver.capabilities,
+            isolate=_isolate,
+            example_url="redis://localhost:6379/0?key=hermes&schedule_key=hermes_schedule",
+        )
+    ]

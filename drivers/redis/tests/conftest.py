@@ -1,0 +1,133 @@
+"""Fixtures for the Redis driver's tests: every test gets its own keys on the shared Redis."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import redis
+
+from hermes.core import Message
+from hermes.drivers.redis import RedisSetDriver
+
+#: How long a test polls for something that should take milliseconds.
+DEADLINE_S = 10.0
+
+
+def eventually(condition: Callable[[], Any], what: str, timeout_s: float = DEADLINE_S) -> Any:
+    """Poll ``condition`` until it is truthy; fail naming ``what`` at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        result = condition()
+        if result:
+            return result
+        time.sleep(0.01)
+    pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+class StopFlag:
+    """A Shutdown a test flips from its own thread."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+
+    def should_shutdown(self, start_time: float) -> bool:
+        return self.event.is_set()
+
+    def shutdown(self, at: float | None = None) -> bool:
+        self.event.set()
+        return True
+
+
+@dataclass
+class Worker:
+    """``driver.wait()`` running in a thread, recording what it was given."""
+
+    driver: RedisSetDriver
+    handled: list[tuple[Message, int]] = field(default_factory=list)
+    error: BaseException | None = None
+    stop: StopFlag = field(default_factory=StopFlag)
+    thread: threading.Thread | None = None
+
+    def start(self, priorities: Sequence[int] = ()) -> Worker:
+        self.driver.set_shutdown(self.stop)
+
+        def run() -> None:
+            try:
+                self.driver.wait(self._record, priorities)
+            except BaseException as exc:
+                self.error = exc
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+        return self
+
+    def _record(self, message: Message, priority: int) -> bool:
+        self.handled.append((message, priority))
+        return True
+
+    def ids(self) -> list[str]:
+        return [message.id for message, _ in self.handled]
+
+    def join(self) -> None:
+        """Stop the worker and wait for its thread; re-raise what ``wait()`` raised."""
+        assert self.thread is not None
+        self.stop.shutdown()
+        self.thread.join(DEADLINE_S)
+        assert not self.thread.is_alive(), "wait() did not return after shutdown"
+        if self.error is not None:
+            raise self.error
+
+
+@pytest.fixture(name="eventually")
+def eventually_fixture() -> Callable[..., Any]:
+    """:func:`eventually`, for test modules (they cannot import conftest)."""
+    return eventually
+
+
+@pytest.fixture
+def namespace() -> str:
+    """A key prefix no other test uses."""
+    return f"hermes-test-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def client(redis_url: str, namespace: str) -> Iterator[redis.Redis[Any]]:
+    """A client on the shared Redis; every key under the test's namespace is deleted after."""
+    client: redis.Redis[Any] = redis.Redis.from_url(redis_url)
+    yield client
+    keys = list(client.scan_iter(match=f"{namespace}*"))
+    if keys:
+        client.delete(*keys)
+    client.close()
+
+
+@pytest.fixture
+def driver(client: redis.Redis[Any], namespace: str) -> RedisSetDriver:
+    """A driver whose keys are the test's own: ``<namespace>`` and ``<namespace>_schedule``."""
+    return RedisSetDriver(
+        client, key=namespace, schedule_key=f"{namespace}_schedule", refresh_interval=0.2
+    )
+
+
+@pytest.fixture
+def start_worker() -> Iterator[Callable[..., Worker]]:
+    """Start ``driver.wait()`` in a thread; stopped at the end of the test."""
+    workers: list[Worker] = []
+
+    def start(driver: RedisSetDriver, priorities: Sequence[int] = ()) -> Worker:
+        worker = Worker(driver).start(priorities)
+        workers.append(worker)
+        return worker
+
+    yield start
+    for worker in workers:
+        worker.stop.shutdown()
+    for worker in workers:
+        if worker.thread is not None:
+            worker.thread.join(DEADLINE_S)

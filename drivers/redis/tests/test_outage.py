@@ -1,0 +1,67 @@
+"""A Redis restart while a worker waits: logged, reconnected with backoff, work goes on.
+
+Uses a throwaway redis-server of its own: the shared one on 6379 is never restarted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shutil
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+
+from hermes.core import BrokerUnavailableError, HermesError, Message, connect
+
+
+@contextlib.contextmanager
+def redis_server(port: int) -> Iterator[subprocess.Popen[bytes]]:
+    import hermes_test_services
+
+    argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+    argv += ["--appendonly", "no"]
+    server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        hermes_test_services.wait_for_port(port, 30, "redis-server", server)
+        yield server
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+def test_a_waiting_worker_survives_a_redis_restart_and_send_fails_loudly_meanwhile(
+    redis_url, start_worker, eventually, caplog
+):
+    import hermes_test_services
+
+    if shutil.which("redis-server") is None:
+        pytest.fail("redis-server is not installed; tools/services.py installs it with apt")
+    caplog.set_level(logging.INFO, logger="hermes.drivers.redis")
+    port = hermes_test_services.free_port()
+    url = f"redis://127.0.0.1:{port}/0?refresh_interval=0.2"
+    driver = connect(url)
+    emitter = connect(url)
+    with redis_server(port):
+        worker = start_worker(driver)
+        emitter.send(Message("before"))
+        eventually(lambda: len(worker.handled) == 1, "the message sent before the restart")
+
+    eventually(lambda: "Redis is unavailable" in caplog.text, "the worker to log the outage")
+    with pytest.raises(BrokerUnavailableError) as info:
+        emitter.send(Message("during"))
+    assert isinstance(info.value, HermesError)
+    assert info.value.__cause__ is not None
+    assert worker.thread.is_alive()
+
+    with redis_server(port):
+        emitter.send(Message("after"))
+        eventually(lambda: len(worker.handled) == 2, "the message sent after the restart")
+        worker.join()
+    assert [m.type for m, _ in worker.handled] == ["before", "after"]
+    assert "Redis is back after" in caplog.text
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert all("reconnecting in" in r.getMessage() for r in warnings)
+    driver.close()
+    emitter.close()
