@@ -1,0 +1,147 @@
+"""Registers ``amqp://`` and ``amqps://`` with Hermes."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+from urllib.parse import urlencode, urlsplit, urlunsplit
+
+import pika
+
+from hermes.core import ConfigurationError, DriverPlugin, DriverUrl, hookimpl
+from hermes.drivers.rabbitmq._driver import LazyRabbitMqDriver
+
+#: URL options of the driver itself (the query string is ``?queue=jobs&prefetch=10``).
+DRIVER_OPTIONS = frozenset(
+    {
+        "queue",
+        "prefetch",
+        "refresh_interval",
+        "consumer_tag",
+        "durable",
+        "confirm",
+        "delay",
+        "reconnect_max_delay_s",
+    }
+)
+
+#: URL options handed to pika's ``URLParameters`` as they are.
+PIKA_OPTIONS = frozenset(
+    {
+        "heartbeat",
+        "blocked_connection_timeout",
+        "socket_timeout",
+        "stack_timeout",
+        "connection_attempts",
+        "retry_delay",
+        "channel_max",
+        "frame_max",
+        "locale",
+    }
+)
+
+#: Queue arguments (``x-...`` options) that are strings or booleans; any other
+#: ``x-...`` option that looks like an integer is sent as one.
+STRING_ARGUMENTS = frozenset(
+    {
+        "x-dead-letter-exchange",
+        "x-dead-letter-routing-key",
+        "x-dead-letter-strategy",
+        "x-queue-type",
+        "x-overflow",
+        "x-queue-mode",
+        "x-queue-master-locator",
+        "x-queue-leader-locator",
+        "x-max-age",
+    }
+)
+BOOL_ARGUMENTS = frozenset({"x-single-active-consumer"})
+
+#: Keyword options of ``connect()`` (objects a URL cannot carry, or overrides).
+KEYWORD_OPTIONS = frozenset(inspect.signature(LazyRabbitMqDriver).parameters) - {"parameters"}
+
+
+def _queue_arguments(url: DriverUrl) -> dict[str, Any]:
+    arguments: dict[str, Any] = {}
+    for name in sorted(url.options):
+        if not name.startswith("x-"):
+            continue
+        if name in STRING_ARGUMENTS:
+            arguments[name] = url.get_str(name, "")
+        elif name in BOOL_ARGUMENTS:
+            arguments[name] = url.get_bool(name, False)
+        else:
+            value = url.get_str(name, "")
+            try:
+                arguments[name] = int(value)
+            except ValueError:
+                arguments[name] = value
+    return arguments
+
+
+def _pika_parameters(url: DriverUrl) -> pika.URLParameters:
+    parts = urlsplit(url.raw)
+    query = urlencode({k: v for k, v in url.options.items() if k in PIKA_OPTIONS})
+    try:
+        return pika.URLParameters(urlunsplit(parts._replace(query=query, fragment="")))
+    except ValueError as exc:
+        raise ConfigurationError(f"{url.redacted!r} is not a usable RabbitMQ URL: {exc}") from exc
+
+
+def from_url(url: DriverUrl, **options: Any) -> LazyRabbitMqDriver:
+    """Build the driver for ``amqp://user:pass@host:port/vhost?queue=NAME&...``."""
+    unknown = sorted(
+        name
+        for name in url.options
+        if name not in DRIVER_OPTIONS and name not in PIKA_OPTIONS and not name.startswith("x-")
+    )
+    if unknown:
+        accepted = ", ".join(sorted(DRIVER_OPTIONS | PIKA_OPTIONS))
+        raise ConfigurationError(
+            f"unknown option(s) {', '.join(unknown)} in {url.redacted!r}; {url.scheme}:// "
+            f"accepts: {accepted}, and queue arguments x-... (e.g. x-dead-letter-exchange=dlx)"
+        )
+    wrong = sorted(set(options) - KEYWORD_OPTIONS)
+    if wrong:
+        raise ConfigurationError(
+            f"unknown keyword option(s) {', '.join(wrong)} for {url.scheme}://; "
+            f"accepted: {', '.join(sorted(KEYWORD_OPTIONS))}"
+        )
+    if url.host is None:
+        raise ConfigurationError(
+            f"{url.redacted!r} names no host; e.g. amqp://guest:guest@localhost:5672/?queue=jobs"
+        )
+    kwargs: dict[str, Any] = {
+        "queue": url.get_str("queue", "hermes"),
+        "prefetch": url.get_int("prefetch", 1, minimum=1),
+        "refresh_interval": url.get_float("refresh_interval", 0, minimum=0),
+        "consumer_tag": url.get_str("consumer_tag", "hermes"),
+        "durable": url.get_bool("durable", True),
+        "confirm": url.get_bool("confirm", True),
+        "delay": url.get_bool("delay", False),
+        "reconnect_max_delay_s": url.get_float("reconnect_max_delay_s", 30.0),
+        "queue_arguments": _queue_arguments(url),
+    }
+    given_arguments = options.pop("queue_arguments", None) or {}
+    kwargs["queue_arguments"] = {**kwargs["queue_arguments"], **given_arguments}
+    kwargs.update(options)
+    return LazyRabbitMqDriver(_pika_parameters(url), **kwargs)
+
+
+def isolate(url: DriverUrl, namespace: str) -> str:
+    """The same broker and options, with every queue under the name ``namespace``."""
+    return url.with_options(queue=namespace)
+
+
+@hookimpl
+def hermes_drivers() -> list[DriverPlugin]:
+    return [
+        DriverPlugin(
+            name="rabbitmq",
+            schemes=("amqp", "amqps"),
+            factory=from_url,
+            capabilities=LazyRabbitMqDriver.capabilities,
+            isolate=isolate,
+            example_url="amqp://guest:guest@localhost:5672/?queue=hermes",
+        )
+    ]

@@ -1,0 +1,71 @@
+"""A broker restart under a waiting worker (restarts the shared RabbitMQ: kept short)."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from hermes.core import BrokerUnavailableError, Message
+from hermes.drivers.rabbitmq import LazyRabbitMqDriver
+
+
+def rabbitmqctl(command: str) -> None:
+    subprocess.run(["rabbitmqctl", command], check=True, capture_output=True, timeout=120)
+
+
+@pytest.mark.broker_restart
+def test_a_waiting_worker_reconnects_after_a_broker_restart_and_loses_nothing(
+    make_driver: Callable[..., LazyRabbitMqDriver],
+    worker: Any,
+    wait_until: Any,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from hermes_test_services import AMQP_PORT, wait_for_port
+
+    sender = make_driver()
+    driver = make_driver()
+    handled: list[str] = []
+    in_handler = threading.Event()
+    release = threading.Event()
+
+    def callback(message: Message, priority: int) -> bool:
+        if message.payload == "in-flight" and not release.is_set():
+            in_handler.set()
+            release.wait(60)
+        handled.append(message.payload)
+        return True
+
+    sender.send(Message("t", "before"))
+    sender.send(Message("t", "in-flight"))
+    with caplog.at_level(logging.WARNING, logger="hermes"), worker(driver, callback):
+        assert in_handler.wait(15), "the worker never started the second message"
+        try:
+            rabbitmqctl("stop_app")
+            release.set()  # its ack cannot reach the broker now
+            wait_until(
+                lambda: "lost the connection while waiting" in caplog.text,
+                timeout_s=30,
+                what="the worker to log the lost connection",
+            )
+            with pytest.raises(BrokerUnavailableError):
+                sender.send(Message("t", "while-down"))
+        finally:
+            release.set()
+            rabbitmqctl("start_app")
+        wait_for_port(AMQP_PORT, 60, "rabbitmq after start_app")
+        wait_until(
+            lambda: "reconnected after" in caplog.text,
+            timeout_s=60,
+            what="the worker to reconnect",
+        )
+        sender.send(Message("t", "after"))
+        wait_until(lambda: "after" in handled, timeout_s=30, what="a message sent after restart")
+    # The unacknowledged message came back; the acknowledged one did not.
+    assert handled.count("before") == 1
+    assert handled.count("in-flight") == 2
+    assert "while-down" not in handled
