@@ -289,6 +289,24 @@ def test_a_queue_purged_by_another_process_works_again_on_the_next_send(driver, 
     assert receive(driver, 1).types == ["new"]
 
 
+def test_a_worker_whose_queue_is_purged_while_it_waits_goes_on_with_new_messages(
+    driver, queue_dir, receive, files
+):
+    driver.send(Message("before"))
+    seen: list[str] = []
+
+    def purge_then_send(message: Message, priority: int) -> bool:
+        seen.append(message.type)
+        if message.type == "before":
+            FileSystemDriver(queue_dir).purge()  # removes this worker's own directory too
+            FileSystemDriver(queue_dir, fsync=False).send(Message("after"))
+        return True
+
+    receive(driver, 2, callback=purge_then_send)
+    assert seen == ["before", "after"]
+    assert files(queue_dir / "processing") == []
+
+
 def test_the_emitter_and_dispatcher_work_on_it(driver, receive):
     handled = []
 

@@ -436,18 +436,22 @@ class _Scan:
     def _list(self) -> None:
         started = time.monotonic()
         listed_ns = time.time_ns()
-        mtime_ns = os.stat(self._new_dir).st_mtime_ns
         found: dict[int, list[QueuedName]] = {p: [] for p in self._order}
         strays: list[str] = []
-        with os.scandir(self._new_dir) as entries:
-            for entry in entries:
-                queued = parse(entry.name)
-                if queued is None:
-                    strays.append(entry.name)
-                    continue
-                bucket = found.get(queued.priority)
-                if bucket is not None:
-                    bucket.append(queued)
+        try:
+            mtime_ns = os.stat(self._new_dir).st_mtime_ns
+            with os.scandir(self._new_dir) as entries:
+                for entry in entries:
+                    queued = parse(entry.name)
+                    if queued is None:
+                        strays.append(entry.name)
+                        continue
+                    bucket = found.get(queued.priority)
+                    if bucket is not None:
+                        bucket.append(queued)
+        except FileNotFoundError:  # purged: an empty queue until the directories are back
+            self._make_dirs()
+            mtime_ns = -1
         for priority, bucket in found.items():
             bucket.sort()
             self._queues[priority] = deque(bucket)
