@@ -485,6 +485,31 @@ def test_an_unreachable_broker_names_its_host_and_port(tmp_path: Path) -> None:
     assert "s3cret" not in line
 
 
+def test_a_worker_whose_broker_is_unreachable_names_its_host_and_port(project: Path) -> None:
+    pytest.importorskip("hermes.drivers.rabbitmq", reason="hermes-rabbitmq is not installed")
+
+    result = hermes(
+        "worker", "--url", "amqp://guest:s3cret@127.0.0.1:1/", "--handlers", "jobs:register",
+        cwd=project,
+    )  # fmt: skip
+
+    line = assert_one_line_error(result)
+    assert "unreachable" in line
+    assert "127.0.0.1:1" in line
+    assert "s3cret" not in result.stdout + result.stderr
+    assert result.stdout.splitlines()[-1].endswith("received 0, handled 0, failed 0, retried 0")
+
+
+def test_output_piped_into_a_closed_reader_ends_quietly(tmp_path: Path) -> None:
+    assert HERMES is not None
+    result = subprocess.run(
+        f"'{HERMES}' drivers | head -1", shell=True, cwd=tmp_path, capture_output=True, text=True,
+        timeout=COMMAND_TIMEOUT_S,
+    )  # fmt: skip
+    assert result.stdout.startswith("NAME")
+    assert result.stderr == ""
+
+
 def test_a_malformed_payload_shows_where_with_a_caret(tmp_path: Path) -> None:
     result = hermes("emit", "--url", "memory://cli", "job", '{"a": 1 "b": 2}', cwd=tmp_path)
 

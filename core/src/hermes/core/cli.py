@@ -9,8 +9,9 @@ keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib import metadata
 
 from hermes.core._cli import _demo, _drivers, _emit, _shutdown, _worker
@@ -31,6 +32,21 @@ def _version() -> str:
         return metadata.version("hermes-core")
     except metadata.PackageNotFoundError:
         return "unknown"
+
+
+def _count(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= ``minimum``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} must be >= {minimum}")
+        return value
+
+    return parse
 
 
 def _verbosity(parser: argparse.ArgumentParser) -> None:
@@ -74,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
         f"{DEFAULT_PRIORITY} and the queues the handlers function sets up",
     )
     worker.add_argument(
-        "--max-items", type=int, default=0, metavar="N", help="stop after N messages"
+        "--max-items", type=_count(0), default=0, metavar="N", help="stop after N messages"
     )
     worker.add_argument(
         "--shutdown-file",
@@ -112,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="not before this UNIX timestamp or ISO 8601 date-time",
     )
     emit.add_argument(
-        "--count", type=int, default=1, metavar="N", help="emit N messages; shows the rate"
+        "--count", type=_count(1), default=1, metavar="N", help="emit N messages; shows the rate"
     )
     _verbosity(emit)
     emit.set_defaults(run=_emit.run)
@@ -158,6 +174,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return 2
+    if args.command != "worker":
+        # `hermes drivers | head -1` ends quietly, like any Unix tool. A worker keeps
+        # Python's default: a closed stdout must not kill it in the middle of a handler.
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     try:
         return int(args.run(args))
     except CliError as exc:

@@ -20,6 +20,11 @@ URL_ENV = "HERMES_URL"
 DEFAULT_QUEUE_DIR = "hermes-queue"
 
 
+#: Client libraries that log every failed connection attempt at ERROR, then raise the
+#: exception the driver turns into one line (or a logged reconnect): shown with -v only.
+_CHATTY_CLIENT_LOGGERS = ("pika",)
+
+
 class CliError(Exception):
     """A mistake the user can fix: one line on stderr (plus ``context`` lines), exit code 2."""
 
@@ -133,3 +138,5 @@ def configure_logging(verbosity: int, *, default_level: int = logging.INFO) -> N
     else:
         root.setLevel(default_level if verbosity == 0 else min(default_level, logging.INFO))
     logging.getLogger("hermes").setLevel(logging.DEBUG if verbosity > 0 else logging.NOTSET)
+    for name in _CHATTY_CLIENT_LOGGERS:
+        logging.getLogger(name).setLevel(logging.NOTSET if verbosity > 0 else logging.CRITICAL)

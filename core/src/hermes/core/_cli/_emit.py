@@ -80,8 +80,6 @@ def run(args: argparse.Namespace) -> int:
         execute_at = time.time() + args.delay
     elif args.at is not None:
         execute_at = parse_at(args.at)
-    if args.count < 1:
-        raise CliError(f"--count {args.count} must be >= 1")
     try:
         first = Message(args.type, payload, execute_at=execute_at)
     except ValueError as exc:

@@ -16,7 +16,10 @@ from hermes.core._url import DriverUrl, redact_url
 def run(args: argparse.Namespace) -> int:
     now = time.time()
     if args.file:
-        SharedFileShutdown(args.file).shutdown(now)
+        try:
+            SharedFileShutdown(args.file).shutdown(now)
+        except OSError as exc:
+            raise CliError(f"cannot touch the shutdown file {args.file}: {exc.strerror}") from None
         print(
             f"Asked every worker watching {args.file} (--shutdown-file) and started before "
             f"{clock(now)} to stop after the message in progress",

@@ -155,8 +155,6 @@ def register_handlers(dispatcher: Dispatcher, target: object, spec: str) -> None
         )
     try:
         target(dispatcher)
-    except CliError:
-        raise
     except Exception as exc:
         raise CliError(
             f"--handlers {spec} raised {type(exc).__name__}: {exc} ({_where(exc)})"
