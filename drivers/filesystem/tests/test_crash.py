@@ -144,6 +144,7 @@ def test_several_worker_processes_on_one_directory_never_receive_the_same_messag
     queue_dir, out_dir, start_worker
 ):
     workers = [start_worker("record") for _ in range(4)]
+    poll(lambda: len(list(out_dir.glob("ready-*"))) == 4, "the workers to start waiting")
     driver = FileSystemDriver(queue_dir, fsync=False)
     sent = [Message("job", {"n": n}) for n in range(800)]
     for message in sent:
