@@ -67,7 +67,10 @@ def test_an_unreachable_redis_is_logged_and_does_not_stop_the_worker(caplog):
     shutdown = RedisShutdown(client)
     with caplog.at_level(logging.WARNING, logger="hermes.drivers.redis"):
         assert shutdown.should_shutdown(0) is False
-    assert "cannot read 'hermes_shutdown'" in caplog.text
+        assert shutdown.should_shutdown(0) is False
+    [record] = caplog.records
+    assert "cannot read 'hermes_shutdown'" in record.getMessage()
+    client.close()
 
 
 def test_a_dispatcher_with_redis_shutdown_exits_when_asked(driver, shutdown, caplog):

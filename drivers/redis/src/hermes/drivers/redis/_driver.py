@@ -9,6 +9,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import redis
+from redis.connection import Connection
+from redis.exceptions import AuthenticationError, AuthorizationError
+
 from hermes.core import (
     DEFAULT_PRIORITY,
     BrokerUnavailableError,
@@ -25,8 +28,6 @@ from hermes.core import (
     UnknownPriorityError,
 )
 from hermes.drivers.redis import _scripts
-from redis.connection import Connection
-from redis.exceptions import AuthenticationError, AuthorizationError
 
 logger = logging.getLogger("hermes.drivers.redis")
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import redis
-from hermes.core import ConfigurationError, DriverPlugin, DriverUrl, hookimpl
-from hermes.drivers.redis._driver import RedisSetDriver
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
+
+from hermes.core import ConfigurationError, DriverPlugin, DriverUrl, hookimpl
+from hermes.drivers.redis._driver import RedisSetDriver
 
 _DRIVER_OPTIONS = ("key", "schedule_key", "refresh_interval")
 _TLS_OPTIONS = ("ssl_cert_reqs", "ssl_ca_certs")

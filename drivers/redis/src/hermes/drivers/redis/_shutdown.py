@@ -19,9 +19,9 @@ class RedisShutdown:
     seconds (as PHP compares it), so a request made before a worker started
     does not stop it, and a timestamp in the future stops workers when it comes.
 
-    ``should_shutdown`` is one ``GET``. When Redis cannot be read it logs a
-    warning and answers False: a worker does not stop (or crash) because the
-    shutdown key is out of reach; SIGTERM still stops it.
+    ``should_shutdown`` is one ``GET``. When Redis cannot be read it answers
+    False (and logs a warning once per outage): a worker does not stop, or
+    crash, because the shutdown key is out of reach; SIGTERM still stops it.
     """
 
     def __init__(self, client: redis.Redis[Any], key: str = "hermes_shutdown") -> None:
@@ -30,18 +30,25 @@ class RedisShutdown:
         self.client = client
         #: The key that holds the shutdown timestamp.
         self.key = key
+        #: An outage is logged once, not at every check.
+        self._unreadable = False
 
     def should_shutdown(self, start_time: float) -> bool:
         try:
             value = self.client.get(self.key)
         except redis.RedisError as exc:
-            logger.warning(
-                "RedisShutdown cannot read %r, assuming no shutdown - %s: %s",
-                self.key,
-                type(exc).__name__,
-                exc,
-            )
+            if not self._unreadable:
+                self._unreadable = True
+                logger.warning(
+                    "RedisShutdown cannot read %r, assuming no shutdown until it can - %s: %s",
+                    self.key,
+                    type(exc).__name__,
+                    exc,
+                )
             return False
+        if self._unreadable:
+            self._unreadable = False
+            logger.info("RedisShutdown reads %r again", self.key)
         if value is None:
             return False
         try:
