@@ -96,3 +96,27 @@ def test_the_demo_ends_with_a_summary_of_the_dispatcher_counts(
     assert "invoice-1: 3 attempts" in summary
     assert "Dispatcher.stats: received 10, handled 8, failed 2, retried 2" in summary
     assert "NOTICE Exiting hermes dispatcher - shutdown" in demo.stdout
+
+
+def test_the_commands_the_demo_suggests_work_as_printed(
+    demo: subprocess.CompletedProcess[str], tmp_path: Path
+) -> None:
+    suggested = demo.stdout.split("\nYour turn", 1)[1].splitlines()[1:]
+    commands = [line.strip() for line in suggested if line.strip()]
+    assert commands[-1].startswith("hermes worker")
+    assert HERMES is not None
+    environ = {k: v for k, v in os.environ.items() if k != "HERMES_URL"}
+    environ["PATH"] = f"{Path(HERMES).parent}{os.pathsep}{environ.get('PATH', '')}"
+
+    result = subprocess.run(
+        ["bash", "-e", "-c", "\n".join(commands)],
+        cwd=tmp_path,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=DEMO_TIMEOUT_S,
+    )
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert 'Payload: {"amount": 10}' in result.stdout
+    assert result.stdout.splitlines()[-1].endswith("received 1, handled 1, failed 0, retried 0")

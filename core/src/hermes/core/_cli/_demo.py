@@ -44,11 +44,12 @@ HIGH, LOW = 200, 50
 
 #: The demo's last words: the same story with the user's own worker, copy-pasteable.
 YOUR_TURN = r"""
-Your turn, in a directory of your own (the queue goes to ./hermes-queue):
+Your turn, in a directory of your own (the queue goes to ./hermes-queue):{path}
   printf 'from hermes.core import EchoHandler\nHANDLERS = {"order.paid": EchoHandler()}\n' > jobs.py
   hermes emit order.paid '{"amount": 10}'
   hermes worker --handlers jobs:HANDLERS --max-items 1
 """
+
 #: (id, amount, priority) in the order they are emitted.
 ORDERS = [
     ("order-1", 12.5, LOW),
@@ -328,4 +329,15 @@ def _summary(story: _Story, dispatcher: Dispatcher, elapsed: float) -> None:
         f"  Dispatcher.stats: received {stats.received}, handled {stats.handled}, "
         f"failed {stats.failed}, retried {stats.retried}"
     )
-    print(YOUR_TURN, end="")
+    print(YOUR_TURN.replace("{path}", _path_hint()), end="")
+
+
+def _path_hint() -> str:
+    """A line that puts this ``hermes`` on PATH, when ``hermes`` there is another one or none."""
+    script = Path(sys.argv[0]).resolve()
+    if script.name != "hermes":
+        return ""  # run as `python -m hermes.core.cli`: no script to point at
+    found = shutil.which("hermes")
+    if found is not None and Path(found).resolve() == script:
+        return ""
+    return f'\n  export PATH="{script.parent}:$PATH"   # puts this hermes on your PATH'

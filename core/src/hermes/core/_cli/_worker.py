@@ -261,6 +261,6 @@ def _log_start(
         else f"Reading priority {DEFAULT_PRIORITY} and the queues the handlers set up "
         "(--priority P for others)"
     )
-    stops = [f"after {max_items} messages"] if max_items else []
+    stops = [f"after {max_items} message{'s' if max_items != 1 else ''}"] if max_items else []
     stops += ["on Ctrl-C", "SIGTERM"] + ([repr(shutdown)] if shutdown else [])
     logger.info(one_line(f"{reading}; stopping {', '.join(stops)}"))
