@@ -70,7 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
         "worker",
         help="handle messages until stopped",
         description="Run a Dispatcher: handle messages from the broker until Ctrl-C, SIGTERM, "
-        "--max-items or a shutdown request; then print the counts.",
+        "--max-items or a shutdown request (hermes shutdown --file F with --shutdown-file F; "
+        "on redis:// also hermes shutdown --url, through the key hermes_shutdown, as PHP "
+        "Hermes); then print the counts.",
     )
     worker.add_argument("--url", help=_URL_HELP)
     worker.add_argument(
