@@ -273,6 +273,23 @@ def test_purge_deletes_every_key_the_driver_uses(driver, client, namespace):
     assert client.exists(*keys) == 0
 
 
+def test_a_prefix_puts_every_key_of_the_driver_under_it(client, namespace):
+    driver = RedisSetDriver(client, prefix=f"{namespace}:")
+    driver.setup_priority_queue("high", HIGH)
+    driver.send(Message("a"))
+    driver.send(Message("b"), HIGH)
+    driver.send(Message("c", execute_at=time.time() + 60))
+    assert sorted(k.decode() for k in client.scan_iter(match=f"{namespace}:*")) == [
+        f"{namespace}:hermes",
+        f"{namespace}:hermes_schedule",
+        f"{namespace}:hermes_wakeup",
+        f"{namespace}:high",
+        f"{namespace}:high_wakeup",
+    ]
+    driver.purge()
+    assert list(client.scan_iter(match=f"{namespace}:*")) == []
+
+
 def test_send_from_many_threads_at_once_loses_nothing(driver, start_worker, eventually):
     sent: list[str] = []
     lock = threading.Lock()

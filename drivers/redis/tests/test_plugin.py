@@ -34,6 +34,9 @@ def test_a_url_sets_host_port_database_and_the_driver_options():
     assert (kwargs["host"], kwargs["port"], kwargs["db"]) == ("127.0.0.1", 6390, 3)
     assert (driver.key, driver.schedule_key, driver.refresh_interval) == ("jobs", "jobs_at", 0.25)
     driver.close()
+    driver = connect("redis://127.0.0.1:6390/3?prefix=app:")
+    assert (driver.key, driver.schedule_key) == ("app:hermes", "app:hermes_schedule")
+    driver.close()
 
 
 def test_a_url_without_options_uses_the_php_defaults():
@@ -105,14 +108,22 @@ def test_isolated_urls_address_disjoint_keys_on_the_same_redis(redis_url, client
     one = connect(isolated_url(redis_url, "hermes-test-iso-a"))
     two = connect(isolated_url(redis_url, "hermes-test-iso-b"))
     try:
-        assert (one.key, one.schedule_key) == ("hermes-test-iso-a", "hermes-test-iso-a_schedule")
+        assert (one.key, one.schedule_key) == (
+            "hermes-test-iso-a:hermes",
+            "hermes-test-iso-a:hermes_schedule",
+        )
+        for driver in (one, two):
+            driver.setup_priority_queue("high", 200)  # the same name in both namespaces
         one.send(Message("mine"))
-        two.set_max_process_items(1)
+        one.send(Message("mine-high"), 200)
         two.send(Message("theirs"))
+        two.set_max_process_items(1)
         handled: list[str] = []
         two.wait(lambda message, priority: handled.append(message.type) is None)
         assert handled == ["theirs"]
-        assert client.scard("hermes-test-iso-a") == 1
+        assert client.scard("hermes-test-iso-a:hermes") == 1
+        assert client.scard("hermes-test-iso-a:high") == 1
+        assert client.exists("hermes-test-iso-b:high", "high") == 0
     finally:
         one.purge()
         two.purge()
@@ -120,8 +131,8 @@ def test_isolated_urls_address_disjoint_keys_on_the_same_redis(redis_url, client
         two.close()
 
 
-def test_isolation_keeps_the_other_url_parts(redis_url):
-    url = DriverUrl.parse("redis://u:p@127.0.0.1:6379/2?refresh_interval=0.5&key=x")
+def test_isolation_keeps_the_other_url_parts_and_nests_a_prefix(redis_url):
+    url = DriverUrl.parse("redis://u:p@127.0.0.1:6379/2?refresh_interval=0.5&prefix=app:")
     isolated = DriverUrl.parse(isolated_url(url.raw, "ns"))
     assert (isolated.host, isolated.port, isolated.path, isolated.password) == (
         "127.0.0.1",
@@ -129,8 +140,4 @@ def test_isolation_keeps_the_other_url_parts(redis_url):
         "2",
         "p",
     )
-    assert dict(isolated.options) == {
-        "refresh_interval": "0.5",
-        "key": "ns",
-        "schedule_key": "ns_schedule",
-    }
+    assert dict(isolated.options) == {"refresh_interval": "0.5", "prefix": "app:ns:"}

@@ -94,6 +94,9 @@ class RedisSetDriver(Driver):
     * The wire format and the default keys are PHP Hermes's, so PHP emitters
       and Python workers (and the reverse) share one Redis.
 
+    ``prefix`` is prepended to every key, like the ``prefix`` option of PHP's
+    Predis: ``prefix="app:"`` puts the default set at ``app:hermes``.
+
     ``refresh_interval`` (seconds, > 0) is the longest an idle worker blocks
     before it looks at the sets and the shutdown again; waits are capped at
     :data:`MAX_IDLE_WAIT_S`, and kept below the client's ``socket_timeout``.
@@ -120,6 +123,7 @@ class RedisSetDriver(Driver):
         refresh_interval: float = 1,
         schedule_key: str = "hermes_schedule",
         *,
+        prefix: str = "",
         close_client: bool = False,
     ) -> None:
         super().__init__()
@@ -138,14 +142,20 @@ class RedisSetDriver(Driver):
                 f"RedisSetDriver refresh_interval must be a number of seconds > 0, "
                 f"got {refresh_interval!r}"
             )
+        if not isinstance(prefix, str):
+            raise ConfigurationError(f"RedisSetDriver prefix must be a string, got {prefix!r}")
         self.client = client
-        self.key = key
-        self.schedule_key = schedule_key
+        #: Prepended to every key this driver uses, priority sets included.
+        self.prefix = prefix
+        #: The Redis key of the default-priority set (with the prefix).
+        self.key = prefix + key
+        #: The Redis key of the schedule sorted set (with the prefix).
+        self.schedule_key = prefix + schedule_key
         self.refresh_interval = float(refresh_interval)
         self._close_client = close_client
         self._execute = _scripts.on_client(client)
         #: priority -> set key
-        self._queues: dict[int, str] = {DEFAULT_PRIORITY: key}
+        self._queues: dict[int, str] = {DEFAULT_PRIORITY: self.key}
         self._idle_wait_s = min(self.refresh_interval, MAX_IDLE_WAIT_S)
         socket_timeout = client.connection_pool.connection_kwargs.get("socket_timeout")
         if socket_timeout:
@@ -155,14 +165,18 @@ class RedisSetDriver(Driver):
     # Sending -------------------------------------------------------------------
 
     def setup_priority_queue(self, name: str, priority: int) -> None:
-        """Messages sent with ``priority`` go to the set ``name`` (PHP: the key itself)."""
+        """Messages sent with ``priority`` go to the set ``prefix + name``.
+
+        As in PHP, the name is the key itself (``prefix`` is empty by default).
+        """
         if not isinstance(name, str) or not name:
             raise ConfigurationError(f"priority queue name must be a non-empty string: {name!r}")
-        if name == self.schedule_key:
+        key = self.prefix + name
+        if key == self.schedule_key:
             raise ConfigurationError(
                 f"priority queue {name!r} cannot be the schedule key {self.schedule_key!r}"
             )
-        self._queues[priority] = name
+        self._queues[priority] = key
 
     def send(self, message: Message, priority: int = DEFAULT_PRIORITY) -> None:
         self._send_bodies([(self.serializer.serialize(message), message.execute_at)], priority)

@@ -11,7 +11,7 @@ from redis.retry import Retry
 from hermes.core import ConfigurationError, DriverPlugin, DriverUrl, hookimpl
 from hermes.drivers.redis._driver import RedisSetDriver
 
-_DRIVER_OPTIONS = ("key", "schedule_key", "refresh_interval")
+_DRIVER_OPTIONS = ("key", "schedule_key", "refresh_interval", "prefix")
 _TLS_OPTIONS = ("ssl_cert_reqs", "ssl_ca_certs")
 _CLIENT_OPTIONS = ("socket_connect_timeout", *_TLS_OPTIONS)
 
@@ -66,12 +66,15 @@ def _from_url(url: DriverUrl, **options: Any) -> RedisSetDriver:
         key=url.get_str("key", "hermes"),
         refresh_interval=url.get_float("refresh_interval", 1.0, minimum=0.001),
         schedule_key=url.get_str("schedule_key", "hermes_schedule"),
+        prefix=url.get_str("prefix", ""),
         close_client=owned,
     )
 
 
 def _isolate(url: DriverUrl, namespace: str) -> str:
-    return url.with_options(key=namespace, schedule_key=f"{namespace}_schedule")
+    # A prefix, not just other key names: priority sets are named by the caller
+    # (``setup_priority_queue("high", 200)``) and must be the namespace's too.
+    return url.with_options(prefix=f"{url.get_str('prefix', '')}{namespace}:")
 
 
 @hookimpl
