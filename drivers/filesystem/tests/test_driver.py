@@ -83,15 +83,31 @@ def test_a_worker_restricted_to_some_priorities_leaves_the_others_queued(
     assert len(remaining) == 1 and remaining[0].startswith("100.")
 
 
-def test_a_worker_that_does_not_know_a_priority_leaves_its_files_alone(queue_dir, receive, files):
+def test_a_worker_that_does_not_know_a_priority_leaves_its_files_alone_and_says_so(
+    queue_dir, receive, files, caplog
+):
     emitter = FileSystemDriver(queue_dir, fsync=False)
     emitter.setup_priority_queue("urgent", 300)
     emitter.send(Message("urgent"), 300)
     emitter.send(Message("normal"))
     worker = FileSystemDriver(queue_dir, fsync=False)
-    assert receive(worker, 1).types == ["normal"]
+    with caplog.at_level(logging.WARNING, logger="hermes.drivers.filesystem"):
+        assert receive(worker, 1).types == ["normal"]
     assert [name.split(".")[0] for name in files(queue_dir / "new")] == ["300"]
     assert files(queue_dir / "quarantine") == []
+    [warning] = [r.getMessage() for r in caplog.records]
+    assert "priority 300, which this worker does not read" in warning
+
+
+def test_a_worker_restricted_to_one_priority_does_not_warn_about_the_others(
+    driver, receive, caplog
+):
+    driver.setup_priority_queue("high", 200)
+    driver.send(Message("default"))
+    driver.send(Message("high"), 200)
+    with caplog.at_level(logging.WARNING, logger="hermes.drivers.filesystem"):
+        assert receive(driver, 1, priorities=[200]).types == ["high"]
+    assert caplog.records == []
 
 
 def test_sending_to_an_unknown_priority_raises_and_writes_nothing(driver, queue_dir, files):

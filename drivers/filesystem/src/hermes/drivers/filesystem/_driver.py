@@ -221,6 +221,7 @@ class FileSystemDriver(Driver):
 
     def _wait(self, callback: Callback, order: list[int], claims: WorkerClaims) -> None:
         scan = _Scan(self._new_dir, order, self.poll_interval_s, self._make_dirs)
+        warned = set(self._priorities)  # known priorities need no warning
         next_recovery = next_cleanup = 0.0
         while not self.should_stop():
             now = time.monotonic()
@@ -236,6 +237,15 @@ class FileSystemDriver(Driver):
                 queued = scan.next_due()
             for stray in scan.take_strays():
                 self._quarantine_stray(stray, claims)
+            for priority in scan.priorities_seen - warned:
+                warned.add(priority)
+                logger.warning(
+                    "%s: new/ holds messages of priority %d, which this worker does not read; "
+                    "call setup_priority_queue(name, %d) (hermes worker: --priority) to read them",
+                    self.url,
+                    priority,
+                    priority,
+                )
             if queued is None:
                 time.sleep(scan.idle_wait_s())
                 continue
@@ -377,6 +387,8 @@ class _Scan:
         self._make_dirs = make_dirs
         self._queues: dict[int, deque[QueuedName]] = {p: deque() for p in order}
         self._strays: list[str] = []
+        #: Priorities outside ``order`` that the listings found in ``new/``.
+        self.priorities_seen: set[int] = set()
         #: ``new/``'s mtime before the last listing, and when (wall clock) it started.
         self._mtime_ns = -1
         self._listed_ns = 0
@@ -449,6 +461,8 @@ class _Scan:
                     bucket = found.get(queued.priority)
                     if bucket is not None:
                         bucket.append(queued)
+                    elif queued.priority not in self.priorities_seen:
+                        self.priorities_seen.add(queued.priority)
         except FileNotFoundError:  # purged: an empty queue until the directories are back
             self._make_dirs()
             mtime_ns = -1
