@@ -78,12 +78,16 @@ class _Story:
 
     def say(self, who: str, text: str, at: float | None = None) -> None:
         stamp = clock(time.time() if at is None else at, millis=True)
-        with self._print_lock:
-            print(f"{stamp}  {who:<7} {text}", flush=True)
+        self.write(f"{stamp}  {who:<7} {text}")
 
     def heading(self, text: str) -> None:
+        self.write(f"\n{text}")
+
+    def write(self, line: str) -> None:
+        """One whole line at a time: the worker thread writes too."""
         with self._print_lock:
-            print(f"\n{text}", flush=True)
+            sys.stdout.write(line + "\n")
+            sys.stdout.flush()
 
     def update(self, change: Callable[[], None]) -> None:
         with self.changed:
@@ -97,7 +101,7 @@ class _Story:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise _DemoFailed(f"{what} did not happen within {STEP_DEADLINE_S:.0f} s")
-                self.changed.wait(min(left, 0.2))
+                self.changed.wait(min(left, 0.05))
         if self.worker_error is not None:
             raise _DemoFailed(f"the worker failed: {self.worker_error}")
 
@@ -184,15 +188,20 @@ class _FastForwardDispatcher(Dispatcher):
         return fast
 
 
-class _WorkerLines(logging.Formatter):
+class _WorkerLines(logging.Handler):
     """The Dispatcher's log records as demo lines; exceptions summarised on the line."""
 
-    def format(self, record: logging.LogRecord) -> str:
+    def __init__(self, story: _Story) -> None:
+        super().__init__(logging.INFO)
+        self.story = story
+
+    def emit(self, record: logging.LogRecord) -> None:
         text = record.getMessage()
         if record.exc_info and record.exc_info[1] is not None:
             text = f"{text} [{exception_origin(record.exc_info[1])}]"
         level = "" if record.levelno == logging.INFO else f"{record.levelname} "
-        return redact_url(f"{clock(record.created, millis=True)}  worker  {level}{text}")
+        line = f"{clock(record.created, millis=True)}  worker  {level}{text}"
+        self.story.write(redact_url(line))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -226,8 +235,7 @@ def _tell(url: str, shutdown_file: Path) -> int:
         "The emitter and the worker each have their own driver on it: the queue is all they share."
     )
 
-    log_handler = logging.StreamHandler(sys.stdout)
-    log_handler.setFormatter(_WorkerLines())
+    log_handler = _WorkerLines(story)
     worker_logger = logging.getLogger("hermes.demo.worker")
     worker_logger.addHandler(log_handler)
     worker_logger.setLevel(logging.INFO)
@@ -261,28 +269,31 @@ def _tell(url: str, shutdown_file: Path) -> int:
             "emitted before any worker runs"
         )
         for order_id, amount, priority in ORDERS:
-            emitter.emit(Message("order.paid", {"amount": amount}, id=order_id), priority)
             story.say("emit", f"#{order_id} (order.paid) priority:{priority}")
+            emitter.emit(Message("order.paid", {"amount": amount}, id=order_id), priority)
 
         story.heading("2. A worker starts: highest priority first, first in first out within one")
         worker.start()
-        story.wait_for(lambda: len(story.orders_handled) == len(ORDERS), "handling the six orders")
+        # The Dispatcher counts a message after its last log line: wait for the count.
+        stats = dispatcher.stats
+        story.wait_for(lambda: stats.handled == len(ORDERS), "handling the six orders")
 
         story.heading(
             f"3. A handler that fails {INVOICE_FAILURES} times, retried by the Dispatcher with "
             f"the seed's backoff; and a message delayed by {DELAY_S:.0f} s"
         )
-        emitter.emit(Message("invoice.send", {"order": "order-2"}, id="invoice-1"))
-        story.say("emit", f"#invoice-1 (invoice.send) priority:{DEFAULT_PRIORITY}")
         due = time.time() + DELAY_S
-        emitter.emit(Message("report.daily", {"day": "today"}, id="report-1", execute_at=due))
         story.say(
             "emit",
             f"#report-1 (report.daily) priority:{DEFAULT_PRIORITY}, "
             f"execute_at {clock(due, millis=True)} (in {DELAY_S:.1f} s)",
         )
+        emitter.emit(Message("report.daily", {"day": "today"}, id="report-1", execute_at=due))
+        story.say("emit", f"#invoice-1 (invoice.send) priority:{DEFAULT_PRIORITY}")
+        emitter.emit(Message("invoice.send", {"order": "order-2"}, id="invoice-1"))
         story.wait_for(lambda: story.invoice_done, "the invoice's third attempt")
         story.wait_for(lambda: story.report is not None, "the delayed report")
+        story.wait_for(lambda: stats.handled == len(ORDERS) + 2, "the last End handle line")
 
         story.heading("4. Stop the worker as `hermes shutdown --file F` does")
         shutdown.shutdown()
