@@ -251,6 +251,27 @@ def test_a_worker_idle_on_several_priorities_wakes_for_a_new_message(
     assert collector.payloads == ["low-after-idle", "high-after-idle"]
 
 
+def test_a_worker_whose_queue_is_deleted_declares_it_again_and_goes_on(
+    make_driver: MakeDriver,
+    queue: str,
+    raw_channel: Any,
+    collector: Any,
+    worker: Any,
+    wait_until: Any,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    driver = make_driver()
+    sender = make_driver()
+    sender.send(Message("t", "before"))
+    with caplog.at_level(logging.WARNING, logger="hermes"), worker(driver, collector):
+        wait_until(lambda: collector.payloads == ["before"], what="the first message")
+        raw_channel.queue_delete(queue)
+        wait_until(lambda: "reconnected" in caplog.text, what="the worker to resubscribe")
+        sender.send(Message("t", "after"))
+        wait_until(lambda: collector.payloads == ["before", "after"], what="the second message")
+    assert "cancelled the consumer" in caplog.text
+
+
 def test_an_unknown_priority_raises_before_anything_is_sent(make_driver: MakeDriver) -> None:
     driver = make_driver()
     with pytest.raises(UnknownPriorityError) as info:
