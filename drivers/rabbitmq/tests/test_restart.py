@@ -28,6 +28,7 @@ def test_a_waiting_worker_reconnects_after_a_broker_restart_and_loses_nothing(
     from hermes_test_services import AMQP_PORT, wait_for_port
 
     sender = make_driver()
+    quiet_sender = make_driver()  # sends before and after, never while down
     driver = make_driver()
     handled: list[str] = []
     in_handler = threading.Event()
@@ -41,7 +42,7 @@ def test_a_waiting_worker_reconnects_after_a_broker_restart_and_loses_nothing(
         return True
 
     sender.send(Message("t", "before"))
-    sender.send(Message("t", "in-flight"))
+    quiet_sender.send(Message("t", "in-flight"))
     with caplog.at_level(logging.WARNING, logger="hermes"), worker(driver, callback):
         assert in_handler.wait(15), "the worker never started the second message"
         try:
@@ -64,8 +65,13 @@ def test_a_waiting_worker_reconnects_after_a_broker_restart_and_loses_nothing(
             what="the worker to reconnect",
         )
         sender.send(Message("t", "after"))
-        wait_until(lambda: "after" in handled, timeout_s=30, what="a message sent after restart")
+        quiet_sender.send(Message("t", "after, on a connection the restart closed"))
+        wait_until(
+            lambda: len(handled) == 5, timeout_s=30, what="the messages sent after the restart"
+        )
+    assert "the connection had closed" in caplog.text
     # The unacknowledged message came back; the acknowledged one did not.
     assert handled.count("before") == 1
     assert handled.count("in-flight") == 2
     assert "while-down" not in handled
+    assert handled[-2:] == ["after", "after, on a connection the restart closed"]

@@ -9,7 +9,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -147,8 +147,8 @@ class LazyRabbitMqDriver(Driver):
       behind a lock) and fork-safe (a child opens its own connections).
       One ``wait()`` at a time per driver object.
     * pika answers heartbeats only between messages: a handler that runs
-      longer than about twice the heartbeat interval (60 s unless the URL
-      says ``heartbeat=``) loses the connection, and its message is delivered
+      longer than the heartbeat timeout (60 s unless the URL says
+      ``heartbeat=``) loses the connection, and its message is delivered
       again. Raise ``heartbeat`` for long handlers.
     """
 
@@ -292,6 +292,24 @@ class LazyRabbitMqDriver(Driver):
             self._publish(items, f"sending a batch of {len(items)} messages")
 
     def _publish(self, items: Sequence[tuple[_QueueSpec, bytes]], doing: str) -> None:
+        def publish(publisher: _Publisher) -> None:
+            for spec in {spec.name: spec for spec, _ in items}.values():
+                self._declare(publisher, spec)
+            if len(items) == 1 or not self.confirm:
+                for spec, body in items:
+                    self._basic_publish(publisher.channel, spec, body)
+            else:
+                self._publish_transaction(publisher, items)
+
+        self._with_publisher(publish, doing)
+
+    def _with_publisher(self, action: Callable[[_Publisher], None], doing: str) -> None:
+        """Run ``action`` on the publishing connection, under the send lock.
+
+        A connection that died while idle (heartbeat timeout, broker restart)
+        is replaced and ``action`` runs once more; so does a publish to a queue
+        that vanished after it was declared. Anything else raises, translated.
+        """
         self._check_process()
         with self._send_lock, translate(doing, self._where):
             for attempt in (1, 2):
@@ -299,31 +317,24 @@ class LazyRabbitMqDriver(Driver):
                 publisher = self._publisher_link()
                 try:
                     # Reads what the broker sent meanwhile (heartbeats, a close),
-                    # so a connection it dropped is noticed before publishing.
+                    # so a connection it dropped is noticed before using it.
                     publisher.connection.process_data_events(0)
-                    for spec in {spec.name: spec for spec, _ in items}.values():
-                        self._declare(publisher, spec)
-                    if len(items) == 1 or not self.confirm:
-                        for spec, body in items:
-                            self._basic_publish(publisher.channel, spec, body)
-                    else:
-                        self._publish_transaction(publisher, items)
+                    action(publisher)
                     return
                 except pika_exc.UnroutableError:
                     if attempt == 2:
                         raise
-                    # The queue went away after it was declared (deleted by
-                    # someone, expired): declare it again and publish once more.
                     logger.warning(
                         "%s: a queue was missing while %s; declaring it again", self._where, doing
                     )
                     publisher.declared.clear()
                 except pika_exc.AMQPConnectionError as exc:
                     self._drop_publisher()
-                    if fresh or attempt == 2:
+                    # A blocked broker (memory/disk alarm) would block the retry too.
+                    if fresh or attempt == 2 or isinstance(exc, pika_exc.ConnectionBlockedTimeout):
                         raise
                     logger.warning(
-                        "%s: the connection had closed (%s) before %s; sending on a new one",
+                        "%s: the connection had closed (%s) before %s; using a new one",
                         self._where,
                         describe(exc),
                         doing,
@@ -486,14 +497,15 @@ class LazyRabbitMqDriver(Driver):
 
     def purge(self) -> None:
         """Delete every work queue of this driver and the delay queues it declared."""
-        self._check_process()
         names = [*self._queues.values(), *sorted(self._delay_queues)]
-        with self._send_lock, translate(f"deleting queues {names}", self._where):
-            publisher = self._publisher_link()
+
+        def delete(publisher: _Publisher) -> None:
             for name in names:
                 publisher.channel.queue_delete(name)
             publisher.declared.clear()
-            self._delay_queues.clear()
+            self._delay_queues.difference_update(names)
+
+        self._with_publisher(delete, f"deleting queues {names}")
 
     def close(self) -> None:
         """Close the publishing connection (a waiting worker closes its own). Idempotent."""
