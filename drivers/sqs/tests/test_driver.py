@@ -311,19 +311,19 @@ def test_a_message_of_a_worker_killed_mid_handler_comes_back_with_receive_count_
 
 
 def _long_handler_run(make_driver: MakeDriver, url: str, *, heartbeat: bool) -> Received:
-    """A handler longer than twice the 2 s visibility timeout, while a rival worker polls.
+    """A handler longer than twice the 3 s visibility timeout, while a rival worker polls.
 
     Returns what the rival received.
     """
-    worker = make_driver(url + f"&visibility_timeout=2&heartbeat={str(heartbeat).lower()}")
-    rival = make_driver(url + "&visibility_timeout=2")
+    worker = make_driver(url + f"&visibility_timeout=3&heartbeat={str(heartbeat).lower()}")
+    rival = make_driver(url + "&visibility_timeout=3")
     worker.send(Message("slow"))
     rival_got: Received = []
     finished = threading.Event()
 
     def slow(message: Message, priority: int) -> bool:
         if heartbeat:
-            time.sleep(5)  # the scenario itself: 2.5 visibility timeouts
+            time.sleep(6.5)  # the scenario itself: more than two visibility timeouts
         else:
             poll(lambda: rival_got, timeout_s=10)  # ends as soon as the duplicate shows
         return True
@@ -413,7 +413,7 @@ def test_a_body_that_is_not_a_message_is_left_for_the_redrive_policy(
 ) -> None:
     dead = f"{queue_name}-dlq"
     driver = make_driver(
-        sqs_url + f"&dead_letter_queue={dead}&max_receive_count=1&visibility_timeout=1"
+        sqs_url + f"&dead_letter_queue={dead}&max_receive_count=1&visibility_timeout=2"
     )
     driver.send_raw(b"{not a message")
     driver.send(Message("good"))
