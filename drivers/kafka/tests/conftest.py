@@ -95,6 +95,12 @@ def poll_until() -> Callable[..., Any]:
 
 
 @pytest.fixture
+def received() -> Received:
+    """An empty record of callbacks; pass it to ``handle`` to watch it from another thread."""
+    return Received()
+
+
+@pytest.fixture
 def handle() -> Callable[..., Received]:
     """``handle(driver, count, received=None, timeout_s=20, priorities=())``.
 

@@ -218,6 +218,11 @@ class KafkaDriver(Driver):
         self.producer_config = producer
         self.consumer_config = consumer
         self.admin_config = admin
+        #: A fatal client error seen by ``error_cb``; ``wait`` raises it.
+        self.fatal_error: KafkaError | None = None
+        self._clients = _Clients()
+        self._clients.producer = self._check_config()
+        # librdkafka accepted the settings, so the numbers below are numbers.
         timeout_ms = producer.get("message.timeout.ms", producer.get("delivery.timeout.ms"))
         #: How long ``send`` waits for the broker before raising DeliveryError.
         self.send_timeout_s = float(timeout_ms or 300_000) / 1000 + 1.0
@@ -229,10 +234,6 @@ class KafkaDriver(Driver):
             priorities=priority_topics,
             redelivery_timeout_s=2 * session_ms / 1000 + 2,
         )
-        #: A fatal client error seen by ``error_cb``; ``wait`` raises it.
-        self.fatal_error: KafkaError | None = None
-        self._clients = _Clients()
-        self._clients.producer = self._check_config()
         # Handles of the parent process after a fork: kept referenced, never
         # used, so their destructor (which joins threads that do not exist in
         # the child) never runs here.

@@ -24,7 +24,7 @@ class _State:
     open: set[int] = field(default_factory=set)
     #: The offset after the last record taken; -1 before the first one.
     next: int = -1
-    #: The last offset committed (or known committed); -1 before the first commit.
+    #: The last offset committed, or where reading started (committing that adds nothing).
     committed: int = -1
 
 
@@ -38,7 +38,9 @@ class OffsetLedger:
 
     def take(self, partition: Partition, offset: int) -> None:
         """A record at ``offset`` came out of the stream and is not finished."""
-        state = self._states.setdefault(partition, _State())
+        state = self._states.get(partition)
+        if state is None:
+            state = self._states[partition] = _State(committed=offset)
         state.open.add(offset)
         state.next = max(state.next, offset + 1)
 
