@@ -98,12 +98,14 @@ def scaled(seconds: float) -> float:
 def wait_until(predicate: Callable[[], object], timeout_s: float) -> bool:
     """Poll ``predicate`` until it is true or ``timeout_s`` (scaled) passed; its last truth."""
     deadline = time.monotonic() + scaled(timeout_s)
+    pause = 0.001  # fast drivers answer in a millisecond; slow ones are polled every 20 ms
     while True:
         if predicate():
             return True
         if time.monotonic() >= deadline:
             return bool(predicate())
-        time.sleep(_POLL_S)
+        time.sleep(pause)
+        pause = min(pause * 2, _POLL_S)
 
 
 def stays_false(predicate: Callable[[], object], window_s: float) -> bool:
@@ -431,13 +433,15 @@ class Target:
     #: What a driver built from ``url`` declares (read from a driver object).
     capabilities: Capabilities
     driver_class: str
+    #: Plugin modules the worker processes register (``--hermes-plugin``).
+    plugins: tuple[str, ...] = ()
 
     @property
     def redacted(self) -> str:
         return redact_url(self.url)
 
     @classmethod
-    def probe(cls, url: str) -> Target:
+    def probe(cls, url: str, plugins: tuple[str, ...] = ()) -> Target:
         """Build one driver on a namespace of its own to read its capabilities, then clean up."""
         scheme = DriverUrl.parse(url).scheme
         plugin = next(p for p in available_drivers() if scheme in p.schemes)
@@ -448,7 +452,7 @@ class Target:
                 driver.purge()
         finally:
             driver.close()
-        return cls(url, plugin, capabilities, driver_class)
+        return cls(url, plugin, capabilities, driver_class, plugins)
 
 
 class Kit:
@@ -555,6 +559,8 @@ class Kit:
             argv += ["--max-items", str(max_items)]
         if shutdown_file is not None:
             argv += ["--shutdown-file", str(shutdown_file)]
+        for plugin in self.target.plugins:
+            argv += ["--plugin", plugin]
         log = self.tmp_path / f"worker-{len(self._processes) + 1}.log"
         process = WorkerProcess(argv, log)
         self._processes.append(process)

@@ -4,6 +4,7 @@
 
     python -m hermes.conformance._worker URL RECORD [--type T] [--max-items N]
                                          [--shutdown-file PATH] [--block]
+                                         [--plugin MODULE ...]
 
 It connects with ``hermes.core.connect(URL)`` and runs a :class:`Dispatcher`
 whose handler appends one line per message to the file ``RECORD``::
@@ -17,12 +18,15 @@ Status lines start with ``#``: ``#ready`` just before ``handle()`` is called,
 when it raised. With ``--block`` the handler writes its line and then sleeps
 forever: the line is the "started" marker after which the kit SIGKILLs it.
 
-Kept free of pytest so it starts fast.
+``--plugin MODULE`` registers a Hermes plugin that is not installed as an
+entry point (the kit passes on its own ``--hermes-plugin`` options). Kept
+free of pytest so it starts fast.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import sys
@@ -31,7 +35,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from hermes.core import Dispatcher, Message, SharedFileShutdown, connect, redact_url
+from hermes.core import (
+    Dispatcher,
+    Message,
+    SharedFileShutdown,
+    connect,
+    plugin_manager,
+    redact_url,
+)
 
 #: The message type the kit's workers handle unless told otherwise.
 JOB = "hermes.kit.job"
@@ -63,6 +74,15 @@ def read_records(path: Path) -> list[Record]:
         id_, pid, n = line.split("\t")
         records.append(Record(id_, int(pid), n))
     return records
+
+
+def register_plugins(modules: Sequence[str]) -> None:
+    """Import each module and register it as a Hermes plugin (once per process)."""
+    manager = plugin_manager()
+    for name in modules:
+        module = importlib.import_module(name)
+        if not manager.is_registered(module):
+            manager.register(module)
 
 
 class _RecordFile:
@@ -98,7 +118,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-items", type=int, default=0, help="return after N messages")
     parser.add_argument("--shutdown-file", help="stop when SharedFileShutdown(PATH) asks")
     parser.add_argument("--block", action="store_true", help="record, then sleep in the handler")
+    parser.add_argument(
+        "--plugin",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import MODULE and register it with hermes.core.plugin_manager() first",
+    )
     args = parser.parse_args(argv)
+    register_plugins(args.plugin)
 
     logging.basicConfig(
         level=logging.WARNING,

@@ -35,6 +35,7 @@ pytest.register_assert_rewrite(
 )
 
 from hermes.conformance import TIME_SCALE_ENV, _harness  # noqa: E402
+from hermes.conformance._worker import register_plugins  # noqa: E402
 from hermes.core import Driver, DriverUrl, available_drivers, redact_url  # noqa: E402
 
 _NO_URL = "--hermes-url not given"
@@ -50,6 +51,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="URL",
         help="run the Hermes conformance kit (pytest --pyargs hermes.conformance) "
         "against the driver for URL, e.g. redis://localhost:6379/0",
+    )
+    group.addoption(
+        "--hermes-plugin",
+        dest="hermes_plugins",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import MODULE and register it with hermes.core.plugin_manager(), here and in "
+        "the kit's worker processes: for a driver not installed as an entry point",
     )
 
 
@@ -70,6 +80,11 @@ def pytest_configure(config: pytest.Config) -> None:
         _harness.time_scale()
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
+    plugins = tuple(config.getoption("hermes_plugins"))
+    try:
+        register_plugins(plugins)
+    except ImportError as exc:
+        raise pytest.UsageError(f"--hermes-plugin: {exc}") from None
     scheme = DriverUrl.parse(url).scheme
     drivers = available_drivers()
     if not any(scheme in driver.schemes for driver in drivers):
@@ -78,7 +93,7 @@ def pytest_configure(config: pytest.Config) -> None:
             f"--hermes-url: no installed Hermes driver handles {scheme}:// "
             f"(installed: {installed}); install the driver's distribution first"
         )
-    session = KitSession(url)
+    session = KitSession(url, plugins)
     config.stash[_session_key] = session
     config.pluginmanager.register(session, "hermes-conformance-session")
 
@@ -105,8 +120,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 class KitSession:
     """Registered as a plugin only when ``--hermes-url`` is given: outcomes and the summary."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, plugins: tuple[str, ...]) -> None:
         self.url = url
+        #: ``--hermes-plugin`` modules, passed on to worker processes.
+        self.plugins = plugins
         #: The driver under test, once the first test reached it.
         self.target: _harness.Target | None = None
         #: nodeid -> outcome, in collection order.
@@ -238,7 +255,7 @@ def hermes_target(request: pytest.FixtureRequest) -> _harness.Target:
     if session is None:
         pytest.skip(_NO_URL)
     if session.target is None:
-        session.target = _harness.Target.probe(session.url)
+        session.target = _harness.Target.probe(session.url, session.plugins)
     return session.target
 
 

@@ -24,6 +24,7 @@ from hermes.conformance._harness import (
     TotalQueue,
     wait_for_progress,
     wait_quiet,
+    wait_until,
 )
 from hermes.core import SharedFileShutdown
 
@@ -70,6 +71,9 @@ def test_three_worker_processes_share_300_messages_without_loss_or_duplicates(
         pytest.skip("not verified: driver is in-process")
     stop_file = hermes_kit.tmp_path / "stop"
     processes = [hermes_kit.spawn_worker(shutdown_file=stop_file) for _ in range(_WORKERS)]
+    assert wait_until(lambda: all(hermes_kit.statuses(p.pid) for p in processes), WORKER_START_S), (
+        f"the worker processes did not start\n{hermes_kit.process_output()}"
+    )
     sent = [hermes_kit.emit(hermes_kit.message(n)).id for n in range(_MESSAGES)]
 
     def distinct() -> int:

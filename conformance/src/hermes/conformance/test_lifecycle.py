@@ -42,7 +42,8 @@ def test_a_worker_with_max_items_returns_after_that_many_messages(hermes_kit: Ki
     driver.set_max_process_items(_MAX_ITEMS)
     limited = hermes_kit.worker(driver=driver)
 
-    assert limited.join(DELIVERY_S), (
+    assert wait_until(lambda: len(ledger) >= _MAX_ITEMS, DELIVERY_S)
+    assert limited.join(SHUTDOWN_S), (
         f"handle() did not return after max items ({_MAX_ITEMS}); it handled {len(ledger)} messages"
     )
     limited.check()
@@ -65,7 +66,10 @@ def test_a_worker_process_with_max_items_exits_after_that_many_messages(hermes_k
         hermes_kit.emit(hermes_kit.message(n))
     process = hermes_kit.spawn_worker(max_items=_MAX_ITEMS)
 
-    code = process.wait_exit(WORKER_START_S + DELIVERY_S + STOP_S)
+    assert wait_until(
+        lambda: len(hermes_kit.records()) >= _MAX_ITEMS, WORKER_START_S + DELIVERY_S
+    ), f"the worker handled too little\n{hermes_kit.process_output()}"
+    code = process.wait_exit(STOP_S)
     assert code == 0, (
         f"the worker with max items {_MAX_ITEMS} did not exit by itself (exit code {code})\n"
         f"{hermes_kit.process_output()}"

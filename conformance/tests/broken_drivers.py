@@ -1,0 +1,487 @@
+"""Deliberately broken drivers: the conformance kit must fail every one of them.
+
+Loaded into the kit's runs with ``--hermes-plugin broken_drivers``; each has
+exactly one bug, named by its URL scheme.
+
+* ``<bug>://NAME``: a :class:`MemoryDriver` subclass (in-process).
+* ``<bug>+<inner URL>``: a wrapper around any installed driver that injects
+  the bug at the Driver interface. Over ``file://`` it reaches the kit's
+  worker-process tests, which an in-process driver cannot take.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from hermes.core import (
+    DEFAULT_PRIORITY,
+    BrokerUnavailableError,
+    Callback,
+    Delay,
+    Delivery,
+    Driver,
+    DriverPlugin,
+    DriverUrl,
+    MemoryDriver,
+    Message,
+    MessageSerializer,
+    NotSupportedError,
+    SerializeError,
+    Shutdown,
+    SupportsPurge,
+    SupportsRawSend,
+    connect,
+    hookimpl,
+    isolated_url,
+)
+
+# Memory subclasses ---------------------------------------------------------------
+
+
+class _BrokenMemory(MemoryDriver):
+    #: The URL scheme, which names the bug.
+    scheme = ""
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.scheme}://{self.name}>"
+
+
+class IgnoresExecuteAt(_BrokenMemory):
+    """Delivers at once while declaring delay=NATIVE."""
+
+    scheme = "ignores-delay"
+
+    def send(self, message: Message, priority: int = DEFAULT_PRIORITY) -> None:
+        self._put(self.serializer.serialize(message), priority, None)
+
+
+class ReadsInRegistrationOrder(_BrokenMemory):
+    """Reads priority queues in the order they were set up (PHP 4.x, issue #50)."""
+
+    scheme = "registration-order"
+
+    def check_priorities(self, known: Any, wanted: Sequence[int]) -> list[int]:
+        super().check_priorities(known, wanted)
+        return list(wanted) if wanted else list(known)
+
+
+class IgnoresRestriction(_BrokenMemory):
+    """``handle(priorities=[...])`` reads every queue anyway."""
+
+    scheme = "ignores-restriction"
+
+    def check_priorities(self, known: Any, wanted: Sequence[int]) -> list[int]:
+        return super().check_priorities(known, ())
+
+
+class AcceptsUnknownPriority(_BrokenMemory):
+    """Sends a message for a priority without a queue to the default queue."""
+
+    scheme = "accepts-unknown-priority"
+
+    def _put(self, data: str | bytes, priority: int, execute_at: float | None) -> None:
+        if priority not in self._broker.queues:
+            priority = DEFAULT_PRIORITY
+        super()._put(data, priority, execute_at)
+
+
+class DeclaresNoPriorities(_BrokenMemory):
+    """Declares priorities=False but sets priority queues up without complaint."""
+
+    scheme = "claims-no-priorities"
+    capabilities = replace(MemoryDriver.capabilities, priorities=False)
+
+
+class DeclaresIgnoredDelay(_BrokenMemory):
+    """Declares delay=IGNORED but holds delayed messages back."""
+
+    scheme = "claims-ignored-delay"
+    capabilities = replace(MemoryDriver.capabilities, delay=Delay.IGNORED)
+
+
+_twice_lock = threading.Lock()
+_waiting: dict[str, set[int]] = {}
+_handed_twice: set[str] = set()
+
+
+class HandsOneMessageToTwoConsumers(_BrokenMemory):
+    """While another consumer waits on the queue, gives it a copy of each handled message."""
+
+    scheme = "two-consumers"
+
+    def wait(self, callback: Callback, priorities: Sequence[int] = ()) -> None:
+        waiting = _waiting.setdefault(self.name, set())
+
+        def and_to_another(message: Message, priority: int) -> bool:
+            ok = callback(message, priority)
+            with _twice_lock:
+                again = len(waiting) > 1 and message.id not in _handed_twice
+                _handed_twice.add(message.id)
+            if again:
+                self._put(self.serializer.serialize(message), priority, None)
+            return ok
+
+        with _twice_lock:
+            waiting.add(id(self))
+        try:
+            super().wait(and_to_another, priorities)
+        finally:
+            with _twice_lock:
+                waiting.discard(id(self))
+
+
+_redelivered: set[str] = set()
+
+
+class ForgetsAcks(_BrokenMemory):
+    """Puts a handled message back on its queue once (an ack that never reached the broker)."""
+
+    scheme = "forgets-acks"
+
+    def wait(self, callback: Callback, priorities: Sequence[int] = ()) -> None:
+        def and_again(message: Message, priority: int) -> bool:
+            ok = callback(message, priority)
+            if message.id not in _redelivered:
+                _redelivered.add(message.id)
+                self._put(self.serializer.serialize(message), priority, None)
+            return ok
+
+        super().wait(and_again, priorities)
+
+
+class DropsRetries(_BrokenMemory):
+    """Loses the ``retries`` field on the way to the broker."""
+
+    scheme = "drops-retries"
+
+    def send(self, message: Message, priority: int = DEFAULT_PRIORITY) -> None:
+        super().send(message.replace(retries=0), priority)
+
+
+class _RaisesKeyError:
+    def __init__(self) -> None:
+        self.inner = MessageSerializer()
+
+    def serialize(self, message: Message) -> str:
+        return self.inner.serialize(message)
+
+    def unserialize(self, data: str | bytes) -> Message:
+        try:
+            return self.inner.unserialize(data)
+        except SerializeError as exc:
+            raise KeyError("message") from exc
+
+
+class CrashesOnPoison(_BrokenMemory):
+    """A body that is not a message raises out of wait(): the worker dies."""
+
+    scheme = "crashes-on-poison"
+
+    def __init__(self, name: str = "default") -> None:
+        super().__init__(name)
+        self.serializer = _RaisesKeyError()
+
+
+class TruncatesLargeBodies(_BrokenMemory):
+    """Cuts bodies at 64 KiB while declaring 16 MiB."""
+
+    scheme = "truncates-large"
+
+    def _put(self, data: str | bytes, priority: int, execute_at: float | None) -> None:
+        super()._put(data[: 64 * 1024], priority, execute_at)
+
+
+class WritesBeforeSerializing(_BrokenMemory):
+    """Puts a best-effort body on the broker, then finds out the payload cannot be encoded."""
+
+    scheme = "writes-before-serializing"
+
+    def send(self, message: Message, priority: int = DEFAULT_PRIORITY) -> None:
+        body = {
+            "message": {
+                "id": message.id,
+                "type": message.type,
+                "created": message.created,
+                "payload": message.payload,
+                "execute_at": message.execute_at,
+                "retries": message.retries,
+            }
+        }
+        self._put(json.dumps(body, default=repr), priority, message.execute_at)
+        self.serializer.serialize(message)
+
+
+class ThreadUnsafeSend(_BrokenMemory):
+    """``send()`` updates the queue without a lock, like an unguarded client connection."""
+
+    scheme = "thread-unsafe"
+
+    def _put(self, data: str | bytes, priority: int, execute_at: float | None) -> None:
+        queue = self._broker.queues[priority]
+        items = list(queue)
+        time.sleep(0.0005)  # another thread's send() lands here and is overwritten
+        items.append(data)
+        queue.clear()
+        queue.extend(items)
+        with self._broker.condition:
+            self._broker.condition.notify_all()
+
+
+class SharesItsConnectionAcrossFork(_BrokenMemory):
+    """Keeps using the connection the parent opened: fails in a forked child."""
+
+    scheme = "fork-unsafe"
+
+    def __init__(self, name: str = "default") -> None:
+        super().__init__(name)
+        self._owner = os.getpid()
+
+    def _connection(self) -> None:
+        if os.getpid() != self._owner:
+            raise BrokerUnavailableError(
+                f"{self!r}: the connection belongs to process {self._owner}, not {os.getpid()}"
+            )
+
+    def send(self, message: Message, priority: int = DEFAULT_PRIORITY) -> None:
+        self._connection()
+        super().send(message, priority)
+
+    def wait(self, callback: Callback, priorities: Sequence[int] = ()) -> None:
+        self._connection()
+        super().wait(callback, priorities)
+
+
+_MEMORY_VARIANTS: list[type[_BrokenMemory]] = [
+    IgnoresExecuteAt,
+    ReadsInRegistrationOrder,
+    IgnoresRestriction,
+    AcceptsUnknownPriority,
+    DeclaresNoPriorities,
+    DeclaresIgnoredDelay,
+    HandsOneMessageToTwoConsumers,
+    ForgetsAcks,
+    DropsRetries,
+    CrashesOnPoison,
+    TruncatesLargeBodies,
+    WritesBeforeSerializing,
+    ThreadUnsafeSend,
+    SharesItsConnectionAcrossFork,
+]
+
+
+# Wrappers around any driver ------------------------------------------------------
+
+
+class _Wrapper(Driver):
+    """Delegates everything to ``inner``; subclasses break one thing."""
+
+    bug = ""
+
+    def __init__(self, inner: Driver) -> None:
+        super().__init__()
+        self.inner = inner
+        self.capabilities = inner.capabilities
+
+    @classmethod
+    def build(cls, inner: Driver, url: str) -> _Wrapper:
+        return cls(inner)
+
+    def send(self, message: Message, priority: int = DEFAULT_PRIORITY) -> None:
+        self.inner.send(message, priority)
+
+    def send_raw(self, body: bytes, priority: int = DEFAULT_PRIORITY) -> None:
+        if not isinstance(self.inner, SupportsRawSend):
+            raise NotSupportedError(f"{self.inner!r} has no send_raw")
+        self.inner.send_raw(body, priority)
+
+    def setup_priority_queue(self, name: str, priority: int) -> None:
+        self.inner.setup_priority_queue(name, priority)
+
+    def wait(self, callback: Callback, priorities: Sequence[int] = ()) -> None:
+        self.inner.start_time = self.start_time
+        self.inner.wait(callback, priorities)
+
+    def set_max_process_items(self, count: int) -> None:
+        super().set_max_process_items(count)
+        self.inner.set_max_process_items(count)
+
+    def set_shutdown(self, shutdown: Shutdown | None) -> None:
+        super().set_shutdown(shutdown)
+        self.inner.set_shutdown(shutdown)
+
+    def purge(self) -> None:
+        if isinstance(self.inner, SupportsPurge):
+            self.inner.purge()
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.bug}+{self.inner!r}>"
+
+
+class AcksBeforeTheCallback(_Wrapper):
+    """Takes each message off the broker, and only then calls the callback."""
+
+    bug = "early-ack"
+
+    def wait(self, callback: Callback, priorities: Sequence[int] = ()) -> None:
+        taken: list[tuple[Message, int]] = []
+
+        def take(message: Message, priority: int) -> bool:
+            taken.append((message, priority))
+            return True  # the inner driver acks now
+
+        self.inner.set_shutdown(self.shutdown)
+        self.inner.start_time = self.start_time
+        while not self.should_stop():
+            self.inner.set_max_process_items(self.inner.processed_items + 1)
+            self.inner.wait(take, priorities)
+            while taken:
+                callback(*taken.pop(0))
+                self.processed_items += 1
+
+
+class DeclaresAtMostOnce(_Wrapper):
+    """Declares AT_MOST_ONCE over a driver that delivers again."""
+
+    bug = "claims-at-most-once"
+
+    def __init__(self, inner: Driver) -> None:
+        super().__init__(inner)
+        self.capabilities = replace(inner.capabilities, delivery=Delivery.AT_MOST_ONCE)
+
+
+class IgnoresMaxItems(_Wrapper):
+    """Never passes max items on: ``wait()`` does not return after n messages."""
+
+    bug = "ignores-max-items"
+
+    def set_max_process_items(self, count: int) -> None:
+        Driver.set_max_process_items(self, count)
+
+
+class _Late:
+    """A shutdown that is noticed only some seconds after it was asked for."""
+
+    def __init__(self, shutdown: Shutdown, late_s: float) -> None:
+        self.shutdown_ = shutdown
+        self.late_s = late_s
+        self.asked: float | None = None
+
+    def should_shutdown(self, start_time: float) -> bool:
+        if self.asked is None and self.shutdown_.should_shutdown(start_time):
+            self.asked = time.monotonic()
+        return self.asked is not None and time.monotonic() - self.asked >= self.late_s
+
+    def shutdown(self, at: float | None = None) -> bool:
+        return self.shutdown_.shutdown(at)
+
+
+class SlowShutdown(_Wrapper):
+    """Notices a shutdown request 5 s late (an idle wait that sleeps too long)."""
+
+    bug = "slow-shutdown"
+
+    def set_shutdown(self, shutdown: Shutdown | None) -> None:
+        Driver.set_shutdown(self, shutdown)
+        self.inner.set_shutdown(_Late(shutdown, 5.0) if shutdown is not None else None)
+
+
+def _first_time(key: str, message_id: str) -> bool:
+    """True once per (key, message id), across processes."""
+    base = os.environ.get("BROKEN_DRIVERS_DIR") or tempfile.gettempdir()
+    directory = os.path.join(base, "hermes-kit-fan-out", key)
+    os.makedirs(directory, exist_ok=True)
+    try:
+        os.close(os.open(os.path.join(directory, message_id), os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        return False
+    return True
+
+
+class DeliversEachMessageTwice(_Wrapper):
+    """After a message is handled, puts a copy back for the next consumer to take."""
+
+    bug = "fan-out"
+
+    def __init__(self, inner: Driver, url: str) -> None:
+        super().__init__(inner)
+        self.key = hashlib.sha1(url.encode()).hexdigest()[:16]
+
+    @classmethod
+    def build(cls, inner: Driver, url: str) -> _Wrapper:
+        return cls(inner, url)
+
+    def wait(self, callback: Callback, priorities: Sequence[int] = ()) -> None:
+        def and_again(message: Message, priority: int) -> bool:
+            ok = callback(message, priority)
+            if _first_time(self.key, message.id):
+                self.inner.send(message, priority)
+            return ok
+
+        self.inner.start_time = self.start_time
+        self.inner.wait(and_again, priorities)
+
+
+_WRAPPERS: list[type[_Wrapper]] = [
+    AcksBeforeTheCallback,
+    DeclaresAtMostOnce,
+    IgnoresMaxItems,
+    SlowShutdown,
+    DeliversEachMessageTwice,
+]
+_INNER_SCHEMES = ("memory", "file")
+
+
+def _inner_url(url: DriverUrl) -> str:
+    return url.raw.split("+", 1)[1]
+
+
+@hookimpl
+def hermes_drivers() -> list[DriverPlugin]:
+    drivers = [
+        DriverPlugin(
+            name=f"broken-{cls.scheme}",
+            schemes=(cls.scheme,),
+            factory=lambda url, cls=cls, **options: cls(url.host or url.path or "default"),
+            capabilities=cls.capabilities,
+            isolate=lambda url, namespace: f"{url.scheme}://{namespace}",
+        )
+        for cls in _MEMORY_VARIANTS
+    ]
+    for wrapper in _WRAPPERS:
+        drivers.append(
+            DriverPlugin(
+                name=f"broken-{wrapper.bug}",
+                schemes=tuple(f"{wrapper.bug}+{inner}" for inner in _INNER_SCHEMES),
+                factory=lambda url, wrapper=wrapper, **options: wrapper.build(
+                    connect(_inner_url(url)), _inner_url(url)
+                ),
+                capabilities=MemoryDriver.capabilities,
+                isolate=lambda url, namespace, bug=wrapper.bug: (
+                    f"{bug}+{isolated_url(_inner_url(url), namespace)}"
+                ),
+            )
+        )
+    return drivers
+
+
+def describe(scheme: str) -> str:
+    """The bug a scheme names (the class docstring), for the self-test's messages."""
+    bug = scheme.split("+", 1)[0]
+    for cls in _MEMORY_VARIANTS:
+        if cls.scheme == bug:
+            return (cls.__doc__ or "").strip()
+    for wrapper in _WRAPPERS:
+        if wrapper.bug == bug:
+            return (wrapper.__doc__ or "").strip()
+    raise KeyError(f"no broken driver has the scheme {scheme!r}")

@@ -1,0 +1,142 @@
+"""Runs the conformance kit in a pytest process of its own, the way its users run it."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+TESTS_DIR = Path(__file__).resolve().parent
+
+#: The inner run's configuration: as strict as this repository's.
+_INNER_INI = """\
+[pytest]
+filterwarnings = error
+xfail_strict = true
+addopts = --strict-markers
+"""
+
+
+@dataclass
+class KitRun:
+    """One inner pytest run: its exit code, output and per-test outcome."""
+
+    argv: list[str]
+    returncode: int
+    output: str
+    duration_s: float
+    #: test function name -> passed | failed | error | skipped | xfailed | xpassed
+    outcomes: dict[str, str] = field(default_factory=dict)
+    #: test function name -> skip reason
+    reasons: dict[str, str] = field(default_factory=dict)
+
+    def with_outcome(self, outcome: str) -> list[str]:
+        return sorted(name for name, got in self.outcomes.items() if got == outcome)
+
+    def describe(self) -> str:
+        return f"$ {' '.join(self.argv)}\n(exit {self.returncode})\n{self.output[-6000:]}"
+
+
+def _read_outcomes(path: Path) -> tuple[dict[str, str], dict[str, str]]:
+    outcomes: dict[str, str] = {}
+    reasons: dict[str, str] = {}
+    if not path.exists():
+        return outcomes, reasons
+    for line in path.read_text(encoding="utf-8").splitlines():
+        record = json.loads(line)
+        name, when, outcome = record["test"], record["when"], record["outcome"]
+        if outcomes.get(name) in ("failed", "error"):
+            continue
+        if outcome == "failed":
+            outcomes[name] = "failed" if when == "call" else "error"
+        elif record["xfail"]:
+            outcomes[name] = "xfailed" if outcome == "skipped" else "xpassed"
+        elif outcome == "skipped":
+            outcomes[name] = "skipped"
+            reasons[name] = record["reason"]
+        elif when == "call":
+            outcomes[name] = "passed"
+    return outcomes, reasons
+
+
+def run_pytest(
+    workdir: Path, *args: str, scale: float = 1.0, module: str = "pytest", timeout_s: float = 900
+) -> KitRun:
+    """``python -m <module> -p kit_outcomes <args>`` in ``workdir``, with the broken drivers."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "pytest.ini").write_text(_INNER_INI)
+    outcomes_file = workdir / "outcomes.jsonl"
+    outcomes_file.unlink(missing_ok=True)
+    outer_scale = float(os.environ.get("HERMES_KIT_TIME_SCALE") or 1.0)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS_DIR), os.environ.get("PYTHONPATH")])),
+        "KIT_OUTCOMES_FILE": str(outcomes_file),
+        "BROKEN_DRIVERS_DIR": str(workdir),
+        "HERMES_KIT_TIME_SCALE": str(outer_scale * scale),
+        "PYTEST_ADDOPTS": "",
+    }
+    plugins = ["-p", "no:cacheprovider", "-p", "kit_outcomes"]
+    if module == "pytest":
+        argv = [sys.executable, "-m", "pytest", *plugins, *args]
+    else:  # python -m hermes.conformance URL [pytest args]
+        argv = [sys.executable, "-m", module, args[0], *plugins, *args[1:]]
+    started = time.monotonic()
+    done = subprocess.run(
+        argv, cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout_s
+    )
+    outcomes, reasons = _read_outcomes(outcomes_file)
+    return KitRun(
+        argv=argv[1:],
+        returncode=done.returncode,
+        output=done.stdout + done.stderr,
+        duration_s=time.monotonic() - started,
+        outcomes=outcomes,
+        reasons=reasons,
+    )
+
+
+def kit_args(url: str, *args: str) -> list[str]:
+    """The one command: the kit on ``url``, with the broken drivers registered."""
+    return [
+        "--pyargs",
+        "hermes.conformance",
+        "--hermes-url",
+        url,
+        "--hermes-plugin",
+        "broken_drivers",
+        *args,
+    ]
+
+
+class KitRunner:
+    """Runs pytest (or ``python -m hermes.conformance``) in fresh directories."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self._numbers = itertools.count(1)
+
+    def run(
+        self,
+        *args: str,
+        scale: float = 1.0,
+        module: str = "pytest",
+        files: dict[str, str] | None = None,
+    ) -> KitRun:
+        workdir = self.base / f"run-{next(self._numbers)}"
+        workdir.mkdir(parents=True)
+        for name, text in (files or {}).items():
+            (workdir / name).write_text(text)
+        return run_pytest(workdir, *args, scale=scale, module=module)
+
+
+@pytest.fixture(scope="session")
+def kit_runner(tmp_path_factory: pytest.TempPathFactory) -> KitRunner:
+    return KitRunner(tmp_path_factory.mktemp("kit-runs"))

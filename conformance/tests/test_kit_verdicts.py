@@ -1,0 +1,210 @@
+"""The kit's teeth: green on the memory driver, red on each deliberately broken driver.
+
+Every run is a pytest process of its own (``python -m pytest --pyargs
+hermes.conformance --hermes-url URL``), started together up front, three at a
+time. A broken driver runs only the kit tests that must catch its bug (with
+deadlines halved, ``HERMES_KIT_TIME_SCALE=0.5``, since those tests fail by
+waiting out a deadline); each must fail, and for the reason named here.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from hermes import conformance
+
+# The kit's tests, by the names the table below uses.
+ROUND_TRIP = "test_every_message_field_survives_the_broker"
+LARGE = "test_a_message_as_large_as_the_declared_maximum_survives"
+UNENCODABLE = "test_an_unencodable_payload_raises_serialize_error_and_reaches_no_broker"
+CRASH = "test_a_message_whose_worker_crashed_mid_handler_follows_the_declared_delivery"
+SIGKILL = "test_a_message_whose_worker_was_sigkilled_mid_handler_follows_the_declared_delivery"
+HANDLED = "test_a_handled_message_is_never_delivered_again"
+DELAY = "test_a_message_due_later_follows_the_declared_delay"
+DELAY_ORDER = "test_delayed_messages_come_out_in_execute_at_order_after_due_ones"
+PRIORITY_SETUP = "test_setting_up_a_priority_queue_follows_the_declared_capability"
+UNKNOWN_PRIORITY = "test_sending_to_a_priority_without_a_queue_raises_unknown_priority_error"
+PRIORITY_ORDER = "test_messages_sent_before_the_worker_starts_come_out_highest_priority_first"
+RESTRICTED = "test_a_worker_restricted_to_some_priorities_takes_only_those"
+THREADS = "test_three_worker_threads_share_300_messages_without_loss_or_duplicates"
+PROCESSES = "test_three_worker_processes_share_300_messages_without_loss_or_duplicates"
+RETRY_HELD = "test_a_failed_retryable_handler_puts_a_copy_on_the_broker_held_back_by_its_backoff"
+RETRY_BACK = "test_the_retry_copy_comes_back_with_retries_plus_one_and_the_same_id"
+MAX_ITEMS = "test_a_worker_with_max_items_returns_after_that_many_messages"
+MAX_ITEMS_PROCESS = "test_a_worker_process_with_max_items_exits_after_that_many_messages"
+SHUTDOWN = "test_shared_file_shutdown_stops_an_idle_worker_within_two_seconds"
+SHUTDOWN_PROCESS = "test_shared_file_shutdown_stops_an_idle_worker_process_within_two_seconds"
+POISON = "test_a_body_that_is_not_a_message_is_set_aside_and_the_worker_keeps_going"
+CONCURRENT_SEND = (
+    "test_eight_threads_sharing_one_driver_emit_800_messages_delivered_exactly_as_sent"
+)
+FORK = "test_a_driver_used_before_fork_emits_and_consumes_in_the_child"
+
+#: URL (``{dir}``: a fresh queue directory) -> (kit tests that must fail, text the output shows).
+BROKEN = {
+    "early-ack+memory://x": ([CRASH], "was not delivered again"),
+    "claims-at-most-once+memory://x": ([CRASH], "AT_MOST_ONCE: the message of a crashed worker"),
+    "forgets-acks://x": ([HANDLED], "whose handler returned True was delivered again"),
+    "ignores-delay://x": (
+        [DELAY, DELAY_ORDER, RETRY_HELD, RETRY_BACK],
+        "before its execute_at",
+    ),
+    "claims-ignored-delay://x": ([DELAY, DELAY_ORDER], "delay=IGNORED: a message due in"),
+    "claims-no-priorities://x": ([PRIORITY_SETUP], "DID NOT RAISE"),
+    "accepts-unknown-priority://x": ([UNKNOWN_PRIORITY], "DID NOT RAISE"),
+    "registration-order://x": ([PRIORITY_ORDER], "not read highest priority first"),
+    "ignores-restriction://x": ([RESTRICTED], "a worker restricted to [300, 200] took"),
+    "two-consumers://x": ([THREADS], "went to more than one worker"),
+    "drops-retries://x": ([ROUND_TRIP, RETRY_BACK], "the retry copy did not come back"),
+    "truncates-large://x": ([LARGE], "a message of exactly max_message_bytes"),
+    "writes-before-serializing://x": ([UNENCODABLE], "these reached the broker"),
+    "crashes-on-poison://x": ([POISON], "KeyError"),
+    "thread-unsafe://x": ([CONCURRENT_SEND], "lost="),
+    "fork-unsafe://x": ([FORK], "the connection belongs to process"),
+    "ignores-max-items+memory://x": ([MAX_ITEMS], "did not return after max items"),
+    "slow-shutdown+memory://x": ([SHUTDOWN], "after SharedFileShutdown asked"),
+    # Over the filesystem driver: the tests that need worker processes.
+    "early-ack+file://{dir}": ([SIGKILL], "the message of a SIGKILLed worker was not delivered"),
+    "claims-at-most-once+file://{dir}": ([SIGKILL], "AT_MOST_ONCE: the message of a SIGKILLed"),
+    "fan-out+file://{dir}": ([PROCESSES], "went to more than one worker"),
+    "ignores-max-items+file://{dir}": ([MAX_ITEMS_PROCESS], "did not exit by itself"),
+    "slow-shutdown+file://{dir}": ([SHUTDOWN_PROCESS], "after SharedFileShutdown asked"),
+}
+
+_HAS_FILESYSTEM = importlib.util.find_spec("hermes.drivers.filesystem") is not None
+_IN_PROCESS_ONLY = {SIGKILL, PROCESSES, MAX_ITEMS_PROCESS, SHUTDOWN_PROCESS}
+
+
+def _load_broken_drivers() -> ModuleType:
+    path = Path(__file__).with_name("broken_drivers.py")
+    spec = importlib.util.spec_from_file_location("broken_drivers", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+broken_drivers = _load_broken_drivers()
+
+
+@dataclass(frozen=True)
+class KitTest:
+    module: str
+    required: bool
+
+
+def _kit_tests() -> dict[str, KitTest]:
+    """Every test function of the kit, with its module and whether it is required."""
+    tests = {}
+    for path in sorted(Path(conformance.__file__).parent.glob("test_*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
+                marks = [ast.unparse(decorator) for decorator in node.decorator_list]
+                provisional = any("hermes_provisional" in mark for mark in marks)
+                tests[node.name] = KitTest(f"hermes.conformance.{path.stem}", not provisional)
+    return tests
+
+
+def _kit_args(url: str, *args: str, modules: Sequence[str] = ("hermes.conformance",)) -> list[str]:
+    return [
+        "--pyargs",
+        *modules,
+        "--hermes-url",
+        url,
+        "--hermes-plugin",
+        "broken_drivers",
+        *args,
+    ]
+
+
+def _only(url: str, tests: Sequence[str]) -> list[str]:
+    """The kit on ``url``, running just ``tests`` (their modules only: it starts faster)."""
+    kit = _kit_tests()
+    modules = sorted({kit[name].module for name in tests})
+    return _kit_args(url, "-k", " or ".join(tests), modules=modules)
+
+
+@pytest.fixture(scope="module")
+def verdicts(
+    kit_runner: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Future[Any]]]:
+    """Every run of this module, started at once (six at a time); keyed by BROKEN's URLs.
+
+    Broken drivers run with deadlines scaled down (they fail by waiting one
+    out): 0.3 in memory, 0.5 over file:// where worker processes must start.
+    """
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        runs = {"memory": pool.submit(kit_runner.run, *_kit_args("memory://selftest"))}
+        for url, (must_fail, _) in BROKEN.items():
+            real_url, scale = url, 0.3
+            if "{dir}" in url:
+                if not _HAS_FILESYSTEM:
+                    continue
+                real_url = url.format(dir=tmp_path_factory.mktemp("queue")) + "?fsync=false"
+                scale = 0.5
+            runs[url] = pool.submit(kit_runner.run, *_only(real_url, must_fail), scale=scale)
+        yield runs
+        for future in runs.values():
+            future.cancel()
+    for url, future in runs.items():
+        if future.done() and not future.cancelled() and future.exception() is None:
+            print(f"{future.result().duration_s:6.1f} s  {url}")
+
+
+def test_the_kit_passes_on_the_memory_driver_and_says_what_it_could_not_verify(
+    verdicts: dict[str, Future[Any]], record_property: Any
+) -> None:
+    run = verdicts["memory"].result()
+    record_property("kit_on_memory_s", round(run.duration_s, 1))
+
+    assert run.returncode == 0, run.describe()
+    assert run.with_outcome("failed") + run.with_outcome("error") == [], run.describe()
+    skipped = {name: run.reasons[name] for name in run.with_outcome("skipped")}
+    assert skipped == dict.fromkeys(_IN_PROCESS_ONLY, "not verified: driver is in-process")
+    assert set(run.with_outcome("passed")) == set(_kit_tests()) - _IN_PROCESS_ONLY
+    assert (
+        "delivery AT_LEAST_ONCE: handler crash (in-process): delivered again verified; "
+        "SIGKILL mid-handler not verified: driver is in-process" in run.output
+    ), run.describe()
+    assert "19 verified, 4 not verified, 0 not applicable, 0 failed" in run.output
+
+
+@pytest.mark.parametrize("url", list(BROKEN))
+def test_each_broken_driver_fails_the_kit_tests_that_catch_its_bug(
+    verdicts: dict[str, Future[Any]], url: str
+) -> None:
+    if url not in verdicts:
+        pytest.skip("needs hermes-filesystem: the worker-process tests run over file://")
+    must_fail, reason = BROKEN[url]
+    bug = broken_drivers.describe(url.split(":")[0])
+
+    run = verdicts[url].result()
+
+    assert run.with_outcome("failed") == sorted(must_fail), f"bug: {bug}\n{run.describe()}"
+    assert reason in run.output, f"bug: {bug}; expected {reason!r}\n{run.describe()}"
+
+
+def test_every_required_kit_test_fails_on_some_broken_driver() -> None:
+    caught = {test for must_fail, _ in BROKEN.values() for test in must_fail}
+    required = {name for name, test in _kit_tests().items() if test.required}
+
+    assert required - caught == set(), "no broken driver makes these fail"
+    assert caught - set(_kit_tests()) == set(), "the table names tests the kit does not have"
+
+
+def test_a_failing_kit_assertion_shows_the_values_it_compared(
+    verdicts: dict[str, Future[Any]],
+) -> None:
+    run = verdicts["registration-order://x"].result()
+
+    assert "E       AssertionError: not read highest priority first" in run.output, run.describe()
+    assert "At index 0 diff: 100 != 300" in run.output, run.describe()
