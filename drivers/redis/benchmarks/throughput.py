@@ -32,8 +32,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     n = args.messages
-    key = f"hermes-bench-throughput-{os.getpid()}"
-    url = isolated_url(args.url, key)
+    url = isolated_url(args.url, f"hermes-bench-throughput-{os.getpid()}")
+    probe = connect(url)
+    assert isinstance(probe, RedisSetDriver)
+    key = probe.key
     client = redis.Redis.from_url(args.url)
     serializer = MessageSerializer()
 

@@ -11,7 +11,7 @@ import redis
 
 from hermes.core import Message
 from hermes.drivers.redis import RedisSetDriver, RedisShutdown, wake_key
-from hermes.drivers.redis._scripts import MOVE_DUE, on_client
+from hermes.drivers.redis._scripts import MOVE_DUE, on_pool
 
 
 def test_the_move_takes_only_due_messages_and_reports_the_next_due_time(client, namespace):
@@ -19,7 +19,7 @@ def test_the_move_takes_only_due_messages_and_reports_the_next_due_time(client, 
     now = time.time()
     client.zadd(schedule, {"due-1": now - 2, "due-2": now - 1, "later": now + 60})
     moved, first = MOVE_DUE(
-        on_client(client), (schedule, namespace, wake_key(namespace)), (repr(now), 1000, 32)
+        on_pool(client), (schedule, namespace, wake_key(namespace)), (repr(now), 1000, 32)
     )
     assert moved == 2
     assert float(first) == now + 60
@@ -33,7 +33,7 @@ def test_the_move_stops_at_its_limit_and_leaves_the_rest_scheduled(client, names
     now = time.time()
     client.zadd(schedule, {f"m{i}": now - 10 + i / 100 for i in range(10)})
     moved, first = MOVE_DUE(
-        on_client(client), (schedule, namespace, wake_key(namespace)), (repr(now), 4, 32)
+        on_pool(client), (schedule, namespace, wake_key(namespace)), (repr(now), 4, 32)
     )
     assert moved == 4
     assert client.smembers(namespace) == {b"m0", b"m1", b"m2", b"m3"}

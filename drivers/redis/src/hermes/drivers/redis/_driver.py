@@ -153,7 +153,7 @@ class RedisSetDriver(Driver):
         self.schedule_key = prefix + schedule_key
         self.refresh_interval = float(refresh_interval)
         self._close_client = close_client
-        self._execute = _scripts.on_client(client)
+        self._execute = _scripts.on_pool(client)
         #: priority -> set key
         self._queues: dict[int, str] = {DEFAULT_PRIORITY: self.key}
         self._idle_wait_s = min(self.refresh_interval, MAX_IDLE_WAIT_S)
