@@ -103,8 +103,9 @@ class RedisSetDriver(Driver):
     The driver works across ``fork()`` (redis-py's pool opens new connections
     in the child) and ``send`` is thread-safe (``redis.Redis`` is). One
     ``wait()`` at a time per driver object. When Redis goes away, ``wait``
-    logs it and reconnects with backoff; ``send`` raises
-    :class:`BrokerUnavailableError`. ``close_client=True`` makes :meth:`close`
+    logs it and reconnects with backoff; ``send`` tries once more on a fresh
+    connection, then raises :class:`BrokerUnavailableError` (other failures:
+    :class:`DeliveryError`), so a message is never lost silently. ``close_client=True`` makes :meth:`close`
     close ``client`` (the URL factory does this for the client it builds).
     """
 

@@ -19,9 +19,9 @@ _CLIENT_OPTIONS = ("socket_connect_timeout", *_TLS_OPTIONS)
 def build_client(url: DriverUrl) -> redis.Redis[Any]:
     """The redis-py client for ``url``: host, port, database, credentials, TLS.
 
-    A command that hits a dropped connection is retried 3 times within about
-    half a second (``send`` is idempotent: re-adding the same body to a set is
-    a no-op), then the error reaches the caller.
+    Its own commands (``purge``, ``RedisShutdown``) are retried 3 times within
+    about half a second after a dropped connection; ``send`` and ``wait``
+    handle connections themselves (see :class:`RedisSetDriver`).
     """
     if url.path and not url.path.isdigit():
         raise ConfigurationError(
