@@ -105,8 +105,9 @@ class RedisSetDriver(Driver):
     ``wait()`` at a time per driver object. When Redis goes away, ``wait``
     logs it and reconnects with backoff; ``send`` tries once more on a fresh
     connection, then raises :class:`BrokerUnavailableError` (other failures:
-    :class:`DeliveryError`), so a message is never lost silently. ``close_client=True`` makes :meth:`close`
-    close ``client`` (the URL factory does this for the client it builds).
+    :class:`DeliveryError`), so a message is never lost silently.
+    ``close_client=True`` makes :meth:`close` close ``client`` (the URL
+    factory does this for the client it builds).
     """
 
     capabilities = Capabilities(
