@@ -13,7 +13,9 @@ row. ``conformance/README.md`` is the driver author's manual.
 This package imports nothing on purpose: the worker subprocess
 (``python -m hermes.conformance._worker``) must start fast, and pytest
 rewrites the kit's asserts only if the plugin registers them before they are
-imported.
+imported. It has no asserts of its own, and says so to pytest, which would
+otherwise warn when ``python -m hermes.conformance`` imported it first:
+PYTEST_DONT_REWRITE
 """
 
 #: Environment variable: a factor (default 1.0) applied to every deadline of the kit.

@@ -154,7 +154,10 @@ class KitSession:
             elif report.when == "call":
                 outcome.status = "verified"
         elif report.failed:
-            outcome.status = "failed" if report.when == "call" else f"failed in {report.when}"
+            crash = getattr(getattr(report.longrepr, "reprcrash", None), "message", "")
+            why = crash.strip().splitlines()[0][:120] if crash.strip() else "see above"
+            where = "" if report.when == "call" else f" in {report.when}"
+            outcome.status = f"failed{where} ({why})"
         elif report.skipped:
             longrepr = report.longrepr
             reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)

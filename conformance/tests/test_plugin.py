@@ -1,0 +1,127 @@
+"""The pytest plugin: inert without --hermes-url, clear about bad input, honest in its summary."""
+
+from __future__ import annotations
+
+from typing import Any
+
+UNRELATED_TESTS = """
+def test_something_else(tmp_path):
+    assert tmp_path.exists()
+"""
+
+PROVISIONAL_TESTS = """
+import pytest
+
+
+@pytest.mark.hermes_check("retry", "a check new in this release")
+@pytest.mark.hermes_provisional(reason="new in 6.1")
+def test_a_new_check_the_driver_does_not_pass_yet(hermes_kit):
+    assert hermes_kit.capabilities.priorities is False
+
+
+@pytest.mark.hermes_check("retry", "a provisional check the driver passes")
+@pytest.mark.hermes_provisional(reason="new in 6.1")
+def test_a_new_check_the_driver_passes(hermes_driver):
+    assert hermes_driver.capabilities.priorities is True
+"""
+
+
+def test_without_hermes_url_every_kit_test_skips_and_says_why(kit_runner: Any) -> None:
+    run = kit_runner.run("--pyargs", "hermes.conformance")
+
+    assert run.returncode == 0, run.describe()
+    assert run.outcomes and set(run.outcomes.values()) == {"skipped"}, run.describe()
+    assert set(run.reasons.values()) == {"--hermes-url not given"}
+    assert "hermes conformance summary" not in run.output
+
+
+def test_the_plugin_leaves_an_unrelated_test_run_alone(kit_runner: Any) -> None:
+    run = kit_runner.run("test_unrelated.py", files={"test_unrelated.py": UNRELATED_TESTS})
+
+    assert run.returncode == 0, run.describe()
+    assert run.outcomes == {"test_something_else": "passed"}
+    assert "hermes conformance summary" not in run.output
+    assert "warning" not in run.output.lower()
+
+
+def test_a_failing_provisional_test_is_a_warning_not_a_failure(kit_runner: Any) -> None:
+    run = kit_runner.run(
+        "test_new_checks.py",
+        "--hermes-url",
+        "memory://selftest",
+        files={"test_new_checks.py": PROVISIONAL_TESTS},
+    )
+
+    assert run.returncode == 0, run.describe()
+    assert run.outcomes == {
+        "test_a_new_check_the_driver_does_not_pass_yet": "xfailed",
+        "test_a_new_check_the_driver_passes": "xpassed",
+    }, run.describe()
+    assert (
+        "retry: a check new in this release provisional failure (warning); "
+        "a provisional check the driver passes verified" in run.output
+    ), run.describe()
+    assert "WARNING: provisional checks failed" in run.output
+
+
+def test_python_m_hermes_conformance_runs_the_kit_on_a_url(kit_runner: Any) -> None:
+    run = kit_runner.run("memory://selftest", "-k", "unknown_priority", module="hermes.conformance")
+
+    assert run.returncode == 0, run.describe()
+    assert run.outcomes == {
+        "test_sending_to_a_priority_without_a_queue_raises_unknown_priority_error": "passed"
+    }
+    assert "unknown priority raises UnknownPriorityError verified" in run.output
+
+
+def test_a_url_no_installed_driver_handles_stops_the_run_naming_the_installed_ones(
+    kit_runner: Any,
+) -> None:
+    run = kit_runner.run("--pyargs", "hermes.conformance", "--hermes-url", "nope://host/queue")
+
+    assert run.returncode == 4, run.describe()  # pytest's usage error
+    assert "--hermes-url: no installed Hermes driver handles nope://" in run.output
+    assert "memory://" in run.output
+
+
+def test_a_bad_time_scale_stops_the_run_saying_what_is_expected(kit_runner: Any) -> None:
+    run = kit_runner.run(
+        "--pyargs", "hermes.conformance", "--hermes-url", "memory://x", scale=float("nan")
+    )
+
+    assert run.returncode == 4, run.describe()
+    assert "HERMES_KIT_TIME_SCALE='nan' must be a number > 0" in run.output
+
+
+def test_a_plugin_module_that_does_not_import_stops_the_run(kit_runner: Any) -> None:
+    run = kit_runner.run(
+        "--pyargs",
+        "hermes.conformance",
+        "--hermes-url",
+        "memory://x",
+        "--hermes-plugin",
+        "no_such_module_here",
+    )
+
+    assert run.returncode == 4, run.describe()
+    assert "--hermes-plugin: No module named 'no_such_module_here'" in run.output
+
+
+def test_the_summary_counts_a_driver_error_as_a_failure_not_a_pass(kit_runner: Any) -> None:
+    run = kit_runner.run(
+        "--pyargs",
+        "hermes.conformance.test_concurrency",
+        "--hermes-url",
+        "fork-unsafe://x",
+        "--hermes-plugin",
+        "broken_drivers",
+        "-k",
+        "fork",
+    )
+
+    assert run.returncode == 1, run.describe()
+    assert (
+        "fork: a driver used before fork() failed (AssertionError: in the forked child:"
+        in run.output
+    ), run.describe()
+    assert "1 checks: 0 verified, 0 not verified, 0 not applicable, 1 failed" in run.output
