@@ -306,3 +306,20 @@ def test_a_worker_restricted_to_a_priority_reads_only_its_topic(
 
     assert [m.type for m in received.messages] == ["high"]
     assert [m.type for m in handle(driver, 1).messages] == ["normal"]
+
+
+def test_a_worker_on_an_unreachable_broker_logs_it_and_still_stops_on_shutdown(
+    handle: Handle, caplog: pytest.LogCaptureFixture
+) -> None:
+    driver = connect("kafka://127.0.0.1:9/nowhere?create_topics=false")
+    assert isinstance(driver, KafkaDriver)
+    try:
+        with caplog.at_level(logging.WARNING, logger="hermes.drivers.kafka"):
+            received = handle(driver, 1, timeout_s=2.0)
+    finally:
+        driver.close()
+
+    assert len(received) == 0
+    warnings = [r.getMessage() for r in caplog.records if r.name == "hermes.drivers.kafka"]
+    assert any("127.0.0.1:9" in text for text in warnings)
+    assert len(warnings) == len(set(warnings)), "a repeated complaint was logged twice"

@@ -54,6 +54,8 @@ _PRODUCER_DEFAULTS = (
 )
 #: Where librdkafka's own log lines go (instead of stderr).
 _client_logger = logging.getLogger("hermes.drivers.kafka.librdkafka")
+#: The same client error is logged as a warning at most once per this many seconds.
+_REPEAT_LOG_INTERVAL_S = 30.0
 #: librdkafka's own default ``session.timeout.ms``.
 _DEFAULT_SESSION_TIMEOUT_MS = 45_000
 
@@ -105,15 +107,21 @@ class KafkaDriver(Driver):
     """Messages are records of ``topic``; workers share them as consumer group ``group_id``.
 
     ``config`` is librdkafka's (``bootstrap.servers`` at least); each setting
-    goes to the producer, the consumer or both, by librdkafka's own scopes.
-    Hermes sets ``acks=all`` and ``message.timeout.ms=30000`` unless given,
-    ``enable.auto.commit=false`` always, and ``auto.offset.reset=earliest``
-    unless given (a new group starts at the oldest record).
+    goes to the producer, the consumer or both, by librdkafka's own scopes,
+    and librdkafka's log lines go to the ``hermes.drivers.kafka.librdkafka``
+    logger. Hermes sets ``acks=all``, ``message.timeout.ms=30000`` and
+    ``sticky.partitioning.linger.ms=0`` unless given, ``enable.auto.commit=false``
+    always, and ``auto.offset.reset=earliest`` unless given (a new group starts
+    at the oldest record). Missing topics are created with ``partitions``
+    partitions and the broker's default replication before the first send or
+    wait (``create_topics=False``: never; existing topics are not altered).
 
-    * ``send`` produces one record (value = the serialized message, no key)
-      and returns once the broker acknowledged it; a refusal or no answer
-      within ``message.timeout.ms`` raises :class:`DeliveryError`. Thread-safe;
-      a driver created before ``fork()`` builds new clients in the child.
+    * ``send`` produces one record (value = the serialized message, no key,
+      so records spread over the partitions) and returns once the broker
+      acknowledged it; a refusal or no answer within ``message.timeout.ms``
+      raises :class:`DeliveryError`, an unreachable broker at topic creation
+      :class:`BrokerUnavailableError`. Thread-safe; a driver created before
+      ``fork()`` builds new clients in the child.
     * ``wait`` subscribes as ``group_id`` (a group join: seconds, see
       ``session.timeout.ms``), and per record: deserialize, callback, then
       commit the offset after it, synchronously. ``commit_every=N`` commits
@@ -135,7 +143,9 @@ class KafkaDriver(Driver):
       per partition are held; beyond that the partition is paused until some
       fall due. A crash redelivers from the oldest held record on.
     * ``priority_topics=True``: ``setup_priority_queue(name, p)`` adds topic
-      ``<topic>.<name>``; a worker reads the topics highest priority first.
+      ``<topic>.<name>``; a worker reads the topics highest priority first (a
+      lower-priority record waits until the higher topics' partitions report
+      their end, at most 2 s).
     """
 
     capabilities = Capabilities(
@@ -213,13 +223,15 @@ class KafkaDriver(Driver):
         consumer.update({"group.id": group_id, "enable.auto.commit": False})
         admin = _settings.admin(config)
         for settings in (producer, consumer, admin):
-            settings.setdefault("error_cb", self._on_client_error)
+            settings.setdefault("error_cb", self.log_client_error)
             settings.setdefault("logger", _client_logger)
         self.producer_config = producer
         self.consumer_config = consumer
         self.admin_config = admin
         #: A fatal client error seen by ``error_cb``; ``wait`` raises it.
         self.fatal_error: KafkaError | None = None
+        #: Client error text -> when it was last logged as a warning.
+        self._client_errors_logged: dict[str, float] = {}
         self._clients = _Clients()
         self._clients.producer = self._check_config()
         # librdkafka accepted the settings, so the numbers below are numbers.
@@ -255,13 +267,23 @@ class KafkaDriver(Driver):
                 f"librdkafka rejects the Kafka producer settings: {exc.args[0].str()}"
             ) from exc
 
-    def _on_client_error(self, error: KafkaError) -> None:
+    def log_client_error(self, error: KafkaError) -> None:
+        """Every client's ``error_cb``: log it (repeats quietly); remember a fatal one."""
         if error.fatal():
             self.fatal_error = error
             logger.error("Kafka %s: fatal client error - %s", self.bootstrap, error.str())
-        else:
-            # librdkafka reconnects by itself, with backoff.
-            logger.warning("Kafka %s: %s", self.bootstrap, error.str())
+            return
+        # librdkafka reconnects by itself, with backoff, and reports every
+        # failed attempt: the same complaint is logged once per interval.
+        text, now = error.str(), time.monotonic()
+        logged = self._client_errors_logged
+        if now - logged.get(text, -_REPEAT_LOG_INTERVAL_S) < _REPEAT_LOG_INTERVAL_S:
+            logger.debug("Kafka %s: %s", self.bootstrap, text)
+            return
+        if len(logged) > 100:
+            logged.clear()
+        logged[text] = now
+        logger.warning("Kafka %s: %s", self.bootstrap, text)
 
     # Clients ------------------------------------------------------------------
 

@@ -241,11 +241,7 @@ class ConsumerLoop:
             raise DriverError(f"Kafka consumer failed for good: {error.str()}") from KafkaException(
                 error
             )
-        if error.code() in (KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT):
-            # librdkafka reconnects by itself, with backoff.
-            logger.warning("Kafka %s unreachable: %s", self.driver.bootstrap, error.str())
-            return
-        logger.warning("Kafka consumer of group %s: %s", self.driver.group_id, error.str())
+        self.driver.log_client_error(error)
 
     # Commits ------------------------------------------------------------------
 
