@@ -52,7 +52,7 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=5000)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    n = args.messages
+    n: int = args.messages
     base = isolated_url(args.url, f"hermes-bench-{os.getpid()}")
     parsed = DriverUrl.parse(base)
     topic = parsed.path
@@ -135,7 +135,8 @@ def main() -> None:
         return n / (time.perf_counter() - start)
 
     def best(run: Callable[..., float], *arg: Any) -> float:
-        return max(run(*arg) for _ in range(args.rounds))
+        rounds: int = args.rounds
+        return max(run(*arg) for _ in range(rounds))
 
     figures = {
         "handle raw, commit each": best(raw_handle, 1),

@@ -44,7 +44,9 @@ def read_topic(bootstrap: str, topic: str, count: int) -> list[tuple[bytes, dict
         while len(records) < count and time.monotonic() < deadline:
             record = consumer.poll(0.2)
             if record is not None and record.error() is None:
-                headers = {key: value for key, value in record.headers() or []}
+                pairs = record.headers() or []
+                items = pairs.items() if isinstance(pairs, dict) else pairs
+                headers = {key: value if isinstance(value, bytes) else b"" for key, value in items}
                 records.append((record.value() or b"", headers))
         return records
     finally:

@@ -82,7 +82,8 @@ class ConsumerLoop:
         try:
             while not driver.should_stop():
                 if driver.fatal_error is not None:
-                    error = driver.fatal_error
+                    # Raised once; the next wait() starts with fresh clients.
+                    error, driver.fatal_error = driver.fatal_error, None
                     raise DriverError(
                         f"Kafka client failed for good: {error.str()}"
                     ) from KafkaException(error)
