@@ -34,18 +34,22 @@ class _Broker:
 
     def __init__(self) -> None:
         self.condition = threading.Condition()
+        self.sequence = itertools.count()
+        self.clear()
+
+    def clear(self) -> None:
+        """Forget every message and every extra priority queue (the caller holds the lock)."""
         self.queues: dict[int, deque[str | bytes]] = {DEFAULT_PRIORITY: deque()}
         self.names: dict[int, str] = {DEFAULT_PRIORITY: "default"}
         #: (execute_at, sequence, priority, data): held until due.
         self.scheduled: list[tuple[float, int, int, str | bytes]] = []
-        self.sequence = itertools.count()
         #: Bodies that were not Hermes messages, with the reason.
         self.dead_letters: list[tuple[str | bytes, str]] = []
 
     def move_due(self, now: float) -> None:
         while self.scheduled and self.scheduled[0][0] <= now:
             _, _, priority, data = heapq.heappop(self.scheduled)
-            self.queues[priority].append(data)
+            self.queues.setdefault(priority, deque()).append(data)
 
 
 _brokers: dict[str, _Broker] = {}
@@ -115,10 +119,12 @@ class MemoryDriver(Driver):
             order = self.check_priorities(broker.queues, priorities)
         while not self.should_stop():
             with broker.condition:
+                if not priorities:  # a queue set up by an emitter meanwhile is read too
+                    order = self.check_priorities(broker.queues, ())
                 now = time.time()
                 broker.move_due(now)
                 taken = next(
-                    ((p, broker.queues[p].popleft()) for p in order if broker.queues[p]), None
+                    ((p, queue.popleft()) for p in order if (queue := broker.queues.get(p))), None
                 )
                 if taken is None:
                     timeout = _IDLE_WAIT_S
@@ -140,15 +146,19 @@ class MemoryDriver(Driver):
                 callback(message, priority)
             except BaseException:
                 with broker.condition:
-                    broker.queues[priority].appendleft(data)
+                    queue = broker.queues.get(priority)
+                    if queue is not None:  # else purged meanwhile: gone with the rest
+                        queue.appendleft(data)
                     broker.condition.notify_all()
                 raise
             self.processed_items += 1
 
     def purge(self) -> None:
-        with _brokers_lock:
-            _brokers.pop(self.name, None)
-        self._broker = _broker(self.name)
+        # Cleared in place: every driver object of this name (a worker's, an
+        # emitter's) sees the same empty broker afterwards, not two diverging ones.
+        with self._broker.condition:
+            self._broker.clear()
+            self._broker.condition.notify_all()
 
     def __repr__(self) -> str:
         return f"<MemoryDriver memory://{self.name}>"
