@@ -1,0 +1,94 @@
+"""Fixtures for hermes-core's own tests: memory brokers no other test shares."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from hermes.core import DEFAULT_PRIORITY, MemoryDriver, Message
+
+_names = itertools.count()
+
+
+class RecordingDriver(MemoryDriver):
+    """A memory driver that remembers how ``send`` was called.
+
+    ``calls`` holds ``(message, args, kwargs)``: a retry copy sent as
+    ``send(copy)`` shows ``args == ()`` and ``kwargs == {}``.
+    """
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.calls: list[tuple[Message, tuple[Any, ...], dict[str, Any]]] = []
+
+    def send(self, message: Message, *args: Any, **kwargs: Any) -> None:
+        self.calls.append((message, args, kwargs))
+        super().send(message, *args, **kwargs)
+
+    @property
+    def sent(self) -> list[Message]:
+        return [message for message, _, _ in self.calls]
+
+
+@pytest.fixture
+def broker_name() -> str:
+    """A memory broker name no other test uses."""
+    return f"core-test-{next(_names)}"
+
+
+@pytest.fixture
+def driver(broker_name: str) -> Iterator[MemoryDriver]:
+    memory = MemoryDriver(broker_name)
+    yield memory
+    memory.purge()
+
+
+@pytest.fixture
+def recording_driver(broker_name: str) -> Iterator[RecordingDriver]:
+    recording = RecordingDriver(broker_name)
+    yield recording
+    recording.purge()
+
+
+@pytest.fixture
+def hermes_log(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
+    """``caplog`` capturing the ``hermes`` logger from INFO up."""
+    caplog.set_level(logging.INFO, logger="hermes")
+    return caplog
+
+
+class Peek:
+    """Looks inside a memory broker without taking anything out."""
+
+    @staticmethod
+    def queued(driver: MemoryDriver, priority: int = DEFAULT_PRIORITY) -> list[Message]:
+        """The messages waiting on ``priority`` (not the scheduled ones), oldest first."""
+        broker = driver._broker
+        with broker.condition:
+            bodies = list(broker.queues[priority])
+        return [driver.serializer.unserialize(body) for body in bodies]
+
+    @staticmethod
+    def scheduled(driver: MemoryDriver) -> list[tuple[int, Message]]:
+        """``(priority, message)`` of everything held until its ``execute_at``."""
+        broker = driver._broker
+        with broker.condition:
+            entries = sorted(broker.scheduled)
+        return [(priority, driver.serializer.unserialize(body)) for _, _, priority, body in entries]
+
+    @staticmethod
+    def total(driver: MemoryDriver) -> int:
+        """Everything the broker holds: queued, scheduled and set aside."""
+        broker = driver._broker
+        with broker.condition:
+            queued = sum(len(queue) for queue in broker.queues.values())
+            return queued + len(broker.scheduled) + len(broker.dead_letters)
+
+
+@pytest.fixture
+def peek() -> type[Peek]:
+    return Peek

@@ -1,0 +1,353 @@
+"""SPEC §4: the Dispatcher calls every handler of a message's type and keeps going."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+
+from hermes.core import (
+    DEFAULT_PRIORITY,
+    NOTICE,
+    BrokerUnavailableError,
+    ConfigurationError,
+    Dispatcher,
+    Emitter,
+    MemoryDriver,
+    Message,
+    SharedFileShutdown,
+)
+
+
+class Recorder:
+    """A handler that appends ``(name, message.id)`` to a shared list and returns ``result``."""
+
+    def __init__(self, calls: list[tuple[str, str]], name: str, result: bool = True) -> None:
+        self.calls, self.name, self.result = calls, name, result
+
+    def handle(self, message: Message) -> bool:
+        self.calls.append((self.name, message.id))
+        return self.result
+
+
+class Raises:
+    def __init__(self, calls: list[tuple[str, str]], name: str, error: BaseException) -> None:
+        self.calls, self.name, self.error = calls, name, error
+
+    def handle(self, message: Message) -> bool:
+        self.calls.append((self.name, message.id))
+        raise self.error
+
+
+def messages(caplog: pytest.LogCaptureFixture, level: int | None = None) -> list[str]:
+    return [r.getMessage() for r in caplog.records if level is None or r.levelno == level]
+
+
+# Registration ------------------------------------------------------------------
+
+
+def test_every_registration_method_returns_the_dispatcher(driver: MemoryDriver) -> None:
+    dispatcher = Dispatcher(driver)
+    handler = Recorder([], "a")
+
+    assert dispatcher.register_handler("job", handler) is dispatcher
+    assert dispatcher.register_handlers("job", [handler]) is dispatcher
+    assert dispatcher.unregister_handler("job", handler) is dispatcher
+    assert dispatcher.unregister_all_handlers() is dispatcher
+
+
+def test_unregister_handler_removes_that_object_only(driver: MemoryDriver) -> None:
+    calls: list[tuple[str, str]] = []
+    first, equal_twin, other = Recorder(calls, "a"), Recorder(calls, "a"), Recorder(calls, "b")
+    dispatcher = Dispatcher(driver).register_handlers("job", [first, equal_twin, other])
+
+    dispatcher.unregister_handler("job", first)
+
+    assert dispatcher.handlers("job") == [equal_twin, other]
+
+
+def test_unregistering_an_unknown_handler_is_harmless(driver: MemoryDriver) -> None:
+    dispatcher = Dispatcher(driver).register_handler("job", Recorder([], "a"))
+
+    dispatcher.unregister_handler("job", Recorder([], "a")).unregister_handler("nope", object())  # type: ignore[arg-type]
+
+    assert len(dispatcher.handlers("job")) == 1
+
+
+def test_unregister_all_handlers_leaves_none(driver: MemoryDriver) -> None:
+    dispatcher = Dispatcher(driver).register_handler("a", Recorder([], "a"))
+    dispatcher.register_handler("b", Recorder([], "b"))
+
+    dispatcher.unregister_all_handlers()
+
+    assert dispatcher.handlers("a") == dispatcher.handlers("b") == []
+
+
+def test_an_object_without_handle_cannot_be_registered(driver: MemoryDriver) -> None:
+    with pytest.raises(ConfigurationError, match="handle"):
+        Dispatcher(driver).register_handler("job", object())  # type: ignore[arg-type]
+
+
+# Handling a message --------------------------------------------------------------
+
+
+def test_every_handler_is_called_in_registration_order_even_after_one_raised(
+    driver: MemoryDriver,
+) -> None:
+    calls: list[tuple[str, str]] = []
+    message = Message("job")
+    dispatcher = Dispatcher(driver).register_handlers(
+        "job",
+        [
+            Recorder(calls, "first"),
+            Raises(calls, "second", RuntimeError("boom")),
+            Recorder(calls, "third", result=False),
+            Recorder(calls, "fourth"),
+        ],
+    )
+
+    dispatcher.handle_message(message, DEFAULT_PRIORITY)
+
+    assert calls == [(name, message.id) for name in ("first", "second", "third", "fourth")]
+
+
+@pytest.mark.parametrize(
+    ("results", "expected"),
+    [((True, True), True), ((True, False), False), ((False, True), False), ((), None)],
+)
+def test_the_result_is_the_and_of_every_handler_s_result(
+    driver: MemoryDriver, results: Sequence[bool], expected: bool | None
+) -> None:
+    calls: list[tuple[str, str]] = []
+    dispatcher = Dispatcher(driver).register_handlers(
+        "job", [Recorder(calls, str(i), result) for i, result in enumerate(results)]
+    )
+
+    result = dispatcher.handle_message(Message("job"), DEFAULT_PRIORITY)
+
+    assert result is (False if expected is None else expected)  # no handler: False
+    assert len(calls) == len(results)
+
+
+def test_a_handler_that_raises_makes_the_result_false(driver: MemoryDriver) -> None:
+    dispatcher = Dispatcher(driver).register_handler("job", Raises([], "x", ValueError("bad")))
+
+    assert dispatcher.handle_message(Message("job"), DEFAULT_PRIORITY) is False
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt(), SystemExit(3)])
+def test_a_base_exception_from_a_handler_propagates_and_stops_the_rest(
+    driver: MemoryDriver, error: BaseException
+) -> None:
+    calls: list[tuple[str, str]] = []
+    dispatcher = Dispatcher(driver).register_handlers(
+        "job", [Raises(calls, "raises", error), Recorder(calls, "after")]
+    )
+
+    with pytest.raises(type(error)):
+        dispatcher.handle_message(Message("job"), DEFAULT_PRIORITY)
+
+    assert [name for name, _ in calls] == ["raises"]
+
+
+def test_a_keyboard_interrupt_in_a_handler_ends_handle_and_keeps_the_message(
+    driver: MemoryDriver, peek: Any
+) -> None:
+    message = Message("job")
+    Emitter(driver).emit(message)
+    driver.set_max_process_items(1)  # a backstop: a swallowed interrupt must fail, not hang
+    dispatcher = Dispatcher(driver).register_handler("job", Raises([], "x", KeyboardInterrupt()))
+
+    with pytest.raises(KeyboardInterrupt):
+        dispatcher.handle()
+
+    assert [m.id for m in peek.queued(driver)] == [message.id]
+
+
+def test_a_message_without_handlers_is_dropped_with_a_warning(
+    driver: MemoryDriver, hermes_log: pytest.LogCaptureFixture, peek: Any
+) -> None:
+    message = Message("unknown-type")
+    Emitter(driver).emit(message)
+    driver.set_max_process_items(1)
+
+    Dispatcher(driver).handle()
+
+    warnings = messages(hermes_log, logging.WARNING)
+    assert len(warnings) == 1
+    assert message.id in warnings[0]
+    assert "unknown-type" in warnings[0]
+    assert peek.total(driver) == 0
+
+
+def test_stats_count_received_handled_failed_and_retried(driver: MemoryDriver) -> None:
+    dispatcher = Dispatcher(driver).register_handlers(
+        "job", [Recorder([], "ok"), Recorder([], "no", result=False)]
+    )
+    dispatcher.register_handler("boom", Raises([], "boom", RuntimeError("x")))
+
+    dispatcher.handle_message(Message("job"), DEFAULT_PRIORITY)
+    dispatcher.handle_message(Message("boom"), DEFAULT_PRIORITY)
+    dispatcher.handle_message(Message("nobody"), DEFAULT_PRIORITY)
+
+    stats = dispatcher.stats
+    assert (stats.received, stats.handled, stats.failed, stats.retried) == (3, 1, 3, 0)
+
+
+# handle() -------------------------------------------------------------------------
+
+
+def test_handle_passes_each_message_with_its_priority_to_the_handlers(
+    driver: MemoryDriver, hermes_log: pytest.LogCaptureFixture
+) -> None:
+    driver.setup_priority_queue("high", 300)
+    emitter = Emitter(driver)
+    low, high = Message("job", {"n": 1}), Message("job", {"n": 2})
+    emitter.emit(low).emit(high, 300)
+    calls: list[tuple[str, str]] = []
+    driver.set_max_process_items(2)
+
+    Dispatcher(driver).register_handler("job", Recorder(calls, "h")).handle()
+
+    assert calls == [("h", high.id), ("h", low.id)]
+    starts = [m for m in messages(hermes_log) if m.startswith("Start handle")]
+    assert starts == [
+        f"Start handle message #{high.id} (job) priority:300",
+        f"Start handle message #{low.id} (job) priority:100",
+    ]
+
+
+def test_handle_reads_only_the_priorities_it_is_given(driver: MemoryDriver, peek: Any) -> None:
+    driver.setup_priority_queue("high", 300)
+    low, high = Message("job"), Message("job")
+    Emitter(driver).emit(high, 300).emit(low)
+    calls: list[tuple[str, str]] = []
+    driver.set_max_process_items(1)
+
+    Dispatcher(driver).register_handler("job", Recorder(calls, "h")).handle([DEFAULT_PRIORITY])
+
+    assert calls == [("h", low.id)]
+    assert [m.id for m in peek.queued(driver, 300)] == [high.id]
+
+
+def test_a_driver_error_in_wait_is_logged_and_raised_by_handle(
+    broker_name: str, hermes_log: pytest.LogCaptureFixture
+) -> None:
+    class Unreachable(MemoryDriver):
+        def wait(self, callback: Callable[[Message, int], bool], priorities: Any = ()) -> None:
+            raise BrokerUnavailableError("connection refused by memory://nowhere")
+
+    with pytest.raises(BrokerUnavailableError, match="connection refused"):
+        Dispatcher(Unreachable(broker_name)).handle()
+
+    (record,) = [r for r in hermes_log.records if r.levelno == logging.ERROR]
+    assert "Unreachable" in record.getMessage()
+    assert "connection refused by memory://nowhere" in record.getMessage()
+    assert record.exc_info is not None
+
+
+def test_handle_returns_at_once_when_shutdown_was_requested_after_the_start(
+    driver: MemoryDriver, tmp_path: Any, hermes_log: pytest.LogCaptureFixture
+) -> None:
+    shutdown = SharedFileShutdown(tmp_path / "stop")
+    calls: list[tuple[str, str]] = []
+
+    class StopsTheWorker(Recorder):
+        def handle(self, message: Message) -> bool:
+            shutdown.shutdown()
+            return super().handle(message)
+
+    first, second = Message("job"), Message("job")
+    Emitter(driver).emit(first).emit(second)
+    driver.set_max_process_items(2)  # a backstop: a shutdown ignored must fail, not hang
+    dispatcher = Dispatcher(driver, shutdown=shutdown)
+
+    dispatcher.register_handler("job", StopsTheWorker(calls, "h")).handle()
+
+    assert calls == [("h", first.id)]
+    assert (NOTICE, "Exiting hermes dispatcher - shutdown") in [
+        (r.levelno, r.getMessage()) for r in hermes_log.records
+    ]
+
+
+def test_a_shutdown_set_on_the_driver_itself_is_honoured_and_kept(
+    driver: MemoryDriver, tmp_path: Any
+) -> None:
+    shutdown = SharedFileShutdown(tmp_path / "stop")
+    driver.set_shutdown(shutdown)
+    calls: list[tuple[str, str]] = []
+
+    class StopsTheWorker(Recorder):
+        def handle(self, message: Message) -> bool:
+            shutdown.shutdown()
+            return super().handle(message)
+
+    Emitter(driver).emit(Message("job")).emit(Message("job"))
+    driver.set_max_process_items(2)  # a backstop: a shutdown ignored must fail, not hang
+
+    Dispatcher(driver).register_handler("job", StopsTheWorker(calls, "h")).handle()
+
+    assert len(calls) == 1
+    assert driver.shutdown is shutdown
+
+
+def test_handle_returns_after_max_items_without_the_shutdown_notice(
+    driver: MemoryDriver, hermes_log: pytest.LogCaptureFixture, peek: Any
+) -> None:
+    for n in range(3):
+        Emitter(driver).emit(Message("job", {"n": n}))
+    driver.set_max_process_items(2)
+    calls: list[tuple[str, str]] = []
+
+    Dispatcher(driver).register_handler("job", Recorder(calls, "h")).handle()
+
+    assert len(calls) == 2
+    assert len(peek.queued(driver)) == 1
+    assert "Exiting hermes dispatcher - shutdown" not in messages(hermes_log)
+
+
+# Logging (SPEC §4) -----------------------------------------------------------------
+
+
+def test_the_default_logger_is_named_hermes(driver: MemoryDriver) -> None:
+    assert Dispatcher(driver).logger.name == "hermes"
+
+
+def test_a_given_logger_is_used(driver: MemoryDriver, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="my.app")
+    dispatcher = Dispatcher(driver, logging.getLogger("my.app"))
+    dispatcher.register_handler("job", Recorder([], "h"))
+
+    dispatcher.handle_message(Message("job"), DEFAULT_PRIORITY)
+
+    assert {r.name for r in caplog.records} == {"my.app"}
+
+
+def test_a_handled_message_logs_start_and_end(
+    driver: MemoryDriver, hermes_log: pytest.LogCaptureFixture
+) -> None:
+    message = Message("mail")
+    dispatcher = Dispatcher(driver).register_handler("mail", Recorder([], "h"))
+
+    dispatcher.handle_message(message, 300)
+
+    assert [(r.levelno, r.getMessage()) for r in hermes_log.records] == [
+        (logging.INFO, f"Start handle message #{message.id} (mail) priority:300"),
+        (logging.INFO, f"End handle message #{message.id} (mail)"),
+    ]
+
+
+def test_a_handler_exception_is_logged_as_error_with_the_class_text_and_traceback(
+    driver: MemoryDriver, hermes_log: pytest.LogCaptureFixture
+) -> None:
+    dispatcher = Dispatcher(driver).register_handler("job", Raises([], "x", ValueError("no SMTP")))
+
+    dispatcher.handle_message(Message("job"), DEFAULT_PRIORITY)
+
+    (record,) = [r for r in hermes_log.records if r.levelno == logging.ERROR]
+    assert record.getMessage() == "Handler Raises throws exception - no SMTP"
+    assert record.exc_info is not None
+    assert isinstance(record.exc_info[1], ValueError)
+    assert not any(m.startswith("End handle") for m in messages(hermes_log))

@@ -1,0 +1,84 @@
+"""SPEC §3: the Emitter puts a message on the broker and returns."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+
+from hermes.core import (
+    DEFAULT_PRIORITY,
+    Emitter,
+    MemoryDriver,
+    Message,
+    UnknownPriorityError,
+)
+
+
+def test_the_default_priority_is_100() -> None:
+    assert DEFAULT_PRIORITY == 100
+
+
+def test_emit_returns_the_emitter(driver: MemoryDriver) -> None:
+    emitter = Emitter(driver)
+
+    assert emitter.emit(Message("job")) is emitter
+
+
+def test_emit_sends_on_the_default_priority(recording_driver: Any, peek: Any) -> None:
+    message = Message("job", {"a": 1})
+
+    Emitter(recording_driver).emit(message)
+
+    assert recording_driver.calls == [(message, (DEFAULT_PRIORITY,), {})]
+    assert peek.queued(recording_driver) == [message]
+
+
+def test_emit_sends_on_the_priority_it_is_given(recording_driver: Any, peek: Any) -> None:
+    recording_driver.setup_priority_queue("high", 300)
+    message = Message("job")
+
+    Emitter(recording_driver).emit(message, 300)
+
+    assert recording_driver.calls == [(message, (300,), {})]
+    assert peek.queued(recording_driver, 300) == [message]
+
+
+def test_emit_on_an_unknown_priority_raises(driver: MemoryDriver, peek: Any) -> None:
+    with pytest.raises(UnknownPriorityError) as caught:
+        Emitter(driver).emit(Message("job"), 250)
+
+    assert caught.value.priority == 250
+    assert peek.total(driver) == 0
+
+
+def test_emit_logs_the_message_id_and_the_driver_class(
+    driver: MemoryDriver, hermes_log: pytest.LogCaptureFixture
+) -> None:
+    message = Message("job")
+
+    Emitter(driver).emit(message)
+
+    assert [(r.name, r.levelno, r.getMessage()) for r in hermes_log.records] == [
+        ("hermes", logging.INFO, f"Dispatcher send message #{message.id} to driver MemoryDriver")
+    ]
+
+
+def test_emit_logs_to_the_logger_it_is_given(
+    driver: MemoryDriver, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="web")
+
+    Emitter(driver, logging.getLogger("web")).emit(Message("job"))
+
+    assert [r.name for r in caplog.records] == ["web"]
+
+
+def test_a_failed_send_is_not_logged_as_sent(
+    driver: MemoryDriver, hermes_log: pytest.LogCaptureFixture
+) -> None:
+    with pytest.raises(UnknownPriorityError):
+        Emitter(driver).emit(Message("job"), 1)
+
+    assert hermes_log.records == []

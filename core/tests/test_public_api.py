@@ -1,0 +1,60 @@
+"""Issue 2, item 2: the public API importable from ``hermes.core``."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import hermes.core
+from hermes.core import Dispatcher, Emitter, Message
+
+REQUIRED = {
+    "Message", "MessageSerializer", "Serializer", "Emitter", "Dispatcher", "Handler",
+    "RetryableHandler", "RetryMixin", "EchoHandler", "Driver", "Capabilities", "Delivery",
+    "Delay", "DEFAULT_PRIORITY", "Shutdown", "SharedFileShutdown", "HermesError",
+    "SerializeError", "NotSupportedError", "UnknownPriorityError", "connect",
+    "available_drivers",
+}  # fmt: skip
+
+
+def test_every_required_name_is_exported_and_importable() -> None:
+    assert set(hermes.core.__all__) >= REQUIRED
+    for name in hermes.core.__all__:
+        assert getattr(hermes.core, name) is not None, name
+
+
+def test_all_lists_no_private_names_and_no_duplicates() -> None:
+    assert not [name for name in hermes.core.__all__ if name.startswith("_")]
+    assert len(hermes.core.__all__) == len(set(hermes.core.__all__))
+
+
+def test_hermes_and_hermes_drivers_are_namespace_packages() -> None:
+    core_src = Path(hermes.core.__file__).parents[2]
+
+    assert not (core_src / "hermes" / "__init__.py").exists()
+    assert not (core_src / "hermes" / "drivers" / "__init__.py").exists()
+    assert (core_src / "hermes" / "core" / "py.typed").exists()
+
+
+def test_the_signatures_are_those_of_the_spec() -> None:
+    assert str(inspect.signature(Message)) == (
+        "(type: 'str', payload: 'Any' = None, *, id: 'str | None' = None, "
+        "created: 'float | None' = None, execute_at: 'float | None' = None, retries: 'int' = 0)"
+        " -> 'None'"
+    )
+    assert list(inspect.signature(Dispatcher).parameters) == [
+        "driver", "logger", "shutdown", "randomizer"
+    ]  # fmt: skip
+    emit = inspect.signature(Emitter.emit).parameters
+    assert list(emit) == ["self", "message", "priority"]
+    assert emit["priority"].default == 100
+
+
+def test_the_echo_handler_prints_the_message_and_succeeds(capsys: object) -> None:
+    message = Message("hello", {"name": "Žilina"})
+
+    assert hermes.core.EchoHandler().handle(message) is True
+
+    out = capsys.readouterr().out  # type: ignore[attr-defined]
+    assert f"#{message.id}" in out
+    assert "Žilina" in out

@@ -1,0 +1,328 @@
+"""SPEC §7: drivers and observers are pluggy plugins of the ``hermes`` entry-point group."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import inspect
+from collections.abc import Iterator
+from typing import Any
+
+import pluggy
+import pytest
+
+from hermes.core import (
+    DEFAULT_PRIORITY,
+    ConfigurationError,
+    Dispatcher,
+    DriverPlugin,
+    DriverUrl,
+    Emitter,
+    MemoryDriver,
+    Message,
+    RetryableHandler,
+    RetryMixin,
+    UnknownDriverError,
+    _memory,
+    _registry,
+    available_drivers,
+    connect,
+    hookimpl,
+    hookspecs,
+    isolated_url,
+    plugin_manager,
+)
+
+
+@pytest.fixture
+def only_memory(monkeypatch: pytest.MonkeyPatch) -> pluggy.PluginManager:
+    """A plugin manager that knows the memory driver and nothing else installed."""
+    manager = pluggy.PluginManager("hermes")
+    manager.add_hookspecs(hookspecs)
+    manager.register(_memory, name="memory")
+    monkeypatch.setattr(_registry._registry, "_manager", manager)
+    return manager
+
+
+def driver_plugin(name: str, *schemes: str) -> DriverPlugin:
+    return DriverPlugin(
+        name=name,
+        schemes=schemes,
+        factory=lambda url, **options: MemoryDriver(f"{name}-{url.host}"),
+        capabilities=MemoryDriver.capabilities,
+        isolate=lambda url, namespace: f"{schemes[0]}://{namespace}",
+    )
+
+
+class DriverProvider:
+    """A plugin object (not an installed distribution) that provides drivers."""
+
+    def __init__(self, *drivers: DriverPlugin) -> None:
+        self.drivers = list(drivers)
+
+    @hookimpl
+    def hermes_drivers(self) -> list[DriverPlugin]:
+        return self.drivers
+
+
+@pytest.fixture
+def register() -> Iterator[Any]:
+    """Registers plugins on the process-wide manager for one test."""
+    registered: list[object] = []
+
+    def add(plugin: object, name: str | None = None) -> object:
+        plugin_manager().register(plugin, name=name)
+        registered.append(plugin)
+        return plugin
+
+    yield add
+    for plugin in registered:
+        plugin_manager().unregister(plugin)
+
+
+# Drivers ---------------------------------------------------------------------------
+
+
+def test_the_memory_driver_is_registered_through_the_entry_point_of_hermes_core() -> None:
+    (entry_point,) = [
+        ep for ep in importlib.metadata.entry_points(group="hermes") if ep.name == "memory"
+    ]
+    assert entry_point.value == "hermes.core._memory"
+
+    memory = [driver for driver in available_drivers() if driver.name == "memory"]
+
+    assert len(memory) == 1
+    assert memory[0].distribution == "hermes-core"
+    assert memory[0].version == importlib.metadata.version("hermes-core")
+    assert memory[0].schemes == ("memory",)
+
+
+def test_available_drivers_lists_each_driver_once_sorted_by_name(register: Any) -> None:
+    register(DriverProvider(driver_plugin("zeta", "zeta", "zetas"), driver_plugin("alpha", "al")))
+
+    names = [driver.name for driver in available_drivers()]
+
+    assert names == sorted(set(names))
+    assert {"alpha", "memory", "zeta"} <= set(names)
+
+
+def test_connect_to_a_scheme_nobody_provides_lists_the_installed_schemes() -> None:
+    with pytest.raises(UnknownDriverError) as caught:
+        connect("nope://x")
+
+    text = str(caught.value)
+    assert caught.value.scheme == "nope"
+    assert "no installed Hermes driver handles nope://" in text
+    assert "installed schemes: " in text
+    assert "memory://" in text
+    assert "install the distribution that provides nope://" in text
+
+
+def test_an_unknown_driver_error_is_a_configuration_error_and_a_value_error() -> None:
+    with pytest.raises(ValueError):
+        connect("nope://x")
+    with pytest.raises(ConfigurationError):
+        connect("nope://x")
+
+
+@pytest.mark.parametrize(("scheme", "distribution"), sorted(_registry.KNOWN_DISTRIBUTIONS.items()))
+def test_connect_to_a_known_scheme_that_is_not_installed_names_its_pip_install(
+    only_memory: pluggy.PluginManager, scheme: str, distribution: str
+) -> None:
+    with pytest.raises(UnknownDriverError) as caught:
+        connect(f"{scheme}://localhost/x")
+
+    text = str(caught.value)
+    assert f"`pip install {distribution}` adds it" in text
+    assert "installed schemes: memory://;" in text
+
+
+def test_the_unknown_driver_error_hides_the_url_s_password(
+    only_memory: pluggy.PluginManager,
+) -> None:
+    with pytest.raises(UnknownDriverError) as caught:
+        connect("amqp://guest:s3cret@localhost:5672/")
+
+    assert "s3cret" not in str(caught.value)
+    assert "amqp://guest:***@localhost:5672/" in str(caught.value)
+
+
+def test_a_registered_plugin_adds_its_scheme_until_it_is_unregistered() -> None:
+    plugin = DriverProvider(driver_plugin("foo", "foo"))
+    plugin_manager().register(plugin)
+    try:
+        driver = connect("foo://bar")
+        assert isinstance(driver, MemoryDriver)
+        assert driver.name == "foo-bar"
+        assert isolated_url("foo://bar", "ns-1") == "foo://ns-1"
+        assert "foo" in [d.name for d in available_drivers()]
+    finally:
+        plugin_manager().unregister(plugin)
+
+    with pytest.raises(UnknownDriverError):
+        connect("foo://bar")
+
+
+def test_connect_passes_its_keyword_options_to_the_factory(register: Any) -> None:
+    seen: list[tuple[DriverUrl, dict[str, Any]]] = []
+
+    def factory(url: DriverUrl, **options: Any) -> MemoryDriver:
+        seen.append((url, options))
+        return MemoryDriver("opts")
+
+    register(
+        DriverProvider(
+            DriverPlugin(
+                "opt", ("opt",), factory, MemoryDriver.capabilities, isolate=lambda url, ns: ""
+            )
+        )
+    )
+
+    connect("opt://h:1/p?x=1", client="a client object")
+
+    ((url, options),) = seen
+    assert (url.scheme, url.host, url.port, url.path, dict(url.options)) == (
+        "opt",
+        "h",
+        1,
+        "p",
+        {"x": "1"},
+    )
+    assert options == {"client": "a client object"}
+
+
+def test_two_plugins_claiming_one_scheme_is_an_error_naming_both(register: Any) -> None:
+    register(DriverProvider(driver_plugin("first", "dup")), name="first-plugin")
+    register(DriverProvider(driver_plugin("second", "dup")), name="second-plugin")
+
+    with pytest.raises(ConfigurationError) as caught:
+        connect("memory://x")
+
+    text = str(caught.value)
+    assert "dup://" in text
+    assert "first (plugin 'first-plugin')" in text
+    assert "second (plugin 'second-plugin')" in text
+
+
+def test_a_plugin_claiming_an_installed_scheme_under_the_same_name_is_an_error(
+    register: Any,
+) -> None:
+    register(DriverProvider(driver_plugin("memory", "memory")), name="impostor")
+
+    with pytest.raises(ConfigurationError, match=r"memory://.*hermes-core.*impostor"):
+        available_drivers()
+
+
+# Lifecycle hooks --------------------------------------------------------------------
+
+
+class Observer:
+    """Records every lifecycle hook call with its keyword arguments."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+
+    @hookimpl
+    def hermes_message_emitted(self, message: Message, priority: int, driver: Any) -> None:
+        self.calls.append(("emitted", {"message": message, "priority": priority, "driver": driver}))
+
+    @hookimpl
+    def hermes_message_started(self, message: Message, priority: int) -> None:
+        self.calls.append(("started", {"message": message, "priority": priority}))
+
+    @hookimpl
+    def hermes_message_succeeded(self, message: Message, priority: int, handler: object) -> None:
+        self.calls.append(
+            ("succeeded", {"message": message, "priority": priority, "handler": handler})
+        )
+
+    @hookimpl
+    def hermes_message_failed(
+        self, message: Message, priority: int, handler: object, exception: BaseException
+    ) -> None:
+        self.calls.append(
+            (
+                "failed",
+                {
+                    "message": message,
+                    "priority": priority,
+                    "handler": handler,
+                    "exception": exception,
+                },
+            )
+        )
+
+    @hookimpl
+    def hermes_message_retried(self, message: Message, retry: Message, handler: object) -> None:
+        self.calls.append(("retried", {"message": message, "retry": retry, "handler": handler}))
+
+
+class Works:
+    def handle(self, message: Message) -> bool:
+        return True
+
+
+class Fails(RetryMixin, RetryableHandler):
+    def handle(self, message: Message) -> bool:
+        raise RuntimeError("flaky")
+
+
+def test_lifecycle_hooks_see_emit_start_success_failure_and_retry(
+    driver: MemoryDriver, register: Any
+) -> None:
+    observer = register(Observer())
+    driver.setup_priority_queue("high", 300)
+    works, fails = Works(), Fails()
+    message = Message("job")
+    Emitter(driver).emit(message, 300)
+    driver.set_max_process_items(1)
+
+    Dispatcher(driver).register_handlers("job", [works, fails]).handle()
+
+    names = [name for name, _ in observer.calls]
+    assert names == ["emitted", "started", "succeeded", "failed", "retried"]
+    emitted, started, succeeded, failed, retried = (kwargs for _, kwargs in observer.calls)
+    assert emitted == {"message": message, "priority": 300, "driver": driver}
+    assert started == {"message": message, "priority": 300}
+    assert succeeded == {"message": message, "priority": 300, "handler": works}
+    assert failed["handler"] is fails
+    assert (failed["message"], failed["priority"]) == (message, 300)
+    assert str(failed["exception"]) == "flaky"
+    assert retried["message"] == message
+    assert retried["handler"] is fails
+    assert (retried["retry"].id, retried["retry"].retries) == (message.id, 1)
+
+
+def test_an_observer_may_implement_only_the_arguments_it_needs(
+    driver: MemoryDriver, register: Any
+) -> None:
+    seen: list[str] = []
+
+    class Counter:
+        @hookimpl
+        def hermes_message_started(self, message: Message) -> None:
+            seen.append(message.id)
+
+    register(Counter())
+    message = Message("job")
+
+    Dispatcher(driver).register_handler("job", Works()).handle_message(message, DEFAULT_PRIORITY)
+
+    assert seen == [message.id]
+
+
+def test_every_hook_states_its_contract_in_a_docstring() -> None:
+    hooks = [
+        function
+        for name, function in inspect.getmembers(hookspecs, inspect.isfunction)
+        if name.startswith("hermes_")
+    ]
+
+    assert {f.__name__ for f in hooks} == {
+        "hermes_drivers",
+        "hermes_message_emitted",
+        "hermes_message_started",
+        "hermes_message_succeeded",
+        "hermes_message_failed",
+        "hermes_message_retried",
+    }
+    assert all(len(inspect.getdoc(f) or "") > 30 for f in hooks)

@@ -1,0 +1,164 @@
+"""DriverUrl: the one URL parser every driver uses, and password redaction."""
+
+from __future__ import annotations
+
+import pytest
+
+from hermes.core import ConfigurationError, DriverUrl, redact_url
+
+
+def test_every_part_of_a_url_is_parsed() -> None:
+    url = DriverUrl.parse("AMQP://us%40er:p%2Fss@Broker.example:5672/my%20vhost?prefetch=10&x=")
+
+    assert url.scheme == "amqp"
+    assert (url.username, url.password) == ("us@er", "p/ss")
+    assert (url.host, url.port) == ("broker.example", 5672)
+    assert url.path == "my vhost"
+    assert dict(url.options) == {"prefetch": "10", "x": ""}
+
+
+def test_a_url_without_credentials_port_path_or_options_has_none_of_them() -> None:
+    url = DriverUrl.parse("redis://localhost")
+
+    assert (url.username, url.password, url.port, url.path, dict(url.options)) == (
+        None,
+        None,
+        None,
+        "",
+        {},
+    )
+
+
+def test_a_path_without_host_is_kept() -> None:
+    url = DriverUrl.parse("file:///var/spool/hermes")
+
+    assert url.host is None
+    assert url.path == "var/spool/hermes"
+
+
+def test_a_url_without_a_scheme_is_refused_with_an_example() -> None:
+    with pytest.raises(ConfigurationError, match=r"needs a scheme, e\.g\. redis://"):
+        DriverUrl.parse("/just/a/path")
+
+
+def test_an_invalid_port_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match="invalid port"):
+        DriverUrl.parse("redis://localhost:99999/0")
+
+
+def test_an_option_given_twice_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match="'db' appears twice"):
+        DriverUrl.parse("redis://h/?db=1&db=2")
+
+
+def test_typed_getters_convert_and_default() -> None:
+    url = DriverUrl.parse("x://h?n=7&f=0.25&on=yes&off=False&s=text")
+
+    assert url.get_int("n", 1) == 7
+    assert url.get_int("missing", 3) == 3
+    assert url.get_float("f", 1.0) == 0.25
+    assert url.get_float("n", 1.0) == 7.0
+    assert url.get_bool("on", False) is True
+    assert url.get_bool("off", True) is False
+    assert url.get_bool("missing", True) is True
+    assert url.get_str("s", "d") == "text"
+    assert url.get_str("missing", "d") == "d"
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (
+            lambda u: u.get_int("v", 1),
+            r"option v='abc' in 'x://u:\*\*\*@h\?v=abc' must be an integer",
+        ),
+        (lambda u: u.get_float("v", 1.0), r"option v='abc' .* must be a number"),
+        (lambda u: u.get_bool("v", True), r"option v='abc' .* must be true or false"),
+    ],
+)
+def test_a_wrong_option_value_names_the_option_the_value_and_the_expected_type(
+    call: object, message: str
+) -> None:
+    url = DriverUrl.parse("x://u:secret@h?v=abc")
+
+    with pytest.raises(ConfigurationError, match=message) as caught:
+        call(url)  # type: ignore[operator]
+
+    assert "secret" not in str(caught.value)
+
+
+def test_a_value_below_the_minimum_is_refused() -> None:
+    url = DriverUrl.parse("x://h?n=0&f=-1.5")
+
+    with pytest.raises(ConfigurationError, match=r"n='0' .* must be an integer >= 1"):
+        url.get_int("n", 5, minimum=1)
+    with pytest.raises(ConfigurationError, match=r"f='-1.5' .* must be a number >= 0"):
+        url.get_float("f", 5.0, minimum=0.0)
+
+
+def test_unknown_options_are_refused_listing_the_allowed_ones() -> None:
+    url = DriverUrl.parse("redis://h/0?colour=blue&queue=jobs&size=3")
+
+    with pytest.raises(
+        ConfigurationError,
+        match=r"unknown option\(s\) colour, size in .*; redis:// accepts: priority, queue",
+    ):
+        url.reject_unknown(["queue", "priority"])
+
+
+def test_known_options_pass() -> None:
+    DriverUrl.parse("redis://h/0?queue=jobs").reject_unknown({"queue"})
+
+
+def test_with_options_adds_and_replaces_options() -> None:
+    url = DriverUrl.parse("redis://h:1/0?queue=a")
+
+    derived = DriverUrl.parse(url.with_options(queue="b", prefix="t"))
+
+    assert dict(derived.options) == {"queue": "b", "prefix": "t"}
+    assert (derived.host, derived.port, derived.path) == ("h", 1, "0")
+
+
+def test_with_path_replaces_the_path() -> None:
+    url = DriverUrl.parse("file:///tmp/q?x=1")
+
+    derived = DriverUrl.parse(url.with_path("/tmp/other dir"))
+
+    assert (derived.host, derived.path) == (None, "tmp/other dir")
+    assert dict(derived.options) == {"x": "1"}
+    assert url.with_path("tmp/other dir") == url.with_path("/tmp/other dir")
+
+
+def test_with_path_keeps_host_and_port() -> None:
+    url = DriverUrl.parse("redis://u:p@h:1/0")
+
+    assert url.with_path("5") == "redis://u:p@h:1/5"
+
+
+@pytest.mark.parametrize(
+    ("text", "redacted"),
+    [
+        ("amqp://guest:guest@localhost:5672/", "amqp://guest:***@localhost:5672/"),
+        ("redis://:pw@h:6379/0", "redis://:***@h:6379/0"),
+        ("amqp://user:p@ss@host/vhost", "amqp://user:***@host/vhost"),
+        ("sqs://key:sec@h?x=a@b", "sqs://key:***@h?x=a@b"),
+        ("redis://h:6379/0?x=a@b", "redis://h:6379/0?x=a@b"),
+        ("redis://user@h/0", "redis://user@h/0"),
+        (
+            "from amqp://a:b@h1/ to redis://:c@h2/0 failed",
+            "from amqp://a:***@h1/ to redis://:***@h2/0 failed",
+        ),
+    ],
+)
+def test_redact_url_masks_every_password_and_nothing_else(text: str, redacted: str) -> None:
+    assert redact_url(text) == redacted
+
+
+def test_a_parsed_url_shows_no_password_when_redacted_or_printed() -> None:
+    url = DriverUrl.parse("amqp://guest:s3cret@localhost/?heartbeat=5")
+
+    assert url.password == "s3cret"
+    assert url.redacted == "amqp://guest:***@localhost/?heartbeat=5"
+    assert "s3cret" not in repr(url)
+    assert "s3cret" not in str(url)
+    assert "s3cret" not in f"{[url]}"
