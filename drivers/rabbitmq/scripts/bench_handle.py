@@ -3,8 +3,9 @@
     python drivers/rabbitmq/scripts/bench_handle.py [URL] [-n 5000] [--rounds 5]
 
 Each round fills a fresh queue with n messages, then drains it with a
-Dispatcher (no-op handler) and, on another fresh queue, with a plain pika
-consume loop that parses the JSON and acks each message. Rounds alternate so
+Dispatcher (no-op handler); again with ``driver.wait`` and a bare callback (the
+driver alone, without the Dispatcher); and with a plain pika consume loop that
+parses the JSON and acks each message. Rounds alternate so
 machine noise hits both sides; the medians are printed. Also measures a worker
 that reads two priority queues (basic_get, exact order).
 """
@@ -40,25 +41,36 @@ def filled(url: str, n: int, priority: int = 100, **query: str) -> LazyRabbitMqD
     return driver
 
 
-def hermes(url: str, n: int, prefetch: int, two_priorities: bool = False) -> float:
+def hermes(url: str, n: int, prefetch: int, two_priorities: bool = False) -> tuple[float, float]:
     driver = filled(url, n, 200 if two_priorities else 100, prefetch=str(prefetch))
     dispatcher = Dispatcher(driver).register_handler("bench", Noop())
     driver.set_max_process_items(n)
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     dispatcher.handle()
-    rate = n / (time.perf_counter() - started)
+    rate = (n / (time.perf_counter() - started), (time.process_time() - cpu) / n * 1e6)
     driver.purge()
     driver.close()
     return rate
 
 
-def raw(url: str, n: int, prefetch: int) -> float:
+def driver_only(url: str, n: int, prefetch: int) -> tuple[float, float]:
+    driver = filled(url, n, prefetch=str(prefetch))
+    driver.set_max_process_items(n)
+    started, cpu = time.perf_counter(), time.process_time()
+    driver.wait(lambda message, priority: True)
+    rate = (n / (time.perf_counter() - started), (time.process_time() - cpu) / n * 1e6)
+    driver.purge()
+    driver.close()
+    return rate
+
+
+def raw(url: str, n: int, prefetch: int) -> tuple[float, float]:
     driver = filled(url, n)
     connection = pika.BlockingConnection(pika.URLParameters(url))
     channel = connection.channel()
     channel.basic_qos(prefetch_count=prefetch)
     got = 0
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     for method, _properties, body in channel.consume(driver.queue, inactivity_timeout=10):
         if method is None:
             raise RuntimeError(f"only {got} of {n} messages arrived")
@@ -67,7 +79,7 @@ def raw(url: str, n: int, prefetch: int) -> float:
         got += 1
         if got == n:
             break
-    rate = n / (time.perf_counter() - started)
+    rate = (n / (time.perf_counter() - started), (time.process_time() - cpu) / n * 1e6)
     channel.cancel()
     connection.close()
     driver.purge()
@@ -82,19 +94,23 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     for prefetch in (1, 10, 50):
-        ours: list[float] = []
-        theirs: list[float] = []
+        runs: dict[str, list[tuple[float, float]]] = {"hermes": [], "driver": [], "raw": []}
         for _ in range(args.rounds):
-            ours.append(hermes(args.url, args.n, prefetch))
-            theirs.append(raw(args.url, args.n, prefetch))
-        h, r = statistics.median(ours), statistics.median(theirs)
+            runs["hermes"].append(hermes(args.url, args.n, prefetch))
+            runs["driver"].append(driver_only(args.url, args.n, prefetch))
+            runs["raw"].append(raw(args.url, args.n, prefetch))
+        rate = {k: statistics.median(r for r, _ in v) for k, v in runs.items()}
+        cpu = {k: statistics.median(c for _, c in v) for k, v in runs.items()}
         print(
-            f"prefetch={prefetch:<3} hermes {h:7,.0f} msgs/s   raw pika {r:7,.0f} msgs/s   "
-            f"ratio {h / r:.2f}",
+            f"prefetch={prefetch:<3} msgs/s: hermes {rate['hermes']:6,.0f} "
+            f"({rate['hermes'] / rate['raw']:.2f}x)  driver.wait alone {rate['driver']:6,.0f} "
+            f"({rate['driver'] / rate['raw']:.2f}x)  raw pika {rate['raw']:6,.0f}   "
+            f"CPU us/msg: hermes {cpu['hermes']:.0f}  driver {cpu['driver']:.0f}  "
+            f"raw {cpu['raw']:.0f}",
             flush=True,
         )
-    two = statistics.median(hermes(args.url, args.n, 1, True) for _ in range(args.rounds))
-    print(f"two priority queues (basic_get, exact order): hermes {two:7,.0f} msgs/s", flush=True)
+    two = statistics.median(hermes(args.url, args.n, 1, True)[0] for _ in range(args.rounds))
+    print(f"two priority queues (basic_get, exact order): hermes {two:6,.0f} msgs/s", flush=True)
 
 
 if __name__ == "__main__":
