@@ -1,0 +1,72 @@
+"""The kit's machinery on its own: names, counts, time."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from hermes.conformance._harness import TotalQueue, namespace_for, scaled, time_scale, wait_until
+from hermes.conformance._worker import Record, read_records
+
+
+@pytest.mark.parametrize(
+    "test_name",
+    [
+        "test_a_handled_message_is_never_delivered_again",
+        "test_every_message_field_survives_the_broker[UPPER case & ünïcode]",
+        "test_" + "x" * 200,
+        "test___",
+    ],
+)
+def test_a_namespace_is_lowercase_letters_digits_and_dashes_of_at_most_48(test_name: str) -> None:
+    namespace = namespace_for(test_name)
+
+    assert re.fullmatch(r"[a-z0-9][a-z0-9-]*[a-z0-9]", namespace), namespace
+    assert len(namespace) <= 48
+
+
+def test_two_namespaces_for_one_test_differ() -> None:
+    assert namespace_for("test_x") != namespace_for("test_x")
+
+
+def test_the_total_queue_check_counts_lost_duplicated_and_unexpected_like_jepsen() -> None:
+    check = TotalQueue.of(["a", "b", "c"], ["a", "a", "a", "b", "z"])
+
+    assert check.lost == {"c"}
+    assert check.duplicated == {"a": 3}
+    assert check.unexpected == {"z"}
+    assert check.summary() == "attempted=3 delivered=5 lost=1 duplicated=1 unexpected=1"
+
+
+def test_the_time_scale_multiplies_every_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HERMES_KIT_TIME_SCALE", "2.5")
+
+    assert time_scale() == 2.5
+    assert scaled(2.0) == 5.0
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "fast", "inf", "nan"])
+def test_a_time_scale_that_is_not_a_positive_number_is_refused(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    monkeypatch.setenv("HERMES_KIT_TIME_SCALE", value)
+
+    with pytest.raises(ValueError, match="must be a number > 0"):
+        time_scale()
+
+
+def test_wait_until_returns_the_predicate_truth_at_the_deadline() -> None:
+    calls = []
+
+    assert wait_until(lambda: calls.append(1) or len(calls) >= 3, 5.0) is True
+    assert wait_until(lambda: False, 0.05) is False
+
+
+def test_a_record_file_keeps_only_complete_lines(tmp_path: Path) -> None:
+    path = tmp_path / "records.tsv"
+    path.write_text("id-1\t42\t7\n#ready\t43\t-\nid-2\t4")
+
+    assert read_records(path) == [Record("id-1", 42, "7"), Record("#ready", 43, "-")]
+    assert read_records(tmp_path / "missing.tsv") == []
