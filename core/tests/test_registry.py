@@ -136,6 +136,32 @@ def test_connect_to_a_known_scheme_that_is_not_installed_names_its_pip_install(
     assert "installed schemes: memory://;" in text
 
 
+@pytest.fixture
+def fresh_registry(monkeypatch: pytest.MonkeyPatch) -> _registry._Registry:
+    """A registry that has not loaded its entry points yet, in place of the process-wide one."""
+    registry = _registry._Registry()
+    monkeypatch.setattr(_registry, "_registry", registry)
+    return registry
+
+
+def test_a_plugin_that_fails_to_import_costs_only_its_own_drivers(
+    fresh_registry: _registry._Registry,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    entry_points = [
+        importlib.metadata.EntryPoint("broken", "hermes_no_such_module._plugin", "hermes"),
+        importlib.metadata.EntryPoint("memory", "hermes.core._memory", "hermes"),
+    ]
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: entry_points)
+
+    assert [driver.name for driver in available_drivers()] == ["memory"]
+    assert "broken" in fresh_registry.broken
+    assert "Hermes plugin broken (hermes_no_such_module._plugin) could not be loaded" in caplog.text
+    with pytest.raises(UnknownDriverError, match=r"broken .* failed to load: ModuleNotFoundError"):
+        connect("nope://x")
+
+
 def test_the_unknown_driver_error_hides_the_url_s_password(
     only_memory: pluggy.PluginManager,
 ) -> None:

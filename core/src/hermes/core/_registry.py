@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import importlib.metadata
+import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -54,6 +56,10 @@ class _Registry:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._manager: pluggy.PluginManager | None = None
+        #: id(plugin) -> (distribution, version) of entry-point plugins.
+        self._origins: dict[int, tuple[str, str]] = {}
+        #: Entry points that failed to import: name -> (distribution, the error).
+        self.broken: dict[str, tuple[str, Exception]] = {}
 
     @property
     def manager(self) -> pluggy.PluginManager:
@@ -63,24 +69,46 @@ class _Registry:
                 if self._manager is None:
                     manager = pluggy.PluginManager("hermes")
                     manager.add_hookspecs(hookspecs)
-                    manager.load_setuptools_entrypoints("hermes")
+                    self._load_entry_points(manager)
                     self._manager = manager
                 manager = self._manager
         return manager
 
+    def _load_entry_points(self, manager: pluggy.PluginManager) -> None:
+        # One by one rather than pluggy's load_setuptools_entrypoints: a plugin
+        # that fails to import costs its own drivers, not every other one.
+        for entry_point in importlib.metadata.entry_points(group="hermes"):
+            if manager.get_plugin(entry_point.name) or manager.is_blocked(entry_point.name):
+                continue
+            dist = entry_point.dist
+            origin = (dist.name, dist.version) if dist is not None else ("", "")
+            try:
+                plugin = entry_point.load()
+            except Exception as exc:
+                self.broken[entry_point.name] = (origin[0], exc)
+                logger.warning(
+                    "Hermes plugin %s (%s) could not be loaded and is skipped - %s: %s",
+                    entry_point.name,
+                    origin[0] or entry_point.value,
+                    type(exc).__name__,
+                    exc,
+                )
+                continue
+            manager.register(plugin, name=entry_point.name)
+            self._origins[id(plugin)] = origin
+
     def drivers(self) -> dict[str, DriverPlugin]:
         """Scheme -> driver, from every registered plugin (entry points or ``register()``)."""
         manager = self.manager
-        origins = {id(plugin): dist for plugin, dist in manager.list_plugin_distinfo()}
         drivers: dict[str, DriverPlugin] = {}
         #: scheme -> who claimed it, for the error message.
         claimed_by: dict[str, str] = {}
         for impl in manager.hook.hermes_drivers.get_hookimpls():
-            dist = origins.get(id(impl.plugin))
+            dist = self._origins.get(id(impl.plugin))
             provided = cast(Sequence[DriverPlugin], impl.function())
             for driver in provided:
                 if dist is not None:
-                    driver = replace(driver, distribution=dist.project_name, version=dist.version)
+                    driver = replace(driver, distribution=dist[0], version=dist[1])
                 origin = driver.distribution or f"plugin {impl.plugin_name!r}"
                 for scheme in driver.schemes:
                     other = drivers.get(scheme)
@@ -97,6 +125,7 @@ class _Registry:
         return drivers
 
 
+logger = logging.getLogger("hermes")
 _registry = _Registry()
 
 
@@ -126,11 +155,17 @@ def driver_for_url(url: str | DriverUrl) -> tuple[DriverPlugin, DriverUrl]:
     if driver is None:
         installed = ", ".join(f"{scheme}://" for scheme in sorted(drivers)) or "none"
         dist = KNOWN_DISTRIBUTIONS.get(parsed.scheme)
-        hint = (
-            f"`pip install {dist}` adds it"
-            if dist
-            else f"install the distribution that provides {parsed.scheme}://"
-        )
+        broken = [
+            f"{name} ({origin}) is installed but failed to load: {type(exc).__name__}: {exc}"
+            for name, (origin, exc) in _registry.broken.items()
+            if dist is None or origin == dist
+        ]
+        if broken:
+            hint = "; ".join(broken)
+        elif dist:
+            hint = f"`pip install {dist}` adds it"
+        else:
+            hint = f"install the distribution that provides {parsed.scheme}://"
         raise UnknownDriverError(
             f"no installed Hermes driver handles {parsed.scheme}:// ({parsed.redacted}); "
             f"installed schemes: {installed}; {hint}",
