@@ -128,11 +128,11 @@ def _process(
 
 @contextlib.contextmanager
 def sqs_server() -> Iterator[str]:
-    """A local SQS-compatible server (moto); yields its endpoint URL."""
+    """A local SQS-compatible server (moto, see moto_server.py); yields its endpoint URL."""
     port = free_port()
-    moto = shutil.which("moto_server") or str(Path(sys.executable).with_name("moto_server"))
+    moto = [sys.executable, str(Path(__file__).with_name("moto_server.py"))]
     env = {**os.environ, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
-    with _process([moto, "-H", "127.0.0.1", "-p", str(port)], port, "moto_server", 60, env=env):
+    with _process([*moto, "-H", "127.0.0.1", "-p", str(port)], port, "moto_server", 60, env=env):
         yield f"http://127.0.0.1:{port}"
 
 
