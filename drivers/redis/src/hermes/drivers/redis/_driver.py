@@ -16,10 +16,7 @@ from hermes.core import (
     DEFAULT_PRIORITY,
     BrokerUnavailableError,
     Callback,
-    Capabilities,
     ConfigurationError,
-    Delay,
-    Delivery,
     DeliveryError,
     Driver,
     DriverError,
@@ -28,6 +25,7 @@ from hermes.core import (
     UnknownPriorityError,
 )
 from hermes.drivers.redis import _scripts
+from hermes.drivers.redis._capabilities import CAPABILITIES
 
 logger = logging.getLogger("hermes.drivers.redis")
 
@@ -110,13 +108,7 @@ class RedisSetDriver(Driver):
     factory does this for the client it builds).
     """
 
-    capabilities = Capabilities(
-        delivery=Delivery.AT_MOST_ONCE,
-        delay=Delay.NATIVE,
-        priorities=True,
-        competing_consumers=True,
-        max_message_bytes=16 * 1024 * 1024,
-    )
+    capabilities = CAPABILITIES
 
     def __init__(
         self,

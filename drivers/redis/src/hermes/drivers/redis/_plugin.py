@@ -1,15 +1,20 @@
-"""The ``redis://`` and ``rediss://`` entry in Hermes's driver registry."""
+"""The ``redis://`` and ``rediss://`` entry in Hermes's driver registry.
+
+Every ``connect()`` loads this module, whatever the scheme: redis-py and the
+driver are imported when a Redis driver is built, not here.
+"""
 
 from __future__ import annotations
 
-from typing import Any
-
-import redis
-from redis.backoff import ExponentialBackoff
-from redis.retry import Retry
+from typing import TYPE_CHECKING, Any
 
 from hermes.core import ConfigurationError, DriverPlugin, DriverUrl, hookimpl
-from hermes.drivers.redis._driver import RedisSetDriver
+from hermes.drivers.redis._capabilities import CAPABILITIES
+
+if TYPE_CHECKING:
+    import redis
+
+    from hermes.drivers.redis._driver import RedisSetDriver
 
 _DRIVER_OPTIONS = ("key", "schedule_key", "refresh_interval", "prefix")
 _TLS_OPTIONS = ("ssl_cert_reqs", "ssl_ca_certs")
@@ -23,6 +28,10 @@ def build_client(url: DriverUrl) -> redis.Redis[Any]:
     about half a second after a dropped connection; ``send`` and ``wait``
     handle connections themselves (see :class:`RedisSetDriver`).
     """
+    import redis
+    from redis.backoff import ExponentialBackoff
+    from redis.retry import Retry
+
     if url.path and not url.path.isdigit():
         raise ConfigurationError(
             f"the path of {url.redacted!r} must be a database number, "
@@ -51,6 +60,10 @@ def build_client(url: DriverUrl) -> redis.Redis[Any]:
 
 
 def _from_url(url: DriverUrl, **options: Any) -> RedisSetDriver:
+    import redis
+
+    from hermes.drivers.redis._driver import RedisSetDriver
+
     url.reject_unknown((*_DRIVER_OPTIONS, *_CLIENT_OPTIONS))
     client = options.pop("client", None)
     if options:
@@ -84,7 +97,7 @@ def hermes_drivers() -> list[DriverPlugin]:
             name="redis",
             schemes=("redis", "rediss"),
             factory=_from_url,
-            capabilities=RedisSetDriver.capabilities,
+            capabilities=CAPABILITIES,
             isolate=_isolate,
             example_url="redis://localhost:6379/0?key=hermes&schedule_key=hermes_schedule",
         )
