@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import textwrap
+
 import pika
 import pytest
 
@@ -14,13 +19,43 @@ from hermes.core import (
     isolated_url,
 )
 from hermes.drivers.rabbitmq import LazyRabbitMqDriver
-from hermes.drivers.rabbitmq._plugin import KEYWORD_OPTIONS
+from hermes.drivers.rabbitmq._plugin import keyword_options
+
+#: Run in a fresh interpreter: this one imported pika long ago.
+_IMPORTS_BEFORE_AND_AFTER_CONNECT = textwrap.dedent(
+    """
+    import json, sys
+    import hermes.core
+    names = [d.name for d in hermes.core.available_drivers()]
+    listed = [m for m in ("pika", "hermes.drivers.rabbitmq._driver") if m in sys.modules]
+    hermes.core.connect("amqp://localhost/?queue=jobs")
+    built = [m for m in ("pika", "hermes.drivers.rabbitmq._driver") if m in sys.modules]
+    print(json.dumps({"names": names, "listed": listed, "built": built}))
+    """
+)
 
 
 def test_the_plugin_registers_amqp_and_amqps() -> None:
     (plugin,) = [d for d in available_drivers() if d.name == "rabbitmq"]
     assert plugin.schemes == ("amqp", "amqps")
     assert plugin.capabilities.delay is Delay.IGNORED
+
+
+def test_listing_drivers_imports_no_pika_until_a_rabbitmq_driver_is_built() -> None:
+    # Every connect() loads every plugin: one that imports its client library
+    # makes processes that use another broker pay for it in start-up and memory.
+    run = subprocess.run(
+        [sys.executable, "-c", _IMPORTS_BEFORE_AND_AFTER_CONNECT],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    seen = json.loads(run.stdout)
+    assert "rabbitmq" in seen["names"]
+    assert seen["listed"] == []
+    assert seen["built"] == ["pika", "hermes.drivers.rabbitmq._driver"]
 
 
 def test_a_url_sets_every_scalar_option() -> None:
@@ -98,7 +133,7 @@ def test_keyword_options_of_connect_add_what_a_url_cannot_carry() -> None:
     assert driver.message_properties.delivery_mode == 1
     assert driver.message_properties.content_type == "application/json"
     assert driver.prefetch == 7
-    assert "queue_arguments" in KEYWORD_OPTIONS and "parameters" not in KEYWORD_OPTIONS
+    assert "queue_arguments" in keyword_options() and "parameters" not in keyword_options()
 
 
 def test_pika_basic_properties_are_accepted_as_message_properties() -> None:

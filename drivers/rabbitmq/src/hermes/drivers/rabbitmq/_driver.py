@@ -20,16 +20,15 @@ from pika import exceptions as pika_exc
 from hermes.core import (
     DEFAULT_PRIORITY,
     Callback,
-    Capabilities,
     ConfigurationError,
     Delay,
-    Delivery,
     Driver,
     DriverError,
     Message,
     SerializeError,
     UnknownPriorityError,
 )
+from hermes.drivers.rabbitmq._capabilities import CAPABILITIES
 from hermes.drivers.rabbitmq._delay import (
     DELAY_SUFFIX_LEN,
     DUE_TOLERANCE_S,
@@ -152,16 +151,7 @@ class LazyRabbitMqDriver(Driver):
       again. Raise ``heartbeat`` for long handlers.
     """
 
-    capabilities = Capabilities(
-        delivery=Delivery.AT_LEAST_ONCE,
-        delay=Delay.IGNORED,
-        priorities=True,
-        competing_consumers=True,
-        max_message_bytes=16 * 1024 * 1024,
-        # The broker requeues a dead consumer's unacknowledged messages as
-        # soon as its connection closes.
-        redelivery_timeout_s=0.0,
-    )
+    capabilities = CAPABILITIES
 
     def __init__(
         self,

@@ -1,15 +1,23 @@
-"""Registers ``amqp://`` and ``amqps://`` with Hermes."""
+"""Registers ``amqp://`` and ``amqps://`` with Hermes.
+
+Every ``connect()`` loads this module, whatever the scheme: pika and the
+driver are imported when a RabbitMQ driver is built, not here.
+"""
 
 from __future__ import annotations
 
+import functools
 import inspect
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
-import pika
-
 from hermes.core import ConfigurationError, DriverPlugin, DriverUrl, hookimpl
-from hermes.drivers.rabbitmq._driver import LazyRabbitMqDriver
+from hermes.drivers.rabbitmq._capabilities import CAPABILITIES
+
+if TYPE_CHECKING:
+    import pika
+
+    from hermes.drivers.rabbitmq._driver import LazyRabbitMqDriver
 
 #: URL options of the driver itself (the query string is ``?queue=jobs&prefetch=10``).
 DRIVER_OPTIONS = frozenset(
@@ -57,8 +65,13 @@ STRING_ARGUMENTS = frozenset(
 )
 BOOL_ARGUMENTS = frozenset({"x-single-active-consumer"})
 
-#: Keyword options of ``connect()`` (objects a URL cannot carry, or overrides).
-KEYWORD_OPTIONS = frozenset(inspect.signature(LazyRabbitMqDriver).parameters) - {"parameters"}
+
+@functools.cache
+def keyword_options() -> frozenset[str]:
+    """Keyword options of ``connect()`` (objects a URL cannot carry, or overrides)."""
+    from hermes.drivers.rabbitmq._driver import LazyRabbitMqDriver
+
+    return frozenset(inspect.signature(LazyRabbitMqDriver).parameters) - {"parameters"}
 
 
 def _queue_arguments(url: DriverUrl) -> dict[str, Any]:
@@ -80,6 +93,8 @@ def _queue_arguments(url: DriverUrl) -> dict[str, Any]:
 
 
 def _pika_parameters(url: DriverUrl) -> pika.URLParameters:
+    import pika
+
     parts = urlsplit(url.raw)
     query = urlencode({k: v for k, v in url.options.items() if k in PIKA_OPTIONS})
     try:
@@ -90,6 +105,8 @@ def _pika_parameters(url: DriverUrl) -> pika.URLParameters:
 
 def from_url(url: DriverUrl, **options: Any) -> LazyRabbitMqDriver:
     """Build the driver for ``amqp://user:pass@host:port/vhost?queue=NAME&...``."""
+    from hermes.drivers.rabbitmq._driver import LazyRabbitMqDriver
+
     unknown = sorted(
         name
         for name in url.options
@@ -101,11 +118,12 @@ def from_url(url: DriverUrl, **options: Any) -> LazyRabbitMqDriver:
             f"unknown option(s) {', '.join(unknown)} in {url.redacted!r}; {url.scheme}:// "
             f"accepts: {accepted}, and queue arguments x-... (e.g. x-dead-letter-exchange=dlx)"
         )
-    wrong = sorted(set(options) - KEYWORD_OPTIONS)
+    accepted_keywords = keyword_options()
+    wrong = sorted(set(options) - accepted_keywords)
     if wrong:
         raise ConfigurationError(
             f"unknown keyword option(s) {', '.join(wrong)} for {url.scheme}://; "
-            f"accepted: {', '.join(sorted(KEYWORD_OPTIONS))}"
+            f"accepted: {', '.join(sorted(accepted_keywords))}"
         )
     if url.host is None:
         raise ConfigurationError(
@@ -140,7 +158,7 @@ def hermes_drivers() -> list[DriverPlugin]:
             name="rabbitmq",
             schemes=("amqp", "amqps"),
             factory=from_url,
-            capabilities=LazyRabbitMqDriver.capabilities,
+            capabilities=CAPABILITIES,
             isolate=isolate,
             example_url="amqp://guest:guest@localhost:5672/?queue=hermes",
         )
