@@ -20,10 +20,8 @@ from hermes.core import (
     DEFAULT_PRIORITY,
     BrokerUnavailableError,
     Callback,
-    Capabilities,
     ConfigurationError,
     Delay,
-    Delivery,
     DeliveryError,
     Driver,
     Message,
@@ -31,6 +29,7 @@ from hermes.core import (
     SerializeError,
     UnknownPriorityError,
 )
+from hermes.drivers.sqs._capabilities import CAPABILITIES, MAX_MESSAGE_BYTES
 from hermes.drivers.sqs._client import (
     ForkSafeClient,
     error_code,
@@ -50,8 +49,6 @@ MAX_VISIBILITY_S = 12 * 60 * 60
 DEAD_LETTER_RETENTION_S = 14 * 24 * 60 * 60
 #: ``maxReceiveCount`` when a dead-letter queue is named without one.
 DEFAULT_MAX_RECEIVE_COUNT = 5
-#: Largest body (and largest SendMessageBatch request) every SQS queue accepts.
-MAX_MESSAGE_BYTES = 256 * 1024
 #: Longest pause between two receive attempts while the endpoint is unreachable.
 MAX_BACKOFF_S = 10.0
 
@@ -208,14 +205,7 @@ class AmazonSqsDriver(Driver):
     copy of ``client``'s region, endpoint, config and explicit keys).
     """
 
-    capabilities = Capabilities(
-        delivery=Delivery.AT_LEAST_ONCE,
-        delay=Delay.IGNORED,
-        priorities=True,
-        competing_consumers=True,
-        max_message_bytes=MAX_MESSAGE_BYTES,
-        redelivery_timeout_s=30.0,
-    )
+    capabilities = CAPABILITIES
 
     def __init__(
         self,

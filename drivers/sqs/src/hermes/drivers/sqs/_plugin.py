@@ -1,16 +1,19 @@
-"""The ``sqs://`` scheme: builds an AmazonSqsDriver from a URL."""
+"""The ``sqs://`` scheme: builds an AmazonSqsDriver from a URL.
+
+Every ``connect()`` loads this module, whatever the scheme: boto3 and the
+driver are imported when an SQS driver is built, not here.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
-import boto3
-from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ProfileNotFound
-
 from hermes.core import ConfigurationError, DriverPlugin, DriverUrl, hookimpl
-from hermes.drivers.sqs._driver import AmazonSqsDriver
+from hermes.drivers.sqs._capabilities import CAPABILITIES
+
+if TYPE_CHECKING:
+    from hermes.drivers.sqs._driver import AmazonSqsDriver
 
 #: Every option ``sqs://`` accepts, with what it sets.
 OPTIONS = {
@@ -50,6 +53,10 @@ def _queue_name(url: DriverUrl) -> str:
 
 
 def _client_factory(url: DriverUrl, wait_time_s: int) -> Any:
+    import boto3
+    from botocore.config import Config
+    from botocore.exceptions import ProfileNotFound
+
     region = url.options.get("region") or None
     endpoint_url = url.options.get("endpoint_url") or None
     profile = url.options.get("profile") or None
@@ -83,6 +90,10 @@ def _client_factory(url: DriverUrl, wait_time_s: int) -> Any:
 
 def from_url(url: DriverUrl, **options: Any) -> AmazonSqsDriver:
     """``sqs://QUEUE?region=…&endpoint_url=…``; keyword ``options`` go to the driver."""
+    from botocore.exceptions import BotoCoreError
+
+    from hermes.drivers.sqs._driver import AmazonSqsDriver
+
     url.reject_unknown(OPTIONS)
     queue_name = _queue_name(url)
     wait_time_s = url.get_int("wait_time", 1, minimum=0)
@@ -129,7 +140,7 @@ def hermes_drivers() -> list[DriverPlugin]:
             name="sqs",
             schemes=("sqs",),
             factory=from_url,
-            capabilities=AmazonSqsDriver.capabilities,
+            capabilities=CAPABILITIES,
             isolate=isolate,
             example_url="sqs://jobs?region=eu-west-1",
         )
