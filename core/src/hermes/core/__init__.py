@@ -31,6 +31,7 @@ from hermes.core._errors import (
     UnknownPriorityError,
 )
 from hermes.core._handler import EchoHandler, Handler
+from hermes.core._lazy import lazy_exports
 from hermes.core._memory import MemoryDriver
 from hermes.core._message import Message
 from hermes.core._registry import (
@@ -85,6 +86,7 @@ __all__ = [
     "connect",
     "hookimpl",
     "isolated_url",
+    "lazy_exports",
     "plugin_manager",
     "redact_url",
 ]

@@ -20,10 +20,8 @@ from hermes.core import (
     DEFAULT_PRIORITY,
     BrokerUnavailableError,
     Callback,
-    Capabilities,
     ConfigurationError,
     Delay,
-    Delivery,
     DeliveryError,
     Driver,
     DriverError,
@@ -32,13 +30,13 @@ from hermes.core import (
     UnknownPriorityError,
 )
 from hermes.drivers.kafka import _settings
+from hermes.drivers.kafka._capabilities import (
+    CAPABILITIES,
+    DEFAULT_SESSION_TIMEOUT_MS,
+)
 
 logger = logging.getLogger("hermes.drivers.kafka")
 
-#: The largest serialized message the driver promises to carry: below both
-#: librdkafka's default ``message.max.bytes`` (1,000,000, batch framing included)
-#: and Apache Kafka's default broker limit (1,048,588).
-MAX_MESSAGE_BYTES = 900 * 1024
 #: Legal Kafka topic names.
 _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
 #: The longest topic creation and deletion may take (``send`` waits less if its own
@@ -57,7 +55,6 @@ _client_logger = logging.getLogger("hermes.drivers.kafka.librdkafka")
 #: The same client error is logged as a warning at most once per this many seconds.
 _REPEAT_LOG_INTERVAL_S = 30.0
 #: librdkafka's own default ``session.timeout.ms``.
-_DEFAULT_SESSION_TIMEOUT_MS = 45_000
 
 # A driver created before fork() must not touch its parent's librdkafka handles
 # in the child; _fork_lock guards the swap to fresh ones and is itself renewed.
@@ -148,14 +145,7 @@ class KafkaDriver(Driver):
       their end, at most 2 s).
     """
 
-    capabilities = Capabilities(
-        delivery=Delivery.AT_LEAST_ONCE,
-        delay=Delay.IGNORED,
-        priorities=False,
-        competing_consumers=True,
-        max_message_bytes=MAX_MESSAGE_BYTES,
-        redelivery_timeout_s=2 * _DEFAULT_SESSION_TIMEOUT_MS / 1000 + 2,
-    )
+    capabilities = CAPABILITIES
 
     def __init__(
         self,
@@ -239,7 +229,7 @@ class KafkaDriver(Driver):
         #: How long ``send`` waits for the broker before raising DeliveryError.
         self.send_timeout_s = float(timeout_ms or 300_000) / 1000 + 1.0
         self.admin_timeout_s = min(_ADMIN_TIMEOUT_S, self.send_timeout_s)
-        session_ms = float(consumer.get("session.timeout.ms", _DEFAULT_SESSION_TIMEOUT_MS))
+        session_ms = float(consumer.get("session.timeout.ms", DEFAULT_SESSION_TIMEOUT_MS))
         self.capabilities = replace(
             type(self).capabilities,
             delay=Delay.NATIVE if delay else Delay.IGNORED,

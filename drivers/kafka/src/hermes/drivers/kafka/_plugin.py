@@ -9,11 +9,14 @@ Hermes's. ``user:password`` become ``sasl.username``/``sasl.password``.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hermes.core import ConfigurationError, DriverPlugin, DriverUrl, hookimpl
 from hermes.drivers.kafka import _settings
-from hermes.drivers.kafka._driver import KafkaDriver
+from hermes.drivers.kafka._capabilities import CAPABILITIES
+
+if TYPE_CHECKING:
+    from hermes.drivers.kafka._driver import KafkaDriver
 
 _DEFAULT_PORT = 9092
 #: Hermes's own URL options (the rest are librdkafka settings).
@@ -57,6 +60,8 @@ def librdkafka_config(url: DriverUrl) -> dict[str, Any]:
 
 
 def _from_url(url: DriverUrl, **options: Any) -> KafkaDriver:
+    from hermes.drivers.kafka._driver import KafkaDriver  # confluent-kafka: only when used
+
     url.reject_unknown([*_DRIVER_OPTIONS, *(key for key in url.options if _is_librdkafka(key))])
     extra = options.pop("config", None)
     if options:
@@ -101,7 +106,7 @@ def hermes_drivers() -> list[DriverPlugin]:
             name="kafka",
             schemes=("kafka",),
             factory=_from_url,
-            capabilities=KafkaDriver.capabilities,
+            capabilities=CAPABILITIES,
             isolate=_isolate,
             example_url="kafka://localhost:9092/hermes?group=workers",
         )

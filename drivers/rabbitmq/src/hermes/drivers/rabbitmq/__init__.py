@@ -8,8 +8,9 @@ a worker reconnects after a broker restart. ``delay=true`` makes
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from hermes.core import lazy_exports
 
 if TYPE_CHECKING:
     from hermes.drivers.rabbitmq._driver import LazyRabbitMqDriver
@@ -17,18 +18,6 @@ if TYPE_CHECKING:
 __all__ = ["LazyRabbitMqDriver"]
 
 # Loading the plugin imports this package; pika is imported on first use of a
-# name instead (PEP 562), so a process that never uses RabbitMQ skips it.
-# Hidden from type checkers, which see the import above and still flag typos.
-if not TYPE_CHECKING:
-    _HOMES = {"LazyRabbitMqDriver": "hermes.drivers.rabbitmq._driver"}
-
-    def __getattr__(name: str) -> Any:
-        home = _HOMES.get(name)
-        if home is None:
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(home), name)
-        globals()[name] = value
-        return value
-
-    def __dir__() -> list[str]:
-        return sorted({*globals(), *__all__})
+# name instead, so a process that never uses this broker does not pay for it.
+if not TYPE_CHECKING:  # type checkers read the imports above, and still flag typos
+    __getattr__, __dir__ = lazy_exports(__name__, {"LazyRabbitMqDriver": "._driver"})

@@ -6,8 +6,9 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from hermes.core import lazy_exports
 
 if TYPE_CHECKING:
     from hermes.drivers.redis._driver import RedisSetDriver, wake_key
@@ -15,23 +16,10 @@ if TYPE_CHECKING:
 
 __all__ = ["RedisSetDriver", "RedisShutdown", "wake_key"]
 
-# Loading the plugin imports this package; redis-py is imported on first use
-# of a name instead (PEP 562), so a process that never uses Redis skips it.
-# Hidden from type checkers, which see the imports above and still flag typos.
-if not TYPE_CHECKING:
-    _HOMES = {
-        "RedisSetDriver": "hermes.drivers.redis._driver",
-        "wake_key": "hermes.drivers.redis._driver",
-        "RedisShutdown": "hermes.drivers.redis._shutdown",
-    }
-
-    def __getattr__(name: str) -> Any:
-        home = _HOMES.get(name)
-        if home is None:
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(home), name)
-        globals()[name] = value
-        return value
-
-    def __dir__() -> list[str]:
-        return sorted({*globals(), *__all__})
+# Loading the plugin imports this package; redis-py is imported on first use of a
+# name instead, so a process that never uses this broker does not pay for it.
+if not TYPE_CHECKING:  # type checkers read the imports above, and still flag typos
+    __getattr__, __dir__ = lazy_exports(
+        __name__,
+        {"RedisSetDriver": "._driver", "wake_key": "._driver", "RedisShutdown": "._shutdown"},
+    )

@@ -7,8 +7,9 @@ what keeps failing. See :class:`AmazonSqsDriver`.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from hermes.core import lazy_exports
 
 if TYPE_CHECKING:
     from hermes.drivers.sqs._driver import AmazonSqsDriver, SqsDelivery, current_delivery
@@ -16,18 +17,6 @@ if TYPE_CHECKING:
 __all__ = ["AmazonSqsDriver", "SqsDelivery", "current_delivery"]
 
 # Loading the plugin imports this package; boto3 is imported on first use of a
-# name instead (PEP 562), so a process that never uses SQS skips it.
-# Hidden from type checkers, which see the import above and still flag typos.
-if not TYPE_CHECKING:
-    _HOMES = dict.fromkeys(__all__, "hermes.drivers.sqs._driver")
-
-    def __getattr__(name: str) -> Any:
-        home = _HOMES.get(name)
-        if home is None:
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(home), name)
-        globals()[name] = value
-        return value
-
-    def __dir__() -> list[str]:
-        return sorted({*globals(), *__all__})
+# name instead, so a process that never uses this broker does not pay for it.
+if not TYPE_CHECKING:  # type checkers read the imports above, and still flag typos
+    __getattr__, __dir__ = lazy_exports(__name__, dict.fromkeys(__all__, "._driver"))
