@@ -172,6 +172,9 @@ def service_url(name: str) -> Iterator[str]:
     elif name == "rabbitmq-delay":
         yield ensure_rabbitmq() + "?queue=hermes&delay=true"
     elif name in ("sqs", "sqs-delay"):
+        # The local server accepts any key; boto3 refuses to sign without one.
+        os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+        os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
         with sqs_server() as endpoint:
             # A short visibility timeout brings a killed worker's message back quickly.
             query = f"region=us-east-1&endpoint_url={quote(endpoint, safe='')}&visibility_timeout=5"
