@@ -73,8 +73,8 @@ class Outcome:
 class Workers:
     """Three worker processes on one URL, any of which can be killed and replaced."""
 
-    def __init__(self, url: str, record: Path, log: Path) -> None:
-        self.url, self.record, self.log = url, record, log
+    def __init__(self, url: str, record: Path, log: Path, work_ms: float) -> None:
+        self.url, self.record, self.log, self.work_ms = url, record, log, work_ms
         self.procs: list[subprocess.Popen[bytes]] = []
         self.kills = 0
 
@@ -85,7 +85,14 @@ class Workers:
         }
         with self.log.open("ab") as log:
             return subprocess.Popen(
-                [sys.executable, "-m", "torture.worker", self.url, str(self.record)],
+                [
+                    sys.executable,
+                    "-m",
+                    "torture.worker",
+                    self.url,
+                    str(self.record),
+                    str(self.work_ms),
+                ],
                 env=env,
                 cwd=ROOT,
                 stdout=log,
@@ -139,6 +146,9 @@ def soak(
     kill_phase_s: float,
     restart: Callable[[], None] | None = None,
 ) -> Outcome:
+    # Each message takes long enough that 3 workers are still busy when the
+    # kills stop: kills land mid-handler, not on idle workers.
+    work_ms = 1000 * kill_phase_s * WORKERS / count * 1.2
     """One soak on one driver; ``restart`` (if given) restarts the broker mid-run."""
     rng = random.Random(os.getpid())
     url = isolated_url(base_url, f"torture-{uuid.uuid4().hex[:10]}")
@@ -150,7 +160,7 @@ def soak(
         emit_numbered(driver, range(count))
         sent = set(range(count))
         indeterminate: set[int] = set()
-        workers = Workers(url, record, log)
+        workers = Workers(url, record, log, work_ms)
         workers.start()
         restarts = 0
         stop_emitting = threading.Event()

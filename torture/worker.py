@@ -1,4 +1,4 @@
-"""A soak-test worker: ``python -m torture.worker URL RECORD_FILE``.
+"""A soak-test worker: ``python -m torture.worker URL RECORD_FILE WORK_MS``.
 
 Appends ``<n>\\t<pid>`` to RECORD_FILE for every message it handles, with one
 ``write()`` on an ``O_APPEND`` descriptor: a line written survives the
@@ -10,27 +10,32 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 
 from hermes.core import Dispatcher, Message, connect
 
 
 class Recorder:
-    def __init__(self, path: str) -> None:
+    """Works ``work_s`` per message (so kills land mid-handler), then records it."""
+
+    def __init__(self, path: str, work_s: float) -> None:
         self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self.pid = os.getpid()
+        self.work_s = work_s
 
     def handle(self, message: Message) -> bool:
+        time.sleep(self.work_s)
         os.write(self.fd, f"{message.payload['n']}\t{self.pid}\n".encode())
         return True
 
 
 def main() -> None:
-    url, record = sys.argv[1], sys.argv[2]
+    url, record, work_ms = sys.argv[1], sys.argv[2], float(sys.argv[3])
     logging.basicConfig(
         level=logging.WARNING, format=f"worker {os.getpid()} %(levelname)s %(message)s"
     )
     dispatcher = Dispatcher(connect(url))
-    dispatcher.register_handler("torture", Recorder(record))
+    dispatcher.register_handler("torture", Recorder(record, work_ms / 1000))
     dispatcher.handle()
 
 
