@@ -315,7 +315,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--only", default="")
     args = parser.parse_args()
-    count, kill_phase = (600, 6.0) if args.quick else (10_000, 30.0)
+    count, kill_phase = (400, 4.0) if args.quick else (10_000, 30.0)
     only = set(filter(None, args.only.split(",")))
     outcomes: list[Outcome] = []
 
