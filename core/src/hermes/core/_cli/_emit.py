@@ -55,6 +55,7 @@ def parse_at(text: str) -> float:
     try:
         return float(text)
     except ValueError:
+        # Not a timestamp: try ISO 8601 next; the error below names both forms.
         pass
     try:
         moment = datetime.datetime.fromisoformat(text)

@@ -343,6 +343,7 @@ class FileSystemDriver(Driver):
                 else:
                     os.unlink(entry.path)
             except FileNotFoundError:
+                # Another worker cleaned it up first: nothing left to report.
                 continue
             logger.warning(
                 "%s: removed %s, left unfinished in tmp/ for over an hour by a process that died",
@@ -358,6 +359,7 @@ class FileSystemDriver(Driver):
             try:
                 os.rmdir(self.path)
             except FileNotFoundError:
+                # Already gone (another purge): the queue is deleted either way.
                 pass
             except OSError as exc:
                 if exc.errno != errno.ENOTEMPTY:
@@ -507,6 +509,7 @@ def _move_without_overwriting(source: str, directory: str, name: str) -> str:
             # link() refuses to replace an existing name, unlike rename().
             os.link(source, target, follow_symlinks=False)
         except FileExistsError:
+            # Another worker quarantined a file of that name meanwhile: next suffix.
             continue
         except OSError as exc:
             if exc.errno not in _NO_HARD_LINKS:
