@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import importlib.metadata
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -77,6 +76,10 @@ class _Registry:
     def _load_entry_points(self, manager: pluggy.PluginManager) -> None:
         # One by one rather than pluggy's load_setuptools_entrypoints: a plugin
         # that fails to import costs its own drivers, not every other one.
+        # importlib.metadata is imported here, not at module level: it costs
+        # about a third of `import hermes.core`, and only plugin loading needs it.
+        import importlib.metadata
+
         for entry_point in importlib.metadata.entry_points(group="hermes"):
             if manager.get_plugin(entry_point.name) or manager.is_blocked(entry_point.name):
                 continue
