@@ -25,5 +25,7 @@ class Emitter:
             self.logger.info(
                 "Dispatcher send message #%s to driver %s", message.id, type(self.driver).__name__
             )
-        self._hooks.hermes_message_emitted(message=message, priority=priority, driver=self.driver)
+        emitted = self._hooks.hermes_message_emitted
+        if emitted.get_hookimpls():  # skip pluggy's call machinery when nobody observes
+            emitted(message=message, priority=priority, driver=self.driver)
         return self
