@@ -613,6 +613,70 @@ def markdown(run: Run) -> str:
     return "\n".join(lines) + "\n"
 
 
+SUMMARY = [
+    # broker, Hermes system, raw system, peers' broker
+    ("filesystem", "hermes fsync=false", "raw (rename+read+unlink)"),
+    ("redis", "hermes", "raw redis-py"),
+    ("rabbitmq", "hermes prefetch=1", "raw pika prefetch=1"),
+    ("rabbitmq", "hermes prefetch=50", "raw pika prefetch=50"),
+    ("sqs", "hermes", "raw boto3"),
+    ("kafka", "hermes", "raw confluent-kafka"),
+]
+
+
+def summary(run: Run) -> str:
+    """The README's table: one row per driver, Hermes beside its limit and its peers."""
+
+    def fmt(value: float | None, spec: str = ",.0f") -> str:
+        return "-" if value is None else format(value, spec)
+
+    lines = [
+        f"{run.machine}; {run.started}; n = {run.n}, median of {run.rounds} alternating "
+        "Hermes/raw rounds (`nox -s bench`, full table in `bench/results/latest.md`).",
+        "",
+        "| driver | handle msgs/s | raw client | Hermes/raw | fastest peer | Hermes/peer "
+        "| emit->handle p50 / p99 | idle RSS |",
+        "|---|---:|---:|---:|---|---:|---:|---:|",
+    ]
+    for broker, ours, raw in SUMMARY:
+        mine, limit = run.value(broker, ours, "handle"), run.value(broker, raw, "handle")
+        peers = [
+            (value, system)
+            for (b, system, metric), _ in run.samples.items()
+            if b == broker
+            and metric == "handle"
+            and system.split()[0] in PEERS
+            and (value := run.value(b, system, metric)) is not None
+        ]
+        best = max(peers, default=None)
+        p50, p99 = run.value(broker, ours, "latency p50"), run.value(broker, ours, "latency p99")
+        lines.append(
+            f"| {broker} ({ours.removeprefix('hermes').strip() or 'default'}) | {fmt(mine)} "
+            f"| {fmt(limit)} | {fmt(mine / limit if mine and limit else None, '.2f')}x "
+            f"| {f'{best[1]} {best[0]:,.0f}' if best else '-'} "
+            f"| {fmt(mine / best[0] if mine and best else None, '.2f')}{'x' if best else ''} "
+            f"| {fmt(p50, '.1f')} / {fmt(p99, '.1f')} ms "
+            f"| {fmt(run.value(broker, ours, 'idle worker RSS'), '.0f')} MB |"
+        )
+    imported = run.value("-", "hermes", "import hermes.core")
+    lines += ["", f"`import hermes.core`: {fmt(imported, '.0f')} ms (best of 7, bytecode cached)."]
+    return "\n".join(lines) + "\n"
+
+
+PEERS = ("celery", "rq", "dramatiq")
+
+
+def update_readme(run: Run, readme: Path) -> None:
+    begin, end = "<!-- bench:begin -->", "<!-- bench:end -->"
+    text = readme.read_text()
+    if begin not in text or end not in text:
+        run.errors.append(f"README: markers {begin} / {end} not found; summary not written")
+        return
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    readme.write_text(f"{head}{begin}\n{summary(run)}{end}{tail}")
+
+
 def chart(run: Run, path: Path) -> None:
     import matplotlib
 
@@ -740,8 +804,11 @@ def main() -> int:
         chart(run, out / f"{prefix}.png")
     except ImportError as exc:
         run.errors.append(f"chart: matplotlib is needed for the PNG ({exc})")
+    if not args.quick and not only:
+        update_readme(run, ROOT / "README.md")
     print()
     print(md)
+    print(summary(run))
     return 1 if run.errors else 0
 
 
