@@ -353,7 +353,28 @@ def main() -> int:
         run("rabbitmq + restart", rabbitmq_restart)
     print()
     print(table(outcomes))
+    if not args.quick and not only:
+        update_readme(outcomes, count)
     return 0 if outcomes and all(o.ok for o in outcomes) else 1
+
+
+def update_readme(outcomes: list[Outcome], count: int) -> None:
+    """Put the latest full run's table between the README's torture markers."""
+    begin, end = "<!-- torture:begin -->", "<!-- torture:end -->"
+    readme = ROOT / "README.md"
+    text = readme.read_text()
+    if begin not in text or end not in text:
+        print(f"README: markers {begin} / {end} not found; table not written")
+        return
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    stamp = time.strftime("%Y-%m-%d %H:%M %Z")
+    intro = (
+        f"`python -m torture.soak` ({stamp}, {os.cpu_count()} cores): {count:,} messages per "
+        f"driver (half for the restart runs), {WORKERS} workers, a random worker SIGKILLed "
+        "every ~0.5 s for 30 s.\n\n"
+    )
+    readme.write_text(f"{head}{begin}\n{intro}{table(outcomes)}\n{end}{tail}")
 
 
 if __name__ == "__main__":
