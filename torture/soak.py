@@ -329,10 +329,13 @@ def main() -> int:
         for note in outcome.notes:
             print(note)
 
-    def with_service(name: str, **kw: object) -> Callable[[], Outcome]:
+    def with_service(name: str) -> Callable[[], Outcome]:
         def go() -> Outcome:
+            # The local SQS server (moto) recomputes every queue attribute on each
+            # send, so filling it with 10,000 takes many minutes: 2,000 there.
+            n = min(count, 2_000) if name == "sqs" else count
             with services.service_url(name) as url:
-                return soak(name, url, count, kill_phase, **kw)  # type: ignore[arg-type]
+                return soak(name, url, n, kill_phase)
 
         return go
 
@@ -371,8 +374,8 @@ def update_readme(outcomes: list[Outcome], count: int) -> None:
     stamp = time.strftime("%Y-%m-%d %H:%M %Z")
     intro = (
         f"`python -m torture.soak` ({stamp}, {os.cpu_count()} cores): {count:,} messages per "
-        f"driver (half for the restart runs), {WORKERS} workers, a random worker SIGKILLed "
-        "every ~0.5 s for 30 s.\n\n"
+        f"driver (2,000 on the local SQS server, half for the restart runs), {WORKERS} "
+        "workers, a random worker SIGKILLed every ~0.5 s for 30 s.\n\n"
     )
     readme.write_text(f"{head}{begin}\n{intro}{table(outcomes)}\n{end}{tail}")
 
