@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import importlib.metadata
 import inspect
+import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -170,6 +173,33 @@ def test_the_unknown_driver_error_hides_the_url_s_password(
 
     assert "s3cret" not in str(caught.value)
     assert "amqp://guest:***@localhost:5672/" in str(caught.value)
+
+
+#: Run in a fresh interpreter: this one imported every driver long ago.
+_MODULES_AFTER_LISTING = """
+import json, sys
+import hermes.core
+names = [driver.name for driver in hermes.core.available_drivers()]
+clients = ("boto3", "botocore", "pika", "redis", "confluent_kafka")
+loaded = sorted(name for name in sys.modules if name in clients)
+print(json.dumps({"names": names, "loaded": loaded}))
+"""
+
+
+def test_listing_the_installed_drivers_imports_none_of_their_client_libraries() -> None:
+    # Every connect() loads every plugin: a plugin that imports its client library
+    # makes processes that use another broker pay for it in start-up and memory.
+    run = subprocess.run(
+        [sys.executable, "-c", _MODULES_AFTER_LISTING],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    seen = json.loads(run.stdout)
+    assert "memory" in seen["names"]
+    assert seen["loaded"] == [], f"listing {seen['names']} imported {seen['loaded']}"
 
 
 def test_a_registered_plugin_adds_its_scheme_until_it_is_unregistered() -> None:

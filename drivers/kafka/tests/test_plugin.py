@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import textwrap
-
 import pytest
 
 from hermes.core import ConfigurationError, Delay, DriverUrl, available_drivers, connect
@@ -15,38 +10,6 @@ from hermes.drivers.kafka._plugin import _isolate
 
 #: Nothing listens there; building a driver does not need a broker.
 NOWHERE = "127.0.0.1:9"
-
-#: Run in a fresh interpreter: this one imported confluent-kafka long ago.
-_IMPORTS_BEFORE_AND_AFTER_CONNECT = textwrap.dedent(
-    f"""
-    import json, sys
-    import hermes.core
-    names = [d.name for d in hermes.core.available_drivers()]
-    watched = ("confluent_kafka", "hermes.drivers.kafka._driver")
-    listed = [m for m in watched if m in sys.modules]
-    driver = hermes.core.connect("kafka://{NOWHERE}/jobs")
-    built = [m for m in watched if m in sys.modules]
-    driver.close()
-    print(json.dumps({{"names": names, "listed": listed, "built": built}}))
-    """
-)
-
-
-def test_listing_drivers_imports_no_confluent_kafka_until_a_kafka_driver_is_built() -> None:
-    # Every connect() loads every plugin: one that imports its client library
-    # makes processes that use another broker pay for it in start-up and memory.
-    run = subprocess.run(
-        [sys.executable, "-c", _IMPORTS_BEFORE_AND_AFTER_CONNECT],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert run.returncode == 0, run.stderr
-    seen = json.loads(run.stdout)
-    assert "kafka" in seen["names"]
-    assert seen["listed"] == []
-    assert seen["built"] == ["confluent_kafka", "hermes.drivers.kafka._driver"]
 
 
 def kafka(url: str) -> KafkaDriver:

@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import textwrap
-
 import pika
 import pytest
 
@@ -21,41 +16,11 @@ from hermes.core import (
 from hermes.drivers.rabbitmq import LazyRabbitMqDriver
 from hermes.drivers.rabbitmq._plugin import keyword_options
 
-#: Run in a fresh interpreter: this one imported pika long ago.
-_IMPORTS_BEFORE_AND_AFTER_CONNECT = textwrap.dedent(
-    """
-    import json, sys
-    import hermes.core
-    names = [d.name for d in hermes.core.available_drivers()]
-    listed = [m for m in ("pika", "hermes.drivers.rabbitmq._driver") if m in sys.modules]
-    hermes.core.connect("amqp://localhost/?queue=jobs")
-    built = [m for m in ("pika", "hermes.drivers.rabbitmq._driver") if m in sys.modules]
-    print(json.dumps({"names": names, "listed": listed, "built": built}))
-    """
-)
-
 
 def test_the_plugin_registers_amqp_and_amqps() -> None:
     (plugin,) = [d for d in available_drivers() if d.name == "rabbitmq"]
     assert plugin.schemes == ("amqp", "amqps")
     assert plugin.capabilities.delay is Delay.IGNORED
-
-
-def test_listing_drivers_imports_no_pika_until_a_rabbitmq_driver_is_built() -> None:
-    # Every connect() loads every plugin: one that imports its client library
-    # makes processes that use another broker pay for it in start-up and memory.
-    run = subprocess.run(
-        [sys.executable, "-c", _IMPORTS_BEFORE_AND_AFTER_CONNECT],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert run.returncode == 0, run.stderr
-    seen = json.loads(run.stdout)
-    assert "rabbitmq" in seen["names"]
-    assert seen["listed"] == []
-    assert seen["built"] == ["pika", "hermes.drivers.rabbitmq._driver"]
 
 
 def test_a_url_sets_every_scalar_option() -> None:

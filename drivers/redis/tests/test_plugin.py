@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import textwrap
-
 import pytest
 import redis
 
@@ -22,20 +17,6 @@ from hermes.core import (
 )
 from hermes.drivers.redis import RedisSetDriver
 
-#: Run in a fresh interpreter: this one imported redis-py long ago.
-_IMPORTS_BEFORE_AND_AFTER_CONNECT = textwrap.dedent(
-    """
-    import json, sys
-    import hermes.core
-    names = [d.name for d in hermes.core.available_drivers()]
-    listed = [m for m in ("redis", "hermes.drivers.redis._driver") if m in sys.modules]
-    driver = hermes.core.connect("redis://localhost:6379/0")
-    built = [m for m in ("redis", "hermes.drivers.redis._driver") if m in sys.modules]
-    driver.close()
-    print(json.dumps({"names": names, "listed": listed, "built": built}))
-    """
-)
-
 
 def test_the_plugin_registers_both_schemes_with_the_drivers_capabilities():
     [plugin] = [d for d in available_drivers() if d.name == "redis"]
@@ -44,23 +25,6 @@ def test_the_plugin_registers_both_schemes_with_the_drivers_capabilities():
     assert plugin.capabilities.delay is Delay.NATIVE
     assert plugin.capabilities.priorities and plugin.capabilities.competing_consumers
     assert plugin.distribution == "hermes-redis"
-
-
-def test_listing_drivers_imports_no_redis_py_until_a_redis_driver_is_built():
-    # Every connect() loads every plugin: one that imports its client library
-    # makes processes that use another broker pay for it in start-up and memory.
-    run = subprocess.run(
-        [sys.executable, "-c", _IMPORTS_BEFORE_AND_AFTER_CONNECT],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert run.returncode == 0, run.stderr
-    seen = json.loads(run.stdout)
-    assert "redis" in seen["names"]
-    assert seen["listed"] == []
-    assert seen["built"] == ["redis", "hermes.drivers.redis._driver"]
 
 
 def test_a_url_sets_host_port_database_and_the_driver_options():

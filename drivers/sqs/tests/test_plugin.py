@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import logging
-import subprocess
-import sys
-import textwrap
 from collections.abc import Callable
 from typing import Any
 
@@ -19,45 +15,11 @@ from hermes.drivers.sqs._plugin import isolate
 
 MakeDriver = Callable[..., AmazonSqsDriver]
 
-#: Run in a fresh interpreter: this one imported boto3 long ago. Building the
-#: driver sends nothing, so the endpoint need not answer; the fake keys come
-#: from the autouse ``aws_credentials`` fixture through the environment.
-_IMPORTS_BEFORE_AND_AFTER_CONNECT = textwrap.dedent(
-    """
-    import json, sys
-    import hermes.core
-    watched = ("boto3", "botocore", "hermes.drivers.sqs._driver")
-    names = [d.name for d in hermes.core.available_drivers()]
-    listed = [m for m in watched if m in sys.modules]
-    driver = hermes.core.connect("sqs://q?region=us-east-1&endpoint_url=http%3A%2F%2F127.0.0.1%3A1")
-    built = [m for m in watched if m in sys.modules]
-    driver.close()
-    print(json.dumps({"names": names, "listed": listed, "built": built}))
-    """
-)
-
 
 def test_the_sqs_scheme_is_registered() -> None:
     (plugin,) = [d for d in available_drivers() if d.name == "sqs"]
     assert plugin.schemes == ("sqs",)
     assert plugin.distribution == "hermes-sqs"
-
-
-def test_listing_drivers_imports_no_boto3_until_an_sqs_driver_is_built() -> None:
-    # Every connect() loads every plugin: one that imports its client library
-    # makes processes that use another broker pay for it in start-up and memory.
-    run = subprocess.run(
-        [sys.executable, "-c", _IMPORTS_BEFORE_AND_AFTER_CONNECT],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert run.returncode == 0, run.stderr
-    seen = json.loads(run.stdout)
-    assert "sqs" in seen["names"]
-    assert seen["listed"] == []
-    assert seen["built"] == ["boto3", "botocore", "hermes.drivers.sqs._driver"]
 
 
 def test_url_options_reach_the_driver_and_the_queue_name_keeps_its_case(
