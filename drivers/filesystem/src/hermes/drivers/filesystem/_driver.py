@@ -182,7 +182,14 @@ class FileSystemDriver(Driver):
                         os.close(fd)
                 while staged:
                     name = staged[0]
-                    os.rename(os.path.join(self._tmp_dir, name), os.path.join(self._new_dir, name))
+                    source = os.path.join(self._tmp_dir, name)
+                    target = os.path.join(self._new_dir, name)
+                    try:
+                        os.rename(source, target)
+                    except FileNotFoundError:
+                        # new/ went away under us (a purge racing this send): make it again.
+                        self._make_dirs()
+                        os.rename(source, target)
                     staged.pop(0)
                 if self.fsync:
                     _fsync_dir(self._new_dir)
@@ -325,7 +332,9 @@ class FileSystemDriver(Driver):
     # Housekeeping ------------------------------------------------------------
 
     def _make_dirs(self) -> None:
-        for path in (self._tmp_dir, self._new_dir, self._processing_dir, self.quarantine_dir):
+        # tmp/ last: a sender that finds tmp/ (made by another thread or process a
+        # moment ago) must also find new/ for its rename.
+        for path in (self._new_dir, self._processing_dir, self.quarantine_dir, self._tmp_dir):
             os.makedirs(path, exist_ok=True)
 
     def _clean_tmp(self) -> None:
