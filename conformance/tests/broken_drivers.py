@@ -107,6 +107,26 @@ class DeclaresIgnoredDelay(_BrokenMemory):
     capabilities = replace(MemoryDriver.capabilities, delay=Delay.IGNORED)
 
 
+class WaitsBehindTheHead(_BrokenMemory):
+    """Keeps delayed messages in line: one due later holds up every message behind it."""
+
+    scheme = "head-of-line"
+
+    def send(self, message: Message, priority: int = DEFAULT_PRIORITY) -> None:
+        self._put(self.serializer.serialize(message), priority, None)
+
+    def wait(self, callback: Callback, priorities: Sequence[int] = ()) -> None:
+        def when_due(message: Message, priority: int) -> bool:
+            while message.execute_at is not None and not self.should_stop():
+                left = message.execute_at - time.time()
+                if left <= 0:
+                    break
+                time.sleep(min(left, 0.05))
+            return callback(message, priority)
+
+        super().wait(when_due, priorities)
+
+
 _twice_lock = threading.Lock()
 _waiting: dict[str, set[int]] = {}
 _handed_twice: set[str] = set()
@@ -266,6 +286,7 @@ _MEMORY_VARIANTS: list[type[_BrokenMemory]] = [
     AcceptsUnknownPriority,
     DeclaresNoPriorities,
     DeclaresIgnoredDelay,
+    WaitsBehindTheHead,
     HandsOneMessageToTwoConsumers,
     ForgetsAcks,
     DropsRetries,

@@ -59,6 +59,7 @@ BROKEN = {
         "before its execute_at",
     ),
     "claims-ignored-delay://x": ([DELAY, DELAY_ORDER], "delay=IGNORED: a message due in"),
+    "head-of-line://x": ([DELAY_ORDER], "due messages waited"),
     "claims-no-priorities://x": ([PRIORITY_SETUP], "DID NOT RAISE"),
     "accepts-unknown-priority://x": ([UNKNOWN_PRIORITY], "DID NOT RAISE"),
     "registration-order://x": ([PRIORITY_ORDER], "not read highest priority first"),
