@@ -1,21 +1,38 @@
-"""Fixtures that bring up the brokers driver tests talk to (see tools/services.py)."""
+"""Fixtures that bring up the brokers driver tests talk to (see tools/services.py).
+
+Also makes tools/testing.py importable as ``hermes_test_support``.
+"""
 
 from __future__ import annotations
 
 import importlib.util
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import pytest
 
-_spec = importlib.util.spec_from_file_location(
-    "hermes_test_services", Path(__file__).parent / "tools" / "services.py"
-)
-assert _spec is not None and _spec.loader is not None
-services = importlib.util.module_from_spec(_spec)
-sys.modules["hermes_test_services"] = services
-_spec.loader.exec_module(services)
+
+def _load(name: str, file: str) -> ModuleType:
+    """``tools/<file>`` as the module ``name``, importable by every test suite."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).parent / "tools" / file)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+services = _load("hermes_test_services", "services.py")
+support = _load("hermes_test_support", "testing.py")
+
+
+@pytest.fixture(name="eventually")
+def eventually_fixture() -> Callable[..., Any]:
+    """``hermes_test_support.eventually``, as a fixture."""
+    return support.eventually
 
 
 @pytest.fixture(scope="session")

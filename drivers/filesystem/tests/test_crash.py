@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from hermes_test_support import eventually
 
 from hermes.core import Message
 from hermes.drivers.filesystem import FileSystemDriver
@@ -29,12 +30,8 @@ def ids_in(out_dir: Path, prefix: str) -> list[str]:
     return ids
 
 
-def poll(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {DEADLINE_S:.0f} s waiting for {what}")
-        time.sleep(0.02)
+#: ``poll(condition, what)``: waits up to DEADLINE_S, then fails the test naming ``what``.
+poll = functools.partial(eventually, timeout_s=DEADLINE_S, interval_s=0.02)
 
 
 @pytest.fixture

@@ -63,17 +63,6 @@ class Received:
             return len(self.messages)
 
 
-def _poll_until(condition: Callable[[], Any], timeout_s: float = WAIT_S) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"condition not met within {timeout_s} s")
-        time.sleep(0.05)
-
-
 def _handle(
     driver: KafkaDriver,
     count: int,
@@ -86,12 +75,6 @@ def _handle(
     driver.set_shutdown(Deadline(lambda: len(received) - start >= count, timeout_s))
     driver.wait(received.callback, priorities)
     return received
-
-
-@pytest.fixture
-def poll_until() -> Callable[..., Any]:
-    """``poll_until(condition, timeout_s=20)``: its first truthy value; fails the test after."""
-    return _poll_until
 
 
 @pytest.fixture

@@ -181,7 +181,7 @@ def test_a_record_that_is_not_a_message_is_logged_set_aside_and_copied_to_dead_l
     kafka_bootstrap: str,
     caplog: pytest.LogCaptureFixture,
     handle: Handle,
-    poll_until: Poll,
+    eventually: Poll,
 ) -> None:
     # One partition: the poison records come before "after", so all are done when it is.
     driver = make_driver(f"&partitions=1&dead_letter_topic=dl-{os.getpid()}-{time.monotonic_ns()}")
@@ -194,7 +194,7 @@ def test_a_record_that_is_not_a_message_is_logged_set_aside_and_copied_to_dead_l
 
     with caplog.at_level(logging.ERROR, logger="hermes.drivers.kafka"):
         received = handle(driver, 2)
-        poll_until(lambda: committed_total(driver) == 4)
+        eventually(lambda: committed_total(driver) == 4, "4 offsets committed", 20.0)
 
     assert sorted(m.type for m in received.messages) == ["after", "before"]
     errors = [r.getMessage() for r in caplog.records if "not a Hermes message" in r.getMessage()]
@@ -210,7 +210,7 @@ def test_a_record_that_is_not_a_message_is_logged_set_aside_and_copied_to_dead_l
 
 
 def test_a_callback_that_raises_leaves_its_record_for_the_next_wait(
-    make_driver: MakeDriver, handle: Handle, poll_until: Poll
+    make_driver: MakeDriver, handle: Handle, eventually: Poll
 ) -> None:
     driver = make_driver()
     driver.send(Message("fragile"))
@@ -223,7 +223,7 @@ def test_a_callback_that_raises_leaves_its_record_for_the_next_wait(
     received = handle(driver, 1)
 
     assert [m.type for m in received.messages] == ["fragile"]
-    poll_until(lambda: committed_total(driver) == 1)
+    eventually(lambda: committed_total(driver) == 1, "1 offset committed", 20.0)
 
 
 def test_commit_every_n_still_commits_what_was_handled_when_wait_returns(
@@ -255,7 +255,7 @@ def test_max_items_returns_after_that_many_and_the_rest_stay_for_the_next_worker
 
 
 def test_purge_deletes_the_topic_and_forgets_it(
-    make_driver: MakeDriver, handle: Handle, poll_until: Poll
+    make_driver: MakeDriver, handle: Handle, eventually: Poll
 ) -> None:
     driver = make_driver()
     driver.send(Message("doomed"))
@@ -264,7 +264,11 @@ def test_purge_deletes_the_topic_and_forgets_it(
 
     driver.purge()
 
-    poll_until(lambda: driver.topic not in admin.list_topics(timeout=10).topics)
+    eventually(
+        lambda: driver.topic not in admin.list_topics(timeout=10).topics,
+        "the topic to be deleted",
+        20.0,
+    )
     driver.send(Message("reborn"))
     assert [m.type for m in handle(driver, 1).messages] == ["reborn"]
 

@@ -54,7 +54,7 @@ def test_a_message_whose_worker_was_killed_mid_handler_goes_to_a_fresh_worker(
 
 
 def test_workers_of_one_group_share_the_partitions_and_no_message_is_handled_twice(
-    make_driver: MakeDriver, poll_until: Callable[..., Any]
+    make_driver: MakeDriver, eventually: Callable[..., Any]
 ) -> None:
     emitter = make_driver()
     workers = [make_driver() for _ in range(3)]
@@ -81,7 +81,7 @@ def test_workers_of_one_group_share_the_partitions_and_no_message_is_handled_twi
             emitter.send(Message("work", sent))
             sent += 1
             time.sleep(0.02)
-        poll_until(lambda: sum(map(len, got)) >= sent)
+        eventually(lambda: sum(map(len, got)) >= sent, f"all {sent} messages handled", 20.0)
     finally:
         stop.set()
         for thread in threads:

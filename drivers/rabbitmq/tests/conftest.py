@@ -10,6 +10,7 @@ from typing import Any
 
 import pika
 import pytest
+from hermes_test_support import StopFlag
 
 from hermes.core import Message, connect
 from hermes.drivers.rabbitmq import LazyRabbitMqDriver
@@ -58,20 +59,6 @@ def raw_channel(amqp_url: str) -> Iterator[Any]:
         yield connection.channel()
     finally:
         connection.close()
-
-
-class StopFlag:
-    """A Shutdown the test sets by hand."""
-
-    def __init__(self) -> None:
-        self.event = threading.Event()
-
-    def should_shutdown(self, start_time: float) -> bool:
-        return self.event.is_set()
-
-    def shutdown(self, at: float | None = None) -> bool:
-        self.event.set()
-        return True
 
 
 class Collector:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -11,37 +10,10 @@ from typing import Any
 
 import pytest
 import redis
+from hermes_test_support import DEADLINE_S, StopFlag
 
 from hermes.core import Message
 from hermes.drivers.redis import RedisSetDriver
-
-#: How long a test polls for something that should take milliseconds.
-DEADLINE_S = 10.0
-
-
-def eventually(condition: Callable[[], Any], what: str, timeout_s: float = DEADLINE_S) -> Any:
-    """Poll ``condition`` until it is truthy; fail naming ``what`` at the deadline."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        result = condition()
-        if result:
-            return result
-        time.sleep(0.01)
-    pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}")
-
-
-class StopFlag:
-    """A Shutdown a test flips from its own thread."""
-
-    def __init__(self) -> None:
-        self.event = threading.Event()
-
-    def should_shutdown(self, start_time: float) -> bool:
-        return self.event.is_set()
-
-    def shutdown(self, at: float | None = None) -> bool:
-        self.event.set()
-        return True
 
 
 @dataclass
@@ -82,12 +54,6 @@ class Worker:
         assert not self.thread.is_alive(), "wait() did not return after shutdown"
         if self.error is not None:
             raise self.error
-
-
-@pytest.fixture(name="eventually")
-def eventually_fixture() -> Callable[..., Any]:
-    """:func:`eventually`, for test modules (they cannot import conftest)."""
-    return eventually
 
 
 @pytest.fixture

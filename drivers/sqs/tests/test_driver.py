@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from hermes_test_support import eventually
 
 from hermes.core import (
     BrokerUnavailableError,
@@ -44,18 +45,6 @@ class StopWhen:
     def shutdown(self, at: float | None = None) -> bool:
         self.deadline = 0.0
         return True
-
-
-def poll(condition: Callable[[], Any], timeout_s: float = 15.0) -> Any:
-    """``condition()``'s first truthy value, polled until ``timeout_s``; fails the test after."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"condition not met within {timeout_s} s")
-        time.sleep(0.1)
 
 
 def queue_counts(sqs: Any, name: str) -> tuple[int, int, int]:
@@ -243,7 +232,7 @@ def test_max_items_stops_mid_batch_and_another_worker_gets_the_rest_at_once(
 
     assert len(handled_first) == 2
     assert sorted(m.payload["i"] for m, _, _ in handled_first + handled_second) == list(range(5))
-    poll(lambda: queue_counts(sqs, first.queue_name) == (0, 0, 0))
+    eventually(lambda: queue_counts(sqs, first.queue_name) == (0, 0, 0), "an empty queue", 15.0)
 
 
 def test_an_idle_worker_returns_soon_after_shutdown(make_driver: MakeDriver) -> None:
@@ -325,7 +314,7 @@ def _long_handler_run(make_driver: MakeDriver, url: str, *, heartbeat: bool) -> 
         if heartbeat:
             time.sleep(6.5)  # the scenario itself: more than two visibility timeouts
         else:
-            poll(lambda: rival_got, timeout_s=10)  # ends as soon as the duplicate shows
+            eventually(lambda: rival_got, "the duplicate", 10.0)  # ends as soon as it shows
         return True
 
     rival.set_shutdown(StopWhen(finished.is_set, timeout_s=30))
@@ -401,7 +390,7 @@ def test_a_body_that_is_not_a_message_is_logged_and_deleted_without_a_redrive_po
     assert [m.type for m, _, _ in received] == ["good"]
     assert "is not a Hermes message (received 1 times" in caplog.text
     assert "Cannot unserialize message" in caplog.text
-    poll(lambda: queue_counts(sqs, driver.queue_name) == (0, 0, 0))
+    eventually(lambda: queue_counts(sqs, driver.queue_name) == (0, 0, 0), "an empty queue", 15.0)
 
 
 def test_a_body_that_is_not_a_message_is_left_for_the_redrive_policy(

@@ -39,7 +39,7 @@ from hermes.drivers.rabbitmq._delay import (
 )
 from hermes.drivers.rabbitmq._errors import RECOVERABLE, describe, translate
 
-logger = logging.getLogger("hermes.rabbitmq")
+logger = logging.getLogger("hermes.drivers.rabbitmq")
 
 #: How long an idle worker waits for the broker between two checks of
 #: shutdown and max items, unless ``refresh_interval`` says otherwise.
