@@ -45,6 +45,10 @@ def _finite_float(text: str) -> float:
     return number
 
 
+# Built once: json.loads with options builds a new decoder on every call.
+_decoder = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -80,7 +84,9 @@ class MessageSerializer:
         try:
             # NaN, Infinity and 1e400 are refused like PHP's json_decode does: a
             # payload holding them could never be serialized again (for a retry).
-            decoded = json.loads(data, parse_constant=_reject_constant, parse_float=_finite_float)
+            # Bodies are UTF-8 on every broker Hermes speaks to.
+            text = data.decode("utf-8") if isinstance(data, bytes | bytearray) else data
+            decoded = _decoder.decode(text)
         except (ValueError, RecursionError) as exc:
             # UnicodeDecodeError is a ValueError: invalid UTF-8 lands here too.
             raise SerializeError(f"Cannot unserialize message from '{_quote(data)}'", data) from exc
