@@ -286,9 +286,14 @@ class Observer:
         self.calls.append(("started", {"message": message, "priority": priority}))
 
     @hookimpl
-    def hermes_message_succeeded(self, message: Message, priority: int, handler: object) -> None:
+    def hermes_message_succeeded(
+        self, message: Message, priority: int, handler: object, result: bool
+    ) -> None:
         self.calls.append(
-            ("succeeded", {"message": message, "priority": priority, "handler": handler})
+            (
+                "succeeded",
+                {"message": message, "priority": priority, "handler": handler, "result": result},
+            )
         )
 
     @hookimpl
@@ -339,13 +344,36 @@ def test_lifecycle_hooks_see_emit_start_success_failure_and_retry(
     emitted, started, succeeded, failed, retried = (kwargs for _, kwargs in observer.calls)
     assert emitted == {"message": message, "priority": 300, "driver": driver}
     assert started == {"message": message, "priority": 300}
-    assert succeeded == {"message": message, "priority": 300, "handler": works}
+    assert succeeded == {"message": message, "priority": 300, "handler": works, "result": True}
     assert failed["handler"] is fails
     assert (failed["message"], failed["priority"]) == (message, 300)
     assert str(failed["exception"]) == "flaky"
     assert retried["message"] == message
     assert retried["handler"] is fails
     assert (retried["retry"].id, retried["retry"].retries) == (message.id, 1)
+
+
+def test_a_handler_that_returns_false_is_reported_with_result_false(
+    driver: MemoryDriver, register: Any
+) -> None:
+    observer = Observer()
+    register(observer)
+
+    class Declines:
+        def handle(self, message: Message) -> bool:
+            return False
+
+    declines = Declines()
+    message = Message("job")
+    dispatcher = Dispatcher(driver).register_handler("job", declines)
+
+    dispatcher.handle_message(message, DEFAULT_PRIORITY)
+
+    succeeded = [kwargs for name, kwargs in observer.calls if name == "succeeded"]
+    assert succeeded == [
+        {"message": message, "priority": DEFAULT_PRIORITY, "handler": declines, "result": False}
+    ]
+    assert (dispatcher.stats.handled, dispatcher.stats.failed) == (0, 1)
 
 
 def test_an_observer_may_implement_only_the_arguments_it_needs(

@@ -116,6 +116,10 @@ class Dispatcher:
         """The handlers registered for ``type``, in registration order."""
         return list(self._handlers.get(type, ()))
 
+    def registered(self) -> dict[str, list[Handler]]:
+        """Every type that has handlers -> its handlers, both in registration order."""
+        return {type: list(handlers) for type, handlers in self._handlers.items()}
+
     # Running -----------------------------------------------------------------
 
     def handle(self, priorities: Sequence[int] = ()) -> None:
@@ -211,7 +215,11 @@ class Dispatcher:
                 self.stats.failed += 1
                 result = False
             _notify(
-                hooks.hermes_message_succeeded, message=message, priority=priority, handler=handler
+                hooks.hermes_message_succeeded,
+                message=message,
+                priority=priority,
+                handler=handler,
+                result=ok,
             )
         return result
 

@@ -51,8 +51,14 @@ def hermes_message_started(message: Message, priority: int) -> None:
 
 
 @hookspec
-def hermes_message_succeeded(message: Message, priority: int, handler: object) -> None:
-    """Called by the Dispatcher after ``handler.handle(message)`` returned."""
+def hermes_message_succeeded(
+    message: Message, priority: int, handler: object, result: bool
+) -> None:
+    """Called by the Dispatcher after ``handler.handle(message)`` returned ``result``.
+
+    ``result`` False: the handler reported a failure without raising (the
+    Dispatcher's stats count it as failed; nothing is retried).
+    """
 
 
 @hookspec
