@@ -61,16 +61,3 @@ def test_an_unknown_priority_error_keeps_the_priority() -> None:
 
 def test_an_unknown_driver_error_keeps_the_scheme() -> None:
     assert UnknownDriverError("nope", "foo").scheme == "foo"
-
-
-def test_a_driver_error_chains_the_client_s_exception() -> None:
-    def translate() -> None:
-        try:
-            raise OSError("connection refused")
-        except OSError as exc:
-            raise BrokerUnavailableError("redis://h:6379/0 is unreachable") from exc
-
-    with pytest.raises(DriverError) as caught:
-        translate()
-
-    assert isinstance(caught.value.__cause__, OSError)

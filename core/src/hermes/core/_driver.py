@@ -102,7 +102,8 @@ class Driver(ABC):
         self.max_process_items = 0
         #: Messages this driver has handed to a callback since it was created.
         self.processed_items = 0
-        #: When ``wait()`` was first entered; a shutdown request before it is ignored.
+        #: When this worker started: set at creation and again by ``Dispatcher.handle()``.
+        #: A shutdown request older than it is ignored.
         self.start_time = time.time()
 
     @abstractmethod

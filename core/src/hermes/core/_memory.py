@@ -40,7 +40,6 @@ class _Broker:
     def clear(self) -> None:
         """Forget every message and every extra priority queue (the caller holds the lock)."""
         self.queues: dict[int, deque[str | bytes]] = {DEFAULT_PRIORITY: deque()}
-        self.names: dict[int, str] = {DEFAULT_PRIORITY: "default"}
         #: (execute_at, sequence, priority, data): held until due.
         self.scheduled: list[tuple[float, int, int, str | bytes]] = []
         #: Bodies that were not Hermes messages, with the reason.
@@ -89,7 +88,6 @@ class MemoryDriver(Driver):
     def setup_priority_queue(self, name: str, priority: int) -> None:
         with self._broker.condition:
             self._broker.queues.setdefault(priority, deque())
-            self._broker.names[priority] = name
 
     def send(self, message: Message, priority: int = DEFAULT_PRIORITY) -> None:
         self._put(self.serializer.serialize(message), priority, message.execute_at)
