@@ -103,19 +103,6 @@ def run_pytest(
     )
 
 
-def kit_args(url: str, *args: str) -> list[str]:
-    """The one command: the kit on ``url``, with the broken drivers registered."""
-    return [
-        "--pyargs",
-        "hermes.conformance",
-        "--hermes-url",
-        url,
-        "--hermes-plugin",
-        "broken_drivers",
-        *args,
-    ]
-
-
 class KitRunner:
     """Runs pytest (or ``python -m hermes.conformance``) in fresh directories."""
 

@@ -583,6 +583,11 @@ class Kit:
         """Name the branch this test verifies, for the summary (default: the marker's text)."""
         self._node.user_properties.append(("hermes_check", check))
 
+    def require_cross_process(self) -> None:
+        """Skip as "not verified" unless worker subprocesses can share the driver's queues."""
+        if not self.capabilities.cross_process:
+            pytest.skip("not verified: driver is in-process")
+
     def report(self, figure: str) -> None:
         """A figure for the summary (e.g. a total-queue count)."""
         self._node.user_properties.append(("hermes_figure", figure))

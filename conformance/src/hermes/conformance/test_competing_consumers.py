@@ -67,8 +67,7 @@ def test_three_worker_threads_share_300_messages_without_loss_or_duplicates(
 def test_three_worker_processes_share_300_messages_without_loss_or_duplicates(
     hermes_kit: Kit,
 ) -> None:
-    if not hermes_kit.capabilities.cross_process:
-        pytest.skip("not verified: driver is in-process")
+    hermes_kit.require_cross_process()
     stop_file = hermes_kit.tmp_path / "stop"
     processes = [hermes_kit.spawn_worker(shutdown_file=stop_file) for _ in range(_WORKERS)]
     assert wait_until(lambda: all(hermes_kit.statuses(p.pid) for p in processes), WORKER_START_S), (

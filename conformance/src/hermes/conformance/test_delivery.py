@@ -47,11 +47,6 @@ class _CrashOnce:
         return True
 
 
-def require_cross_process(kit: Kit) -> None:
-    if not kit.capabilities.cross_process:
-        pytest.skip("not verified: driver is in-process")
-
-
 @pytest.mark.hermes_check("delivery", "handler crash (in-process)")
 def test_a_message_whose_worker_crashed_mid_handler_follows_the_declared_delivery(
     hermes_kit: Kit,
@@ -95,7 +90,7 @@ def test_a_message_whose_worker_crashed_mid_handler_follows_the_declared_deliver
 def test_a_message_whose_worker_was_sigkilled_mid_handler_follows_the_declared_delivery(
     hermes_kit: Kit,
 ) -> None:
-    require_cross_process(hermes_kit)
+    hermes_kit.require_cross_process()
     caps = hermes_kit.capabilities
     message = hermes_kit.emit(hermes_kit.message(1))
     blocked = hermes_kit.spawn_worker(block=True)

@@ -29,11 +29,6 @@ _MAX_ITEMS = 3
 _SENT = 5
 
 
-def require_cross_process(kit: Kit) -> None:
-    if not kit.capabilities.cross_process:
-        pytest.skip("not verified: driver is in-process")
-
-
 @pytest.mark.hermes_check("max items", "in-process")
 def test_a_worker_with_max_items_returns_after_that_many_messages(hermes_kit: Kit) -> None:
     ledger = hermes_kit.ledger
@@ -61,7 +56,7 @@ def test_a_worker_with_max_items_returns_after_that_many_messages(hermes_kit: Ki
 
 @pytest.mark.hermes_check("max items", "worker process")
 def test_a_worker_process_with_max_items_exits_after_that_many_messages(hermes_kit: Kit) -> None:
-    require_cross_process(hermes_kit)
+    hermes_kit.require_cross_process()
     for n in range(_SENT):
         hermes_kit.emit(hermes_kit.message(n))
     process = hermes_kit.spawn_worker(max_items=_MAX_ITEMS)
@@ -98,7 +93,7 @@ def test_shared_file_shutdown_stops_an_idle_worker_within_two_seconds(hermes_kit
 def test_shared_file_shutdown_stops_an_idle_worker_process_within_two_seconds(
     hermes_kit: Kit,
 ) -> None:
-    require_cross_process(hermes_kit)
+    hermes_kit.require_cross_process()
     stop_file = hermes_kit.tmp_path / "stop"
     process = hermes_kit.spawn_worker(shutdown_file=stop_file)
     sentinel = hermes_kit.emit(hermes_kit.message(1))
