@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import zipfile
 from pathlib import Path
 
@@ -119,6 +120,7 @@ def build(session: nox.Session) -> None:
     """Build every wheel; fail if one ships hermes/__init__.py or hermes/drivers/__init__.py."""
     session.install("build", "hatchling")
     out = ROOT / "dist"
+    shutil.rmtree(out, ignore_errors=True)  # only this run's wheels are checked
     for d in distributions():
         session.run("python", "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out), d)
     forbidden = {"hermes/__init__.py", "hermes/drivers/__init__.py"}

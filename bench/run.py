@@ -31,6 +31,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 import services  # noqa: E402
+from readme import replace_section  # noqa: E402
 
 from hermes.core import (  # noqa: E402
     DriverUrl,
@@ -632,7 +633,7 @@ def summary(run: Run) -> str:
 
     lines = [
         f"{run.machine}; {run.started}; n = {run.n}, median of {run.rounds} alternating "
-        "Hermes/raw rounds (`nox -s bench`, full table in `bench/results/latest.md`).",
+        "Hermes/raw rounds (`./run test -s bench`, full table in `bench/results/latest.md`).",
         "",
         "| driver | handle msgs/s | raw client | Hermes/raw | fastest peer | Hermes/peer "
         "| emit->handle p50 / p99 | idle RSS |",
@@ -664,17 +665,6 @@ def summary(run: Run) -> str:
 
 
 PEERS = ("celery", "rq", "dramatiq")
-
-
-def update_readme(run: Run, readme: Path) -> None:
-    begin, end = "<!-- bench:begin -->", "<!-- bench:end -->"
-    text = readme.read_text()
-    if begin not in text or end not in text:
-        run.errors.append(f"README: markers {begin} / {end} not found; summary not written")
-        return
-    head, rest = text.split(begin, 1)
-    _, tail = rest.split(end, 1)
-    readme.write_text(f"{head}{begin}\n{summary(run)}{end}{tail}")
 
 
 def chart(run: Run, path: Path) -> None:
@@ -795,17 +785,21 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     prefix = "quick" if args.quick else "latest"
-    md = markdown(run)
-    names = [prefix] if args.quick else [prefix, stamp]
-    for name in names:
-        (out / f"{name}.md").write_text(md)
-        (out / f"{name}.json").write_text(run.to_json())
     try:
         chart(run, out / f"{prefix}.png")
     except ImportError as exc:
         run.errors.append(f"chart: matplotlib is needed for the PNG ({exc})")
-    if not args.quick and not only:
-        update_readme(run, ROOT / "README.md")
+    # Only a full run without errors replaces the README's figures: a failed
+    # section would otherwise turn its row into dashes.
+    if not args.quick and not only and not run.errors:
+        problem = replace_section(ROOT / "README.md", "bench", summary(run))
+        if problem:
+            run.errors.append(problem)
+    md = markdown(run)  # last: it lists every error above
+    names = [prefix] if args.quick else [prefix, stamp]
+    for name in names:
+        (out / f"{name}.md").write_text(md)
+        (out / f"{name}.json").write_text(run.to_json())
     print()
     print(md)
     print(summary(run))

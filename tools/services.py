@@ -115,6 +115,11 @@ def _process(
                 f"{exc}; its output is in {log.name}:\n{Path(log.name).read_text()[-2000:]}"
             ) from None
         yield
+    except BaseException:
+        keep_log = True  # named in the error above, or wanted to see why the run failed
+        raise
+    else:
+        keep_log = False
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
@@ -124,6 +129,8 @@ def _process(
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         log.close()
+        if not keep_log:
+            os.unlink(log.name)
 
 
 @contextlib.contextmanager
@@ -197,12 +204,8 @@ def main(argv: list[str]) -> int:
         return 2
     name, command = argv[1], argv[argv.index("--") + 1 :]
     with service_url(name) as url:
-        env = {
-            **os.environ,
-            "HERMES_URL": url,
-            "AWS_ACCESS_KEY_ID": os.environ.get("AWS_ACCESS_KEY_ID", "testing"),
-            "AWS_SECRET_ACCESS_KEY": os.environ.get("AWS_SECRET_ACCESS_KEY", "testing"),
-        }
+        # service_url() has set what the service needs (e.g. AWS credentials for SQS).
+        env = {**os.environ, "HERMES_URL": url}
         return subprocess.run([arg.replace("{url}", url) for arg in command], env=env).returncode
 
 

@@ -38,6 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 import services  # noqa: E402
+from readme import replace_section  # noqa: E402
 
 from hermes.core import (  # noqa: E402
     Delivery,
@@ -146,10 +147,10 @@ def soak(
     kill_phase_s: float,
     restart: Callable[[], None] | None = None,
 ) -> Outcome:
+    """One soak on one driver; ``restart`` (if given) restarts the broker mid-run."""
     # Each message takes long enough that 3 workers are still busy when the
     # kills stop: kills land mid-handler, not on idle workers.
     work_ms = 1000 * kill_phase_s * WORKERS / count * 1.2
-    """One soak on one driver; ``restart`` (if given) restarts the broker mid-run."""
     rng = random.Random(os.getpid())
     url = isolated_url(base_url, f"torture-{uuid.uuid4().hex[:10]}")
     driver = connect(url)
@@ -363,21 +364,15 @@ def main() -> int:
 
 def update_readme(outcomes: list[Outcome], count: int) -> None:
     """Put the latest full run's table between the README's torture markers."""
-    begin, end = "<!-- torture:begin -->", "<!-- torture:end -->"
-    readme = ROOT / "README.md"
-    text = readme.read_text()
-    if begin not in text or end not in text:
-        print(f"README: markers {begin} / {end} not found; table not written")
-        return
-    head, rest = text.split(begin, 1)
-    _, tail = rest.split(end, 1)
     stamp = time.strftime("%Y-%m-%d %H:%M %Z")
     intro = (
         f"`python -m torture.soak` ({stamp}, {os.cpu_count()} cores): {count:,} messages per "
         f"driver (2,000 on the local SQS server, half for the restart runs), {WORKERS} "
         "workers, a random worker SIGKILLed every ~0.5 s for 30 s.\n\n"
     )
-    readme.write_text(f"{head}{begin}\n{intro}{table(outcomes)}\n{end}{tail}")
+    problem = replace_section(ROOT / "README.md", "torture", f"{intro}{table(outcomes)}\n")
+    if problem:
+        print(problem)
 
 
 if __name__ == "__main__":
