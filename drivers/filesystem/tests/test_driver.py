@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import threading
 import time
 
 import pytest
+from hermes_test_support import DEADLINE_S
 
 from hermes.core import (
+    BrokerUnavailableError,
+    ConfigurationError,
     DeliveryError,
     Dispatcher,
     Emitter,
@@ -21,6 +25,7 @@ from hermes.core import (
     UnknownPriorityError,
 )
 from hermes.drivers.filesystem import FileSystemDriver
+from hermes.drivers.filesystem import _driver as driver_module
 
 
 def test_a_sent_message_arrives_with_every_field_intact(driver, receive):
@@ -184,7 +189,19 @@ def test_a_shutdown_ends_an_idle_wait(driver):
 
     driver.set_shutdown(Stop())
     driver.start_time = time.time()
-    driver.wait(lambda message, priority: True)
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            driver.wait(lambda message, priority: True)
+        except BaseException as exc:
+            errors.append(exc)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(DEADLINE_S)
+    assert not worker.is_alive(), "wait() did not return after shutdown"
+    assert errors == []
     assert driver.processed_items == 0
 
 
@@ -430,6 +447,28 @@ def test_a_stray_file_named_like_the_lock_does_not_break_the_worker(
     assert (queue_dir / "quarantine" / ".lock").read_text() == "user data"
 
 
+def test_a_read_error_puts_the_message_back_instead_of_quarantining_it(
+    driver, queue_dir, receive, files, monkeypatch
+):
+    driver.send(Message("job"))
+    failed: list[str] = []
+
+    def open_failing_once(path, *args, **kwargs):
+        if not failed and os.sep + "processing" + os.sep in os.fspath(path):
+            failed.append(path)
+            raise OSError(errno.EMFILE, "Too many open files", path)
+        return open(path, *args, **kwargs)
+
+    monkeypatch.setattr(driver_module, "open", open_failing_once, raising=False)
+    with pytest.raises(BrokerUnavailableError, match="cannot read") as info:
+        receive(driver, 1)
+    assert info.value.__cause__.errno == errno.EMFILE
+    assert files(queue_dir / "quarantine") == []
+    assert files(queue_dir / "processing") == []
+    assert len(files(queue_dir / "new")) == 1
+    assert receive(driver, 1).types == ["job"]
+
+
 # Housekeeping ------------------------------------------------------------------
 
 
@@ -472,6 +511,11 @@ def test_repr_names_the_directory(queue_dir):
 def test_nonsense_intervals_are_refused(queue_dir, options):
     with pytest.raises(ValueError, match="interval_s"):
         FileSystemDriver(queue_dir, **options)
+
+
+def test_an_empty_path_is_refused_rather_than_taken_as_the_working_directory():
+    with pytest.raises(ConfigurationError, match="empty path cannot be a queue directory"):
+        FileSystemDriver("")
 
 
 def test_the_message_file_is_plain_hermes_json(driver, queue_dir):

@@ -111,9 +111,12 @@ class FileSystemDriver(Driver):
             raise ConfigurationError(
                 f"recovery_interval_s must be > 0 and <= 3600 seconds, got {recovery_interval_s!r}"
             )
+        directory = os.fspath(path)
+        if not directory:  # abspath("") would be the working directory
+            raise ConfigurationError("an empty path cannot be a queue directory")
         #: The queue directory, absolute.
-        self.path = os.path.abspath(os.path.expanduser(os.fspath(path)))
-        if not self.path or self.path == os.sep:
+        self.path = os.path.abspath(os.path.expanduser(directory))
+        if self.path == os.sep:
             raise ConfigurationError(f"{self.path!r} cannot be a queue directory")
         #: Flush each message file and ``new/`` to disk before ``send()`` returns.
         self.fsync = fsync
@@ -129,7 +132,8 @@ class FileSystemDriver(Driver):
         self._processing_dir = os.path.join(self.path, "processing")
         #: Where files that are not Hermes messages are moved, each with a ``.reason`` file.
         self.quarantine_dir = os.path.join(self.path, "quarantine")
-        self._priorities: dict[int, str] = {DEFAULT_PRIORITY: "default"}
+        #: Files are named by priority, so the queue names given to setup are not kept.
+        self._priorities: set[int] = {DEFAULT_PRIORITY}
 
     @property
     def url(self) -> str:
@@ -146,7 +150,7 @@ class FileSystemDriver(Driver):
             raise ConfigurationError(f"priority must be an int, got {priority!r}")
         if abs(priority) >= _PRIORITY_LIMIT:
             raise ConfigurationError(f"priority must be between ±10**18, got {priority}")
-        self._priorities[priority] = name
+        self._priorities.add(priority)
 
     def send(self, message: Message, priority: int = DEFAULT_PRIORITY) -> None:
         self._store([(_encode(self.serializer.serialize(message)), message.execute_at)], priority)
@@ -169,6 +173,7 @@ class FileSystemDriver(Driver):
             )
         with self._errors("queue a message", DeliveryError):
             staged: list[str] = []
+            renamed = 0
             try:
                 for body, execute_at in bodies:
                     name = next_name(priority, execute_at)
@@ -180,8 +185,7 @@ class FileSystemDriver(Driver):
                             os.fsync(fd)
                     finally:
                         os.close(fd)
-                while staged:
-                    name = staged[0]
+                for name in staged:
                     source = os.path.join(self._tmp_dir, name)
                     target = os.path.join(self._new_dir, name)
                     try:
@@ -190,11 +194,11 @@ class FileSystemDriver(Driver):
                         # new/ went away under us (a purge racing this send): make it again.
                         self._make_dirs()
                         os.rename(source, target)
-                    staged.pop(0)
+                    renamed += 1
                 if self.fsync:
                     _fsync_dir(self._new_dir)
             finally:
-                for name in staged:
+                for name in staged[renamed:]:
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(os.path.join(self._tmp_dir, name))
 
@@ -274,12 +278,17 @@ class FileSystemDriver(Driver):
         return True
 
     def _deliver(self, claimed: str, queued: QueuedName, callback: Callback) -> None:
-        try:
-            with open(claimed, "rb") as file:
-                data = file.read()
-        except OSError as exc:
-            self._quarantine(claimed, queued.name, f"cannot read the file: {exc}")
-            return
+        with self._errors(f"read {queued.name}"):
+            try:
+                with open(claimed, "rb") as file:
+                    data = file.read()
+            except IsADirectoryError as exc:
+                self._quarantine(claimed, queued.name, f"cannot read the file: {exc}")
+                return
+            except OSError:
+                # Often passing (EMFILE, EIO) and no fault of the message: it keeps its place.
+                self._put_back(claimed, queued.name)
+                raise
         try:
             message = self.serializer.unserialize(data)
         except SerializeError as exc:
@@ -437,12 +446,18 @@ class _Scan:
         return None
 
     def _stale(self, have_due: bool) -> bool:
+        since_listing = time.monotonic() - self._listed_at
+        # Busy: our own claims change the mtime too. Relist at most every poll
+        # interval, and spend at most ~10% of the time listing a huge backlog.
+        busy_relist_s = max(self._poll_interval_s, 10 * self._listing_cost_s)
+        if have_due and since_listing < min(busy_relist_s, _FULL_LISTING_S):
+            # Every mtime case below answers False here: skip the stat on the hot path.
+            return False
         try:
             mtime_ns = os.stat(self._new_dir).st_mtime_ns
         except FileNotFoundError:
             self._make_dirs()
             return True
-        since_listing = time.monotonic() - self._listed_at
         # Directory mtimes come from a coarse clock (a few ms; whole seconds on
         # some filesystems): a file added just after a listing can leave the
         # mtime unchanged. Trust "unchanged" only once the listing began well
@@ -452,9 +467,7 @@ class _Scan:
             return since_listing >= _FULL_LISTING_S
         if not have_due:
             return True
-        # Busy: our own claims change the mtime too. Relist at most every poll
-        # interval, and spend at most ~10% of the time listing a huge backlog.
-        return since_listing >= max(self._poll_interval_s, 10 * self._listing_cost_s)
+        return since_listing >= busy_relist_s
 
     def _list(self) -> None:
         started = time.monotonic()
