@@ -61,7 +61,9 @@ def main() -> None:
         time.sleep(0.01)  # let the worker block on its wake-up list again
     process.join()
     latencies = sorted(float(x) * 1000 for x in client.lrange(results, 0, -1))
-    client.delete(*client.keys(f"hermes-bench-latency-{os.getpid()}*"))
+    keys = list(client.scan_iter(match=f"hermes-bench-latency-{os.getpid()}*"))
+    if keys:
+        client.delete(*keys)
     p50 = statistics.median(latencies)
     p99 = latencies[int(len(latencies) * 0.99)]
     print(f"emit->handle, idle worker: n={len(latencies)} p50={p50:.2f} ms p99={p99:.2f} ms")

@@ -63,9 +63,11 @@ def main() -> None:
             client.sadd(key, body)
 
     def hermes_emit() -> None:
-        emitter = Emitter(connect(url))
+        driver = connect(url)
+        emitter = Emitter(driver)
         for i in range(n):
             emitter.emit(Message("noop", {"i": i}))
+        driver.close()
 
     def best(run: Callable[[], None], prepare: Callable[[], None]) -> float:
         rates: list[float] = []
@@ -77,7 +79,7 @@ def main() -> None:
         return max(rates)
 
     def empty() -> None:
-        client.delete(key, f"{key}_wakeup")
+        probe.purge()
 
     figures = {
         "handle raw SPOP": best(raw_spop, fill),
@@ -86,6 +88,7 @@ def main() -> None:
         "emit Hermes": best(hermes_emit, empty),
     }
     empty()
+    probe.close()
     for name, rate in figures.items():
         print(f"{name:16s} {rate:8.0f} msg/s")
     handle = figures["handle Hermes"] / figures["handle raw SPOP"]

@@ -15,6 +15,7 @@ import redis
 
 from hermes.core import (
     BrokerUnavailableError,
+    ConfigurationError,
     Delivery,
     Message,
     SerializeError,
@@ -94,7 +95,6 @@ def test_a_message_added_without_a_wake_token_is_found_by_the_refresh(
     time.sleep(0.3)
     client.sadd(namespace, driver.serializer.serialize(Message("php-like")))
     eventually(lambda: worker.handled, "the message to be found without a wake-up token")
-    assert client.llen(wake_key(namespace)) == 0
 
 
 def test_the_wake_list_is_capped_so_a_burst_does_not_grow_it(driver, client, namespace):
@@ -140,6 +140,14 @@ def test_an_unknown_priority_is_refused_by_send_and_by_wait(driver, client, name
     with pytest.raises(UnknownPriorityError):
         driver.wait(lambda message, priority: True, [7])
     assert client.scard(namespace) == 0
+
+
+@pytest.mark.parametrize("priority", ["200", 200.0, True, None])
+def test_a_priority_that_is_not_an_int_is_refused_by_setup(driver, priority):
+    with pytest.raises(ConfigurationError, match=f"priority must be an int, got {priority!r}"):
+        driver.setup_priority_queue("high", priority)
+    with pytest.raises(UnknownPriorityError):  # nothing was set up
+        driver.send(Message("x"), priority)
 
 
 def test_a_future_message_waits_in_the_schedule_until_it_is_due(

@@ -165,6 +165,8 @@ class RedisSetDriver(Driver):
         """
         if not isinstance(name, str) or not name:
             raise ConfigurationError(f"priority queue name must be a non-empty string: {name!r}")
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise ConfigurationError(f"priority must be an int, got {priority!r}")
         key = self.prefix + name
         if key == self.schedule_key:
             raise ConfigurationError(
@@ -247,14 +249,13 @@ class RedisSetDriver(Driver):
         while not self.should_stop():
             try:
                 popped = receiver.receive()
-            except _REFUSED as exc:
-                raise translate_error(exc, f"waiting on {self!r}", DriverError) from exc
-            except _RECONNECTABLE as exc:
+            except redis.RedisError as exc:
+                # Refused credentials are connection errors too, but no retry fixes them.
+                if isinstance(exc, _REFUSED) or not isinstance(exc, _RECONNECTABLE):
+                    raise translate_error(exc, f"waiting on {self!r}", DriverError) from exc
                 failures += 1
                 self._back_off(exc, failures)
                 continue
-            except redis.RedisError as exc:
-                raise translate_error(exc, f"waiting on {self!r}", DriverError) from exc
             if failures:
                 logger.info("%r: Redis is back after %d failed attempt(s)", self, failures)
                 failures = 0
@@ -331,7 +332,6 @@ class _Receiver:
         self.driver = driver
         self.pool = driver.client.connection_pool
         self.connection: Connection | None = None
-        self.execute: _scripts.Execute = self._execute
         #: The sets to read, highest priority first.
         self.keys = keys
         self.wake_keys = list(dict.fromkeys(wake_key(k) for k in keys))
@@ -342,7 +342,7 @@ class _Receiver:
         #: ``execute_at`` of the earliest scheduled message, as of the last move.
         self.next_due: float | None = None
 
-    def _execute(self, command: Sequence[Any], raw: bool) -> Any:
+    def execute(self, command: Sequence[Any], raw: bool) -> Any:
         if self.connection is None:
             self.connection = self.pool.get_connection()
         self.connection.send_command(*command)

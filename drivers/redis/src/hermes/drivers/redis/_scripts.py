@@ -12,7 +12,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
-from redis.connection import Connection
 from redis.exceptions import NoScriptError
 
 #: ``unpack()`` in Redis's Lua is limited to about 8000 values; stay well below.
@@ -46,16 +45,6 @@ def on_pool(client: redis.Redis[Any]) -> Execute:
                 return connection.read_response(disable_decoding=raw)
         finally:
             pool.release(connection)
-
-    return execute
-
-
-def on_connection(connection: Connection) -> Execute:
-    """Run commands on one connection held by a worker: no pool, no retry."""
-
-    def execute(command: Sequence[Any], raw: bool) -> Any:
-        connection.send_command(*command)
-        return connection.read_response(disable_decoding=raw)
 
     return execute
 
