@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -11,11 +12,12 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hermes_test_support import eventually
 
 #: The venv's console script, the very file `pip install hermes-core` puts on PATH.
 HERMES = shutil.which("hermes", path=str(Path(sys.executable).parent)) or shutil.which("hermes")
@@ -76,8 +78,9 @@ def hermes(
     )
 
 
-def start_hermes(*args: str, cwd: Path) -> tuple[subprocess.Popen[str], Path]:
-    """Start ``hermes ARGS`` in the background; its stdout and stderr go to a file."""
+@contextlib.contextmanager
+def running_hermes(*args: str, cwd: Path) -> Iterator[tuple[subprocess.Popen[str], Path]]:
+    """``hermes ARGS`` in the background, its stdout and stderr to a file; killed at the end."""
     assert HERMES is not None
     environ = {k: v for k, v in os.environ.items() if k != "HERMES_URL"}
     output = cwd / f"hermes-{uuid.uuid4().hex[:8]}.out"
@@ -85,15 +88,15 @@ def start_hermes(*args: str, cwd: Path) -> tuple[subprocess.Popen[str], Path]:
         proc = subprocess.Popen(
             [HERMES, *args], cwd=cwd, env=environ, stdout=out, stderr=subprocess.STDOUT, text=True
         )
-    return proc, output
+    try:
+        yield proc, output
+    finally:
+        proc.kill()
+        proc.wait()
 
 
-def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what} did not happen within {timeout_s:.0f} s")
-        time.sleep(0.05)
+#: How long a test waits for a worker process (start-up included) to do something.
+WORKER_S = 30.0
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess[str]) -> str:
@@ -373,21 +376,20 @@ def test_the_url_defaults_to_hermes_url_then_a_queue_in_the_current_directory(
 
 def test_shutdown_file_stops_a_running_worker(project: Path, queue_url: str) -> None:
     stop_file = project / "stop"
-    worker, output = start_hermes(
+    with running_hermes(
         "worker", "--url", queue_url, "--handlers", "jobs:register", "--shutdown-file",
         str(stop_file), cwd=project,
-    )  # fmt: skip
-    try:
+    ) as (worker, output):  # fmt: skip
         seed(queue_url, ("job", "first", 100))
-        wait_until(lambda: len(handled(project)) == 1, "the worker handling the first message")
+        eventually(
+            lambda: len(handled(project)) == 1, "the worker handling the first message", WORKER_S
+        )
 
         stop = hermes("shutdown", "--file", str(stop_file), cwd=project)
 
         assert stop.returncode == 0, stop.stderr
         assert "Asked every worker watching" in stop.stdout
         assert worker.wait(timeout=30) == 0
-    finally:
-        worker.kill()
     text = output.read_text()
     assert "NOTICE Exiting hermes dispatcher - shutdown" in text
     assert text.splitlines()[-1].endswith("received 1, handled 1, failed 0, retried 0")
@@ -396,18 +398,15 @@ def test_shutdown_file_stops_a_running_worker(project: Path, queue_url: str) -> 
 def test_sigterm_stops_a_worker_after_its_message_and_prints_the_counts(
     project: Path, queue_url: str
 ) -> None:
-    worker, output = start_hermes(
+    with running_hermes(
         "worker", "--url", queue_url, "--handlers", "jobs:register", cwd=project
-    )
-    try:
+    ) as (worker, output):
         seed(queue_url, ("job", None, 100))
-        wait_until(lambda: len(handled(project)) == 1, "the worker handling the message")
+        eventually(lambda: len(handled(project)) == 1, "the worker handling the message", WORKER_S)
 
         worker.send_signal(signal.SIGTERM)
 
         assert worker.wait(timeout=30) == 0
-    finally:
-        worker.kill()
     text = output.read_text()
     assert "Received SIGTERM, stopping after the message in progress" in text
     assert text.splitlines()[-1].endswith("handled 1, failed 0, retried 0")
@@ -416,20 +415,17 @@ def test_sigterm_stops_a_worker_after_its_message_and_prints_the_counts(
 def test_shutdown_by_redis_url_stops_a_worker_on_that_redis(
     project: Path, redis_test_db_url: str
 ) -> None:
-    worker, output = start_hermes(
+    with running_hermes(
         "worker", "--url", redis_test_db_url, "--handlers", "jobs:register", cwd=project
-    )
-    try:
+    ) as (worker, output):
         hermes("emit", "--url", redis_test_db_url, "job", cwd=project)
-        wait_until(lambda: len(handled(project)) == 1, "the worker handling the message")
+        eventually(lambda: len(handled(project)) == 1, "the worker handling the message", WORKER_S)
         time.sleep(1)  # RedisShutdown compares whole seconds: ask in a later second than the start
 
         stop = hermes("shutdown", "--url", redis_test_db_url, cwd=project)
 
         assert stop.returncode == 0, stop.stderr
         assert worker.wait(timeout=30) == 0
-    finally:
-        worker.kill()
     assert "NOTICE Exiting hermes dispatcher - shutdown" in output.read_text()
 
 

@@ -76,6 +76,19 @@ def test_unregistering_an_unknown_handler_is_harmless(driver: MemoryDriver) -> N
     assert len(dispatcher.handlers("job")) == 1
 
 
+def test_registered_lists_every_type_with_handlers_in_registration_order(
+    driver: MemoryDriver,
+) -> None:
+    a, b, c = Recorder([], "a"), Recorder([], "b"), Recorder([], "c")
+    dispatcher = Dispatcher(driver).register_handler("second", a).register_handler("first", b)
+    dispatcher.register_handler("second", c).register_handler("gone", a)
+
+    dispatcher.unregister_handler("gone", a)
+
+    assert dispatcher.registered() == {"second": [a, c], "first": [b]}
+    assert list(dispatcher.registered()) == ["second", "first"]
+
+
 def test_unregister_all_handlers_leaves_none(driver: MemoryDriver) -> None:
     dispatcher = Dispatcher(driver).register_handler("a", Recorder([], "a"))
     dispatcher.register_handler("b", Recorder([], "b"))

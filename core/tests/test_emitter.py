@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -82,3 +83,44 @@ def test_a_failed_send_is_not_logged_as_sent(
         Emitter(driver).emit(Message("job"), 1)
 
     assert hermes_log.records == []
+
+
+class _BatchingDriver(MemoryDriver):
+    """A memory driver with send_batch, recording each batch it is given."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.batches: list[list[Message]] = []
+
+    def send_batch(self, messages: Sequence[Message], priority: int = DEFAULT_PRIORITY) -> None:
+        self.batches.append(list(messages))
+        for message in messages:
+            self.send(message, priority)
+
+
+def test_emit_batch_uses_the_driver_s_send_batch_and_logs_each_message(
+    broker_name: str, peek: Any, hermes_log: pytest.LogCaptureFixture
+) -> None:
+    driver = _BatchingDriver(broker_name)
+    messages = [Message("job", n) for n in range(3)]
+
+    try:
+        Emitter(driver).emit_batch(messages)
+
+        assert driver.batches == [messages]
+        assert peek.queued(driver) == messages
+        assert [r.getMessage() for r in hermes_log.records] == [
+            f"Dispatcher send message #{m.id} to driver _BatchingDriver" for m in messages
+        ]
+    finally:
+        driver.purge()
+
+
+def test_emit_batch_sends_one_by_one_without_send_batch(recording_driver: Any, peek: Any) -> None:
+    recording_driver.setup_priority_queue("high", 300)
+    messages = [Message("job", n) for n in range(3)]
+
+    Emitter(recording_driver).emit_batch(messages, 300)
+
+    assert recording_driver.calls == [(m, (300,), {}) for m in messages]
+    assert peek.queued(recording_driver, 300) == messages

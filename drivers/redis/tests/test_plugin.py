@@ -15,7 +15,7 @@ from hermes.core import (
     connect,
     isolated_url,
 )
-from hermes.drivers.redis import RedisSetDriver
+from hermes.drivers.redis import RedisSetDriver, RedisShutdown
 
 
 def test_the_plugin_registers_both_schemes_with_the_drivers_capabilities():
@@ -25,6 +25,21 @@ def test_the_plugin_registers_both_schemes_with_the_drivers_capabilities():
     assert plugin.capabilities.delay is Delay.NATIVE
     assert plugin.capabilities.priorities and plugin.capabilities.competing_consumers
     assert plugin.distribution == "hermes-redis"
+
+
+def test_the_plugin_builds_php_s_redis_shutdown_on_the_driver_s_own_client():
+    [plugin] = [d for d in available_drivers() if d.name == "redis"]
+    driver = connect("redis://127.0.0.1:6390/3")
+    assert plugin.shutdown is not None
+
+    shutdown = plugin.shutdown(driver)
+
+    assert isinstance(shutdown, RedisShutdown)
+    assert shutdown.client is driver.client
+    assert shutdown.key == "hermes_shutdown"
+    driver.close()
+    with pytest.raises(ConfigurationError, match="not a Redis driver"):
+        plugin.shutdown(connect("memory://not-redis"))
 
 
 def test_a_url_sets_host_port_database_and_the_driver_options():
@@ -83,6 +98,7 @@ def test_the_password_never_shows_in_repr_or_errors():
         ("redis://localhost/0?refresh_interval=soon", "refresh_interval"),
         ("redis://localhost/0?key=", "key must be a non-empty string"),
         ("redis://localhost/0?key=a&schedule_key=a", "must differ"),
+        ("redis://h1:6379,h2:6380/0", "lists 2 hosts, but the Redis driver talks to one server"),
     ],
 )
 def test_a_bad_url_fails_at_connect_naming_the_problem(url, complaint):

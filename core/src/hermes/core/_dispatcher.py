@@ -8,13 +8,12 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any
 
 from hermes.core._driver import Driver
 from hermes.core._errors import ConfigurationError
 from hermes.core._handler import Handler
 from hermes.core._message import Message
-from hermes.core._registry import plugin_manager
+from hermes.core._registry import notify, plugin_manager
 from hermes.core._retry import Randomizer, default_randomizer, next_retry, should_retry
 from hermes.core._shutdown import Shutdown
 
@@ -35,16 +34,6 @@ class DispatcherStats:
     failed: int = 0
     #: Retry copies published.
     retried: int = 0
-
-
-def _notify(hook: Any, **kwargs: Any) -> None:
-    """Call a lifecycle hook, skipping pluggy's call machinery when nobody observes it.
-
-    Most workers have no observer; the empty call was a few per cent of a fast
-    driver's per-message cost.
-    """
-    if hook.get_hookimpls():
-        hook(**kwargs)
 
 
 class _StopRequest:
@@ -186,7 +175,7 @@ class Dispatcher:
             )
             return False
         hooks = self._hooks
-        _notify(hooks.hermes_message_started, message=message, priority=priority)
+        notify(hooks.hermes_message_started, message=message, priority=priority)
         result = True
         for handler in list(handlers):
             try:
@@ -197,7 +186,7 @@ class Dispatcher:
                 self.logger.error(
                     "Handler %s throws exception - %s", type(handler).__name__, exc, exc_info=True
                 )
-                _notify(
+                notify(
                     hooks.hermes_message_failed,
                     message=message,
                     priority=priority,
@@ -214,7 +203,7 @@ class Dispatcher:
             else:
                 self.stats.failed += 1
                 result = False
-            _notify(
+            notify(
                 hooks.hermes_message_succeeded,
                 message=message,
                 priority=priority,
@@ -254,4 +243,4 @@ class Dispatcher:
             retry.retries,
             retry.execute_at,
         )
-        _notify(self._hooks.hermes_message_retried, message=message, retry=retry, handler=handler)
+        notify(self._hooks.hermes_message_retried, message=message, retry=retry, handler=handler)

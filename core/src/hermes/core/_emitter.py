@@ -1,10 +1,11 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
-from hermes.core._driver import DEFAULT_PRIORITY, Driver
+from hermes.core._driver import DEFAULT_PRIORITY, Driver, SupportsBatchSend
 from hermes.core._message import Message
-from hermes.core._registry import plugin_manager
+from hermes.core._registry import notify, plugin_manager
 
 
 class Emitter:
@@ -21,11 +22,28 @@ class Emitter:
 
     def emit(self, message: Message, priority: int = DEFAULT_PRIORITY) -> Emitter:
         self.driver.send(message, priority)
+        self._emitted(message, priority)
+        return self
+
+    def emit_batch(self, messages: Sequence[Message], priority: int = DEFAULT_PRIORITY) -> Emitter:
+        """``emit`` each of ``messages``, in one broker round trip where the driver can."""
+        if isinstance(self.driver, SupportsBatchSend):
+            self.driver.send_batch(messages, priority)
+        else:
+            for message in messages:
+                self.driver.send(message, priority)
+        for message in messages:
+            self._emitted(message, priority)
+        return self
+
+    def _emitted(self, message: Message, priority: int) -> None:
         if self.logger.isEnabledFor(logging.INFO):
             self.logger.info(
                 "Dispatcher send message #%s to driver %s", message.id, type(self.driver).__name__
             )
-        emitted = self._hooks.hermes_message_emitted
-        if emitted.get_hookimpls():  # skip pluggy's call machinery when nobody observes
-            emitted(message=message, priority=priority, driver=self.driver)
-        return self
+        notify(
+            self._hooks.hermes_message_emitted,
+            message=message,
+            priority=priority,
+            driver=self.driver,
+        )

@@ -115,13 +115,18 @@ class LineFormatter(logging.Formatter):
         return redact_url(line)
 
 
-def exception_origin(exc: BaseException) -> str:
-    """``ValueError at jobs.py:12``: the exception's type and the line that raised it."""
+def raise_site(exc: BaseException) -> str | None:
+    """``jobs.py:12``: the file and line that raised ``exc`` (None without a traceback)."""
     frames = traceback.extract_tb(exc.__traceback__)
     if not frames:
-        return type(exc).__name__
-    last = frames[-1]
-    return f"{type(exc).__name__} at {Path(last.filename).name}:{last.lineno}"
+        return None
+    return f"{Path(frames[-1].filename).name}:{frames[-1].lineno}"
+
+
+def exception_origin(exc: BaseException) -> str:
+    """``ValueError at jobs.py:12``: the exception's type and the line that raised it."""
+    site = raise_site(exc)
+    return f"{type(exc).__name__} at {site}" if site else type(exc).__name__
 
 
 def configure_logging(verbosity: int, *, default_level: int = logging.INFO) -> None:

@@ -21,7 +21,7 @@ from hermes.core._cli._common import (
 from hermes.core._driver import Delay, Driver, SupportsBatchSend
 from hermes.core._emitter import Emitter
 from hermes.core._message import Message
-from hermes.core._registry import connect, plugin_manager
+from hermes.core._registry import connect
 from hermes.core._url import redact_url
 
 #: Messages per ``send_batch`` call when the driver has one.
@@ -119,8 +119,7 @@ def run(args: argparse.Namespace) -> int:
 def _emit_many(driver: Driver, first: Message, count: int, priority: int) -> None:
     """Send ``first`` and ``count - 1`` copies with fresh ids, in batches when the driver can."""
     emitter = Emitter(driver)
-    hooks = plugin_manager().hook
-    batches = isinstance(driver, SupportsBatchSend)
+    batch_size = BATCH_SIZE if isinstance(driver, SupportsBatchSend) else 1
     messages = itertools.chain(
         [first],
         (Message(first.type, first.payload, execute_at=first.execute_at) for _ in range(count - 1)),
@@ -128,13 +127,8 @@ def _emit_many(driver: Driver, first: Message, count: int, priority: int) -> Non
     progress = _Progress(count)
     started = last_report = time.monotonic()
     sent = 0
-    while batch := list(itertools.islice(messages, BATCH_SIZE if batches else 1)):
-        if isinstance(driver, SupportsBatchSend) and len(batch) > 1:
-            driver.send_batch(batch, priority)
-            for message in batch:
-                hooks.hermes_message_emitted(message=message, priority=priority, driver=driver)
-        else:
-            emitter.emit(batch[0], priority)
+    while batch := list(itertools.islice(messages, batch_size)):
+        emitter.emit_batch(batch, priority)
         sent += len(batch)
         now = time.monotonic()
         if now - last_report >= PROGRESS_EVERY_S:

@@ -7,10 +7,9 @@ import os
 import time
 
 from hermes.core._cli._common import URL_ENV, CliError, clock
-from hermes.core._cli._worker import redis_shutdown
-from hermes.core._registry import connect
+from hermes.core._registry import connect, driver_for_url
 from hermes.core._shutdown import SharedFileShutdown
-from hermes.core._url import DriverUrl, redact_url
+from hermes.core._url import redact_url
 
 
 def run(args: argparse.Namespace) -> int:
@@ -32,14 +31,15 @@ def run(args: argparse.Namespace) -> int:
             "say which workers to stop: --file F (workers started with --shutdown-file F) "
             f"or --url redis://HOST:PORT/DB (workers on that Redis; ${URL_ENV} works too)"
         )
-    scheme = DriverUrl.parse(url).scheme
-    if scheme not in ("redis", "rediss"):
+    plugin, parsed = driver_for_url(url)
+    if plugin.shutdown is None:
         raise CliError(
-            f"shutdown by URL needs Redis (redis:// or rediss://), not {scheme}://; "
-            "start workers with --shutdown-file F and stop them with hermes shutdown --file F"
+            f"shutdown by URL needs Redis (redis:// or rediss://) or another driver whose "
+            f"broker keeps the request, not {parsed.scheme}://; start workers with "
+            "--shutdown-file F and stop them with hermes shutdown --file F"
         )
     with connect(url) as driver:
-        redis_shutdown(driver, url).shutdown(now)
+        plugin.shutdown(driver).shutdown(now)
     print(
         f"Asked every worker on {redact_url(url)} started before {clock(now)} to stop "
         "after the message in progress",

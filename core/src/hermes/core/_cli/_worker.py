@@ -8,46 +8,25 @@ import logging
 import os
 import sys
 import time
-import traceback
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
 
 from hermes.core._cli._common import (
     CliError,
     configure_logging,
     default_url,
     one_line,
+    raise_site,
     setup_priorities,
 )
 from hermes.core._dispatcher import Dispatcher
 from hermes.core._driver import DEFAULT_PRIORITY, Driver
 from hermes.core._handler import Handler
-from hermes.core._registry import connect
+from hermes.core._registry import connect, driver_for_url
 from hermes.core._shutdown import SharedFileShutdown, Shutdown
-from hermes.core._url import DriverUrl, redact_url
+from hermes.core._url import redact_url
 
 logger = logging.getLogger("hermes")
-
-_REDIS_SCHEMES = ("redis", "rediss")
-
-
-class RegisteringDispatcher(Dispatcher):
-    """A Dispatcher that remembers which types got handlers, for the start-up line."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._types: list[str] = []
-
-    def register_handler(self, type: str, handler: Handler) -> RegisteringDispatcher:
-        super().register_handler(type, handler)
-        if type not in self._types:
-            self._types.append(type)
-        return self
-
-    def registered(self) -> dict[str, list[Handler]]:
-        """Type -> handlers, in registration order, for every type that still has one."""
-        return {t: self.handlers(t) for t in self._types if self.handlers(t)}
 
 
 class AnyShutdown:
@@ -103,7 +82,7 @@ def load_object(spec: str) -> object:
     except Exception as exc:
         raise CliError(
             f"cannot import handlers module {module_name!r}: it raised "
-            f"{type(exc).__name__}: {exc} ({_where(exc)})"
+            f"{type(exc).__name__}: {exc} ({raise_site(exc) or 'no traceback'})"
         ) from None
     obj: object = module
     for part in attr_path.split("."):
@@ -115,14 +94,6 @@ def load_object(spec: str) -> object:
                 f"attribute {attr_path!r}"
             ) from None
     return obj
-
-
-def _where(exc: BaseException) -> str:
-    frames = traceback.extract_tb(exc.__traceback__)
-    if not frames:
-        return "no traceback"
-    last = frames[-1]
-    return f"{Path(last.filename).name}:{last.lineno}"
 
 
 def _module_file(module: object) -> str:
@@ -156,9 +127,8 @@ def register_handlers(dispatcher: Dispatcher, target: object, spec: str) -> None
     try:
         target(dispatcher)
     except Exception as exc:
-        raise CliError(
-            f"--handlers {spec} raised {type(exc).__name__}: {exc} ({_where(exc)})"
-        ) from None
+        site = raise_site(exc) or "no traceback"
+        raise CliError(f"--handlers {spec} raised {type(exc).__name__}: {exc} ({site})") from None
 
 
 def _instance(handler: object, type_: str, spec: str) -> Handler:
@@ -179,24 +149,6 @@ def _instance(handler: object, type_: str, spec: str) -> Handler:
     return handler  # type: ignore[return-value]
 
 
-def redis_shutdown(driver: Driver, url: str) -> Shutdown:
-    """``RedisShutdown`` on the client of ``driver`` (hermes-redis, imported only when needed).
-
-    The key is PHP Hermes's ``hermes_shutdown``, so PHP workers on that Redis stop too.
-    """
-    try:
-        from hermes.drivers.redis import RedisShutdown  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        raise CliError(
-            f"shutdown through {redact_url(url)} needs the Redis driver: pip install hermes-redis"
-        ) from None
-    client = getattr(driver, "client", None)
-    if client is None:
-        raise CliError(f"{type(driver).__name__} for {redact_url(url)} has no Redis client")
-    shutdown: Shutdown = RedisShutdown(client)
-    return shutdown
-
-
 def run(args: argparse.Namespace) -> int:
     url: str = args.url or default_url()
     spec: str = args.handlers
@@ -211,10 +163,11 @@ def run(args: argparse.Namespace) -> int:
         shutdowns: list[Shutdown] = []
         if args.shutdown_file:
             shutdowns.append(SharedFileShutdown(args.shutdown_file))
-        if DriverUrl.parse(url).scheme in _REDIS_SCHEMES:
-            shutdowns.append(redis_shutdown(driver, url))
+        broker_shutdown = driver_for_url(url)[0].shutdown
+        if broker_shutdown is not None:  # e.g. Redis: the key hermes shutdown --url sets
+            shutdowns.append(broker_shutdown(driver))
         shutdown = AnyShutdown(shutdowns) if shutdowns else None
-        dispatcher = RegisteringDispatcher(driver, logger, shutdown=shutdown)
+        dispatcher = Dispatcher(driver, logger, shutdown=shutdown)
         register_handlers(dispatcher, target, spec)
         registered = dispatcher.registered()
         if not registered:

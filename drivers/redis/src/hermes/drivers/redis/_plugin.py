@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from hermes.core import ConfigurationError, DriverPlugin, DriverUrl, hookimpl
+from hermes.core import ConfigurationError, Driver, DriverPlugin, DriverUrl, Shutdown, hookimpl
 from hermes.drivers.redis._capabilities import CAPABILITIES
 
 if TYPE_CHECKING:
@@ -32,6 +32,11 @@ def build_client(url: DriverUrl) -> redis.Redis[Any]:
     from redis.backoff import ExponentialBackoff
     from redis.retry import Retry
 
+    if len(url.hosts) > 1:
+        raise ConfigurationError(
+            f"{url.redacted!r} lists {len(url.hosts)} hosts, but the Redis driver talks to "
+            f"one server: give one host, e.g. {url.scheme}://localhost:6379/0"
+        )
     if url.path and not url.path.isdigit():
         raise ConfigurationError(
             f"the path of {url.redacted!r} must be a database number, "
@@ -90,6 +95,16 @@ def _isolate(url: DriverUrl, namespace: str) -> str:
     return url.with_options(prefix=f"{url.get_str('prefix', '')}{namespace}:")
 
 
+def _shutdown(driver: Driver) -> Shutdown:
+    """PHP Hermes's ``RedisShutdown`` (key ``hermes_shutdown``) on the driver's Redis."""
+    from hermes.drivers.redis._driver import RedisSetDriver
+    from hermes.drivers.redis._shutdown import RedisShutdown
+
+    if not isinstance(driver, RedisSetDriver):
+        raise ConfigurationError(f"{driver!r} is not a Redis driver: it has no Redis to ask")
+    return RedisShutdown(driver.client)
+
+
 @hookimpl
 def hermes_drivers() -> list[DriverPlugin]:
     return [
@@ -100,5 +115,6 @@ def hermes_drivers() -> list[DriverPlugin]:
             capabilities=CAPABILITIES,
             isolate=_isolate,
             example_url="redis://localhost:6379/0?key=hermes&schedule_key=hermes_schedule",
+            shutdown=_shutdown,
         )
     ]
