@@ -526,71 +526,49 @@ def bench_peer(run: Run, broker: str, system: str, url: str, n: int, tuned: bool
 
 # Report ----------------------------------------------------------------------
 
-RATIOS = [
-    ("redis", "hermes", "handle", "redis", "raw redis-py", "handle", ">= 0.7x raw SPOP loop"),
-    (
-        "rabbitmq",
-        "hermes prefetch=1",
-        "handle",
-        "rabbitmq",
-        "raw pika prefetch=1",
-        "handle",
-        ">= 0.7x raw pika",
-    ),
-    (
-        "rabbitmq",
-        "hermes prefetch=50",
-        "handle",
-        "rabbitmq",
-        "raw pika prefetch=50",
-        "handle",
-        ">= 0.7x raw pika",
-    ),
-    ("kafka", "hermes", "handle", "kafka", "raw confluent-kafka", "handle", ">= 0.7x raw"),
-    ("sqs", "hermes", "handle", "sqs", "raw boto3", "handle", ""),
-    (
-        "filesystem",
-        "hermes fsync=false",
-        "handle",
-        "filesystem",
-        "raw (rename+read+unlink)",
-        "handle",
-        "",
-    ),
+#: Hermes beside the raw client doing the same broker operations (its limit).
+PAIRS = [
+    # broker, Hermes system, raw system, target for Hermes/raw
+    ("filesystem", "hermes fsync=false", "raw (rename+read+unlink)", ""),
+    ("redis", "hermes", "raw redis-py", ">= 0.7x raw SPOP loop"),
+    ("rabbitmq", "hermes prefetch=1", "raw pika prefetch=1", ">= 0.7x raw pika"),
+    ("rabbitmq", "hermes prefetch=50", "raw pika prefetch=50", ">= 0.7x raw pika"),
+    ("sqs", "hermes", "raw boto3", ""),
+    ("kafka", "hermes", "raw confluent-kafka", ">= 0.7x raw"),
 ]
+PEERS = ("celery", "rq", "dramatiq")
+#: Brokers the peers run on, with the target for best Hermes / fastest peer.
+PEER_TARGETS = {"redis": ">= 2x fastest peer", "rabbitmq": ""}
+
+
+def handle_rates(run: Run, broker: str, systems: tuple[str, ...]) -> list[tuple[float, str]]:
+    """(msgs/s, system) of the handle rows on ``broker`` whose system begins with ``systems``."""
+    return [
+        (value, system)
+        for (b, system, metric) in run.samples
+        if b == broker
+        and metric == "handle"
+        and system.split()[0] in systems
+        and (value := run.value(b, system, metric)) is not None
+    ]
+
+
+def fastest_peer(run: Run, broker: str) -> tuple[float, str] | None:
+    return max(handle_rates(run, broker, PEERS), default=None)
 
 
 def ratios(run: Run) -> list[tuple[str, float, str]]:
     found = []
-    for b1, s1, m1, b2, s2, m2, target in RATIOS:
-        a, b = run.value(b1, s1, m1), run.value(b2, s2, m2)
-        if a and b:
-            found.append((f"{b1}: {s1} / {s2} ({m1})", a / b, target))
-    for broker in ("redis", "rabbitmq"):
-        ours = max(
-            (
-                r.value
-                for r in run.rows
-                if r.broker == broker and r.system.startswith("hermes") and r.metric == "handle"
-            ),
-            default=None,
-        )
-        peers = [
-            r
-            for r in run.rows
-            if r.broker == broker
-            and r.metric == "handle"
-            and r.system.split()[0] in ("celery", "rq", "dramatiq")
-        ]
-        if ours and peers:
-            best = max(peers, key=lambda r: r.value)
-            found.append(
-                (
-                    f"{broker}: best hermes / fastest peer ({best.system})",
-                    ours / best.value,
-                    ">= 2x fastest peer" if broker == "redis" else "",
-                )
-            )
+    for broker, ours, raw, target in PAIRS:
+        mine, limit = run.value(broker, ours, "handle"), run.value(broker, raw, "handle")
+        if mine and limit:
+            found.append((f"{broker}: {ours} / {raw} (handle)", mine / limit, target))
+    for broker, target in PEER_TARGETS.items():
+        best = max(handle_rates(run, broker, ("hermes",)), default=None)
+        peer = fastest_peer(run, broker)
+        if best and peer:
+            name = f"{broker}: best hermes / fastest peer ({peer[1]})"
+            found.append((name, best[0] / peer[0], target))
     return found
 
 
@@ -614,17 +592,6 @@ def markdown(run: Run) -> str:
     return "\n".join(lines) + "\n"
 
 
-SUMMARY = [
-    # broker, Hermes system, raw system, peers' broker
-    ("filesystem", "hermes fsync=false", "raw (rename+read+unlink)"),
-    ("redis", "hermes", "raw redis-py"),
-    ("rabbitmq", "hermes prefetch=1", "raw pika prefetch=1"),
-    ("rabbitmq", "hermes prefetch=50", "raw pika prefetch=50"),
-    ("sqs", "hermes", "raw boto3"),
-    ("kafka", "hermes", "raw confluent-kafka"),
-]
-
-
 def summary(run: Run) -> str:
     """The README's table: one row per driver, Hermes beside its limit and its peers."""
 
@@ -639,17 +606,9 @@ def summary(run: Run) -> str:
         "| emit->handle p50 / p99 | idle RSS |",
         "|---|---:|---:|---:|---|---:|---:|---:|",
     ]
-    for broker, ours, raw in SUMMARY:
+    for broker, ours, raw, _ in PAIRS:
         mine, limit = run.value(broker, ours, "handle"), run.value(broker, raw, "handle")
-        peers = [
-            (value, system)
-            for (b, system, metric), _ in run.samples.items()
-            if b == broker
-            and metric == "handle"
-            and system.split()[0] in PEERS
-            and (value := run.value(b, system, metric)) is not None
-        ]
-        best = max(peers, default=None)
+        best = fastest_peer(run, broker)
         p50, p99 = run.value(broker, ours, "latency p50"), run.value(broker, ours, "latency p99")
         lines.append(
             f"| {broker} ({ours.removeprefix('hermes').strip() or 'default'}) | {fmt(mine)} "
@@ -662,9 +621,6 @@ def summary(run: Run) -> str:
     imported = run.value("-", "hermes", "import hermes.core")
     lines += ["", f"`import hermes.core`: {fmt(imported, '.0f')} ms (best of 7, bytecode cached)."]
     return "\n".join(lines) + "\n"
-
-
-PEERS = ("celery", "rq", "dramatiq")
 
 
 def chart(run: Run, path: Path) -> None:
