@@ -106,6 +106,18 @@ def test_unknown_options_are_refused_listing_the_allowed_ones() -> None:
         url.reject_unknown(["queue", "priority"])
 
 
+def test_unknown_keyword_options_are_refused_listing_the_accepted_ones_and_the_hint() -> None:
+    url = DriverUrl.parse("redis://h/0")
+
+    url.reject_unknown_keywords({"client": object()}, ["client"])
+    with pytest.raises(ConfigurationError) as info:
+        url.reject_unknown_keywords({"pool": 1, "client": 2, "colour": 3}, ["client"], "a hint")
+
+    assert str(info.value) == (
+        "unknown keyword option(s) colour, pool for redis://; accepted: client - a hint"
+    )
+
+
 def test_known_options_pass() -> None:
     DriverUrl.parse("redis://h/0?queue=jobs").reject_unknown({"queue"})
 

@@ -82,7 +82,7 @@ def test_bad_urls_fail_at_connect_saying_what_is_wrong(url, complaint):
 
 
 def test_unknown_keyword_options_are_refused(tmp_path):
-    with pytest.raises(ConfigurationError, match=r"unknown option.*colour"):
+    with pytest.raises(ConfigurationError, match=r"unknown keyword option.*colour"):
         connect(f"file://{tmp_path}", colour="blue")
 
 

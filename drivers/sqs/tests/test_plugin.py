@@ -77,6 +77,25 @@ def test_a_bad_url_fails_at_connect_saying_what_is_wrong(url: str, complaint: st
     assert "secret" not in str(caught.value)
 
 
+@pytest.mark.parametrize("option", ["colour", "client_factory", "close_client", "client"])
+def test_an_unknown_keyword_option_is_refused_naming_it(option: str) -> None:
+    with pytest.raises(
+        ConfigurationError, match=f"unknown keyword option\\(s\\) {option} for sqs://"
+    ):
+        connect("sqs://q?region=us-east-1", **{option: "red"})
+
+
+def test_keyword_options_are_checked_before_a_client_is_built(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def no_client(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("an SQS client was built for a refused option")
+
+    monkeypatch.setattr(boto3.session.Session, "client", no_client)
+    with pytest.raises(ConfigurationError, match="colour"):
+        connect("sqs://q?region=us-east-1", colour="red")
+
+
 def test_a_missing_region_fails_at_connect(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("AWS_DEFAULT_REGION", raising=False)
     monkeypatch.delenv("AWS_REGION", raising=False)

@@ -119,6 +119,19 @@ class DriverUrl:
                 f"{self.scheme}:// accepts: {', '.join(sorted(allowed)) or 'no options'}"
             )
 
+    def reject_unknown_keywords(
+        self, options: Iterable[str], accepted: Iterable[str], hint: str = ""
+    ) -> None:
+        """Refuse keyword options of ``connect()`` that this URL's driver does not take."""
+        accepted = set(accepted)
+        unknown = sorted(set(options) - accepted)
+        if unknown:
+            raise ConfigurationError(
+                f"unknown keyword option(s) {', '.join(unknown)} for {self.scheme}://; "
+                f"accepted: {', '.join(sorted(accepted)) or 'none'}"
+                + (f" - {hint}" if hint else "")
+            )
+
     def _bad(self, name: str, value: str, expected: str) -> ConfigurationError:
         return ConfigurationError(
             f"option {name}={value!r} in {self.redacted!r} must be {expected}"

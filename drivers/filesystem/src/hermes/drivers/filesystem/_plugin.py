@@ -42,12 +42,7 @@ def directory_from_url(url: DriverUrl) -> str:
 def driver_from_url(url: DriverUrl, **options: Any) -> FileSystemDriver:
     """Build the driver; keyword ``options`` override the URL's."""
     url.reject_unknown(URL_OPTIONS)
-    unknown = sorted(set(options) - set(URL_OPTIONS))
-    if unknown:
-        raise ConfigurationError(
-            f"unknown option(s) {', '.join(unknown)} for file://; "
-            f"it accepts: {', '.join(URL_OPTIONS)}"
-        )
+    url.reject_unknown_keywords(options, URL_OPTIONS)
     settings: dict[str, Any] = {
         "fsync": url.get_bool("fsync", True),
         "poll_interval_s": url.get_float("poll_interval_s", 0.02),

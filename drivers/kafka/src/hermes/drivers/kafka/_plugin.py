@@ -63,12 +63,10 @@ def _from_url(url: DriverUrl, **options: Any) -> KafkaDriver:
     from hermes.drivers.kafka._driver import KafkaDriver  # confluent-kafka: only when used
 
     url.reject_unknown([*_DRIVER_OPTIONS, *(key for key in url.options if _is_librdkafka(key))])
+    url.reject_unknown_keywords(
+        options, ["config"], "config={librdkafka settings} adds what a URL cannot carry"
+    )
     extra = options.pop("config", None)
-    if options:
-        raise ConfigurationError(
-            f"unknown keyword option(s) {', '.join(sorted(options))} for {url.redacted!r}; "
-            "kafka:// accepts config={librdkafka settings} (e.g. callbacks a URL cannot carry)"
-        )
     if extra is not None and not isinstance(extra, Mapping):
         raise ConfigurationError(f"config= must be a dict, got {type(extra).__name__}")
     if not url.path:

@@ -107,24 +107,19 @@ def from_url(url: DriverUrl, **options: Any) -> LazyRabbitMqDriver:
     """Build the driver for ``amqp://user:pass@host:port/vhost?queue=NAME&...``."""
     from hermes.drivers.rabbitmq._driver import LazyRabbitMqDriver
 
-    unknown = sorted(
-        name
-        for name in url.options
-        if name not in DRIVER_OPTIONS and name not in PIKA_OPTIONS and not name.startswith("x-")
-    )
-    if unknown:
-        accepted = ", ".join(sorted(DRIVER_OPTIONS | PIKA_OPTIONS))
-        raise ConfigurationError(
-            f"unknown option(s) {', '.join(unknown)} in {url.redacted!r}; {url.scheme}:// "
-            f"accepts: {accepted}, and queue arguments x-... (e.g. x-dead-letter-exchange=dlx)"
+    try:
+        url.reject_unknown(
+            [
+                *DRIVER_OPTIONS,
+                *PIKA_OPTIONS,
+                *(name for name in url.options if name.startswith("x-")),
+            ]
         )
-    accepted_keywords = keyword_options()
-    wrong = sorted(set(options) - accepted_keywords)
-    if wrong:
+    except ConfigurationError as exc:
         raise ConfigurationError(
-            f"unknown keyword option(s) {', '.join(wrong)} for {url.scheme}://; "
-            f"accepted: {', '.join(sorted(accepted_keywords))}"
-        )
+            f"{exc}, and queue arguments x-... (e.g. x-dead-letter-exchange=dlx)"
+        ) from None
+    url.reject_unknown_keywords(options, keyword_options())
     if url.host is None:
         raise ConfigurationError(
             f"{url.redacted!r} names no host; e.g. amqp://guest:guest@localhost:5672/?queue=jobs"

@@ -70,12 +70,8 @@ def _from_url(url: DriverUrl, **options: Any) -> RedisSetDriver:
     from hermes.drivers.redis._driver import RedisSetDriver
 
     url.reject_unknown((*_DRIVER_OPTIONS, *_CLIENT_OPTIONS))
+    url.reject_unknown_keywords(options, ["client"], "client=redis.Redis(...) brings your own")
     client = options.pop("client", None)
-    if options:
-        raise ConfigurationError(
-            f"unknown keyword option(s) {', '.join(sorted(options))} for {url.redacted!r}; "
-            "redis:// accepts client=redis.Redis(...)"
-        )
     if client is not None and not isinstance(client, redis.Redis):
         raise ConfigurationError(f"client= must be a redis.Redis, got {type(client).__name__}")
     owned = client is None

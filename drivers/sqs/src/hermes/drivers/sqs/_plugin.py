@@ -6,6 +6,8 @@ driver are imported when an SQS driver is built, not here.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
@@ -29,6 +31,16 @@ OPTIONS = {
     "retention": "MessageRetentionPeriod in seconds",
     "delay": "honour execute_at with DelaySeconds and re-hiding (default false)",
 }
+
+
+@functools.cache
+def keyword_options() -> frozenset[str]:
+    """Keyword options of ``connect()`` (objects a URL cannot carry, or overrides)."""
+    from hermes.drivers.sqs._driver import AmazonSqsDriver
+
+    # The plugin builds the client and owns it; the queue name comes from the URL.
+    built_here = {"client", "queue_name", "client_factory", "close_client"}
+    return frozenset(inspect.signature(AmazonSqsDriver).parameters) - built_here
 
 
 def _queue_name(url: DriverUrl) -> str:
@@ -95,6 +107,7 @@ def from_url(url: DriverUrl, **options: Any) -> AmazonSqsDriver:
     from hermes.drivers.sqs._driver import AmazonSqsDriver
 
     url.reject_unknown(OPTIONS)
+    url.reject_unknown_keywords(options, keyword_options())
     queue_name = _queue_name(url)
     wait_time_s = url.get_int("wait_time", 1, minimum=0)
     settings: dict[str, Any] = {
