@@ -167,6 +167,46 @@ def test_a_send_nobody_confirms_raises_delivery_error_after_the_message_timeout(
     assert raised.value.__cause__ is not None
 
 
+class SharedProducer:
+    """A stand-in Producer holding another thread's record that is not delivered yet.
+
+    Like librdkafka's, ``poll`` serves the reports that are ready and ``flush``
+    also waits (up to its timeout) until every record of the producer is out.
+    """
+
+    def __init__(self) -> None:
+        self.ready: list[Callable[[Any, Any], None]] = []
+        self.others_outstanding = 1
+
+    def produce(self, topic: str, value: bytes, headers: Any, on_delivery: Any) -> None:
+        self.ready.append(on_delivery)
+
+    def poll(self, timeout: float) -> int:
+        served, self.ready = self.ready, []
+        for report in served:
+            report(None, None)
+        return len(served)
+
+    def flush(self, timeout: float) -> int:
+        self.poll(0)
+        time.sleep(timeout)
+        return self.others_outstanding
+
+
+def test_a_send_waits_for_its_own_records_not_for_other_threads_ones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    driver = connect("kafka://127.0.0.1:9/jobs?create_topics=false")
+    assert isinstance(driver, KafkaDriver)
+    monkeypatch.setattr(driver, "_producer", SharedProducer)
+    try:
+        started = time.monotonic()
+        driver.send_batch([Message("mine"), Message("mine too")])
+        assert time.monotonic() - started < 0.5
+    finally:
+        driver.close()
+
+
 def test_an_unreachable_broker_fails_send_with_broker_unavailable_naming_it() -> None:
     driver = connect("kafka://127.0.0.1:9/nowhere?message.timeout.ms=500")
     try:

@@ -54,7 +54,6 @@ _PRODUCER_DEFAULTS = (
 _client_logger = logging.getLogger("hermes.drivers.kafka.librdkafka")
 #: The same client error is logged as a warning at most once per this many seconds.
 _REPEAT_LOG_INTERVAL_S = 30.0
-#: librdkafka's own default ``session.timeout.ms``.
 
 # A driver created before fork() must not touch its parent's librdkafka handles
 # in the child; _fork_lock guards the swap to fresh ones and is itself renewed.
@@ -82,14 +81,26 @@ class _Clients:
 
 
 class _DeliveryReport:
-    """Collects the delivery reports of one ``send``; callbacks may run in any thread."""
+    """Collects the delivery reports of one ``produce``.
 
-    def __init__(self) -> None:
+    Each record carries its own report object as ``on_delivery``, so a report
+    reaches the right object whichever thread's ``poll()`` serves it; several
+    threads may serve reports of the same object at once.
+    """
+
+    def __init__(self, expected: int) -> None:
+        self.expected = expected
         #: One entry per report: None for delivered, the KafkaError otherwise.
         self.results: list[KafkaError | None] = []
+        #: Set once ``expected`` reports arrived.
+        self.done = threading.Event()
+        self._lock = threading.Lock()
 
     def __call__(self, error: KafkaError | None, record: object) -> None:
-        self.results.append(error)
+        with self._lock:
+            self.results.append(error)
+            if len(self.results) >= self.expected:
+                self.done.set()
 
 
 def _check_topic(name: str, what: str) -> str:
@@ -394,7 +405,7 @@ class KafkaDriver(Driver):
             return
         self.ensure_topics([topic])
         producer = self._producer()
-        report = _DeliveryReport()
+        report = _DeliveryReport(len(bodies))
         deadline = time.monotonic() + self.send_timeout_s
         for index, body in enumerate(bodies):
             while True:
@@ -415,14 +426,23 @@ class KafkaDriver(Driver):
                         f"({index} of {len(bodies)} handed over before it): "
                         f"{exc.args[0].str()}"
                     ) from exc
-        while len(report.results) < len(bodies):
+        # Wakes the broker threads to send now rather than after linger.ms
+        # (best effort); returns at once.
+        producer.flush(0)
+        while not report.done.is_set():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
+                missing = len(bodies) - len(report.results)
                 raise DeliveryError(
-                    f"Kafka {self.bootstrap} did not confirm {len(bodies) - len(report.results)} "
+                    f"Kafka {self.bootstrap} did not confirm {missing} "
                     f"message(s) for topic {topic!r} within {self.send_timeout_s:.0f} s"
+                ) from KafkaException(
+                    KafkaError(KafkaError._MSG_TIMED_OUT, "no delivery report before the deadline")
                 )
-            producer.flush(min(remaining, 1.0))
+            # poll(), not flush(): flush waits for every thread's records in the
+            # shared producer; poll serves whatever reports are ready, this
+            # send's or another's, and returns.
+            producer.poll(min(remaining, 0.05))
         errors = [error for error in report.results if error is not None]
         if errors:
             if any(error.fatal() for error in errors):

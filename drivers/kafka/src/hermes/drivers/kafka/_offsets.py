@@ -51,10 +51,6 @@ class OffsetLedger:
             state.open.discard(offset)
             self.finished_since_commit += 1
 
-    def open_count(self, partition: Partition) -> int:
-        state = self._states.get(partition)
-        return len(state.open) if state is not None else 0
-
     def commit_point(self, partition: Partition) -> int:
         """The offset to commit for ``partition``: its oldest open record, else the next one."""
         state = self._states[partition]

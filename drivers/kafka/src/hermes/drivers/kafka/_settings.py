@@ -92,20 +92,6 @@ RESERVED = {
     "group.id": "pass the group as group_id (group=NAME in a URL)",
 }
 
-#: Settings whose values must never be logged.
-SECRET_KEYS = frozenset(
-    {
-        "sasl.password",
-        "ssl.key.password",
-        "ssl.keystore.password",
-        "ssl.key.pem",
-        "sasl.oauthbearer.client.secret",
-        "sasl.oauthbearer.client.credentials.client.secret",
-        "sasl.oauthbearer.assertion.private.key.passphrase",
-        "sasl.oauthbearer.assertion.private.key.pem",
-    }
-)
-
 
 def split(config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """``config`` as (producer settings, consumer settings); shared keys go to both."""
@@ -117,9 +103,3 @@ def split(config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
 def admin(config: Mapping[str, Any]) -> dict[str, Any]:
     """The settings an AdminClient understands: those neither side owns alone."""
     return {k: v for k, v in config.items() if k not in CONSUMER_ONLY and k not in PRODUCER_ONLY}
-
-
-def describe(config: Mapping[str, Any]) -> str:
-    """``config`` for a log line or error, secrets masked."""
-    shown = {k: "***" if k in SECRET_KEYS else v for k, v in sorted(config.items())}
-    return ", ".join(f"{k}={v}" for k, v in shown.items() if not callable(v))
