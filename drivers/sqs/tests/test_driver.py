@@ -577,6 +577,42 @@ def test_an_existing_queue_gets_the_redrive_policy_and_retention_it_lacks(
     assert attributes["MessageRetentionPeriod"] == "3600"
 
 
+def test_the_dead_letter_queue_is_looked_up_once_for_every_priority_queue(
+    make_driver: MakeDriver, sqs_url: str, sqs: Any, queue_name: str
+) -> None:
+    dead = f"{queue_name}-dlq"
+    driver = make_driver(sqs_url + f"&dead_letter_queue={dead}")
+    driver.setup_priority_queue("high", 200)
+    driver.setup_priority_queue("low", 50)
+    asked: list[str] = []
+    driver._client.get().meta.events.register(
+        "before-parameter-build.sqs.GetQueueUrl",
+        lambda params, **kwargs: asked.append(params["QueueName"]),
+    )
+
+    for priority in (100, 200, 50):
+        driver.send(Message("x"), priority)
+
+    assert asked.count(dead) == 1
+    for name in (queue_name, f"{queue_name}-high", f"{queue_name}-low"):
+        url = sqs.get_queue_url(QueueName=name)["QueueUrl"]
+        attributes = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["RedrivePolicy"])
+        policy = json.loads(attributes["Attributes"]["RedrivePolicy"])
+        assert policy["deadLetterTargetArn"].endswith(f":{dead}")
+
+
+def test_a_purged_driver_creates_its_dead_letter_queue_again(
+    make_driver: MakeDriver, sqs_url: str, sqs: Any, queue_name: str
+) -> None:
+    driver = make_driver(sqs_url + f"&dead_letter_queue={queue_name}-dlq")
+    driver.send(Message("x"))
+    driver.purge()
+
+    driver.send(Message("y"))
+
+    assert sqs.get_queue_url(QueueName=f"{queue_name}-dlq")["QueueUrl"]
+
+
 def test_purge_deletes_every_queue_of_the_driver(
     make_driver: MakeDriver, sqs_url: str, sqs: Any, queue_name: str
 ) -> None:

@@ -272,6 +272,8 @@ class AmazonSqsDriver(Driver):
         self._names: dict[int, str] = {DEFAULT_PRIORITY: self.queue_name}
         self._queues: dict[str, Queue] = {}
         self._setup_lock = threading.Lock()
+        #: The dead-letter queue's ARN, found once under ``_setup_lock`` (reset by ``purge``).
+        self._dead_letter_arn: str | None = None
 
     # Queues ------------------------------------------------------------------
 
@@ -308,17 +310,24 @@ class AmazonSqsDriver(Driver):
         if self.retention_s is not None:
             wanted["MessageRetentionPeriod"] = str(self.retention_s)
         if self.dead_letter_queue is not None:
-            dead_url, _ = self._find_or_create(
-                self.dead_letter_queue,
-                {"MessageRetentionPeriod": str(DEAD_LETTER_RETENTION_S)},
-                {},
-            )
-            with translate_errors("GetQueueAttributes", self.dead_letter_queue):
-                arn = self._client.get().get_queue_attributes(
-                    QueueUrl=dead_url, AttributeNames=["QueueArn"]
-                )["Attributes"]["QueueArn"]
+            if self._dead_letter_arn is None:
+                dead_url, dead_attributes = self._find_or_create(
+                    self.dead_letter_queue,
+                    {"MessageRetentionPeriod": str(DEAD_LETTER_RETENTION_S)},
+                    {},
+                )
+                arn = dead_attributes.get("QueueArn")
+                if arn is None:  # just created: CreateQueue answers with the URL only
+                    with translate_errors("GetQueueAttributes", self.dead_letter_queue):
+                        arn = self._client.get().get_queue_attributes(
+                            QueueUrl=dead_url, AttributeNames=["QueueArn"]
+                        )["Attributes"]["QueueArn"]
+                self._dead_letter_arn = arn
             wanted["RedrivePolicy"] = json.dumps(
-                {"deadLetterTargetArn": arn, "maxReceiveCount": str(self.max_receive_count)}
+                {
+                    "deadLetterTargetArn": self._dead_letter_arn,
+                    "maxReceiveCount": str(self.max_receive_count),
+                }
             )
         url, attributes = self._find_or_create(
             name, {"VisibilityTimeout": str(self.visibility_timeout_s)}, wanted
@@ -624,6 +633,7 @@ class AmazonSqsDriver(Driver):
             names.append(self.dead_letter_queue)
         client = self._client.get()
         with self._setup_lock:
+            self._dead_letter_arn = None
             for name in names:
                 known = self._queues.pop(name, None)
                 with translate_errors("DeleteQueue", name):
