@@ -80,12 +80,24 @@ class Collector:
 
 
 class Worker:
-    """``driver.wait(callback)`` in a thread, stopped on exit."""
+    """``driver.wait(callback)`` in a thread, stopped on exit.
 
-    def __init__(self, driver: LazyRabbitMqDriver, callback: Any, priorities: tuple[int, ...] = ()):
+    An exception of ``wait()`` is raised again on exit, unless it is an
+    instance of ``expect``; the test then finds it in :attr:`error`.
+    """
+
+    def __init__(
+        self,
+        driver: LazyRabbitMqDriver,
+        callback: Any,
+        priorities: tuple[int, ...] = (),
+        *,
+        expect: type[BaseException] | tuple[type[BaseException], ...] = (),
+    ):
         self.driver = driver
         self.stop = StopFlag()
         driver.set_shutdown(self.stop)
+        self.expect = expect
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, args=(callback, priorities), daemon=True)
 
@@ -99,18 +111,19 @@ class Worker:
         self.thread.start()
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any
+    ) -> None:
         self.stop.shutdown()
         self.thread.join(15)
         assert not self.thread.is_alive(), "the worker did not stop within 15 s"
-
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float = 15, what: str = "") -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what or predicate}")
-        time.sleep(0.02)
+        if self.error is None or isinstance(self.error, self.expect):
+            return
+        if exc is not None:
+            # The test failed first; its own exception goes on, naming this one.
+            exc.add_note(f"the worker's wait() also raised {self.error!r}")
+            return
+        raise AssertionError(f"the worker's wait() raised {self.error!r}") from self.error
 
 
 @pytest.fixture
@@ -121,11 +134,8 @@ def collector() -> Collector:
 
 @pytest.fixture(name="worker")
 def worker_fixture() -> Callable[..., Worker]:
-    """``with worker(driver, callback, priorities):`` runs ``driver.wait`` in a thread."""
+    """``with worker(driver, callback, priorities):`` runs ``driver.wait`` in a thread.
+
+    ``expect=ErrorType`` lets ``wait()`` raise that; the test reads ``.error``.
+    """
     return Worker
-
-
-@pytest.fixture(name="wait_until")
-def wait_until_fixture() -> Callable[..., None]:
-    """``wait_until(predicate, timeout_s, what)``: poll until true or fail naming ``what``."""
-    return wait_until

@@ -237,7 +237,7 @@ def test_handle_with_priorities_reads_only_those_queues(
 
 
 def test_a_worker_idle_on_several_priorities_wakes_for_a_new_message(
-    make_driver: MakeDriver, collector: Any, worker: Any, wait_until: Any
+    make_driver: MakeDriver, collector: Any, worker: Any, eventually: Any
 ) -> None:
     driver = make_driver()
     driver.setup_priority_queue("high", 200)
@@ -246,9 +246,9 @@ def test_a_worker_idle_on_several_priorities_wakes_for_a_new_message(
     with worker(driver, collector):
         time.sleep(0.3)  # let it go idle; correctness does not depend on it
         sender.send(Message("t", "low-after-idle"))
-        wait_until(lambda: len(collector.got) == 1, what="the first message")
+        eventually(lambda: len(collector.got) == 1, "the first message")
         sender.send(Message("t", "high-after-idle"), 200)
-        wait_until(lambda: len(collector.got) == 2, what="the second message")
+        eventually(lambda: len(collector.got) == 2, "the second message")
     assert collector.payloads == ["low-after-idle", "high-after-idle"]
 
 
@@ -258,18 +258,18 @@ def test_a_worker_whose_queue_is_deleted_declares_it_again_and_goes_on(
     raw_channel: Any,
     collector: Any,
     worker: Any,
-    wait_until: Any,
+    eventually: Any,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     driver = make_driver()
     sender = make_driver()
     sender.send(Message("t", "before"))
     with caplog.at_level(logging.WARNING, logger="hermes"), worker(driver, collector):
-        wait_until(lambda: collector.payloads == ["before"], what="the first message")
+        eventually(lambda: collector.payloads == ["before"], "the first message")
         raw_channel.queue_delete(queue)
-        wait_until(lambda: "reconnected" in caplog.text, what="the worker to resubscribe")
+        eventually(lambda: "reconnected" in caplog.text, "the worker to resubscribe", timeout_s=15)
         sender.send(Message("t", "after"))
-        wait_until(lambda: collector.payloads == ["before", "after"], what="the second message")
+        eventually(lambda: collector.payloads == ["before", "after"], "the second message")
     assert "cancelled the consumer" in caplog.text
 
 
@@ -391,7 +391,7 @@ def test_ignored_delay_delivers_at_once_and_keeps_execute_at(
 
 
 def test_native_delay_holds_a_message_until_execute_at_even_when_the_bucket_rounds_down(
-    make_driver: MakeDriver, collector: Any, worker: Any, wait_until: Any
+    make_driver: MakeDriver, collector: Any, worker: Any, eventually: Any
 ) -> None:
     driver = make_driver("delay=true")
     assert driver.capabilities.delay is Delay.NATIVE
@@ -404,7 +404,7 @@ def test_native_delay_holds_a_message_until_execute_at_even_when_the_bucket_roun
     driver.send(soon)
     driver.send(Message("t", "now"))
     with worker(driver, collector):
-        wait_until(lambda: len(collector.got) == 3, timeout_s=20, what="three messages")
+        eventually(lambda: len(collector.got) == 3, "three messages", timeout_s=20)
     assert collector.payloads == ["now", "soon", "late"]
     for message, _, handled_at in collector.got:
         if message.execute_at:
@@ -424,7 +424,7 @@ def test_a_retry_copy_waits_in_a_delay_queue(make_driver: MakeDriver, raw_channe
 
 
 def test_a_dispatcher_runs_handlers_and_stops_on_shutdown(
-    make_driver: MakeDriver, worker: Any, wait_until: Any
+    make_driver: MakeDriver, worker: Any, eventually: Any
 ) -> None:
     driver = make_driver()
     seen: list[str] = []
@@ -437,9 +437,9 @@ def test_a_dispatcher_runs_handlers_and_stops_on_shutdown(
     dispatcher = Dispatcher(driver).register_handler("job", Handler())
     driver.send(Message("job", "a"))
     with worker(driver, dispatcher.handle_message):
-        wait_until(lambda: seen == ["a"], what="the handler")
+        eventually(lambda: seen == ["a"], "the handler")
         make_driver().send(Message("job", "b"))
-        wait_until(lambda: seen == ["a", "b"], what="the second message")
+        eventually(lambda: seen == ["a", "b"], "the second message")
 
 
 def test_the_repr_names_the_broker_and_queue_but_never_the_password(amqp_url: str) -> None:

@@ -22,7 +22,7 @@ def rabbitmqctl(command: str) -> None:
 def test_a_waiting_worker_reconnects_after_a_broker_restart_and_loses_nothing(
     make_driver: Callable[..., LazyRabbitMqDriver],
     worker: Any,
-    wait_until: Any,
+    eventually: Any,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     from hermes_test_services import AMQP_PORT, wait_for_port
@@ -48,10 +48,10 @@ def test_a_waiting_worker_reconnects_after_a_broker_restart_and_loses_nothing(
         try:
             rabbitmqctl("stop_app")
             release.set()  # its ack cannot reach the broker now
-            wait_until(
+            eventually(
                 lambda: "lost the connection while waiting" in caplog.text,
+                "the worker to log the lost connection",
                 timeout_s=30,
-                what="the worker to log the lost connection",
             )
             with pytest.raises(BrokerUnavailableError):
                 sender.send(Message("t", "while-down"))
@@ -59,16 +59,14 @@ def test_a_waiting_worker_reconnects_after_a_broker_restart_and_loses_nothing(
             release.set()
             rabbitmqctl("start_app")
         wait_for_port(AMQP_PORT, 60, "rabbitmq after start_app")
-        wait_until(
+        eventually(
             lambda: "reconnected after" in caplog.text,
+            "the worker to reconnect",
             timeout_s=60,
-            what="the worker to reconnect",
         )
         sender.send(Message("t", "after"))
         quiet_sender.send(Message("t", "after, on a connection the restart closed"))
-        wait_until(
-            lambda: len(handled) == 5, timeout_s=30, what="the messages sent after the restart"
-        )
+        eventually(lambda: len(handled) == 5, "the messages sent after the restart", timeout_s=30)
     assert "the connection had closed" in caplog.text
     # The unacknowledged message came back; the acknowledged one did not.
     assert handled.count("before") == 1
