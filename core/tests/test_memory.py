@@ -144,6 +144,31 @@ def test_waiting_on_a_priority_without_a_queue_raises(driver: MemoryDriver) -> N
         driver.wait(Collect(), (DEFAULT_PRIORITY, 7))
 
 
+def test_an_unknown_priority_error_names_the_driver_the_known_priorities_and_the_fix(
+    driver: MemoryDriver,
+) -> None:
+    driver.setup_priority_queue("high", 300)
+
+    with pytest.raises(UnknownPriorityError) as caught:
+        driver.send(Message("job"), 7)
+
+    assert str(caught.value) == (
+        f"<MemoryDriver memory://{driver.name}> has no queue for priority 7; "
+        "known priorities: [300, 100]; add one with setup_priority_queue()"
+    )
+
+
+def test_pause_sleeps_its_time_unless_the_driver_must_stop(driver: MemoryDriver) -> None:
+    started = time.monotonic()
+    driver.pause(0.2, step_s=0.05)
+    assert time.monotonic() - started >= 0.2
+
+    driver.set_shutdown(Deadline(0))
+    started = time.monotonic()
+    driver.pause(60, step_s=0.05)
+    assert time.monotonic() - started < 30  # returned at once, not after 60 s
+
+
 def test_a_message_due_later_is_held_while_due_ones_are_delivered(
     driver: MemoryDriver, peek: Any
 ) -> None:

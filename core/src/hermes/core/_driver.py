@@ -145,16 +145,37 @@ class Driver(ABC):
             return True
         return self.shutdown is not None and self.shutdown.should_shutdown(self.start_time)
 
+    def pause(self, seconds: float, step_s: float = 0.5) -> None:
+        """Sleep ``seconds`` (a backoff, say), returning early once :meth:`should_stop`.
+
+        Shutdown is checked every ``step_s``, so no wait outlives it by more.
+        """
+        deadline = time.monotonic() + seconds
+        while not self.should_stop():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            time.sleep(min(left, step_s))
+
+    def unknown_priority(
+        self,
+        priority: int,
+        known: Iterable[int],
+        hint: str = "add one with setup_priority_queue()",
+    ) -> UnknownPriorityError:
+        """The error for a ``priority`` without a queue: this driver, the known ones, a hint."""
+        return UnknownPriorityError(
+            f"{self!r} has no queue for priority {priority}; "
+            f"known priorities: {sorted(known, reverse=True)}; {hint}",
+            priority,
+        )
+
     def check_priorities(self, known: Iterable[int], wanted: Sequence[int]) -> list[int]:
         """The priorities to read, highest first: ``wanted`` (validated) or all ``known``."""
         known = set(known)
         for priority in wanted:
             if priority not in known:
-                raise UnknownPriorityError(
-                    f"{type(self).__name__} has no queue for priority {priority}; "
-                    f"known priorities: {sorted(known, reverse=True)}",
-                    priority,
-                )
+                raise self.unknown_priority(priority, known)
         return sorted(set(wanted) if wanted else known, reverse=True)
 
     def __enter__(self) -> Driver:

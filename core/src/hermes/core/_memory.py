@@ -18,7 +18,7 @@ from hermes.core._driver import (
     Delivery,
     Driver,
 )
-from hermes.core._errors import SerializeError, UnknownPriorityError
+from hermes.core._errors import SerializeError
 from hermes.core._message import Message
 from hermes.core._registry import DriverPlugin, hookimpl
 from hermes.core._url import DriverUrl
@@ -99,11 +99,7 @@ class MemoryDriver(Driver):
         broker = self._broker
         with broker.condition:
             if priority not in broker.queues:
-                raise UnknownPriorityError(
-                    f"memory://{self.name} has no queue for priority {priority}; "
-                    f"known priorities: {sorted(broker.queues, reverse=True)}",
-                    priority,
-                )
+                raise self.unknown_priority(priority, broker.queues)
             if execute_at is not None and execute_at > time.time():
                 entry = (execute_at, next(broker.sequence), priority, data)
                 heapq.heappush(broker.scheduled, entry)

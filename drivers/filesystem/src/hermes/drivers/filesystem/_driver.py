@@ -28,7 +28,6 @@ from hermes.core import (
     DriverError,
     Message,
     SerializeError,
-    UnknownPriorityError,
 )
 from hermes.drivers.filesystem._names import SCHEME, QueuedName, next_name, parse
 from hermes.drivers.filesystem._worker import LOCK_NAME, WorkerClaims, recover_dead_workers
@@ -166,11 +165,7 @@ class FileSystemDriver(Driver):
 
     def _store(self, bodies: list[tuple[bytes, float | None]], priority: int) -> None:
         if priority not in self._priorities:
-            raise UnknownPriorityError(
-                f"{self.url} has no queue for priority {priority}; "
-                f"known priorities: {sorted(self._priorities, reverse=True)}",
-                priority,
-            )
+            raise self.unknown_priority(priority, self._priorities)
         with self._errors("queue a message", DeliveryError):
             staged: list[str] = []
             renamed = 0

@@ -27,7 +27,6 @@ from hermes.core import (
     DriverError,
     Message,
     NotSupportedError,
-    UnknownPriorityError,
 )
 from hermes.drivers.kafka import _settings
 from hermes.drivers.kafka._capabilities import (
@@ -368,11 +367,10 @@ class KafkaDriver(Driver):
         """The topic of ``priority``; :class:`UnknownPriorityError` if there is none."""
         topic = self.topics.get(priority)
         if topic is None:
-            hint = "" if self.priority_topics else " (this driver has no priority topics)"
-            raise UnknownPriorityError(
-                f"{self!r} has no topic for priority {priority}{hint}; "
-                f"known priorities: {sorted(self.topics, reverse=True)}",
-                priority,
+            if self.priority_topics:
+                raise self.unknown_priority(priority, self.topics)
+            raise self.unknown_priority(
+                priority, self.topics, "this driver has no priority topics (priority_topics=true)"
             )
         return topic
 

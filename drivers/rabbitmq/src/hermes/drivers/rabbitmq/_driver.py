@@ -26,7 +26,6 @@ from hermes.core import (
     DriverError,
     Message,
     SerializeError,
-    UnknownPriorityError,
 )
 from hermes.drivers.rabbitmq._capabilities import CAPABILITIES
 from hermes.drivers.rabbitmq._delay import (
@@ -237,11 +236,7 @@ class LazyRabbitMqDriver(Driver):
         try:
             name = self._queues[priority]
         except KeyError:
-            raise UnknownPriorityError(
-                f"{self._where} queue {self.queue!r} has no queue for priority {priority}; "
-                f"known priorities: {sorted(self._queues, reverse=True)}",
-                priority,
-            ) from None
+            raise self.unknown_priority(priority, self._queues) from None
         return _QueueSpec(name, self.queue_arguments)
 
     def _delay_queue(self, work: _QueueSpec, ttl_ms: int) -> _QueueSpec:
@@ -661,7 +656,7 @@ class _Session:
                     describe(exc),
                     pause,
                 )
-                self._sleep(pause)
+                driver.pause(pause, driver.idle_wait_s)
                 continue
             self.lost = None
             logger.warning(
@@ -671,14 +666,6 @@ class _Session:
                 self.queue_names(),
             )
             return
-
-    def _sleep(self, seconds: float) -> None:
-        deadline = time.monotonic() + seconds
-        while not self.driver.should_stop():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return
-            time.sleep(min(left, self.driver.idle_wait_s))
 
     def _discard(self) -> None:
         """Forget the connection: the broker requeues whatever it had not acknowledged."""

@@ -22,7 +22,6 @@ from hermes.core import (
     DriverError,
     Message,
     SerializeError,
-    UnknownPriorityError,
 )
 from hermes.drivers.redis import _scripts
 from hermes.drivers.redis._capabilities import CAPABILITIES
@@ -190,11 +189,7 @@ class RedisSetDriver(Driver):
         try:
             return self._queues[priority]
         except KeyError:
-            raise UnknownPriorityError(
-                f"{self!r} has no queue for priority {priority}; known priorities: "
-                f"{sorted(self._queues, reverse=True)}; add one with setup_priority_queue()",
-                priority,
-            ) from None
+            raise self.unknown_priority(priority, self._queues) from None
 
     def _send_bodies(
         self, bodies: Sequence[tuple[str | bytes, float | None]], priority: int
@@ -286,12 +281,7 @@ class RedisSetDriver(Driver):
             type(exc).__name__,
             exc,
         )
-        deadline = time.monotonic() + delay
-        while not self.should_stop():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return
-            time.sleep(min(left, 0.5))
+        self.pause(delay)
 
     # Housekeeping --------------------------------------------------------------
 

@@ -27,7 +27,6 @@ from hermes.core import (
     Message,
     NotSupportedError,
     SerializeError,
-    UnknownPriorityError,
 )
 from hermes.drivers.sqs._capabilities import CAPABILITIES, MAX_MESSAGE_BYTES
 from hermes.drivers.sqs._client import (
@@ -290,12 +289,7 @@ class AmazonSqsDriver(Driver):
     def _queue(self, priority: int) -> Queue:
         name = self._names.get(priority)
         if name is None:
-            raise UnknownPriorityError(
-                f"SQS queue {self.queue_name!r} has no queue for priority {priority}; "
-                f"known priorities: {sorted(self._names, reverse=True)} "
-                "(add one with setup_priority_queue)",
-                priority,
-            )
+            raise self.unknown_priority(priority, self._names)
         queue = self._queues.get(name)
         if queue is None:
             with self._setup_lock:
@@ -472,21 +466,13 @@ class AmazonSqsDriver(Driver):
                         exc,
                         exc_info=exc.__cause__,
                     )
-                    self._pause(backoff_s)
+                    self.pause(backoff_s)
                     continue
                 backoff_s = 0.0
                 if batch:
                     self._handle_batch(batch, callback, held)
         finally:
             held.stop()
-
-    def _pause(self, seconds: float) -> None:
-        deadline = time.monotonic() + seconds
-        while not self.should_stop():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return
-            time.sleep(min(0.5, left))
 
     def _receive(self, queues: Sequence[Queue]) -> list[Held]:
         limit = self.batch_size
