@@ -2,8 +2,8 @@
 
 The root ``conftest.py`` loads this file as the module ``hermes_test_support``
 (test directories are not packages, so there is nothing else to import it
-from); ``from hermes_test_support import eventually, StopFlag`` then works in
-every conftest and test module.
+from); ``from hermes_test_support import eventually, StopFlag, StopWhen`` then
+works in every conftest and test module.
 """
 
 from __future__ import annotations
@@ -44,6 +44,28 @@ class StopFlag:
 
     def should_shutdown(self, start_time: float) -> bool:
         return self.event.is_set()
+
+    def shutdown(self, at: float | None = None) -> bool:
+        self.event.set()
+        return True
+
+
+class StopWhen:
+    """A Shutdown that stops ``wait()`` once ``condition()`` holds, at ``timeout_s``, or when set.
+
+    The deadline turns a worker that never gets its messages into a failing
+    test instead of a hanging one.
+    """
+
+    def __init__(
+        self, condition: Callable[[], Any] = lambda: False, timeout_s: float = DEADLINE_S
+    ) -> None:
+        self.condition = condition
+        self.deadline = time.monotonic() + timeout_s
+        self.event = threading.Event()
+
+    def should_shutdown(self, start_time: float) -> bool:
+        return self.event.is_set() or bool(self.condition()) or time.monotonic() > self.deadline
 
     def shutdown(self, at: float | None = None) -> bool:
         self.event.set()

@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 import pytest
+from hermes_test_support import StopWhen
 
 from hermes.core import (
     DEFAULT_PRIORITY,
@@ -22,20 +23,6 @@ from hermes.core import (
     connect,
     isolated_url,
 )
-
-
-class Deadline:
-    """A Shutdown that fires after ``seconds``: keeps a broken ``wait()`` from hanging a test."""
-
-    def __init__(self, seconds: float = 10.0) -> None:
-        self.at = time.time() + seconds
-
-    def should_shutdown(self, start_time: float) -> bool:
-        return time.time() >= self.at
-
-    def shutdown(self, at: float | None = None) -> bool:
-        self.at = time.time()
-        return True
 
 
 class Collect:
@@ -58,7 +45,7 @@ class Collect:
 def drain(driver: MemoryDriver, count: int, priorities: tuple[int, ...] = ()) -> Collect:
     """Run ``wait()`` until ``count`` more messages were handled (or 10 s passed)."""
     collect = Collect()
-    driver.set_shutdown(Deadline())
+    driver.set_shutdown(StopWhen())
     driver.set_max_process_items(driver.processed_items + count)
     driver.wait(collect, priorities)
     return collect
@@ -163,7 +150,9 @@ def test_pause_sleeps_its_time_unless_the_driver_must_stop(driver: MemoryDriver)
     driver.pause(0.2, step_s=0.05)
     assert time.monotonic() - started >= 0.2
 
-    driver.set_shutdown(Deadline(0))
+    stop = StopWhen()
+    stop.shutdown()
+    driver.set_shutdown(stop)
     started = time.monotonic()
     driver.pause(60, step_s=0.05)
     assert time.monotonic() - started < 30  # returned at once, not after 60 s
@@ -226,7 +215,7 @@ def test_wait_returns_without_taking_anything_once_shutdown_is_asked(
     driver: MemoryDriver, peek: Any
 ) -> None:
     driver.send(Message("job"))
-    stop = Deadline()
+    stop = StopWhen()
     stop.shutdown()
     driver.set_shutdown(stop)
     collect = Collect()
@@ -238,7 +227,7 @@ def test_wait_returns_without_taking_anything_once_shutdown_is_asked(
 
 
 def test_an_idle_wait_notices_a_shutdown_asked_from_another_thread(driver: MemoryDriver) -> None:
-    stop = Deadline()
+    stop = StopWhen()
     driver.set_shutdown(stop)
     waiting = threading.Thread(target=driver.wait, args=(Collect(),))
     waiting.start()
@@ -392,11 +381,7 @@ def test_competing_waits_get_every_message_exactly_once(broker_name: str) -> Non
                     done.set()
             return True
 
-        class UntilDone(Deadline):
-            def should_shutdown(self, start_time: float) -> bool:
-                return done.is_set() or super().should_shutdown(start_time)
-
-        driver.set_shutdown(UntilDone())
+        driver.set_shutdown(StopWhen(done.is_set))
         driver.wait(callback)
 
     workers = [threading.Thread(target=worker) for _ in range(4)]

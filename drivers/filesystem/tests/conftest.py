@@ -8,24 +8,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from hermes_test_support import StopWhen
 
 from hermes.core import Message
 from hermes.drivers.filesystem import FileSystemDriver
-
-
-class Deadline:
-    """A Shutdown that stops a test worker after ``seconds``, so a bug fails instead of hanging."""
-
-    def __init__(self, seconds: float) -> None:
-        self.at = time.monotonic() + seconds
-        self.stop = False
-
-    def should_shutdown(self, start_time: float) -> bool:
-        return self.stop or time.monotonic() > self.at
-
-    def shutdown(self, at: float | None = None) -> bool:
-        self.stop = True
-        return True
 
 
 @dataclass
@@ -63,7 +49,7 @@ def _receive(
         return callback(message, priority) if callback is not None else True
 
     driver.set_max_process_items(driver.processed_items + count)
-    driver.set_shutdown(Deadline(deadline_s))
+    driver.set_shutdown(StopWhen(timeout_s=deadline_s))
     driver.wait(record, priorities)
     return received
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from hermes_test_support import StopWhen
 
 from hermes.core import Message, connect
 from hermes.drivers.kafka import KafkaDriver
@@ -19,22 +20,6 @@ from hermes.drivers.kafka import KafkaDriver
 FAST_GROUP = "session.timeout.ms=2000&heartbeat.interval.ms=250"
 #: The longest a test waits for something that should happen.
 WAIT_S = 20.0
-
-
-class Deadline:
-    """A Shutdown that stops ``wait()`` once ``done()`` holds, or after ``seconds``."""
-
-    def __init__(self, done: Callable[[], bool] = lambda: False, seconds: float = WAIT_S) -> None:
-        self.done = done
-        self.at = time.monotonic() + seconds
-        self.stopped = False
-
-    def should_shutdown(self, start_time: float) -> bool:
-        return self.stopped or self.done() or time.monotonic() > self.at
-
-    def shutdown(self, at: float | None = None) -> bool:
-        self.stopped = True
-        return True
 
 
 @dataclass
@@ -72,7 +57,7 @@ def _handle(
 ) -> Received:
     received = received if received is not None else Received()
     start = len(received)
-    driver.set_shutdown(Deadline(lambda: len(received) - start >= count, timeout_s))
+    driver.set_shutdown(StopWhen(lambda: len(received) - start >= count, timeout_s))
     driver.wait(received.callback, priorities)
     return received
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from hermes_test_support import eventually
+from hermes_test_support import StopWhen, eventually
 
 from hermes.core import (
     BrokerUnavailableError,
@@ -30,21 +30,6 @@ from hermes.drivers.sqs import AmazonSqsDriver, SqsDelivery, current_delivery
 
 MakeDriver = Callable[..., AmazonSqsDriver]
 Received = list[tuple[Message, int, SqsDelivery | None]]
-
-
-class StopWhen:
-    """A Shutdown that stops ``wait()`` once ``condition()`` holds or ``timeout_s`` passed."""
-
-    def __init__(self, condition: Callable[[], bool], timeout_s: float = 15.0) -> None:
-        self.condition = condition
-        self.deadline = time.monotonic() + timeout_s
-
-    def should_shutdown(self, start_time: float) -> bool:
-        return self.condition() or time.monotonic() > self.deadline
-
-    def shutdown(self, at: float | None = None) -> bool:
-        self.deadline = 0.0
-        return True
 
 
 def queue_counts(sqs: Any, name: str) -> tuple[int, int, int]:
