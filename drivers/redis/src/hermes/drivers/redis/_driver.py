@@ -331,6 +331,8 @@ class _Receiver:
         self.move_at = 0.0
         #: ``execute_at`` of the earliest scheduled message, as of the last move.
         self.next_due: float | None = None
+        #: The last idle wait ended on a wake-up token: a message was just sent.
+        self.woken = False
 
     def execute(self, command: Sequence[Any], raw: bool) -> Any:
         if self.connection is None:
@@ -347,20 +349,21 @@ class _Receiver:
         """One message as (index into ``keys``, body), or None after an idle wait.
 
         Moves due scheduled messages every :data:`MOVE_INTERVAL_S` while busy
-        and always before it sleeps, so nothing due is left waiting.
+        and always before it sleeps, so nothing due is left waiting. Woken by
+        a send, it pops first: the new message is handled after one round trip.
         """
-        moved = False
-        if time.monotonic() >= self.move_at:
-            self._move_due()
-            moved = True
-        popped = self._pop()
-        if popped is not None:
-            return popped
-        if not moved:
-            self.move_at = 0.0
-            return None
-        self._idle_wait()
-        self.move_at = 0.0
+        popped_first = self.woken or time.monotonic() < self.move_at
+        self.woken = False
+        if popped_first:
+            popped = self._pop()
+            if popped is not None:
+                return popped
+        moved = self._move_due()
+        if moved or not popped_first:
+            popped = self._pop()
+            if popped is not None:
+                return popped
+        self.woken = self._idle_wait()
         return None
 
     def _pop(self) -> tuple[int, bytes] | None:
@@ -372,7 +375,8 @@ class _Receiver:
             return None
         return int(reply[0]) - 1, reply[1]
 
-    def _move_due(self) -> None:
+    def _move_due(self) -> int:
+        """Move due scheduled messages to the default-priority set; how many."""
         moved, first = _scripts.MOVE_DUE(
             self.execute,
             self.move_keys,
@@ -385,14 +389,16 @@ class _Receiver:
             self.move_at = 0.0
         else:
             self.move_at = time.monotonic() + MOVE_INTERVAL_S
+        return int(moved)
 
-    def _idle_wait(self) -> None:
+    def _idle_wait(self) -> bool:
+        """Wait for a wake-up token or the next due message; True if a token came."""
         timeout = self.driver._idle_wait_s
         if self.next_due is not None:
             timeout = min(timeout, self.next_due - time.time())
         if timeout <= 0 or self.driver.should_stop():
-            return
+            return False
         if timeout < _SHORT_WAIT_S:
             time.sleep(timeout)
-            return
-        self.execute(("BLPOP", *self.wake_keys, round(timeout, 3)), True)
+            return False
+        return self.execute(("BLPOP", *self.wake_keys, round(timeout, 3)), True) is not None
