@@ -6,6 +6,7 @@ handlers registered for each message type. Brokers are reached through
 :class:`Driver` plugins: ``connect("redis://localhost:6379/0")``.
 """
 
+from hermes.core._consumer import IDLE_WAIT_S, Backoff, Consumer, Received
 from hermes.core._dispatcher import NOTICE, Dispatcher, DispatcherStats
 from hermes.core._driver import (
     DEFAULT_PRIORITY,
@@ -29,11 +30,13 @@ from hermes.core._errors import (
     SerializeError,
     UnknownDriverError,
     UnknownPriorityError,
+    translate_errors,
 )
 from hermes.core._handler import EchoHandler, Handler
 from hermes.core._lazy import lazy_exports
 from hermes.core._memory import MemoryDriver
 from hermes.core._message import Message
+from hermes.core._process import PerProcess
 from hermes.core._registry import (
     DriverPlugin,
     available_drivers,
@@ -49,11 +52,14 @@ from hermes.core._url import DriverUrl, redact_url
 
 __all__ = [
     "DEFAULT_PRIORITY",
+    "IDLE_WAIT_S",
     "NOTICE",
+    "Backoff",
     "BrokerUnavailableError",
     "Callback",
     "Capabilities",
     "ConfigurationError",
+    "Consumer",
     "Delay",
     "Delivery",
     "DeliveryError",
@@ -71,6 +77,8 @@ __all__ = [
     "Message",
     "MessageSerializer",
     "NotSupportedError",
+    "PerProcess",
+    "Received",
     "RetryMixin",
     "RetryableHandler",
     "SerializeError",
@@ -89,4 +97,5 @@ __all__ = [
     "lazy_exports",
     "plugin_manager",
     "redact_url",
+    "translate_errors",
 ]

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Protocol, runtime_checkable
 
+from hermes.core._consumer import Consumer, Run, run
 from hermes.core._errors import NotSupportedError, UnknownPriorityError
 from hermes.core._message import Message
 from hermes.core._serializer import MessageSerializer, Serializer
@@ -69,28 +70,42 @@ class Capabilities:
 
 
 class Driver(ABC):
-    """A broker connection that sends messages and waits for them.
+    """A broker connection that sends messages and hands them to core's worker loop.
 
-    Contract of every driver:
+    A driver implements only what differs about its broker: :meth:`send`, and
+    :meth:`consumer` — take, acknowledge, release, reject (see
+    :class:`~hermes.core.Consumer`). :meth:`wait`, PHP Hermes's public method,
+    is core's loop and the same for every driver. Contract of every driver:
 
     * ``send()`` serializes the message before any I/O, so a
       :class:`SerializeError` leaves the broker untouched. It is safe to call
       from many threads at once, and a driver created before ``os.fork()``
-      works in the child without sharing the parent's sockets. A message the
+      works in the child without sharing the parent's sockets
+      (:class:`~hermes.core.PerProcess` holds such clients). A message the
       broker did not take raises a :class:`DriverError` subclass; it never
       vanishes silently.
     * ``wait()`` blocks, calling ``callback(message, priority)`` for each
-      message, until :meth:`should_stop` is true (shutdown or max items); it
-      checks that at the top of every loop and before every idle wait, and no
-      idle wait lasts longer than about a second. Queues are read from the
-      highest priority down; ``priorities`` restricts the worker to those.
+      message, until shutdown or max items; it checks both before every
+      receive, and no receive blocks longer than about a second. Queues are
+      read from the highest priority down; ``priorities`` restricts the
+      worker to those, and one without a queue raises
+      :class:`UnknownPriorityError`.
     * A body that is not a Hermes message is logged with the reason and set
-      aside (quarantine, dead-letter, or deleted after the log); the loop goes on.
-    * An exception escaping ``callback`` propagates out of ``wait()``; an
-      at-least-once driver leaves that message on the broker so the next
-      ``wait()`` (this worker's or another's) receives it again.
-    * Broker failures are logged with their cause, then either reconnected with
-      backoff or raised as :class:`DriverError`.
+      aside by the consumer (quarantine, dead-letter, or deleted); the loop goes on.
+    * An exception escaping ``callback`` releases that message and propagates
+      out of ``wait()``: an at-least-once driver delivers it again.
+    * Broker failures are translated at the boundary
+      (:func:`~hermes.core.translate_errors`): :class:`BrokerUnavailableError`
+      makes the loop reconnect with backoff, any other :class:`DriverError`
+      is raised out of ``wait()``.
+    * ``setup_priority_queue(name, priority)`` adds, on this driver object, a
+      queue for ``priority`` named ``name`` *within the driver's namespace*:
+      the broker's own name is the driver's prefix followed by ``name`` (Redis:
+      ``prefix + name``, so with no prefix ``name`` is PHP's key; RabbitMQ, SQS
+      and Kafka: ``<queue>.<name>``), and drivers whose layout files a message
+      by its priority alone (filesystem, memory) only record that the priority
+      exists. It is not stored on the broker: every process that sends or
+      reads a priority sets it up alike (the CLI's ``--priority`` does).
     """
 
     #: What this driver promises; instances may narrow it from their options.
@@ -100,7 +115,7 @@ class Driver(ABC):
         self.serializer: Serializer = MessageSerializer()
         self.shutdown: Shutdown | None = None
         self.max_process_items = 0
-        #: Messages this driver has handed to a callback since it was created.
+        #: Messages acknowledged after their callback, over every run of this driver.
         self.processed_items = 0
         #: When this worker started: set at creation and again by ``Dispatcher.handle()``.
         #: A shutdown request older than it is ignored.
@@ -110,9 +125,23 @@ class Driver(ABC):
     def send(self, message: Message, priority: int = DEFAULT_PRIORITY) -> None:
         """Put ``message`` on the queue of ``priority``; see the class contract."""
 
-    @abstractmethod
+    def consumer(self, priorities: Sequence[int]) -> Consumer:
+        """A :class:`Consumer` reading ``priorities`` (all queues when empty), highest first.
+
+        Raises :class:`UnknownPriorityError` for a priority without a queue
+        (:meth:`check_priorities` does it). Does no broker I/O: the consumer
+        connects on its first ``receive``.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not implement consumer()")
+
     def wait(self, callback: Callback, priorities: Sequence[int] = ()) -> None:
-        """Call ``callback`` for each message until stopped; see the class contract."""
+        """Call ``callback`` for each message until stopped; see the class contract.
+
+        Each call is a run of its own: max items counts from 0 again.
+        """
+        stopper = Run(self.max_process_items, self.shutdown, self.start_time)
+        with self.consumer(priorities) as consumer:
+            run(self, callback, consumer, stopper)
 
     def setup_priority_queue(self, name: str, priority: int) -> None:
         """Add a queue ``name`` that holds messages sent with ``priority``.

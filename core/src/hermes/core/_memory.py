@@ -4,29 +4,22 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import logging
 import threading
 import time
 from collections import deque
 from collections.abc import Sequence
 
+from hermes.core._consumer import Consumer, Received
 from hermes.core._driver import (
     DEFAULT_PRIORITY,
-    Callback,
     Capabilities,
     Delay,
     Delivery,
     Driver,
 )
-from hermes.core._errors import SerializeError
 from hermes.core._message import Message
 from hermes.core._registry import DriverPlugin, hookimpl
 from hermes.core._url import DriverUrl
-
-logger = logging.getLogger("hermes")
-
-#: Longest idle wait between two checks of shutdown and max items.
-_IDLE_WAIT_S = 0.2
 
 
 class _Broker:
@@ -107,45 +100,10 @@ class MemoryDriver(Driver):
                 broker.queues[priority].append(data)
             broker.condition.notify_all()
 
-    def wait(self, callback: Callback, priorities: Sequence[int] = ()) -> None:
-        broker = self._broker
-        with broker.condition:
-            order = self.check_priorities(broker.queues, priorities)
-        while not self.should_stop():
-            with broker.condition:
-                if not priorities:  # a queue set up by an emitter meanwhile is read too
-                    order = self.check_priorities(broker.queues, ())
-                now = time.time()
-                broker.move_due(now)
-                taken = next(
-                    ((p, queue.popleft()) for p in order if (queue := broker.queues.get(p))), None
-                )
-                if taken is None:
-                    timeout = _IDLE_WAIT_S
-                    if broker.scheduled:
-                        timeout = min(timeout, max(0.0, broker.scheduled[0][0] - now))
-                    broker.condition.wait(timeout)
-                    continue
-            priority, data = taken
-            try:
-                message = self.serializer.unserialize(data)
-            except SerializeError as exc:
-                logger.error(
-                    "memory://%s: set aside a body that is not a message - %s", self.name, exc
-                )
-                with broker.condition:
-                    broker.dead_letters.append((data, str(exc)))
-                continue
-            try:
-                callback(message, priority)
-            except BaseException:
-                with broker.condition:
-                    queue = broker.queues.get(priority)
-                    if queue is not None:  # else purged meanwhile: gone with the rest
-                        queue.appendleft(data)
-                    broker.condition.notify_all()
-                raise
-            self.processed_items += 1
+    def consumer(self, priorities: Sequence[int]) -> Consumer:
+        with self._broker.condition:
+            self.check_priorities(self._broker.queues, priorities)
+        return _MemoryConsumer(self, priorities)
 
     def purge(self) -> None:
         # Cleared in place: every driver object of this name (a worker's, an
@@ -156,6 +114,46 @@ class MemoryDriver(Driver):
 
     def __repr__(self) -> str:
         return f"<MemoryDriver memory://{self.name}>"
+
+
+class _MemoryConsumer(Consumer):
+    """Pops under the broker's lock; a released body goes back to the head of its queue."""
+
+    def __init__(self, driver: MemoryDriver, priorities: Sequence[int]) -> None:
+        self.driver = driver
+        self.broker = driver._broker
+        #: Empty: every queue, including one an emitter sets up meanwhile.
+        self.priorities = priorities
+
+    def receive(self, timeout_s: float) -> Received | None:
+        broker = self.broker
+        deadline = time.monotonic() + timeout_s
+        with broker.condition:
+            while True:
+                order = self.driver.check_priorities(broker.queues, self.priorities)
+                now = time.time()
+                broker.move_due(now)
+                for priority in order:
+                    queue = broker.queues.get(priority)
+                    if queue:
+                        return Received(queue.popleft(), priority)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                if broker.scheduled:
+                    left = min(left, max(0.0, broker.scheduled[0][0] - now))
+                broker.condition.wait(left)
+
+    def release(self, received: Received) -> None:
+        with self.broker.condition:
+            queue = self.broker.queues.get(received.priority)
+            if queue is not None:  # else purged meanwhile: gone with the rest
+                queue.appendleft(received.body)
+            self.broker.condition.notify_all()
+
+    def reject(self, received: Received, reason: str) -> None:
+        with self.broker.condition:
+            self.broker.dead_letters.append((received.body, reason))
 
 
 def _from_url(url: DriverUrl) -> MemoryDriver:
