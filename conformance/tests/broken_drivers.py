@@ -25,6 +25,7 @@ from hermes.core import (
     DEFAULT_PRIORITY,
     BrokerUnavailableError,
     Callback,
+    Consumer,
     Delay,
     Delivery,
     Driver,
@@ -325,6 +326,9 @@ class _Wrapper(Driver):
 
     def setup_priority_queue(self, name: str, priority: int) -> None:
         self.inner.setup_priority_queue(name, priority)
+
+    def consumer(self, priorities: Sequence[int]) -> Consumer:
+        return self.inner.consumer(priorities)
 
     def wait(self, callback: Callback, priorities: Sequence[int] = ()) -> None:
         self.inner.start_time = self.start_time

@@ -460,13 +460,32 @@ def test_a_read_error_puts_the_message_back_instead_of_quarantining_it(
         return open(path, *args, **kwargs)
 
     monkeypatch.setattr(driver_module, "open", open_failing_once, raising=False)
-    with pytest.raises(BrokerUnavailableError, match="cannot read") as info:
-        receive(driver, 1)
-    assert info.value.__cause__.errno == errno.EMFILE
-    assert files(queue_dir / "quarantine") == []
+    with driver.consumer(()) as consumer:
+        with pytest.raises(BrokerUnavailableError, match="cannot read") as info:
+            consumer.receive(1.0)
+        assert info.value.__cause__.errno == errno.EMFILE
+        assert files(queue_dir / "quarantine") == []
+        assert len(files(queue_dir / "new")) == 1
     assert files(queue_dir / "processing") == []
-    assert len(files(queue_dir / "new")) == 1
+
+
+def test_the_worker_retries_a_read_error_and_then_handles_the_message(
+    driver, queue_dir, receive, files, monkeypatch, caplog
+):
+    driver.send(Message("job"))
+    failed: list[str] = []
+
+    def open_failing_once(path, *args, **kwargs):
+        if not failed and os.sep + "processing" + os.sep in os.fspath(path):
+            failed.append(path)
+            raise OSError(errno.EMFILE, "Too many open files", path)
+        return open(path, *args, **kwargs)
+
+    monkeypatch.setattr(driver_module, "open", open_failing_once, raising=False)
     assert receive(driver, 1).types == ["job"]
+    assert failed
+    assert any("Too many open files" in r.getMessage() for r in caplog.records)
+    assert files(queue_dir / "quarantine") == []
 
 
 # Housekeeping ------------------------------------------------------------------

@@ -46,6 +46,9 @@ class Received:
     token: Any = None
     #: Set by core once the body has been unserialized.
     message: Message | None = None
+    #: Where it came from, for log lines about it (``new/<file>``, ``queue jobs tag 7``);
+    #: empty: its priority's queue.
+    origin: str = ""
 
 
 class Consumer(ABC):
@@ -188,7 +191,7 @@ def _settle(
 def _describe(received: Received) -> str:
     if received.message is not None:
         return f"message #{received.message.id} ({received.message.type})"
-    return f"a body from priority {received.priority}"
+    return f"the body from {received.origin or f'priority {received.priority}'}"
 
 
 def run(driver: Driver, callback: Callback, consumer: Consumer, stopper: Run) -> None:
@@ -221,9 +224,9 @@ def run(driver: Driver, callback: Callback, consumer: Consumer, stopper: Run) ->
             received.message = serializer.unserialize(received.body)
         except SerializeError as exc:
             logger.error(
-                "%r: set aside a body from priority %d that is not a Hermes message - %s",
+                "%r: set aside %s, which is not a Hermes message - %s",
                 driver,
-                received.priority,
+                _describe(received),
                 exc,
             )
             _settle(driver, "set aside", received, consumer.reject, str(exc))

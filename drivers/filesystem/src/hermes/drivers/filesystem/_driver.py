@@ -18,16 +18,16 @@ from urllib.parse import quote
 from hermes.core import (
     DEFAULT_PRIORITY,
     BrokerUnavailableError,
-    Callback,
     Capabilities,
     ConfigurationError,
+    Consumer,
     Delay,
     Delivery,
     DeliveryError,
     Driver,
     DriverError,
     Message,
-    SerializeError,
+    Received,
 )
 from hermes.drivers.filesystem._names import SCHEME, QueuedName, next_name, parse
 from hermes.drivers.filesystem._worker import LOCK_NAME, WorkerClaims, recover_dead_workers
@@ -207,57 +207,10 @@ class FileSystemDriver(Driver):
             self._make_dirs()
             return os.open(path, flags, 0o666)
 
-    # Waiting -----------------------------------------------------------------
+    # Receiving ---------------------------------------------------------------
 
-    def wait(self, callback: Callback, priorities: Sequence[int] = ()) -> None:
-        order = self.check_priorities(self._priorities, priorities)
-        claims = WorkerClaims(self._tmp_dir, self._processing_dir, self._new_dir)
-        with self._errors("register a worker"):
-            self._make_dirs()
-            claims.register()
-        try:
-            self._wait(callback, order, claims)
-        finally:
-            try:
-                claims.release()
-            except OSError as exc:
-                logger.error(
-                    "%s: could not remove worker directory %s - %s", self.url, claims.path, exc
-                )
-
-    def _wait(self, callback: Callback, order: list[int], claims: WorkerClaims) -> None:
-        scan = _Scan(self._new_dir, order, self.poll_interval_s, self._make_dirs)
-        warned = set(self._priorities)  # known priorities need no warning
-        next_recovery = next_cleanup = 0.0
-        while not self.should_stop():
-            now = time.monotonic()
-            if now >= next_recovery:
-                with self._errors("return the files of dead workers"):
-                    recover_dead_workers(self._processing_dir, self._new_dir, claims.worker_id)
-                next_recovery = now + self.recovery_interval_s
-            if now >= next_cleanup:
-                with self._errors("clean tmp/"):
-                    self._clean_tmp()
-                next_cleanup = now + _TMP_CLEANUP_S
-            with self._errors("list new/"):
-                queued = scan.next_due()
-            for stray in scan.take_strays():
-                self._quarantine_stray(stray, claims)
-            for priority in scan.priorities_seen - warned:
-                warned.add(priority)
-                logger.warning(
-                    "%s: new/ holds messages of priority %d, which this worker does not read; "
-                    "call setup_priority_queue(name, %d) (hermes worker: --priority) to read them",
-                    self.url,
-                    priority,
-                    priority,
-                )
-            if queued is None:
-                time.sleep(scan.idle_wait_s())
-                continue
-            claimed = os.path.join(claims.path, queued.name)
-            if self._claim(queued.name, claimed, claims):
-                self._deliver(claimed, queued, callback)
+    def consumer(self, priorities: Sequence[int]) -> Consumer:
+        return _FileConsumer(self, self.check_priorities(self._priorities, priorities))
 
     def _claim(self, name: str, claimed: str, claims: WorkerClaims) -> bool:
         """Move ``new/<name>`` to ``claimed``; False if another worker took it first."""
@@ -272,31 +225,19 @@ class FileSystemDriver(Driver):
                 return False
         return True
 
-    def _deliver(self, claimed: str, queued: QueuedName, callback: Callback) -> None:
+    def _read(self, claimed: str, queued: QueuedName) -> bytes | None:
+        """The claimed file's bytes; None if it was quarantined as unreadable."""
         with self._errors(f"read {queued.name}"):
             try:
                 with open(claimed, "rb") as file:
-                    data = file.read()
+                    return file.read()
             except IsADirectoryError as exc:
                 self._quarantine(claimed, queued.name, f"cannot read the file: {exc}")
-                return
+                return None
             except OSError:
                 # Often passing (EMFILE, EIO) and no fault of the message: it keeps its place.
                 self._put_back(claimed, queued.name)
                 raise
-        try:
-            message = self.serializer.unserialize(data)
-        except SerializeError as exc:
-            self._quarantine(claimed, queued.name, str(exc))
-            return
-        try:
-            callback(message, queued.priority)
-        except BaseException:
-            self._put_back(claimed, queued.name)
-            raise
-        with contextlib.suppress(FileNotFoundError):  # the queue was purged meanwhile
-            os.unlink(claimed)
-        self.processed_items += 1
 
     def _put_back(self, claimed: str, name: str) -> None:
         try:
@@ -307,14 +248,7 @@ class FileSystemDriver(Driver):
 
     # Poison ------------------------------------------------------------------
 
-    def _quarantine_stray(self, name: str, claims: WorkerClaims) -> None:
-        # Claim it first, so exactly one worker quarantines it.
-        claimed = os.path.join(claims.path, name if name != LOCK_NAME else name + "~")
-        if not self._claim(name, claimed, claims):
-            return
-        self._quarantine(claimed, name, f"the file name does not follow the Hermes scheme {SCHEME}")
-
-    def _quarantine(self, claimed: str, name: str, reason: str) -> None:
+    def _quarantine(self, claimed: str, name: str, reason: str, level: int = logging.ERROR) -> None:
         with self._errors(f"quarantine {name}"):
             os.makedirs(self.quarantine_dir, exist_ok=True)
             target = _move_without_overwriting(claimed, self.quarantine_dir, name)
@@ -324,7 +258,8 @@ class FileSystemDriver(Driver):
                     f"{reason}\n\nfile: new/{name}\nqueue: {self.path}\n"
                     f"quarantined: {when} by process {os.getpid()}\n"
                 )
-        logger.error(
+        logger.log(
+            level,
             "%s: quarantined new/%s as %s - %s (reason in %s.reason)",
             self.url,
             name,
@@ -388,6 +323,108 @@ class FileSystemDriver(Driver):
             yield
         except OSError as exc:
             raise error(f"{self.url}: cannot {action}: {exc}") from exc
+
+
+class _FileConsumer(Consumer):
+    """One worker's claims on the queue directory.
+
+    The worker directory is registered (and locked) on the first receive.
+    ``ack`` deletes the claimed file, ``release`` renames it back into ``new/``
+    under its old name, ``reject`` moves it to ``quarantine/``: each is one
+    filesystem call, safe from any thread.
+    """
+
+    def __init__(self, driver: FileSystemDriver, order: list[int]) -> None:
+        self.driver = driver
+        self.order = order
+        self.claims = WorkerClaims(driver._tmp_dir, driver._processing_dir, driver._new_dir)
+        self.scan = _Scan(driver._new_dir, order, driver.poll_interval_s, driver._make_dirs)
+        self.warned = set(driver._priorities)  # known priorities need no warning
+        self.next_recovery = self.next_cleanup = 0.0
+
+    def receive(self, timeout_s: float) -> Received | None:
+        driver, claims = self.driver, self.claims
+        if not claims.is_registered():
+            with driver._errors("register a worker"):
+                driver._make_dirs()
+                claims.register()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self._housekeeping()
+            with driver._errors("list new/"):
+                queued = self.scan.next_due()
+            for stray in self.scan.take_strays():
+                self._quarantine_stray(stray)
+            self._warn_unread_priorities()
+            if queued is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                time.sleep(min(self.scan.idle_wait_s(), left))
+                continue
+            claimed = os.path.join(claims.path, queued.name)
+            if not driver._claim(queued.name, claimed, claims):
+                continue
+            data = driver._read(claimed, queued)
+            if data is not None:
+                return Received(
+                    data, queued.priority, (claimed, queued.name), origin=f"new/{queued.name}"
+                )
+
+    def ack(self, received: Received) -> None:
+        claimed, _ = received.token
+        with contextlib.suppress(FileNotFoundError):  # the queue was purged meanwhile
+            os.unlink(claimed)
+
+    def release(self, received: Received) -> None:
+        self.driver._put_back(*received.token)
+
+    def reject(self, received: Received, reason: str) -> None:
+        # Core has logged the reason already; the move itself is an INFO line.
+        claimed, name = received.token
+        self.driver._quarantine(claimed, name, reason, level=logging.INFO)
+
+    def close(self) -> None:
+        try:
+            self.claims.release()
+        except OSError as exc:
+            logger.error(
+                "%s: could not remove worker directory %s - %s",
+                self.driver.url,
+                self.claims.path,
+                exc,
+            )
+
+    def _housekeeping(self) -> None:
+        driver = self.driver
+        now = time.monotonic()
+        if now >= self.next_recovery:
+            with driver._errors("return the files of dead workers"):
+                recover_dead_workers(driver._processing_dir, driver._new_dir, self.claims.worker_id)
+            self.next_recovery = now + driver.recovery_interval_s
+        if now >= self.next_cleanup:
+            with driver._errors("clean tmp/"):
+                driver._clean_tmp()
+            self.next_cleanup = now + _TMP_CLEANUP_S
+
+    def _quarantine_stray(self, name: str) -> None:
+        # Claim it first, so exactly one worker quarantines it.
+        claimed = os.path.join(self.claims.path, name if name != LOCK_NAME else name + "~")
+        if self.driver._claim(name, claimed, self.claims):
+            self.driver._quarantine(
+                claimed, name, f"the file name does not follow the Hermes scheme {SCHEME}"
+            )
+
+    def _warn_unread_priorities(self) -> None:
+        for priority in self.scan.priorities_seen - self.warned:
+            self.warned.add(priority)
+            logger.warning(
+                "%s: new/ holds messages of priority %d, which this worker does not read; "
+                "call setup_priority_queue(name, %d) (hermes worker: --priority) to read them",
+                self.driver.url,
+                priority,
+                priority,
+            )
 
 
 class _Scan:
