@@ -42,9 +42,10 @@ def test_the_signatures_are_those_of_the_spec() -> None:
         "created: 'float | None' = None, execute_at: 'float | None' = None, retries: 'int' = 0)"
         " -> 'None'"
     )
-    assert list(inspect.signature(Dispatcher).parameters) == [
-        "driver", "logger", "shutdown", "randomizer"
-    ]  # fmt: skip
+    parameters = inspect.signature(Dispatcher).parameters
+    assert list(parameters)[:4] == ["driver", "logger", "shutdown", "randomizer"]
+    # Everything after PHP's four is keyword-only, so positional PHP-style calls keep working.
+    assert all(p.kind is p.KEYWORD_ONLY for p in list(parameters.values())[4:])
     emit = inspect.signature(Emitter.emit).parameters
     assert list(emit) == ["self", "message", "priority"]
     assert emit["priority"].default == 100

@@ -33,6 +33,7 @@ from hermes.core._errors import (
     translate_errors,
 )
 from hermes.core._handler import EchoHandler, Handler
+from hermes.core._invoke import TimeLimitExceeded
 from hermes.core._lazy import lazy_exports
 from hermes.core._memory import MemoryDriver
 from hermes.core._message import Message
@@ -88,6 +89,7 @@ __all__ = [
     "SupportsBatchSend",
     "SupportsPurge",
     "SupportsRawSend",
+    "TimeLimitExceeded",
     "UnknownDriverError",
     "UnknownPriorityError",
     "available_drivers",

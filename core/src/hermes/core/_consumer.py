@@ -11,7 +11,9 @@ stop checks, max items, the poison log, reconnect backoff.
 from __future__ import annotations
 
 import logging
+import queue
 import random
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -194,34 +196,43 @@ def _describe(received: Received) -> str:
     return f"the body from {received.origin or f'priority {received.priority}'}"
 
 
-def run(driver: Driver, callback: Callback, consumer: Consumer, stopper: Run) -> None:
-    """Core's loop: receive, unserialize, call back, settle, until ``stopper`` says stop.
+class _Loop:
+    """The steps of core's loop, shared by the serial and the concurrent worker."""
 
-    An exception escaping ``callback`` releases that message and propagates.
-    """
-    backoff = Backoff()
-    serializer = driver.serializer
-    debug = logger.isEnabledFor(logging.DEBUG)
-    while not stopper.should_stop():
+    def __init__(
+        self, driver: Driver, callback: Callback, consumer: Consumer, stopper: Run
+    ) -> None:
+        self.driver = driver
+        self.callback = callback
+        self.consumer = consumer
+        self.stopper = stopper
+        self.backoff = Backoff()
+        self.debug = logger.isEnabledFor(logging.DEBUG)
+        self.count_lock = threading.Lock()
+
+    def take(self) -> Received | None:
+        """One message from the consumer, unserialized; None when idle, poisoned or unreachable."""
+        driver, consumer = self.driver, self.consumer
         try:
             received = consumer.receive(IDLE_WAIT_S)
         except BrokerUnavailableError as exc:
-            delay = backoff.next_delay_s()
+            delay = self.backoff.next_delay_s()
             logger.warning(
                 "%r: broker unavailable (attempt %d), retrying in %.2f s - %s",
                 driver,
-                backoff.failures,
+                self.backoff.failures,
                 delay,
                 exc,
             )
-            stopper.pause(delay)
-            continue
-        if backoff.failures:
-            logger.info("%r: broker is back after %d failed attempt(s)", driver, backoff.reset())
+            self.stopper.pause(delay)
+            return None
+        if self.backoff.failures:
+            failures = self.backoff.reset()
+            logger.info("%r: broker is back after %d failed attempt(s)", driver, failures)
         if received is None:
-            continue
+            return None
         try:
-            received.message = serializer.unserialize(received.body)
+            received.message = driver.serializer.unserialize(received.body)
         except SerializeError as exc:
             logger.error(
                 "%r: set aside %s, which is not a Hermes message - %s",
@@ -230,17 +241,149 @@ def run(driver: Driver, callback: Callback, consumer: Consumer, stopper: Run) ->
                 exc,
             )
             _settle(driver, "set aside", received, consumer.reject, str(exc))
-            continue
-        message = received.message
-        if debug:
+            return None
+        if self.debug:
+            message = received.message
             logger.debug("%r: took message #%s (%s)", driver, message.id, message.type)
+        return received
+
+    def deliver(self, received: Received) -> None:
+        """Call back, then acknowledge; release and re-raise when the callback raises."""
+        driver, message = self.driver, received.message
+        assert message is not None
         try:
-            callback(message, received.priority)
+            self.callback(message, received.priority)
         except BaseException:
-            if _settle(driver, "release", received, consumer.release) and debug:
+            if _settle(driver, "release", received, self.consumer.release) and self.debug:
                 logger.debug("%r: released message #%s", driver, message.id)
             raise
-        if _settle(driver, "acknowledge", received, consumer.ack) and debug:
+        if _settle(driver, "acknowledge", received, self.consumer.ack) and self.debug:
             logger.debug("%r: acknowledged message #%s", driver, message.id)
-        stopper.processed += 1
-        driver.processed_items += 1
+        with self.count_lock:
+            self.stopper.processed += 1
+            driver.processed_items += 1
+
+
+def run(
+    driver: Driver,
+    callback: Callback,
+    consumer: Consumer,
+    stopper: Run,
+    concurrency: int = 1,
+    grace_s: float = 30.0,
+) -> None:
+    """Core's loop: receive, unserialize, call back, settle, until ``stopper`` says stop.
+
+    An exception escaping ``callback`` releases that message and propagates.
+    With ``concurrency`` > 1 the callbacks run on that many handler threads;
+    see :class:`_ConcurrentRun`.
+    """
+    loop = _Loop(driver, callback, consumer, stopper)
+    if concurrency > 1:
+        _ConcurrentRun(loop, concurrency, grace_s).run()
+        return
+    while not stopper.should_stop():
+        received = loop.take()
+        if received is not None:
+            loop.deliver(received)
+
+
+class _ConcurrentRun:
+    """``concurrency`` handler threads fed by this thread, never more taken than they can run.
+
+    This thread receives only while a handler thread is free, so at most
+    ``concurrency`` messages are off the broker at once (plus what a consumer
+    prefetches). Max items counts messages started, so no more than asked are
+    taken. When the run stops — shutdown, max items, or a callback that raised
+    — no more are taken; the handlers in flight get ``grace_s`` to finish,
+    and what has not finished by then is left unacknowledged (an at-least-once
+    broker delivers it again). Handler threads are daemon threads: a second
+    Ctrl-C ends the process at once.
+    """
+
+    def __init__(self, loop: _Loop, concurrency: int, grace_s: float) -> None:
+        self.loop = loop
+        self.concurrency = concurrency
+        self.grace_s = grace_s
+        self.free = threading.Semaphore(concurrency)
+        self.work: queue.SimpleQueue[Received | None] = queue.SimpleQueue()
+        self.lock = threading.Condition()
+        self.in_flight = 0
+        self.started = 0
+        #: The first exception a callback raised: the run stops and re-raises it.
+        self.error: BaseException | None = None
+        #: Set once the run gave up waiting: late handlers must not settle any more.
+        self.abandoned = False
+
+    def run(self) -> None:
+        threads = [
+            threading.Thread(target=self._work, name=f"hermes-handler-{i + 1}", daemon=True)
+            for i in range(self.concurrency)
+        ]
+        for thread in threads:
+            thread.start()
+        try:
+            self._feed()
+        finally:
+            for _ in threads:
+                self.work.put(None)
+            self._drain()
+        if self.error is not None:
+            raise self.error
+
+    def _stopping(self) -> bool:
+        if self.error is not None:
+            return True
+        stopper = self.loop.stopper
+        if stopper.max_items and self.started >= stopper.max_items:
+            return True
+        return stopper.shutdown is not None and stopper.shutdown.should_shutdown(stopper.start_time)
+
+    def _feed(self) -> None:
+        while not self._stopping():
+            if not self.free.acquire(timeout=IDLE_WAIT_S):
+                continue  # every handler busy: look at the stop conditions again
+            received = self.loop.take() if not self._stopping() else None
+            if received is None:
+                self.free.release()
+                continue
+            with self.lock:
+                self.in_flight += 1
+                self.started += 1
+            self.work.put(received)
+
+    def _work(self) -> None:
+        while (received := self.work.get()) is not None:
+            try:
+                if self.abandoned:  # taken, never started: give it back
+                    loop = self.loop
+                    _settle(loop.driver, "release", received, loop.consumer.release)
+                    continue
+                self.loop.deliver(received)
+            except BaseException as exc:
+                with self.lock:
+                    if self.error is None:
+                        self.error = exc
+            finally:
+                self.free.release()
+                with self.lock:
+                    self.in_flight -= 1
+                    self.lock.notify_all()
+
+    def _drain(self) -> None:
+        deadline = time.monotonic() + self.grace_s
+        with self.lock:
+            while self.in_flight:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self.abandoned = True
+                    logger.warning(
+                        "%r: %d handler(s) still running after the %.0f s grace period; "
+                        "their messages are not acknowledged (an at-least-once broker "
+                        "delivers them again)",
+                        self.loop.driver,
+                        self.in_flight,
+                        self.grace_s,
+                    )
+                    return
+                self.lock.wait(min(left, 0.5))

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import signal
 import threading
@@ -12,6 +13,7 @@ from types import FrameType
 from hermes.core._driver import Driver
 from hermes.core._errors import ConfigurationError
 from hermes.core._handler import Handler
+from hermes.core._invoke import EventLoopThread, TimeLimitExceeded, Watchdog
 from hermes.core._message import Message
 from hermes.core._registry import notify, plugin_manager
 from hermes.core._retry import Randomizer, default_randomizer, next_retry, should_retry
@@ -65,7 +67,27 @@ class Dispatcher:
         logger: logging.Logger | None = None,
         shutdown: Shutdown | None = None,
         randomizer: Randomizer | None = None,
+        *,
+        concurrency: int = 1,
+        time_limit_s: float | None = None,
+        grace_s: float = 30.0,
     ) -> None:
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise ConfigurationError(f"concurrency must be an int >= 1, got {concurrency!r}")
+        if time_limit_s is not None and not time_limit_s > 0:
+            raise ConfigurationError(f"time_limit_s must be > 0 seconds, got {time_limit_s!r}")
+        if not grace_s >= 0:
+            raise ConfigurationError(f"grace_s must be >= 0 seconds, got {grace_s!r}")
+        #: Handlers run at once: threads fed by one receiving loop.
+        self.concurrency = concurrency
+        #: Longest a handler may run before it is interrupted (None: no limit). A
+        #: handler's own ``time_limit_s`` attribute overrides it.
+        self.time_limit_s = time_limit_s
+        #: On shutdown, how long handlers in flight get to finish.
+        self.grace_s = grace_s
+        self._watchdog = Watchdog()
+        self._event_loop = EventLoopThread()
+        self._count_lock = threading.Lock()
         self.driver = driver
         self.logger = logger or logging.getLogger("hermes")
         self.shutdown = shutdown
@@ -125,7 +147,15 @@ class Dispatcher:
         self.driver.start_time = time.time()
         with self._graceful_signals(stop):
             try:
-                self.driver.wait(self.handle_message, priorities)
+                if self.concurrency == 1:
+                    self.driver.wait(self.handle_message, priorities)
+                else:
+                    self.driver.wait(
+                        self.handle_message,
+                        priorities,
+                        concurrency=self.concurrency,
+                        grace_s=self.grace_s,
+                    )
             except Exception as exc:
                 self.logger.error(
                     "Driver %s failed - %s", type(self.driver).__name__, exc, exc_info=True
@@ -133,6 +163,7 @@ class Dispatcher:
                 raise
             finally:
                 self.driver.set_shutdown(previous)
+                self._event_loop.close()
         if stop.should_shutdown(self.driver.start_time):
             self.logger.log(NOTICE, "Exiting hermes dispatcher - shutdown")
 
@@ -159,9 +190,44 @@ class Dispatcher:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
+    def _count(self, name: str) -> None:
+        # Handler threads finish at once; a bare ``+=`` could lose a count.
+        with self._count_lock:
+            setattr(self.stats, name, getattr(self.stats, name) + 1)
+
+    def call_handler(self, handler: Handler, message: Message) -> bool:
+        """Run one handler on ``message`` within its time limit; what it returned, as a bool.
+
+        ``async def handle`` (or a handle that returns a coroutine) runs on the
+        worker's event loop. Over the limit: :class:`TimeLimitExceeded`.
+        """
+        limit = getattr(handler, "time_limit_s", None)
+        if limit is None:
+            limit = self.time_limit_s
+        handle = handler.handle
+        if inspect.iscoroutinefunction(handle):
+            return bool(self._event_loop.run(handle(message), limit))
+        if limit is None:
+            result = handle(message)
+        else:
+            fired = False
+            timer = self._watchdog.arm(limit)
+            try:
+                try:
+                    result = handle(message)
+                finally:
+                    fired = self._watchdog.disarm(timer)
+            except TimeLimitExceeded:
+                raise TimeLimitExceeded(f"timed out after {limit:g} s") from None
+            if fired:
+                raise TimeLimitExceeded(f"timed out after {limit:g} s")
+        if inspect.iscoroutine(result):
+            result = self._event_loop.run(result, limit)
+        return bool(result)
+
     def handle_message(self, message: Message, priority: int) -> bool:
         """The driver's callback: run every handler of ``message.type``; True if all succeeded."""
-        self.stats.received += 1
+        self._count("received")
         info = self.logger.isEnabledFor(logging.INFO)
         if info:
             self.logger.info(
@@ -169,7 +235,7 @@ class Dispatcher:
             )
         handlers = self._handlers.get(message.type)
         if not handlers:
-            self.stats.failed += 1
+            self._count("failed")
             self.logger.warning(
                 "No handlers registered for message #%s (%s); dropped", message.id, message.type
             )
@@ -179,10 +245,10 @@ class Dispatcher:
         result = True
         for handler in list(handlers):
             try:
-                ok = bool(handler.handle(message))
+                ok = self.call_handler(handler, message)
             except Exception as exc:
                 result = False
-                self.stats.failed += 1
+                self._count("failed")
                 self.logger.error(
                     "Handler %s throws exception - %s", type(handler).__name__, exc, exc_info=True
                 )
@@ -199,9 +265,9 @@ class Dispatcher:
             if info:
                 self.logger.info("End handle message #%s (%s)", message.id, message.type)
             if ok:
-                self.stats.handled += 1
+                self._count("handled")
             else:
-                self.stats.failed += 1
+                self._count("failed")
                 result = False
             notify(
                 hooks.hermes_message_succeeded,
@@ -235,7 +301,7 @@ class Dispatcher:
         retry = message.replace(retries=message.retries + 1, execute_at=self.next_retry(message))
         # No priority: the copy lands on the default priority queue, as in PHP Hermes.
         self.driver.send(retry)
-        self.stats.retried += 1
+        self._count("retried")
         self.logger.info(
             "Message #%s (%s) scheduled for retry %d at %.3f",
             retry.id,

@@ -134,14 +134,26 @@ class Driver(ABC):
         """
         raise NotImplementedError(f"{type(self).__name__} does not implement consumer()")
 
-    def wait(self, callback: Callback, priorities: Sequence[int] = ()) -> None:
+    def wait(
+        self,
+        callback: Callback,
+        priorities: Sequence[int] = (),
+        *,
+        concurrency: int = 1,
+        grace_s: float = 30.0,
+    ) -> None:
         """Call ``callback`` for each message until stopped; see the class contract.
 
         Each call is a run of its own: max items counts from 0 again.
+        ``concurrency`` > 1 runs the callbacks on that many threads; each
+        message is still acknowledged only after its own callback returns. On
+        a stop, callbacks in flight get ``grace_s`` seconds to finish.
         """
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise ValueError(f"concurrency must be an int >= 1, got {concurrency!r}")
         stopper = Run(self.max_process_items, self.shutdown, self.start_time)
         with self.consumer(priorities) as consumer:
-            run(self, callback, consumer, stopper)
+            run(self, callback, consumer, stopper, concurrency, grace_s)
 
     def setup_priority_queue(self, name: str, priority: int) -> None:
         """Add a queue ``name`` that holds messages sent with ``priority``.

@@ -117,13 +117,19 @@ class MemoryDriver(Driver):
 
 
 class _MemoryConsumer(Consumer):
-    """Pops under the broker's lock; a released body goes back to the head of its queue."""
+    """Pops under the broker's lock; a released body goes back to the head of its queue.
+
+    Like a broker connection that closes, :meth:`close` gives back every body
+    taken and not acknowledged.
+    """
 
     def __init__(self, driver: MemoryDriver, priorities: Sequence[int]) -> None:
         self.driver = driver
         self.broker = driver._broker
         #: Empty: every queue, including one an emitter sets up meanwhile.
         self.priorities = priorities
+        #: Taken and not yet settled.
+        self.unsettled: set[Received] = set()
 
     def receive(self, timeout_s: float) -> Received | None:
         broker = self.broker
@@ -136,7 +142,9 @@ class _MemoryConsumer(Consumer):
                 for priority in order:
                     queue = broker.queues.get(priority)
                     if queue:
-                        return Received(queue.popleft(), priority)
+                        received = Received(queue.popleft(), priority)
+                        self.unsettled.add(received)
+                        return received
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return None
@@ -144,8 +152,15 @@ class _MemoryConsumer(Consumer):
                     left = min(left, max(0.0, broker.scheduled[0][0] - now))
                 broker.condition.wait(left)
 
+    def ack(self, received: Received) -> None:
+        with self.broker.condition:
+            self.unsettled.discard(received)
+
     def release(self, received: Received) -> None:
         with self.broker.condition:
+            if received not in self.unsettled:
+                return  # settled already, or given back by close()
+            self.unsettled.discard(received)
             queue = self.broker.queues.get(received.priority)
             if queue is not None:  # else purged meanwhile: gone with the rest
                 queue.appendleft(received.body)
@@ -153,7 +168,14 @@ class _MemoryConsumer(Consumer):
 
     def reject(self, received: Received, reason: str) -> None:
         with self.broker.condition:
+            self.unsettled.discard(received)
             self.broker.dead_letters.append((received.body, reason))
+
+    def close(self) -> None:
+        with self.broker.condition:
+            unsettled = list(self.unsettled)
+        for received in unsettled:
+            self.release(received)
 
 
 def _from_url(url: DriverUrl) -> MemoryDriver:

@@ -9,15 +9,19 @@ keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
 from importlib import metadata
+from typing import TypeVar
 
 from hermes.core._cli import _demo, _drivers, _emit, _shutdown, _worker
 from hermes.core._cli._common import URL_ENV, CliError, describe_error, print_error
 from hermes.core._driver import DEFAULT_PRIORITY
 from hermes.core._errors import HermesError
+
+T = TypeVar("T")
 
 __all__ = ["build_parser", "main"]
 
@@ -47,6 +51,28 @@ def _count(minimum: int) -> Callable[[str], int]:
         return value
 
     return parse
+
+
+def _seconds(text: str) -> float:
+    """An argparse type: a number of seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{value:g} must be > 0 seconds")
+    return value
+
+
+def _env_default(name: str, parse: Callable[[str], T], fallback: T) -> T:
+    """``$name`` parsed as an option would be, else ``fallback``; a bad value is a usage error."""
+    text = os.environ.get(name)
+    if text is None or text == "":
+        return fallback
+    try:
+        return parse(text)
+    except argparse.ArgumentTypeError as exc:
+        raise SystemExit(f"hermes: error: ${name}: {exc}") from None
 
 
 def _verbosity(parser: argparse.ArgumentParser) -> None:
@@ -93,6 +119,32 @@ def build_parser() -> argparse.ArgumentParser:
     )
     worker.add_argument(
         "--max-items", type=_count(0), default=0, metavar="N", help="stop after N messages"
+    )
+    worker.add_argument(
+        "--concurrency",
+        type=_count(1),
+        default=_env_default("HERMES_CONCURRENCY", _count(1), 1),
+        metavar="N",
+        help="run up to N handlers at once on threads (async handlers on the worker's event "
+        "loop); each message is acknowledged after its own handlers (default: "
+        "$HERMES_CONCURRENCY, else 1)",
+    )
+    worker.add_argument(
+        "--time-limit",
+        type=_seconds,
+        default=_env_default("HERMES_TIME_LIMIT", _seconds, None),
+        metavar="SECONDS",
+        help="interrupt a handler that runs longer (a failure, retried by the usual rule); "
+        "a handler's own time_limit_s attribute overrides it (default: $HERMES_TIME_LIMIT, "
+        "else no limit)",
+    )
+    worker.add_argument(
+        "--grace",
+        type=_seconds,
+        default=30.0,
+        metavar="SECONDS",
+        help="on Ctrl-C, SIGTERM or a shutdown request, how long handlers in flight may "
+        "finish before the worker exits without acknowledging them (default 30)",
     )
     worker.add_argument(
         "--shutdown-file",

@@ -167,12 +167,19 @@ def run(args: argparse.Namespace) -> int:
         if broker_shutdown is not None:  # e.g. Redis: the key hermes shutdown --url sets
             shutdowns.append(broker_shutdown(driver))
         shutdown = AnyShutdown(shutdowns) if shutdowns else None
-        dispatcher = Dispatcher(driver, logger, shutdown=shutdown)
+        dispatcher = Dispatcher(
+            driver,
+            logger,
+            shutdown=shutdown,
+            concurrency=args.concurrency,
+            time_limit_s=args.time_limit,
+            grace_s=args.grace,
+        )
         register_handlers(dispatcher, target, spec)
         registered = dispatcher.registered()
         if not registered:
             raise CliError(f"--handlers {spec} registered no handlers")
-        _log_start(url, driver, registered, priorities, args.max_items, shutdown)
+        _log_start(url, driver, registered, priorities, args.max_items, shutdown, args.concurrency)
         started = time.monotonic()
         try:
             dispatcher.handle(priorities)
@@ -194,6 +201,7 @@ def _log_start(
     priorities: list[int],
     max_items: int,
     shutdown: Shutdown | None,
+    concurrency: int,
 ) -> None:
     caps = driver.capabilities
     logger.info(
@@ -214,6 +222,8 @@ def _log_start(
         else f"Reading priority {DEFAULT_PRIORITY} and the queues the handlers set up "
         "(--priority P for others)"
     )
+    if concurrency > 1:
+        reading += f"; {concurrency} handlers at once"
     stops = [f"after {max_items} message{'s' if max_items != 1 else ''}"] if max_items else []
     stops += ["on Ctrl-C", "SIGTERM"] + ([repr(shutdown)] if shutdown else [])
     logger.info(one_line(f"{reading}; stopping {', '.join(stops)}"))

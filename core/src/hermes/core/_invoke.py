@@ -1,0 +1,151 @@
+"""How a handler is called: time limits for threads and coroutines, and an event loop.
+
+A sync handler over its time limit gets :class:`TimeLimitExceeded` raised
+inside its thread (``PyThreadState_SetAsyncExc``: it lands at the handler's
+next Python bytecode, so a handler blocked inside one long C call — a
+``time.sleep(60)``, a socket read without a timeout — is interrupted only
+when that call returns; give such calls their own timeouts). An ``async def
+handle`` runs on an event loop the worker owns, in a thread of its own, and is
+cancelled when it overruns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import heapq
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Coroutine
+from typing import Any
+
+from hermes.core._errors import HermesError
+
+logger = logging.getLogger("hermes")
+
+
+class TimeLimitExceeded(HermesError):
+    """A handler ran longer than its time limit and was interrupted."""
+
+
+def _raise_in(thread_id: int, exc: type[BaseException] | None) -> int:
+    """Schedule ``exc`` in thread ``thread_id`` (None clears a pending one); threads affected."""
+    return int(
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(
+            ctypes.c_ulong(thread_id), ctypes.py_object(exc) if exc is not None else None
+        )
+    )
+
+
+class _Timer:
+    __slots__ = ("deadline", "fired", "thread_id")
+
+    def __init__(self, deadline: float, thread_id: int) -> None:
+        self.deadline = deadline
+        self.thread_id = thread_id
+        self.fired = False
+
+
+class Watchdog:
+    """One thread that interrupts handler threads past their deadline."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Condition()
+        self._heap: list[tuple[float, int, _Timer]] = []
+        self._order = itertools.count()
+        self._thread: threading.Thread | None = None
+
+    def arm(self, limit_s: float) -> _Timer:
+        """Interrupt the calling thread in ``limit_s`` seconds unless :meth:`disarm`\\ ed."""
+        timer = _Timer(time.monotonic() + limit_s, threading.get_ident())
+        with self._lock:
+            heapq.heappush(self._heap, (timer.deadline, next(self._order), timer))
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._watch, name="hermes-time-limits", daemon=True
+                )
+                self._thread.start()
+            self._lock.notify()
+        return timer
+
+    def disarm(self, timer: _Timer) -> bool:
+        """Stop watching; True if the limit had already fired (its exception is cleared).
+
+        Called by the handler's own thread right after the handler returned or
+        raised, so an interruption that had not landed yet cannot land later,
+        in code that is not the handler's.
+        """
+        with self._lock:
+            timer.deadline = -1.0  # the watcher drops it when it reaches it
+            if timer.fired:
+                _raise_in(timer.thread_id, None)
+            return timer.fired
+
+    def _watch(self) -> None:
+        with self._lock:
+            while True:
+                while self._heap and self._heap[0][2].deadline < 0:
+                    heapq.heappop(self._heap)
+                if not self._heap:
+                    self._lock.wait()
+                    continue
+                left = self._heap[0][0] - time.monotonic()
+                if left > 0:
+                    self._lock.wait(left)
+                    continue
+                _, _, timer = heapq.heappop(self._heap)
+                if timer.deadline >= 0:
+                    timer.fired = True
+                    _raise_in(timer.thread_id, TimeLimitExceeded)
+
+
+class EventLoopThread:
+    """An asyncio loop in a daemon thread, started on first use, for ``async def handle``."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                threading.Thread(
+                    target=self._run_until_stopped,
+                    args=(loop,),
+                    name="hermes-event-loop",
+                    daemon=True,
+                ).start()
+                self._loop = loop
+            return self._loop
+
+    @staticmethod
+    def _run_until_stopped(loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            loop.run_forever()
+            # Coroutines abandoned by a grace period that ran out are cancelled, not leaked.
+            pending = asyncio.all_tasks(loop)
+            for task in pending:
+                task.cancel()
+            if pending:
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            loop.close()
+
+    def run(self, coroutine: Coroutine[Any, Any, Any], limit_s: float | None) -> Any:
+        """Run ``coroutine`` on the loop and wait for it; cancel it after ``limit_s``."""
+        future = asyncio.run_coroutine_threadsafe(coroutine, self._running_loop())
+        try:
+            return future.result(limit_s)
+        except TimeoutError:
+            future.cancel()
+            raise TimeLimitExceeded(f"timed out after {limit_s:g} s") from None
+
+    def close(self) -> None:
+        with self._lock:
+            loop, self._loop = self._loop, None
+        if loop is not None:
+            loop.call_soon_threadsafe(loop.stop)

@@ -1,0 +1,390 @@
+"""Several handlers at once: threads, async handlers, time limits, stopping with a grace period."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+
+from hermes.core import (
+    ConfigurationError,
+    Dispatcher,
+    MemoryDriver,
+    Message,
+    RetryableHandler,
+    RetryMixin,
+    TimeLimitExceeded,
+)
+
+from .conftest import RecordingDriver
+
+DEADLINE_S = 20.0
+
+
+class StopWhen:
+    """A Shutdown that asks once ``condition()`` holds (or after a deadline, so no test hangs)."""
+
+    def __init__(self, condition: Callable[[], bool], deadline_s: float = DEADLINE_S) -> None:
+        self.condition = condition
+        self.deadline = time.monotonic() + deadline_s
+
+    def should_shutdown(self, start_time: float) -> bool:
+        return self.condition() or time.monotonic() > self.deadline
+
+    def shutdown(self, at: float | None = None) -> bool:
+        return False
+
+
+def eventually(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + DEADLINE_S
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.01)
+
+
+def run_in_thread(dispatcher: Dispatcher) -> threading.Thread:
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            dispatcher.handle()
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.errors = errors  # type: ignore[attr-defined]
+    thread.start()
+    return thread
+
+
+def queued(driver: MemoryDriver) -> int:
+    broker = driver._broker
+    with broker.condition:
+        return sum(len(q) for q in broker.queues.values()) + len(broker.scheduled)
+
+
+# Configuration ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2"])
+def test_concurrency_must_be_a_whole_number_of_at_least_one(driver: MemoryDriver, bad) -> None:
+    with pytest.raises(ConfigurationError, match="concurrency must be an int >= 1"):
+        Dispatcher(driver, concurrency=bad)
+
+
+def test_a_time_limit_must_be_positive(driver: MemoryDriver) -> None:
+    with pytest.raises(ConfigurationError, match="time_limit_s must be > 0"):
+        Dispatcher(driver, time_limit_s=0)
+
+
+def test_wait_refuses_a_concurrency_below_one(driver: MemoryDriver) -> None:
+    with pytest.raises(ValueError, match="concurrency must be an int >= 1"):
+        driver.wait(lambda message, priority: True, concurrency=0)
+
+
+# Threads ------------------------------------------------------------------------
+
+
+def test_a_blocked_handler_does_not_stop_the_others(driver: MemoryDriver) -> None:
+    release = threading.Event()
+    done: list[str] = []
+
+    class Handler:
+        def handle(self, message: Message) -> bool:
+            if message.payload["block"]:
+                release.wait(DEADLINE_S)
+            done.append(message.payload["name"])
+            return True
+
+    driver.send(Message("job", {"name": "blocker", "block": True}))
+    for i in range(5):
+        driver.send(Message("job", {"name": f"quick-{i}", "block": False}))
+    dispatcher = Dispatcher(driver, shutdown=StopWhen(lambda: len(done) == 6), concurrency=2)
+    dispatcher.register_handler("job", Handler())
+    thread = run_in_thread(dispatcher)
+
+    eventually(lambda: len(done) == 5, "the five quick messages were handled")
+    assert "blocker" not in done
+    release.set()
+    thread.join(DEADLINE_S)
+    assert not thread.is_alive() and not thread.errors
+    assert done[-1] == "blocker"
+    assert queued(driver) == 0
+
+
+def test_counts_are_exact_when_many_handlers_finish_at_once(driver: MemoryDriver) -> None:
+    for i in range(200):
+        driver.send(Message("job", {"i": i}))
+    seen: list[int] = []
+    lock = threading.Lock()
+
+    class Handler:
+        def handle(self, message: Message) -> bool:
+            with lock:
+                seen.append(message.payload["i"])
+            return message.payload["i"] % 10 != 0  # every tenth "fails" by returning False
+
+    dispatcher = Dispatcher(driver, shutdown=StopWhen(lambda: len(seen) == 200), concurrency=8)
+    dispatcher.register_handler("job", Handler())
+    dispatcher.handle()
+
+    assert sorted(seen) == list(range(200))
+    assert dispatcher.stats.received == 200
+    assert dispatcher.stats.handled == 180
+    assert dispatcher.stats.failed == 20
+    assert driver.processed_items == 200
+
+
+def test_max_items_with_concurrency_never_starts_more_than_asked(driver: MemoryDriver) -> None:
+    for i in range(20):
+        driver.send(Message("job", {"i": i}))
+    started: list[int] = []
+
+    class Slow:
+        def handle(self, message: Message) -> bool:
+            started.append(message.payload["i"])
+            time.sleep(0.05)
+            return True
+
+    driver.set_max_process_items(3)
+    dispatcher = Dispatcher(driver, shutdown=StopWhen(lambda: False), concurrency=4)
+    dispatcher.register_handler("job", Slow())
+    dispatcher.handle()
+
+    assert len(started) == 3
+    assert dispatcher.stats.handled == 3
+    assert queued(driver) == 17
+
+
+def test_a_shutdown_waits_for_handlers_in_flight_within_the_grace_period(
+    driver: MemoryDriver,
+) -> None:
+    for i in range(4):
+        driver.send(Message("job", {"i": i}))
+    running = threading.Semaphore(0)
+    finished: list[int] = []
+
+    class Slow:
+        def handle(self, message: Message) -> bool:
+            running.release()
+            time.sleep(0.3)
+            finished.append(message.payload["i"])
+            return True
+
+    asked = threading.Event()
+    dispatcher = Dispatcher(driver, shutdown=StopWhen(asked.is_set), concurrency=4, grace_s=10)
+    dispatcher.register_handler("job", Slow())
+    thread = run_in_thread(dispatcher)
+    for _ in range(4):
+        assert running.acquire(timeout=DEADLINE_S)
+    asked.set()
+    thread.join(DEADLINE_S)
+
+    assert not thread.is_alive() and not thread.errors
+    assert sorted(finished) == [0, 1, 2, 3]
+    assert queued(driver) == 0
+
+
+def test_a_handler_still_running_after_the_grace_period_is_not_acknowledged(
+    driver: MemoryDriver, caplog: pytest.LogCaptureFixture
+) -> None:
+    driver.send(Message("job", {"name": "stuck"}))
+    stuck = threading.Event()
+    running = threading.Event()
+
+    class Stuck:
+        def handle(self, message: Message) -> bool:
+            running.set()
+            stuck.wait(DEADLINE_S)
+            return True
+
+    dispatcher = Dispatcher(driver, shutdown=StopWhen(running.is_set), concurrency=2, grace_s=0.2)
+    dispatcher.register_handler("job", Stuck())
+    try:
+        dispatcher.handle()
+        assert queued(driver) == 1, "the unfinished message goes back to the broker"
+        assert any("still running after the 0 s grace" in r.getMessage() for r in caplog.records)
+    finally:
+        stuck.set()
+
+
+def test_a_callback_that_raises_under_concurrency_stops_the_run_and_is_released(
+    driver: MemoryDriver,
+) -> None:
+    driver.send(Message("job"))
+
+    def callback(message: Message, priority: int) -> bool:
+        raise RuntimeError("the retry could not be sent")
+
+    with pytest.raises(RuntimeError, match="the retry could not be sent"):
+        driver.wait(callback, concurrency=3)
+    assert queued(driver) == 1
+
+
+# Async handlers -----------------------------------------------------------------
+
+
+def test_an_async_handler_is_awaited_and_its_side_effect_happens(driver: MemoryDriver) -> None:
+    effects: list[str] = []
+
+    class AsyncHandler:
+        async def handle(self, message: Message) -> bool:
+            await asyncio.sleep(0.01)
+            effects.append(message.payload["to"])
+            return True
+
+    driver.send(Message("mail", {"to": "ana@example.com"}))
+    dispatcher = Dispatcher(driver, shutdown=StopWhen(lambda: bool(effects)))
+    dispatcher.register_handler("mail", AsyncHandler())
+    dispatcher.handle()
+
+    assert effects == ["ana@example.com"]
+    assert dispatcher.stats.handled == 1
+
+
+def test_async_handlers_run_at_once_up_to_the_concurrency(driver: MemoryDriver) -> None:
+    active = 0
+    most = 0
+    done: list[int] = []
+
+    class AsyncHandler:
+        async def handle(self, message: Message) -> bool:
+            nonlocal active, most
+            active += 1  # only the event loop's thread touches these
+            most = max(most, active)
+            await asyncio.sleep(0.1)
+            active -= 1
+            done.append(message.payload["i"])
+            return True
+
+    for i in range(8):
+        driver.send(Message("job", {"i": i}))
+    dispatcher = Dispatcher(driver, shutdown=StopWhen(lambda: len(done) == 8), concurrency=4)
+    dispatcher.register_handler("job", AsyncHandler())
+    dispatcher.handle()
+
+    assert sorted(done) == list(range(8))
+    assert most == 4
+
+
+def test_an_async_handler_that_returns_false_counts_as_failed(driver: MemoryDriver) -> None:
+    class Refuses:
+        async def handle(self, message: Message) -> bool:
+            return False
+
+    driver.send(Message("job"))
+    dispatcher = Dispatcher(driver, shutdown=StopWhen(lambda: dispatcher.stats.received == 1))
+    dispatcher.register_handler("job", Refuses())
+    dispatcher.handle()
+    assert (dispatcher.stats.handled, dispatcher.stats.failed) == (0, 1)
+
+
+# Time limits --------------------------------------------------------------------
+
+
+class Overruns(RetryMixin, RetryableHandler):
+    time_limit_s = 0.2
+
+    def __init__(self) -> None:
+        self.interrupted = threading.Event()
+
+    def handle(self, message: Message) -> bool:
+        try:
+            for _ in range(int(DEADLINE_S / 0.01)):
+                time.sleep(0.01)  # Python bytecode between sleeps: the interruption lands
+        except TimeLimitExceeded:
+            self.interrupted.set()
+            raise
+        return True
+
+
+@pytest.mark.parametrize("concurrency", [1, 3])
+def test_an_overrunning_handler_is_interrupted_logged_and_retried(
+    recording_driver: RecordingDriver, caplog: pytest.LogCaptureFixture, concurrency: int
+) -> None:
+    caplog.set_level(logging.INFO, logger="hermes")
+    handler = Overruns()
+    recording_driver.send(Message("slow"))
+    dispatcher = Dispatcher(
+        recording_driver,
+        shutdown=StopWhen(lambda: dispatcher.stats.retried == 1),
+        concurrency=concurrency,
+    )
+    dispatcher.register_handler("slow", handler)
+    dispatcher.handle()
+
+    assert handler.interrupted.is_set()
+    assert dispatcher.stats.failed == 1
+    [retry] = [m for m in recording_driver.sent if m.retries == 1]
+    assert retry.type == "slow"
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert any("timed out after 0.2 s" in text for text in errors), errors
+
+
+def test_the_worker_time_limit_applies_to_handlers_without_their_own(
+    driver: MemoryDriver,
+) -> None:
+    outcome: list[str] = []
+
+    class Slow:
+        def handle(self, message: Message) -> bool:
+            try:
+                for _ in range(int(DEADLINE_S / 0.01)):
+                    time.sleep(0.01)
+            except TimeLimitExceeded:
+                outcome.append("interrupted")
+                raise
+            return True
+
+    driver.send(Message("slow"))
+    dispatcher = Dispatcher(driver, shutdown=StopWhen(lambda: bool(outcome)), time_limit_s=0.2)
+    dispatcher.register_handler("slow", Slow())
+    dispatcher.handle()
+    assert outcome == ["interrupted"]
+    assert dispatcher.stats.failed == 1
+
+
+def test_a_handler_that_finishes_in_time_is_never_interrupted_later(
+    driver: MemoryDriver,
+) -> None:
+    for i in range(50):
+        driver.send(Message("quick", {"i": i}))
+    done: list[int] = []
+
+    class Quick:
+        time_limit_s = 0.05
+
+        def handle(self, message: Message) -> bool:
+            done.append(message.payload["i"])
+            return True
+
+    dispatcher = Dispatcher(driver, shutdown=StopWhen(lambda: len(done) == 50))
+    dispatcher.register_handler("quick", Quick())
+    dispatcher.handle()
+    time.sleep(0.2)  # past every limit: a late interruption would surface now, in this thread
+    assert dispatcher.stats.handled == 50 and dispatcher.stats.failed == 0
+
+
+def test_an_overrunning_async_handler_is_cancelled(driver: MemoryDriver) -> None:
+    cancelled = threading.Event()
+
+    class Hangs:
+        time_limit_s = 0.2
+
+        async def handle(self, message: Message) -> bool:
+            try:
+                await asyncio.sleep(DEADLINE_S)
+            except asyncio.CancelledError:
+                cancelled.set()
+                raise
+            return True
+
+    driver.send(Message("hang"))
+    dispatcher = Dispatcher(driver, shutdown=StopWhen(lambda: dispatcher.stats.failed == 1))
+    dispatcher.register_handler("hang", Hangs())
+    dispatcher.handle()
+    assert cancelled.wait(5)
