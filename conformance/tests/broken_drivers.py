@@ -35,6 +35,7 @@ from hermes.core import (
     Message,
     MessageSerializer,
     NotSupportedError,
+    Received,
     SerializeError,
     Shutdown,
     SupportsPurge,
@@ -116,7 +117,7 @@ class WaitsBehindTheHead(_BrokenMemory):
     def send(self, message: Message, priority: int = DEFAULT_PRIORITY) -> None:
         self._put(self.serializer.serialize(message), priority, None)
 
-    def wait(self, callback: Callback, priorities: Sequence[int] = ()) -> None:
+    def wait(self, callback: Callback, priorities: Sequence[int] = (), **options: Any) -> None:
         def when_due(message: Message, priority: int) -> bool:
             while message.execute_at is not None and not self.should_stop():
                 left = message.execute_at - time.time()
@@ -125,7 +126,7 @@ class WaitsBehindTheHead(_BrokenMemory):
                 time.sleep(min(left, 0.05))
             return callback(message, priority)
 
-        super().wait(when_due, priorities)
+        super().wait(when_due, priorities, **options)
 
 
 _twice_lock = threading.Lock()
@@ -138,7 +139,7 @@ class HandsOneMessageToTwoConsumers(_BrokenMemory):
 
     scheme = "two-consumers"
 
-    def wait(self, callback: Callback, priorities: Sequence[int] = ()) -> None:
+    def wait(self, callback: Callback, priorities: Sequence[int] = (), **options: Any) -> None:
         waiting = _waiting.setdefault(self.name, set())
 
         def and_to_another(message: Message, priority: int) -> bool:
@@ -153,7 +154,7 @@ class HandsOneMessageToTwoConsumers(_BrokenMemory):
         with _twice_lock:
             waiting.add(id(self))
         try:
-            super().wait(and_to_another, priorities)
+            super().wait(and_to_another, priorities, **options)
         finally:
             with _twice_lock:
                 waiting.discard(id(self))
@@ -167,7 +168,7 @@ class ForgetsAcks(_BrokenMemory):
 
     scheme = "forgets-acks"
 
-    def wait(self, callback: Callback, priorities: Sequence[int] = ()) -> None:
+    def wait(self, callback: Callback, priorities: Sequence[int] = (), **options: Any) -> None:
         def and_again(message: Message, priority: int) -> bool:
             ok = callback(message, priority)
             if message.id not in _redelivered:
@@ -175,7 +176,7 @@ class ForgetsAcks(_BrokenMemory):
                 self._put(self.serializer.serialize(message), priority, None)
             return ok
 
-        super().wait(and_again, priorities)
+        super().wait(and_again, priorities, **options)
 
 
 class DropsRetries(_BrokenMemory):
@@ -275,9 +276,9 @@ class SharesItsConnectionAcrossFork(_BrokenMemory):
         self._connection()
         super().send(message, priority)
 
-    def wait(self, callback: Callback, priorities: Sequence[int] = ()) -> None:
+    def wait(self, callback: Callback, priorities: Sequence[int] = (), **options: Any) -> None:
         self._connection()
-        super().wait(callback, priorities)
+        super().wait(callback, priorities, **options)
 
 
 _MEMORY_VARIANTS: list[type[_BrokenMemory]] = [
@@ -327,12 +328,12 @@ class _Wrapper(Driver):
     def setup_priority_queue(self, name: str, priority: int) -> None:
         self.inner.setup_priority_queue(name, priority)
 
-    def consumer(self, priorities: Sequence[int]) -> Consumer:
-        return self.inner.consumer(priorities)
+    def consumer(self, priorities: Sequence[int], *, concurrency: int = 1) -> Consumer:
+        return self.inner.consumer(priorities, concurrency=concurrency)
 
-    def wait(self, callback: Callback, priorities: Sequence[int] = ()) -> None:
+    def wait(self, callback: Callback, priorities: Sequence[int] = (), **options: Any) -> None:
         self.inner.start_time = self.start_time
-        self.inner.wait(callback, priorities)
+        self.inner.wait(callback, priorities, **options)
 
     def set_max_process_items(self, count: int) -> None:
         super().set_max_process_items(count)
@@ -358,7 +359,7 @@ class AcksBeforeTheCallback(_Wrapper):
 
     bug = "early-ack"
 
-    def wait(self, callback: Callback, priorities: Sequence[int] = ()) -> None:
+    def wait(self, callback: Callback, priorities: Sequence[int] = (), **options: Any) -> None:
         taken: list[tuple[Message, int]] = []
 
         def take(message: Message, priority: int) -> bool:
@@ -369,10 +370,39 @@ class AcksBeforeTheCallback(_Wrapper):
         self.inner.start_time = self.start_time
         while not self.should_stop():
             self.inner.set_max_process_items(self.inner.processed_items + 1)
-            self.inner.wait(take, priorities)
+            self.inner.wait(take, priorities, **options)
             while taken:
                 callback(*taken.pop(0))
                 self.processed_items += 1
+
+
+class _AcksOnReceive(Consumer):
+    def __init__(self, inner: Consumer) -> None:
+        self.inner = inner
+
+    def receive(self, timeout_s: float) -> Received | None:
+        received = self.inner.receive(timeout_s)
+        if received is not None:
+            self.inner.ack(received)  # before any handler has run
+        return received
+
+    def release(self, received: Received) -> None:
+        """Nothing to give back: it was acknowledged when it was taken."""
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class AcksWhenTaken(_Wrapper):
+    """Its consumer acknowledges each message as it takes it, before the handler runs."""
+
+    bug = "ack-on-receive"
+
+    def consumer(self, priorities: Sequence[int], *, concurrency: int = 1) -> Consumer:
+        return _AcksOnReceive(self.inner.consumer(priorities, concurrency=concurrency))
+
+    def wait(self, callback: Callback, priorities: Sequence[int] = (), **options: Any) -> None:
+        Driver.wait(self, callback, priorities, **options)
 
 
 class DeclaresAtMostOnce(_Wrapper):
@@ -446,7 +476,7 @@ class DeliversEachMessageTwice(_Wrapper):
     def build(cls, inner: Driver, url: str) -> _Wrapper:
         return cls(inner, url)
 
-    def wait(self, callback: Callback, priorities: Sequence[int] = ()) -> None:
+    def wait(self, callback: Callback, priorities: Sequence[int] = (), **options: Any) -> None:
         def and_again(message: Message, priority: int) -> bool:
             ok = callback(message, priority)
             if _first_time(self.key, message.id):
@@ -454,11 +484,12 @@ class DeliversEachMessageTwice(_Wrapper):
             return ok
 
         self.inner.start_time = self.start_time
-        self.inner.wait(and_again, priorities)
+        self.inner.wait(and_again, priorities, **options)
 
 
 _WRAPPERS: list[type[_Wrapper]] = [
     AcksBeforeTheCallback,
+    AcksWhenTaken,
     DeclaresAtMostOnce,
     IgnoresMaxItems,
     SlowShutdown,

@@ -274,8 +274,10 @@ class KitDispatcher(Dispatcher):
     kit tests drivers, and round trips use arbitrary types.
     """
 
-    def __init__(self, driver: Driver, ledger: Ledger, name: str, shutdown: Shutdown) -> None:
-        super().__init__(driver, shutdown=shutdown)
+    def __init__(
+        self, driver: Driver, ledger: Ledger, name: str, shutdown: Shutdown, concurrency: int = 1
+    ) -> None:
+        super().__init__(driver, shutdown=shutdown, concurrency=concurrency)
         self.ledger = ledger
         self.name = name
 
@@ -316,12 +318,15 @@ class Worker:
         priorities: Sequence[int] = (),
         shutdown: Shutdown | None = None,
         dispatcher_class: type[KitDispatcher] = KitDispatcher,
+        concurrency: int = 1,
     ) -> None:
         self.driver = driver
         self.name = name
         self.priorities = tuple(priorities)
         self._stop = threading.Event()
-        self.dispatcher = dispatcher_class(driver, ledger, name, _StopOrUser(self._stop, shutdown))
+        self.dispatcher = dispatcher_class(
+            driver, ledger, name, _StopOrUser(self._stop, shutdown), concurrency
+        )
         for type_, type_handlers in handlers.items():
             self.dispatcher.register_handlers(type_, type_handlers)
         #: What escaped ``handle()``, if anything did.
@@ -522,6 +527,7 @@ class Kit:
         driver: Driver | None = None,
         dispatcher_class: type[KitDispatcher] = KitDispatcher,
         start: bool = True,
+        concurrency: int = 1,
     ) -> Worker:
         """A worker thread on its own driver (``driver`` or a new one), started."""
         worker = Worker(
@@ -532,6 +538,7 @@ class Kit:
             priorities=priorities,
             shutdown=shutdown,
             dispatcher_class=dispatcher_class,
+            concurrency=concurrency,
         )
         self._workers.append(worker)
         return worker.start() if start else worker
@@ -543,7 +550,12 @@ class Kit:
         return self._default_worker
 
     def spawn_worker(
-        self, *, block: bool = False, max_items: int = 0, shutdown_file: Path | None = None
+        self,
+        *,
+        block: bool = False,
+        max_items: int = 0,
+        shutdown_file: Path | None = None,
+        concurrency: int = 1,
     ) -> WorkerProcess:
         """A worker process on this test's URL recording into :attr:`record_path`."""
         argv = [
@@ -559,6 +571,8 @@ class Kit:
             argv += ["--max-items", str(max_items)]
         if shutdown_file is not None:
             argv += ["--shutdown-file", str(shutdown_file)]
+        if concurrency != 1:
+            argv += ["--concurrency", str(concurrency)]
         for plugin in self.target.plugins:
             argv += ["--plugin", plugin]
         log = self.tmp_path / f"worker-{len(self._processes) + 1}.log"

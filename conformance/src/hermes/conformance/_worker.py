@@ -4,6 +4,7 @@
 
     python -m hermes.conformance._worker URL RECORD [--type T] [--max-items N]
                                          [--shutdown-file PATH] [--block]
+                                         [--concurrency N]
                                          [--plugin MODULE ...]
 
 It connects with ``hermes.core.connect(URL)`` and runs a :class:`Dispatcher`
@@ -17,6 +18,7 @@ Status lines start with ``#``: ``#ready`` just before ``handle()`` is called,
 ``#stopped`` as soon as it returns (before the driver is closed), ``#failed``
 when it raised. With ``--block`` the handler writes its line and then sleeps
 forever: the line is the "started" marker after which the kit SIGKILLs it.
+``--concurrency N`` runs N handlers at once (N blocked ones with ``--block``).
 
 ``--plugin MODULE`` registers a Hermes plugin that is not installed as an
 entry point (the kit passes on its own ``--hermes-plugin`` options). Kept
@@ -118,6 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-items", type=int, default=0, help="return after N messages")
     parser.add_argument("--shutdown-file", help="stop when SharedFileShutdown(PATH) asks")
     parser.add_argument("--block", action="store_true", help="record, then sleep in the handler")
+    parser.add_argument("--concurrency", type=int, default=1, help="handlers at once")
     parser.add_argument(
         "--plugin",
         action="append",
@@ -139,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.max_items:
             driver.set_max_process_items(args.max_items)
-        dispatcher = Dispatcher(driver, shutdown=shutdown)
+        dispatcher = Dispatcher(driver, shutdown=shutdown, concurrency=args.concurrency)
         dispatcher.register_handler(args.type, _RecordingHandler(record, args.block))
         record.write("#ready")
         try:

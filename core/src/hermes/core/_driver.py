@@ -125,12 +125,14 @@ class Driver(ABC):
     def send(self, message: Message, priority: int = DEFAULT_PRIORITY) -> None:
         """Put ``message`` on the queue of ``priority``; see the class contract."""
 
-    def consumer(self, priorities: Sequence[int]) -> Consumer:
+    def consumer(self, priorities: Sequence[int], *, concurrency: int = 1) -> Consumer:
         """A :class:`Consumer` reading ``priorities`` (all queues when empty), highest first.
 
         Raises :class:`UnknownPriorityError` for a priority without a queue
         (:meth:`check_priorities` does it). Does no broker I/O: the consumer
-        connects on its first ``receive``.
+        connects on its first ``receive``. ``concurrency`` is how many
+        messages the worker will have in its handlers at once: a broker that
+        limits unacknowledged deliveries (a prefetch) must allow at least that many.
         """
         raise NotImplementedError(f"{type(self).__name__} does not implement consumer()")
 
@@ -152,7 +154,7 @@ class Driver(ABC):
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise ValueError(f"concurrency must be an int >= 1, got {concurrency!r}")
         stopper = Run(self.max_process_items, self.shutdown, self.start_time)
-        with self.consumer(priorities) as consumer:
+        with self.consumer(priorities, concurrency=concurrency) as consumer:
             run(self, callback, consumer, stopper, concurrency, grace_s)
 
     def setup_priority_queue(self, name: str, priority: int) -> None:

@@ -100,7 +100,7 @@ class MemoryDriver(Driver):
                 broker.queues[priority].append(data)
             broker.condition.notify_all()
 
-    def consumer(self, priorities: Sequence[int]) -> Consumer:
+    def consumer(self, priorities: Sequence[int], *, concurrency: int = 1) -> Consumer:
         with self._broker.condition:
             self.check_priorities(self._broker.queues, priorities)
         return _MemoryConsumer(self, priorities)

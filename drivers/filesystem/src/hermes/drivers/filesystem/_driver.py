@@ -209,7 +209,7 @@ class FileSystemDriver(Driver):
 
     # Receiving ---------------------------------------------------------------
 
-    def consumer(self, priorities: Sequence[int]) -> Consumer:
+    def consumer(self, priorities: Sequence[int], *, concurrency: int = 1) -> Consumer:
         return _FileConsumer(self, self.check_priorities(self._priorities, priorities))
 
     def _claim(self, name: str, claimed: str, claims: WorkerClaims) -> bool:

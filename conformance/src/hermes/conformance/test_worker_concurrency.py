@@ -1,0 +1,157 @@
+"""Several handlers at once in one worker (``Dispatcher(concurrency=4)``).
+
+Core's loop runs the handlers on threads and settles each message from the
+thread that ran it, so the driver's ack and release must work from any
+thread, and a broker's prefetch must let 4 messages be in flight. With 4
+handlers blocked and the worker SIGKILLed, all 4 messages come back on an
+at-least-once driver and none on an at-most-once one. Three such worker
+processes share 300 messages: none lost, none duplicated. Max items counts
+finished messages and never starts more than asked.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+
+import pytest
+
+from hermes.conformance._harness import (
+    DELIVERY_S,
+    QUIET_S,
+    STOP_S,
+    WORKER_START_S,
+    Kit,
+    TotalQueue,
+    stays_false,
+    wait_for_progress,
+    wait_quiet,
+    wait_until,
+)
+from hermes.conformance._worker import JOB
+from hermes.core import Delivery, Message, SharedFileShutdown
+
+_CONCURRENCY = 4
+_WORKERS = 3
+_MESSAGES = 300
+_MAX_ITEMS = 5
+
+
+@pytest.mark.hermes_check("worker concurrency", "SIGKILL with 4 handlers in flight")
+def test_a_worker_killed_with_four_handlers_in_flight_follows_the_declared_delivery(
+    hermes_kit: Kit,
+) -> None:
+    hermes_kit.require_cross_process()
+    caps = hermes_kit.capabilities
+    sent = [hermes_kit.emit(hermes_kit.message(n)).id for n in range(_CONCURRENCY)]
+    blocked = hermes_kit.spawn_worker(block=True, concurrency=_CONCURRENCY)
+
+    def started_by(pid: int) -> set[str]:
+        return {r.id for r in hermes_kit.records() if r.pid == pid}
+
+    assert wait_until(lambda: started_by(blocked.pid) == set(sent), WORKER_START_S + DELIVERY_S), (
+        f"a worker at concurrency {_CONCURRENCY} started {len(started_by(blocked.pid))} of "
+        f"{_CONCURRENCY} handlers at once (a prefetch below the concurrency, or a loop that "
+        f"waits for each handler)\n{hermes_kit.process_output()}"
+    )
+    blocked.kill()
+    fresh = hermes_kit.spawn_worker(concurrency=_CONCURRENCY)
+    assert wait_until(lambda: hermes_kit.statuses(fresh.pid), WORKER_START_S), (
+        f"the fresh worker did not start\n{hermes_kit.process_output()}"
+    )
+
+    if caps.delivery is Delivery.AT_LEAST_ONCE:
+        hermes_kit.claim("SIGKILL with 4 handlers in flight: all 4 delivered again")
+        bound = caps.redelivery_timeout_s + DELIVERY_S
+        assert wait_until(lambda: started_by(fresh.pid) >= set(sent), bound), (
+            f"AT_LEAST_ONCE: of {_CONCURRENCY} messages in flight in a SIGKILLed worker, "
+            f"{len(started_by(fresh.pid) & set(sent))} were delivered again within {bound} s "
+            f"(unscaled)\n{hermes_kit.process_output()}"
+        )
+    else:
+        hermes_kit.claim("SIGKILL with 4 handlers in flight: none delivered again")
+        sentinel = hermes_kit.emit(hermes_kit.message(_CONCURRENCY))
+        assert wait_until(lambda: sentinel.id in started_by(fresh.pid), DELIVERY_S), (
+            f"the fresh worker handled nothing\n{hermes_kit.process_output()}"
+        )
+        assert stays_false(lambda: started_by(fresh.pid) & set(sent), QUIET_S), (
+            "AT_MOST_ONCE: messages of a SIGKILLed worker were delivered again: "
+            f"{sorted(started_by(fresh.pid) & set(sent))}"
+        )
+
+
+@pytest.mark.hermes_check("worker concurrency", "3 processes x concurrency 4, 300 messages")
+def test_three_worker_processes_at_concurrency_four_share_300_messages(hermes_kit: Kit) -> None:
+    hermes_kit.require_cross_process()
+    stop_file = hermes_kit.tmp_path / "stop"
+    processes = [
+        hermes_kit.spawn_worker(shutdown_file=stop_file, concurrency=_CONCURRENCY)
+        for _ in range(_WORKERS)
+    ]
+    assert wait_until(lambda: all(hermes_kit.statuses(p.pid) for p in processes), WORKER_START_S), (
+        f"the worker processes did not start\n{hermes_kit.process_output()}"
+    )
+    sent = [hermes_kit.emit(hermes_kit.message(n)).id for n in range(_MESSAGES)]
+
+    def distinct() -> int:
+        return len({r.id for r in hermes_kit.records()})
+
+    wait_for_progress(distinct, _MESSAGES, WORKER_START_S + DELIVERY_S)
+    wait_quiet(lambda: len(hermes_kit.records()), QUIET_S / 2, DELIVERY_S)
+    SharedFileShutdown(stop_file).shutdown(at=time.time() + 60)
+    codes = [p.wait_exit(STOP_S) for p in processes]
+    assert codes == [0] * _WORKERS, f"worker exit codes {codes}\n{hermes_kit.process_output()}"
+
+    records = hermes_kit.records()
+    check = TotalQueue.of(sent, [r.id for r in records])
+    per_worker = sorted(Counter(r.pid for r in records).values())
+    hermes_kit.report(f"concurrency {_CONCURRENCY}: {check.summary()}; per worker {per_worker}")
+    assert not check.lost, f"lost {len(check.lost)} messages: {sorted(check.lost)[:5]}"
+    assert not check.unexpected, f"{len(check.unexpected)} unexpected ids"
+    if hermes_kit.capabilities.competing_consumers:
+        hermes_kit.claim("3 processes x concurrency 4: none lost, none duplicated")
+        assert not check.duplicated, (
+            f"{len(check.duplicated)} messages were handled more than once: "
+            f"{dict(list(check.duplicated.items())[:5])}"
+        )
+    else:
+        hermes_kit.claim("3 processes x concurrency 4: none lost (duplicates allowed)")
+
+
+class _Slow:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.started: list[str] = []
+
+    def handle(self, message: Message) -> bool:
+        with self.lock:
+            self.started.append(message.id)
+        time.sleep(0.05)
+        return True
+
+
+@pytest.mark.hermes_check("worker concurrency", "max items never overshoots")
+def test_max_items_at_concurrency_four_starts_exactly_that_many(hermes_kit: Kit) -> None:
+    hermes_kit.claim(f"max items {_MAX_ITEMS} at concurrency {_CONCURRENCY}: exactly that many")
+    sent = [hermes_kit.emit(hermes_kit.message(n)).id for n in range(4 * _MAX_ITEMS)]
+    slow = _Slow()
+    driver = hermes_kit.driver()
+    driver.set_max_process_items(_MAX_ITEMS)
+    worker = hermes_kit.worker(driver=driver, handlers={JOB: [slow]}, concurrency=_CONCURRENCY)
+    assert worker.join(DELIVERY_S + STOP_S), (
+        f"wait() did not return after max items {_MAX_ITEMS} at concurrency {_CONCURRENCY}"
+    )
+    worker.check()
+    assert len(slow.started) == _MAX_ITEMS, (
+        f"max items {_MAX_ITEMS} at concurrency {_CONCURRENCY} started {len(slow.started)} handlers"
+    )
+
+    rest = hermes_kit.worker()
+    remaining = set(sent) - set(slow.started)
+    ledger = hermes_kit.ledger
+    assert wait_until(lambda: remaining <= set(ledger.ids()), DELIVERY_S), (
+        f"{len(remaining - set(ledger.ids()))} of the messages the first worker did not start "
+        "never reached the next worker"
+    )
+    rest.stop()
