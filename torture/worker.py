@@ -1,4 +1,4 @@
-"""A soak-test worker: ``python -m torture.worker URL RECORD_FILE WORK_MS``.
+"""A soak-test worker: ``python -m torture.worker URL RECORD_FILE WORK_MS [CONCURRENCY]``.
 
 Appends ``<n>\\t<pid>`` to RECORD_FILE for every message it handles, with one
 ``write()`` on an ``O_APPEND`` descriptor: a line written survives the
@@ -31,10 +31,11 @@ class Recorder:
 
 def main() -> None:
     url, record, work_ms = sys.argv[1], sys.argv[2], float(sys.argv[3])
+    concurrency = int(sys.argv[4]) if len(sys.argv) > 4 else 1
     logging.basicConfig(
         level=logging.WARNING, format=f"worker {os.getpid()} %(levelname)s %(message)s"
     )
-    dispatcher = Dispatcher(connect(url))
+    dispatcher = Dispatcher(connect(url), concurrency=concurrency)
     dispatcher.register_handler("torture", Recorder(record, work_ms / 1000))
     dispatcher.handle()
 
