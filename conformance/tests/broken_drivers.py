@@ -35,6 +35,7 @@ from hermes.core import (
     Message,
     MessageSerializer,
     NotSupportedError,
+    QueueStats,
     Received,
     SerializeError,
     Shutdown,
@@ -179,6 +180,15 @@ class ForgetsAcks(_BrokenMemory):
         super().wait(and_again, priorities, **options)
 
 
+class CountsUnknownAsZero(_BrokenMemory):
+    """Says 0 in flight, whatever the workers hold: an unknown count shown as 0."""
+
+    scheme = "zero-in-flight"
+
+    def queue_stats(self) -> list[QueueStats]:
+        return [replace(row, in_flight=0) for row in super().queue_stats()]
+
+
 class DropsRetries(_BrokenMemory):
     """Loses the ``retries`` field on the way to the broker."""
 
@@ -292,6 +302,7 @@ _MEMORY_VARIANTS: list[type[_BrokenMemory]] = [
     HandsOneMessageToTwoConsumers,
     ForgetsAcks,
     DropsRetries,
+    CountsUnknownAsZero,
     CrashesOnPoison,
     TruncatesLargeBodies,
     WritesBeforeSerializing,

@@ -53,6 +53,7 @@ FORK = "test_a_driver_used_before_fork_emits_and_consumes_in_the_child"
 KILL_IN_FLIGHT = "test_a_worker_killed_with_four_handlers_in_flight_follows_the_declared_delivery"
 PROCESSES_CONCURRENT = "test_three_worker_processes_at_concurrency_four_share_300_messages"
 MAX_ITEMS_CONCURRENT = "test_max_items_at_concurrency_four_starts_exactly_that_many"
+STATS = "test_queue_stats_count_ready_scheduled_and_in_flight_and_clear_deletes_what_waits"
 
 #: URL (``{dir}``: a fresh queue directory) -> (kit tests that must fail, text the output shows).
 BROKEN = {
@@ -70,6 +71,7 @@ BROKEN = {
     "registration-order://x": ([PRIORITY_ORDER], "not read highest priority first"),
     "ignores-restriction://x": ([RESTRICTED], "a worker restricted to [300, 200] took"),
     "two-consumers://x": ([THREADS], "went to more than one worker"),
+    "zero-in-flight://x": ([STATS], "a worker blocked inside its handler: in_flight=0"),
     "drops-retries://x": ([ROUND_TRIP, RETRY_BACK], "the retry copy did not come back"),
     "truncates-large://x": ([LARGE], "a message of exactly max_message_bytes"),
     "writes-before-serializing://x": ([UNENCODABLE], "these reached the broker"),
@@ -196,7 +198,7 @@ def test_the_kit_passes_on_the_memory_driver_and_says_what_it_could_not_verify(
         "delivery AT_LEAST_ONCE: handler crash (in-process): delivered again verified; "
         "SIGKILL mid-handler not verified: driver is in-process" in run.output
     ), run.describe()
-    assert "20 verified, 6 not verified, 0 not applicable, 0 failed" in run.output
+    assert "21 verified, 6 not verified, 0 not applicable, 0 failed" in run.output
 
 
 @pytest.mark.parametrize("url", list(BROKEN))

@@ -15,9 +15,12 @@ from hermes.core._driver import (
     Delay,
     Delivery,
     Driver,
+    QueueStats,
     SupportsBatchSend,
+    SupportsClear,
     SupportsPurge,
     SupportsRawSend,
+    SupportsStats,
 )
 from hermes.core._emitter import Emitter
 from hermes.core._errors import (
@@ -79,6 +82,7 @@ __all__ = [
     "MessageSerializer",
     "NotSupportedError",
     "PerProcess",
+    "QueueStats",
     "Received",
     "RetryMixin",
     "RetryableHandler",
@@ -87,8 +91,10 @@ __all__ = [
     "SharedFileShutdown",
     "Shutdown",
     "SupportsBatchSend",
+    "SupportsClear",
     "SupportsPurge",
     "SupportsRawSend",
+    "SupportsStats",
     "TimeLimitExceeded",
     "UnknownDriverError",
     "UnknownPriorityError",

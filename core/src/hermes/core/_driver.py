@@ -261,3 +261,52 @@ class SupportsPurge(Protocol):
     """
 
     def purge(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    """What one priority queue holds, as far as the broker can say cheaply.
+
+    A count the broker cannot give is None ("unknown"), never 0.
+    """
+
+    priority: int
+    #: The broker's name for the queue (a key, a queue, a topic, a directory).
+    name: str
+    #: Waiting and due: the next worker takes these.
+    ready: int | None = None
+    #: Held back until their ``execute_at``.
+    scheduled: int | None = None
+    #: Taken by a worker and not yet acknowledged.
+    in_flight: int | None = None
+    #: Quarantined or dead-lettered: not Hermes messages, or given up on by the broker.
+    set_aside: int | None = None
+
+
+@runtime_checkable
+class SupportsStats(Protocol):
+    """Optional: count what each priority queue holds (``hermes stats`` reads it).
+
+    Cheap broker calls only (a set's size, a queue's message count, a
+    directory listing); never reads the messages' bodies one by one.
+    """
+
+    def queue_stats(self) -> list[QueueStats]:
+        """One row per priority queue this driver object knows, highest priority first."""
+        ...
+
+
+@runtime_checkable
+class SupportsClear(Protocol):
+    """Optional: delete the messages waiting (ready and scheduled) in priority queues.
+
+    Unlike :meth:`SupportsPurge.purge`, the queues stay, and so do messages
+    in flight and set aside. ``hermes purge`` calls it.
+    """
+
+    def clear(self, priority: int | None = None) -> int:
+        """Delete what waits in the queue of ``priority`` (every queue: None); how many.
+
+        Raises :class:`UnknownPriorityError` for a priority without a queue.
+        """
+        ...

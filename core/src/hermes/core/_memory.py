@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import heapq
 import itertools
 import threading
@@ -16,6 +17,7 @@ from hermes.core._driver import (
     Delay,
     Delivery,
     Driver,
+    QueueStats,
 )
 from hermes.core._message import Message
 from hermes.core._registry import DriverPlugin, hookimpl
@@ -37,6 +39,10 @@ class _Broker:
         self.scheduled: list[tuple[float, int, int, str | bytes]] = []
         #: Bodies that were not Hermes messages, with the reason.
         self.dead_letters: list[tuple[str | bytes, str]] = []
+        #: priority -> bodies taken by a consumer and not yet settled.
+        self.in_flight: collections.Counter[int] = collections.Counter()
+        #: priority -> bodies set aside.
+        self.set_aside: collections.Counter[int] = collections.Counter()
 
     def move_due(self, now: float) -> None:
         while self.scheduled and self.scheduled[0][0] <= now:
@@ -105,6 +111,38 @@ class MemoryDriver(Driver):
             self.check_priorities(self._broker.queues, priorities)
         return _MemoryConsumer(self, priorities)
 
+    def queue_stats(self) -> list[QueueStats]:
+        broker = self._broker
+        with broker.condition:
+            scheduled = collections.Counter(priority for _, _, priority, _ in broker.scheduled)
+            return [
+                QueueStats(
+                    priority,
+                    f"memory://{self.name}/{priority}",
+                    ready=len(broker.queues[priority]),
+                    scheduled=scheduled[priority],
+                    in_flight=broker.in_flight[priority],
+                    set_aside=broker.set_aside[priority],
+                )
+                for priority in sorted(broker.queues, reverse=True)
+            ]
+
+    def clear(self, priority: int | None = None) -> int:
+        broker = self._broker
+        with broker.condition:
+            priorities = self.check_priorities(
+                broker.queues, () if priority is None else [priority]
+            )
+            removed = 0
+            for p in priorities:
+                removed += len(broker.queues[p])
+                broker.queues[p].clear()
+            kept = [entry for entry in broker.scheduled if entry[2] not in priorities]
+            removed += len(broker.scheduled) - len(kept)
+            heapq.heapify(kept)
+            broker.scheduled = kept
+            return removed
+
     def purge(self) -> None:
         # Cleared in place: every driver object of this name (a worker's, an
         # emitter's) sees the same empty broker afterwards, not two diverging ones.
@@ -144,6 +182,7 @@ class _MemoryConsumer(Consumer):
                     if queue:
                         received = Received(queue.popleft(), priority)
                         self.unsettled.add(received)
+                        broker.in_flight[priority] += 1
                         return received
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -152,15 +191,22 @@ class _MemoryConsumer(Consumer):
                     left = min(left, max(0.0, broker.scheduled[0][0] - now))
                 broker.condition.wait(left)
 
+    def _settle(self, received: Received) -> bool:
+        """Forget ``received`` as in flight (the caller holds the lock); False if it was not."""
+        if received not in self.unsettled:
+            return False  # settled already, or given back by close()
+        self.unsettled.discard(received)
+        self.broker.in_flight[received.priority] -= 1
+        return True
+
     def ack(self, received: Received) -> None:
         with self.broker.condition:
-            self.unsettled.discard(received)
+            self._settle(received)
 
     def release(self, received: Received) -> None:
         with self.broker.condition:
-            if received not in self.unsettled:
-                return  # settled already, or given back by close()
-            self.unsettled.discard(received)
+            if not self._settle(received):
+                return
             queue = self.broker.queues.get(received.priority)
             if queue is not None:  # else purged meanwhile: gone with the rest
                 queue.appendleft(received.body)
@@ -168,8 +214,9 @@ class _MemoryConsumer(Consumer):
 
     def reject(self, received: Received, reason: str) -> None:
         with self.broker.condition:
-            self.unsettled.discard(received)
+            self._settle(received)
             self.broker.dead_letters.append((received.body, reason))
+            self.broker.set_aside[received.priority] += 1
 
     def close(self) -> None:
         with self.broker.condition:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from importlib import metadata
 from typing import TypeVar
 
-from hermes.core._cli import _demo, _drivers, _emit, _shutdown, _worker
+from hermes.core._cli import _demo, _drivers, _emit, _shutdown, _stats, _worker
 from hermes.core._cli._common import URL_ENV, CliError, describe_error, print_error
 from hermes.core._driver import DEFAULT_PRIORITY
 from hermes.core._errors import HermesError
@@ -205,6 +205,42 @@ def build_parser() -> argparse.ArgumentParser:
     )
     target.add_argument("--file", metavar="F", help="workers started with --shutdown-file F stop")
     shutdown.set_defaults(run=_shutdown.run)
+
+    stats = commands.add_parser(
+        "stats",
+        help="count what each priority queue holds",
+        description="Per priority queue: messages ready, scheduled (held until execute_at), "
+        "in flight (taken, not acknowledged) and set aside (quarantined or dead-lettered). "
+        "? marks a count the broker cannot give.",
+    )
+    stats.add_argument("--url", help=_URL_HELP)
+    stats.add_argument(
+        "--priority",
+        type=int,
+        action="append",
+        default=[],
+        metavar="P",
+        help="also show the queue of this priority (repeat for several)",
+    )
+    stats.add_argument(
+        "--watch",
+        type=_seconds,
+        metavar="SECONDS",
+        help="refresh every SECONDS (in place on a terminal) until Ctrl-C",
+    )
+    stats.add_argument("--json", action="store_true", help="one JSON document per refresh")
+    stats.set_defaults(run=_stats.run_stats)
+
+    purge = commands.add_parser(
+        "purge",
+        help="delete the messages waiting in the queues",
+        description="Delete the messages waiting (ready and scheduled) in every priority "
+        "queue, or in one; messages in flight and set aside stay. Asks first on a terminal.",
+    )
+    purge.add_argument("--url", help=_URL_HELP)
+    purge.add_argument("--priority", type=int, metavar="P", help="only the queue of priority P")
+    purge.add_argument("--yes", action="store_true", help="do not ask (needed off a terminal)")
+    purge.set_defaults(run=_stats.run_purge)
 
     demo = commands.add_parser(
         "demo",

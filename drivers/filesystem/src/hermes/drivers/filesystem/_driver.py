@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import logging
@@ -27,6 +28,7 @@ from hermes.core import (
     Driver,
     DriverError,
     Message,
+    QueueStats,
     Received,
 )
 from hermes.drivers.filesystem._names import SCHEME, QueuedName, next_name, parse
@@ -299,6 +301,60 @@ class FileSystemDriver(Driver):
                 entry.path,
             )
 
+    def queue_stats(self) -> list[QueueStats]:
+        """Counts from directory listings: ``new/`` (ready or scheduled by the file name's
+        time), every worker's ``processing/`` directory, and ``quarantine/``."""
+        now_ns = time.time_ns()
+        counts: dict[int, collections.Counter[str]] = {
+            p: collections.Counter() for p in self._priorities
+        }
+
+        def count(directory: str, what: Callable[[QueuedName], str]) -> None:
+            for name in _names_in(directory):
+                if name.endswith(".reason") or name == LOCK_NAME:
+                    continue
+                queued = parse(name)
+                priority = queued.priority if queued is not None else DEFAULT_PRIORITY
+                row = counts.setdefault(priority, collections.Counter())
+                row[what(queued) if queued is not None else "set_aside"] += 1
+
+        with self._errors("count the queue"):
+            count(
+                self._new_dir,
+                lambda q: "ready" if q.available_ns <= now_ns else "scheduled",
+            )
+            for worker in _names_in(self._processing_dir):
+                count(os.path.join(self._processing_dir, worker), lambda q: "in_flight")
+            count(self.quarantine_dir, lambda q: "set_aside")
+        return [
+            QueueStats(
+                priority,
+                os.path.join(self.path, "new"),
+                ready=row["ready"],
+                scheduled=row["scheduled"],
+                in_flight=row["in_flight"],
+                set_aside=row["set_aside"],
+            )
+            for priority, row in sorted(counts.items(), reverse=True)
+        ]
+
+    def clear(self, priority: int | None = None) -> int:
+        """Delete the message files of ``priority`` (every priority: None) in ``new/``."""
+        if priority is not None and priority not in self._priorities:
+            raise self.unknown_priority(priority, self._priorities)
+        removed = 0
+        with self._errors("clear new/"):
+            for name in _names_in(self._new_dir):
+                queued = parse(name)
+                if queued is None or (priority is not None and queued.priority != priority):
+                    continue
+                try:
+                    os.unlink(os.path.join(self._new_dir, name))
+                except FileNotFoundError:
+                    continue  # a worker claimed it meanwhile: it is not waiting any more
+                removed += 1
+        return removed
+
     def purge(self) -> None:
         """Delete the queue: every message (queued, claimed, quarantined) and the directories."""
         with self._errors("purge"):
@@ -528,6 +584,14 @@ class _Scan:
         self._strays = strays
         self._mtime_ns, self._listed_ns, self._listed_at = mtime_ns, listed_ns, started
         self._listing_cost_s = time.monotonic() - started
+
+
+def _names_in(directory: str) -> list[str]:
+    """The entries of ``directory``; none if it does not exist (yet, or any more)."""
+    try:
+        return os.listdir(directory)
+    except FileNotFoundError:
+        return []
 
 
 def _encode(data: str | bytes) -> bytes:

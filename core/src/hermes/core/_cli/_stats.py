@@ -1,0 +1,112 @@
+"""``hermes stats`` and ``hermes purge``: what the queues hold, and emptying them."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from collections.abc import Sequence
+
+from hermes.core._cli._common import CliError, clock, default_url, setup_priorities
+from hermes.core._driver import Driver, QueueStats, SupportsClear, SupportsStats
+from hermes.core._registry import connect
+from hermes.core._url import redact_url
+
+#: Columns of the stats table: (QueueStats field, heading).
+_COLUMNS = (
+    ("ready", "ready"),
+    ("scheduled", "scheduled"),
+    ("in_flight", "in flight"),
+    ("set_aside", "set aside"),
+)
+#: What the table shows for a count the broker cannot give.
+UNKNOWN = "?"
+
+
+def _stats(driver: Driver, url: str) -> list[QueueStats]:
+    if not isinstance(driver, SupportsStats):
+        raise CliError(
+            f"{type(driver).__name__} ({redact_url(url)}) cannot count its queues: "
+            "it does not implement queue_stats()"
+        )
+    return driver.queue_stats()
+
+
+def table(rows: Sequence[QueueStats]) -> str:
+    """The stats as an aligned text table; unknown counts as ``?``."""
+    header = ["priority", "queue", *(heading for _, heading in _COLUMNS)]
+    lines = [
+        [str(row.priority), row.name]
+        + [UNKNOWN if (v := getattr(row, f)) is None else f"{v:,}" for f, _ in _COLUMNS]
+        for row in rows
+    ]
+    widths = [max(len(cells[i]) for cells in [header, *lines]) for i in range(len(header))]
+
+    def render(cells: list[str]) -> str:
+        parts = [
+            cell.ljust(width) if i == 1 else cell.rjust(width)
+            for i, (cell, width) in enumerate(zip(cells, widths, strict=True))
+        ]
+        return "  ".join(parts).rstrip()
+
+    return "\n".join(render(cells) for cells in [header, *lines])
+
+
+def run_stats(args: argparse.Namespace) -> int:
+    url: str = args.url or default_url()
+    with connect(url) as driver:
+        setup_priorities(driver, args.priority)
+        while True:
+            rows = _stats(driver, url)
+            now = time.time()
+            if args.json:
+                document = {
+                    "url": redact_url(url),
+                    "at": now,
+                    "queues": [dataclasses.asdict(row) for row in rows],
+                }
+                print(json.dumps(document), flush=True)
+            else:
+                if args.watch and sys.stdout.isatty():
+                    print("\x1b[H\x1b[J", end="")  # redraw in place
+                print(f"{redact_url(url)} at {clock(now)}")
+                print(table(rows))
+                if any(getattr(r, f) is None for r in rows for f, _ in _COLUMNS):
+                    print(f"{UNKNOWN}: this broker cannot say")
+                print(end="", flush=True)
+            if not args.watch:
+                return 0
+            try:
+                time.sleep(args.watch)
+            except KeyboardInterrupt:
+                return 0  # the way to end --watch, not a failure
+
+
+def run_purge(args: argparse.Namespace) -> int:
+    url: str = args.url or default_url()
+    with connect(url) as driver:
+        setup_priorities(driver, [args.priority] if args.priority is not None else [])
+        if not isinstance(driver, SupportsClear):
+            raise CliError(
+                f"{type(driver).__name__} ({redact_url(url)}) cannot delete waiting messages: "
+                "it does not implement clear()"
+            )
+        which = f"priority {args.priority}" if args.priority is not None else "every queue"
+        if not args.yes:
+            if not sys.stdin.isatty():
+                raise CliError(
+                    f"hermes purge deletes the waiting messages of {which} on "
+                    f"{redact_url(url)}: add --yes to confirm when not on a terminal"
+                )
+            answer = input(
+                f"Delete every message waiting (ready or scheduled) in {which} on "
+                f"{redact_url(url)}? [y/N] "
+            )
+            if answer.strip().lower() not in ("y", "yes"):
+                print("Nothing deleted", flush=True)
+                return 1
+        removed = driver.clear(args.priority)
+    print(f"Deleted {removed:,} waiting message{'s' if removed != 1 else ''} ({which})", flush=True)
+    return 0
