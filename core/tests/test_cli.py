@@ -130,6 +130,11 @@ def handled(cwd: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+def names(cwd: Path) -> list[str]:
+    """The ``"name"`` of each handled payload, in the order handled."""
+    return [row["payload"]["name"] for row in handled(cwd)]
+
+
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
     """A directory with the user's handlers module, jobs.py, in it."""
@@ -296,30 +301,32 @@ def test_quiet_worker_prints_only_problems_and_the_counts(project: Path, queue_u
 
 
 def test_a_worker_given_priorities_reads_only_those(project: Path, queue_url: str) -> None:
-    seed(queue_url, ("job", "default", 100), ("job", "high", 200), ("job", "low", 50))
+    seed(queue_url, ("job", {"name": "default"}, 100), ("job", {"name": "high"}, 200),
+         ("job", {"name": "low"}, 50))  # fmt: skip
 
     high = hermes(
         "worker", "--url", queue_url, "--handlers", "jobs:register", "--priority", "200",
         "--max-items", "1", cwd=project,
     )  # fmt: skip
     assert high.returncode == 0, high.stdout + high.stderr
-    assert [row["payload"] for row in handled(project)] == ["high"]
+    assert names(project) == ["high"]
 
     rest = hermes(
         "worker", "--url", queue_url, "--handlers", "jobs:register", "--priority", "50",
         "--priority", "100", "--max-items", "2", cwd=project,
     )  # fmt: skip
     assert rest.returncode == 0, rest.stdout + rest.stderr
-    assert [row["payload"] for row in handled(project)] == ["high", "default", "low"]
+    assert names(project) == ["high", "default", "low"]
 
 
 def test_a_delayed_emit_carries_its_execute_at_and_is_handled_no_sooner(
     project: Path, queue_url: str
 ) -> None:
     before = time.time()
-    delayed = hermes("emit", "--url", queue_url, "job", '"later"', "--delay", "1.5", cwd=project)
-    at = hermes("emit", "--url", queue_url, "job", '"at"', "--at", "2001-02-03T04:05:06+00:00",
-                cwd=project)  # fmt: skip
+    delayed = hermes("emit", "--url", queue_url, "job", '{"name": "later"}', "--delay", "1.5",
+                     cwd=project)  # fmt: skip
+    at = hermes("emit", "--url", queue_url, "job", '{"name": "at"}', "--at",
+                "2001-02-03T04:05:06+00:00", cwd=project)  # fmt: skip
     assert delayed.returncode == 0 and at.returncode == 0, delayed.stderr + at.stderr
     assert re.search(r"priority:100, execute_at \d\d:\d\d:\d\d to file://", delayed.stdout)
 
@@ -328,7 +335,7 @@ def test_a_delayed_emit_carries_its_execute_at_and_is_handled_no_sooner(
     )
 
     assert worker.returncode == 0, worker.stdout + worker.stderr
-    rows = {row["payload"]: row for row in handled(project)}
+    rows = {row["payload"]["name"]: row for row in handled(project)}
     assert rows["at"]["execute_at"] == 981173106.0
     assert before + 1.5 <= rows["later"]["execute_at"] <= time.time() + 1.5
     assert rows["later"]["handled_at"] >= rows["later"]["execute_at"]
@@ -357,18 +364,18 @@ def test_count_emits_that_many_messages_and_reports_the_rate(project: Path, queu
 def test_the_url_defaults_to_hermes_url_then_a_queue_in_the_current_directory(
     project: Path, tmp_path: Path
 ) -> None:
-    local = hermes("emit", "job", '"local"', cwd=project)
+    local = hermes("emit", "job", '{"name": "local"}', cwd=project)
     assert local.returncode == 0, local.stderr
     assert f"to {(project / 'hermes-queue').as_uri()}" in local.stdout
     elsewhere = (tmp_path / "elsewhere").as_uri()
-    env = hermes("emit", "job", '"env"', cwd=project, env={"HERMES_URL": elsewhere})
+    env = hermes("emit", "job", '{"name": "env"}', cwd=project, env={"HERMES_URL": elsewhere})
     assert env.returncode == 0, env.stderr
     assert f"to {elsewhere}" in env.stdout
 
     worker = hermes("worker", "--handlers", "jobs:register", "--max-items", "1", cwd=project)
 
     assert worker.returncode == 0, worker.stdout + worker.stderr
-    assert [row["payload"] for row in handled(project)] == ["local"]
+    assert names(project) == ["local"]
 
 
 # Stopping workers -------------------------------------------------------------------
@@ -380,7 +387,7 @@ def test_shutdown_file_stops_a_running_worker(project: Path, queue_url: str) -> 
         "worker", "--url", queue_url, "--handlers", "jobs:register", "--shutdown-file",
         str(stop_file), cwd=project,
     ) as (worker, output):  # fmt: skip
-        seed(queue_url, ("job", "first", 100))
+        seed(queue_url, ("job", {"name": "first"}, 100))
         eventually(
             lambda: len(handled(project)) == 1, "the worker handling the first message", WORKER_S
         )
@@ -560,6 +567,35 @@ def test_a_malformed_payload_on_stdin_names_its_line(tmp_path: Path) -> None:
     assert "the payload on stdin is not valid JSON" in error
     assert "at line 2, column 8" in error
     assert excerpt[caret.index("^") :] == "tru"
+
+
+@pytest.mark.parametrize(
+    ("payload", "kind"),
+    [("42", "a number (42)"), ('"just a string"', 'a string ("just a string")'),
+     ("true", "a boolean (true)")],
+)  # fmt: skip
+def test_a_payload_that_is_not_an_object_an_array_or_null_is_refused_before_the_broker(
+    tmp_path: Path, queue_url: str, payload: str, kind: str
+) -> None:
+    line = assert_one_line_error(hermes("emit", "--url", queue_url, "job", payload, cwd=tmp_path))
+
+    assert line == (
+        f"hermes: error: PAYLOAD_JSON must be a JSON object, an array or null, not {kind}; "
+        f"wrap it in an object, e.g. '{{\"value\": {payload}}}'"
+    )
+    assert not (tmp_path / "queue").exists()
+
+
+def test_an_empty_type_is_refused_in_one_line(tmp_path: Path) -> None:
+    line = assert_one_line_error(hermes("emit", "--url", "memory://cli", "", "{}", cwd=tmp_path))
+    assert line == "hermes: error: Message type must be a non-empty string, got ''"
+
+
+def test_a_scalar_payload_on_stdin_is_refused_too(tmp_path: Path) -> None:
+    line = assert_one_line_error(
+        hermes("emit", "--url", "memory://cli", "job", "-", cwd=tmp_path, input="3.5\n")
+    )
+    assert "the payload on stdin must be a JSON object, an array or null, not a number" in line
 
 
 def test_a_bad_at_time_is_one_line(tmp_path: Path) -> None:

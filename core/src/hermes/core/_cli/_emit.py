@@ -50,6 +50,29 @@ def parse_payload(text: str, source: str) -> Any:
         ) from None
 
 
+def check_payload(payload: Any, source: str) -> None:
+    """Refuse a JSON string, number or boolean: a message's payload is an object, an array
+    or null (what a PHP Hermes worker on the same queue accepts)."""
+    if payload is None or isinstance(payload, dict | list):
+        return
+    if isinstance(payload, bool):
+        kind = "a boolean"
+    elif isinstance(payload, str):
+        kind = "a string"
+    else:
+        kind = "a number"
+    shown = json.dumps(payload)
+    if len(shown) > _EXCERPT_WIDTH:
+        shown = shown[: _EXCERPT_WIDTH - 1] + "…"
+        example = '{"value": …}'
+    else:
+        example = f'{{"value": {shown}}}'
+    raise CliError(
+        f"{source} must be a JSON object, an array or null, not {kind} ({shown}); "
+        f"wrap it in an object, e.g. '{example}'"
+    )
+
+
 def parse_at(text: str) -> float:
     """``--at``: a UNIX timestamp, or an ISO 8601 date-time (local time unless it has an offset)."""
     try:
@@ -69,11 +92,14 @@ def parse_at(text: str) -> float:
 
 def run(args: argparse.Namespace) -> int:
     if args.payload == "-":
-        payload = parse_payload(sys.stdin.read(), "the payload on stdin")
+        source = "the payload on stdin"
+        payload = parse_payload(sys.stdin.read(), source)
     elif args.payload is not None:
-        payload = parse_payload(args.payload, "PAYLOAD_JSON")
+        source = "PAYLOAD_JSON"
+        payload = parse_payload(args.payload, source)
     else:
-        payload = None
+        source, payload = "", None
+    check_payload(payload, source)
     execute_at: float | None = None
     if args.delay is not None:
         if args.delay < 0:
