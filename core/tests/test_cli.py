@@ -19,6 +19,8 @@ from typing import Any
 import pytest
 from hermes_test_support import eventually
 
+from hermes.core import DriverUrl
+
 #: The venv's console script, the very file `pip install hermes-core` puts on PATH.
 HERMES = shutil.which("hermes", path=str(Path(sys.executable).parent)) or shutil.which("hermes")
 #: Longest any one command may take here; a hang fails the test instead of the suite.
@@ -376,6 +378,85 @@ def test_the_url_defaults_to_hermes_url_then_a_queue_in_the_current_directory(
 
     assert worker.returncode == 0, worker.stdout + worker.stderr
     assert names(project) == ["local"]
+
+
+@pytest.fixture
+def php_queues(redis_test_db_url: str) -> Iterator[tuple[str, str, str]]:
+    """``(url, high, low)``: a Redis URL and the names of two priority sets of this test's
+    own, spelled as a PHP deployment names them (``<key>_high``, ``<key>_low``)."""
+    import redis
+
+    key = DriverUrl.parse(redis_test_db_url).options["key"]
+    high, low = f"{key}_high", f"{key}_low"
+    yield redis_test_db_url, high, low
+    client = redis.Redis.from_url(redis_test_db_url.split("?")[0])
+    client.delete(high, low, f"{high}_wakeup", f"{low}_wakeup")
+    client.close()
+
+
+def test_emit_queue_sends_to_the_set_a_php_deployment_named(
+    project: Path, php_queues: tuple[str, str, str]
+) -> None:
+    import redis
+
+    url, high, _ = php_queues
+    emitted = hermes("emit", "--url", url, "--queue", f"{high}:200", "job", '{"name": "vip"}',
+                     cwd=project)  # fmt: skip
+
+    assert emitted.returncode == 0, emitted.stderr
+    assert f"priority:200 ({high}) to redis://" in emitted.stdout
+    client = redis.Redis.from_url(url.split("?")[0])
+    try:
+        [body] = client.smembers(high)
+    finally:
+        client.close()
+    assert json.loads(body)["message"]["payload"] == {"name": "vip"}
+
+
+def test_a_worker_reads_the_sets_named_by_queue_or_by_the_url(
+    project: Path, php_queues: tuple[str, str, str]
+) -> None:
+    url, high, low = php_queues
+    php_like = f"{url}&priority_queues={high}:200,{low}:50"
+    for priority, name in ((50, "low"), (100, "default"), (200, "high")):
+        sent = hermes("emit", "--url", php_like, "--priority", str(priority), "job",
+                      f'{{"name": "{name}"}}', cwd=project)  # fmt: skip
+        assert sent.returncode == 0, sent.stderr
+
+    named = hermes(
+        "worker", "--url", url, "--handlers", "jobs:register", "--queue", f"{high}:200",
+        "--max-items", "1", cwd=project,
+    )  # fmt: skip
+    assert named.returncode == 0, named.stdout + named.stderr
+    assert f"Reading priorities 200 ({high});" in named.stdout
+    assert names(project) == ["high"]
+
+    rest = hermes(
+        "worker", "--url", php_like, "--handlers", "jobs:register", "--max-items", "2", cwd=project
+    )
+    assert rest.returncode == 0, rest.stdout + rest.stderr
+    assert f"Reading priority 100, the URL's queues 200 ({high}), 50 ({low}) and" in rest.stdout
+    assert names(project) == ["high", "default", "low"]
+
+
+def test_a_queue_that_contradicts_the_url_is_refused_in_one_line(tmp_path: Path) -> None:
+    line = assert_one_line_error(
+        hermes("emit", "--url", "memory://cli?priority_queues=hermes_high:200",
+               "--queue", "other:200", "job", cwd=tmp_path)
+    )  # fmt: skip
+    assert line == (
+        "hermes: error: --queue other:200 contradicts the URL's priority_queues, which names "
+        "priority 200 'hermes_high'; give one of them"
+    )
+
+
+def test_a_queue_without_a_priority_is_an_argument_error(tmp_path: Path) -> None:
+    result = hermes("worker", "--handlers", "jobs:register", "--queue", "hermes_high",
+                    cwd=tmp_path)  # fmt: skip
+
+    assert result.returncode == 2
+    assert "argument --queue: queue 'hermes_high' must be NAME:PRIORITY" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 # Stopping workers -------------------------------------------------------------------

@@ -15,7 +15,13 @@ from collections.abc import Callable, Sequence
 from importlib import metadata
 
 from hermes.core._cli import _demo, _drivers, _emit, _shutdown, _worker
-from hermes.core._cli._common import URL_ENV, CliError, describe_error, print_error
+from hermes.core._cli._common import (
+    URL_ENV,
+    CliError,
+    describe_error,
+    print_error,
+    queue_option,
+)
 from hermes.core._driver import DEFAULT_PRIORITY
 from hermes.core._errors import HermesError
 
@@ -89,7 +95,17 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="P",
         help="read only the queue of this priority (repeat for several); default: priority "
-        f"{DEFAULT_PRIORITY} and the queues the handlers function sets up",
+        f"{DEFAULT_PRIORITY}, the URL's priority_queues and the queues the handlers function "
+        "sets up",
+    )
+    worker.add_argument(
+        "--queue",
+        type=queue_option,
+        action="append",
+        default=[],
+        metavar="NAME:P",
+        help="like --priority P, reading the queue NAME, e.g. --queue hermes_high:200 for a PHP "
+        "deployment's queue (repeat for several; without it priority P is in <key>_priority_<P>)",
     )
     worker.add_argument(
         "--max-items", type=_count(0), default=0, metavar="N", help="stop after N messages"
@@ -115,12 +131,22 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="?",
         help="the payload as JSON, or - to read it from stdin (default: null)",
     )
-    emit.add_argument(
+    where = emit.add_mutually_exclusive_group()
+    where.add_argument(
         "--priority",
         type=int,
         default=DEFAULT_PRIORITY,
         metavar="P",
-        help=f"priority queue, higher first (default {DEFAULT_PRIORITY})",
+        help=f"priority queue, higher first (default {DEFAULT_PRIORITY}); the queue of a "
+        "priority other than the default is <key>_priority_<P> unless the URL's "
+        "priority_queues names it",
+    )
+    where.add_argument(
+        "--queue",
+        type=queue_option,
+        metavar="NAME:P",
+        help="like --priority P, sending to the queue NAME, e.g. --queue hermes_high:200 for a "
+        "PHP deployment's queue",
     )
     when = emit.add_mutually_exclusive_group()
     when.add_argument("--delay", type=float, metavar="SECONDS", help="not before SECONDS from now")
