@@ -1,4 +1,4 @@
-"""SPEC §9: the ``hermes`` command, run as a user runs it -- the installed console script."""
+"""The ``hermes`` command, run as a user runs it -- the installed console script."""
 
 from __future__ import annotations
 
@@ -545,37 +545,14 @@ def test_an_unknown_scheme_lists_the_installed_drivers_and_hides_the_password(
     assert "nats://ana:***@localhost:4222/jobs" in line
 
 
-def core_only_environment(root: Path) -> dict[str, str]:
-    """The environment of a Python that has hermes-core and pluggy and no driver at all.
-
-    ``python -S`` skips site-packages; ``root`` gets links to hermes.core, pluggy
-    and hermes-core's metadata (its ``hermes`` entry point registers memory://).
-    """
-    import importlib.metadata
-
-    import pluggy
-
-    import hermes.core
-
-    site = root / "site"
-    (site / "hermes").mkdir(parents=True)
-    (site / "hermes" / "core").symlink_to(Path(hermes.core.__file__).parent)
-    (site / "pluggy").symlink_to(Path(pluggy.__file__).parent)
-    core = importlib.metadata.distribution("hermes-core")
-    dist_info = Path(str(core.locate_file(""))) / f"hermes_core-{core.version}.dist-info"
-    assert dist_info.is_dir(), dist_info
-    (site / dist_info.name).symlink_to(dist_info)
-    environ = {k: v for k, v in os.environ.items() if k not in ("HERMES_URL", "PYTHONPATH")}
-    environ["PYTHONPATH"] = str(site)
-    return environ
-
-
-def test_a_known_scheme_whose_driver_is_missing_names_the_pip_install(tmp_path: Path) -> None:
+def test_a_known_scheme_whose_driver_is_missing_names_the_pip_install(
+    tmp_path: Path, core_only_env: dict[str, str]
+) -> None:
     assert HERMES is not None
     result = subprocess.run(
         [sys.executable, "-S", HERMES, "emit", "--url", "amqp://guest:s3cret@localhost/", "job"],
         cwd=tmp_path,
-        env=core_only_environment(tmp_path),
+        env=core_only_env,
         capture_output=True,
         text=True,
         timeout=COMMAND_TIMEOUT_S,
@@ -586,6 +563,30 @@ def test_a_known_scheme_whose_driver_is_missing_names_the_pip_install(tmp_path: 
     assert "installed schemes: memory://;" in line
     assert "`pip install hermes-rabbitmq` adds it" in line
     assert "s3cret" not in line
+
+
+@pytest.mark.parametrize("command", [["emit", "job"], ["worker", "--handlers", "jobs:register"]])
+def test_without_hermes_filesystem_the_default_url_says_what_to_install_or_give(
+    project: Path, core_only_env: dict[str, str], command: list[str]
+) -> None:
+    assert HERMES is not None
+    result = subprocess.run(
+        [sys.executable, "-S", HERMES, *command],
+        cwd=project,
+        env=core_only_env,
+        capture_output=True,
+        text=True,
+        timeout=COMMAND_TIMEOUT_S,
+    )
+
+    line = assert_one_line_error(result)
+    assert line == (
+        "hermes: error: no --url and no $HERMES_URL: the default queue, the directory "
+        "./hermes-queue, needs hermes-filesystem, which is not installed; "
+        "`pip install hermes-filesystem`, or give your broker's URL with --url or $HERMES_URL, "
+        "e.g. redis://localhost:6379/0"
+    )
+    assert not (project / "hermes-queue").exists()
 
 
 def test_an_unreachable_broker_names_its_host_and_port(tmp_path: Path) -> None:

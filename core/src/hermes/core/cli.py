@@ -29,7 +29,7 @@ __all__ = ["build_parser", "main"]
 
 _URL_HELP = (
     f"broker URL, e.g. redis://localhost:6379/0 (default: ${URL_ENV}, "
-    "else file://./hermes-queue, a queue directory here)"
+    "else file://./hermes-queue, a queue directory here, which needs hermes-filesystem)"
 )
 
 
@@ -184,12 +184,13 @@ def build_parser() -> argparse.ArgumentParser:
         "demo",
         help="the whole story on a temporary queue, no server",
         description="Emit, priorities, a failing handler retried with backoff and a delayed "
-        "message, on a temporary file:// queue; finishes in seconds.",
+        "message, on a temporary file:// queue (memory:// in this process when "
+        "hermes-filesystem is not installed); finishes in seconds.",
     )
     demo.add_argument(
         "--url",
         help="run it on this broker instead (needs priorities and native delay; "
-        "default: a temporary file:// queue)",
+        "default: a temporary file:// queue, else memory://)",
     )
     demo.set_defaults(run=_demo.run)
     return parser

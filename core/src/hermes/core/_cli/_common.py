@@ -19,6 +19,7 @@ from hermes.core._errors import (
     HermesError,
 )
 from hermes.core._queues import PRIORITY_QUEUES_OPTION, parse_queue, parse_queues, url_queues
+from hermes.core._registry import available_drivers
 from hermes.core._url import DriverUrl, redact_url
 
 #: The environment variable that names the broker when ``--url`` is not given.
@@ -42,8 +43,27 @@ class CliError(Exception):
 
 
 def default_url() -> str:
-    """``$HERMES_URL``, else ``file://`` of ``./hermes-queue`` (made absolute)."""
-    return os.environ.get(URL_ENV) or Path(DEFAULT_QUEUE_DIR).resolve().as_uri()
+    """``$HERMES_URL``, else ``file://`` of ``./hermes-queue`` (made absolute).
+
+    The ``file://`` default needs hermes-filesystem; without it (hermes-core and
+    another driver only) this is a :class:`CliError` that says what to install or give.
+    """
+    url = os.environ.get(URL_ENV)
+    if url:
+        return url
+    url = Path(DEFAULT_QUEUE_DIR).resolve().as_uri()
+    if not scheme_installed("file"):
+        raise CliError(
+            f"no --url and no ${URL_ENV}: the default queue, the directory ./{DEFAULT_QUEUE_DIR}, "
+            f"needs hermes-filesystem, which is not installed; `pip install hermes-filesystem`, "
+            f"or give your broker's URL with --url or ${URL_ENV}, e.g. redis://localhost:6379/0"
+        )
+    return url
+
+
+def scheme_installed(scheme: str) -> bool:
+    """Whether an installed driver handles ``scheme://``."""
+    return any(scheme in driver.schemes for driver in available_drivers())
 
 
 def describe_error(exc: HermesError) -> str:
