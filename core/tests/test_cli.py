@@ -513,6 +513,8 @@ def test_shutdown_by_redis_url_stops_a_worker_on_that_redis(
         stop = hermes("shutdown", "--url", redis_test_db_url, cwd=project)
 
         assert stop.returncode == 0, stop.stderr
+        assert stop.stdout.startswith("Set RedisShutdown(key='hermes_shutdown') on redis://")
+        assert "the workers that watch it and started before" in stop.stdout
         assert worker.wait(timeout=30) == 0
     assert "NOTICE Exiting hermes dispatcher - shutdown" in output.read_text()
 

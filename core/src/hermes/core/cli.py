@@ -175,7 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     target = shutdown.add_mutually_exclusive_group()
     target.add_argument(
-        "--url", help=f"a redis:// URL: workers on that Redis stop (default: ${URL_ENV})"
+        "--url",
+        help="a redis:// URL: the workers that watch its key hermes_shutdown stop: hermes "
+        f"worker, and PHP and Python Dispatchers given RedisShutdown (default: ${URL_ENV})",
     )
     target.add_argument("--file", metavar="F", help="workers started with --shutdown-file F stop")
     shutdown.set_defaults(run=_shutdown.run)

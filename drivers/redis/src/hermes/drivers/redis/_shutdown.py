@@ -12,7 +12,7 @@ logger = logging.getLogger("hermes.drivers.redis")
 
 
 class RedisShutdown:
-    """Shut down every worker through a Redis key, as PHP Hermes's ``RedisShutdown``.
+    """Shut down the workers that watch a Redis key, as PHP Hermes's ``RedisShutdown``.
 
     The key holds an integer UNIX timestamp. A worker stops when
     ``start <= timestamp <= now``, with ``start`` its start time in whole
