@@ -1,4 +1,4 @@
-"""SPEC §3: the Emitter puts a message on the broker and returns."""
+"""The Emitter puts a message on the broker and returns."""
 
 from __future__ import annotations
 

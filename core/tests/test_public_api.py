@@ -1,4 +1,4 @@
-"""Issue 2, item 2: the public API importable from ``hermes.core``."""
+"""The public API importable from ``hermes.core``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""SPEC §2: the PHP Hermes 4.x envelope, both ways, and nothing but SerializeError on bad input."""
+"""The PHP Hermes 4.x envelope, both ways, and nothing but SerializeError on bad input."""
 
 from __future__ import annotations
 
