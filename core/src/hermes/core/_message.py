@@ -49,7 +49,7 @@ class Message:
     def __init__(
         self,
         type: str,
-        payload: Any = None,
+        payload: dict[str, Any] | list[Any] | None = None,
         *,
         id: str | None = None,
         created: float | None = None,
