@@ -49,8 +49,8 @@ class DriverPlugin:
     #: An example URL for help texts.
     example_url: str = ""
     #: Builds, from a driver of this plugin, a :class:`Shutdown` kept on its
-    #: broker, so every worker there can be stopped at once (``hermes shutdown
-    #: --url``, and watched by ``hermes worker``); None when the broker cannot.
+    #: broker, so the workers that watch it there stop at once (``hermes shutdown
+    #: --url`` sets it, ``hermes worker`` watches it); None when the broker cannot.
     shutdown: Callable[[Driver], Shutdown] | None = None
     #: The distribution that registered it (filled in by the registry).
     distribution: str = ""
