@@ -51,7 +51,7 @@ CONFORMANCE_TARGETS = ["memory", *(svc for services in DRIVERS.values() for svc 
 @nox.session(python="3.11")
 @nox.parametrize("target", CONFORMANCE_TARGETS)
 def conformance(session: nox.Session, target: str) -> None:
-    """Run the conformance kit against one driver on its real broker (the CI matrix)."""
+    """Run the conformance kit against one driver on its test broker (the CI matrix)."""
     driver_dir = target.split("-")[0]
     if target != "memory" and not (ROOT / "drivers" / driver_dir / "pyproject.toml").exists():
         session.skip(f"drivers/{driver_dir} does not exist yet")

@@ -1,7 +1,8 @@
 """The one place that starts the servers Hermes's tests talk to.
 
 Redis and RabbitMQ are system services: they are used when something listens
-on their port and started (as the machine's packages) when nothing does. The
+on their port; when nothing does, they are installed with apt-get if missing
+and started as daemons, which keep running after the tests. The
 SQS-compatible server (moto) and the Kafka-protocol broker (Tansu) are started
 per test run on a free port and stopped afterwards.
 

@@ -67,7 +67,7 @@ class IgnoresExecuteAt(_BrokenMemory):
 
 
 class ReadsInRegistrationOrder(_BrokenMemory):
-    """Reads priority queues in the order they were set up (PHP 4.x, issue #50)."""
+    """Reads priority queues in the order they were set up, not highest first."""
 
     scheme = "registration-order"
 

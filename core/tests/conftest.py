@@ -92,3 +92,32 @@ class Peek:
 @pytest.fixture
 def peek() -> type[Peek]:
     return Peek
+
+
+@pytest.fixture
+def core_only_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The environment of a ``python -S`` that has hermes-core and pluggy and no driver at all.
+
+    ``-S`` skips site-packages; a directory on ``PYTHONPATH`` gets links to
+    hermes.core, pluggy and hermes-core's metadata (its ``hermes`` entry point
+    registers memory://): what ``pip install hermes-core`` alone gives.
+    """
+    import importlib.metadata
+    import os
+    from pathlib import Path
+
+    import pluggy
+
+    import hermes.core
+
+    site = tmp_path_factory.mktemp("core-only-site")
+    (site / "hermes").mkdir()
+    (site / "hermes" / "core").symlink_to(Path(hermes.core.__file__).parent)
+    (site / "pluggy").symlink_to(Path(pluggy.__file__).parent)
+    core = importlib.metadata.distribution("hermes-core")
+    dist_info = Path(str(core.locate_file(""))) / f"hermes_core-{core.version}.dist-info"
+    assert dist_info.is_dir(), dist_info
+    (site / dist_info.name).symlink_to(dist_info)
+    environ = {k: v for k, v in os.environ.items() if k not in ("HERMES_URL", "PYTHONPATH")}
+    environ["PYTHONPATH"] = str(site)
+    return environ

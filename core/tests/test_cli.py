@@ -1,4 +1,4 @@
-"""SPEC §9: the ``hermes`` command, run as a user runs it -- the installed console script."""
+"""The ``hermes`` command, run as a user runs it -- the installed console script."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 from hermes_test_support import eventually
+
+from hermes.core import DriverUrl
 
 #: The venv's console script, the very file `pip install hermes-core` puts on PATH.
 HERMES = shutil.which("hermes", path=str(Path(sys.executable).parent)) or shutil.which("hermes")
@@ -128,6 +130,11 @@ def handled(cwd: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def names(cwd: Path) -> list[str]:
+    """The ``"name"`` of each handled payload, in the order handled."""
+    return [row["payload"]["name"] for row in handled(cwd)]
 
 
 @pytest.fixture
@@ -296,30 +303,32 @@ def test_quiet_worker_prints_only_problems_and_the_counts(project: Path, queue_u
 
 
 def test_a_worker_given_priorities_reads_only_those(project: Path, queue_url: str) -> None:
-    seed(queue_url, ("job", "default", 100), ("job", "high", 200), ("job", "low", 50))
+    seed(queue_url, ("job", {"name": "default"}, 100), ("job", {"name": "high"}, 200),
+         ("job", {"name": "low"}, 50))  # fmt: skip
 
     high = hermes(
         "worker", "--url", queue_url, "--handlers", "jobs:register", "--priority", "200",
         "--max-items", "1", cwd=project,
     )  # fmt: skip
     assert high.returncode == 0, high.stdout + high.stderr
-    assert [row["payload"] for row in handled(project)] == ["high"]
+    assert names(project) == ["high"]
 
     rest = hermes(
         "worker", "--url", queue_url, "--handlers", "jobs:register", "--priority", "50",
         "--priority", "100", "--max-items", "2", cwd=project,
     )  # fmt: skip
     assert rest.returncode == 0, rest.stdout + rest.stderr
-    assert [row["payload"] for row in handled(project)] == ["high", "default", "low"]
+    assert names(project) == ["high", "default", "low"]
 
 
 def test_a_delayed_emit_carries_its_execute_at_and_is_handled_no_sooner(
     project: Path, queue_url: str
 ) -> None:
     before = time.time()
-    delayed = hermes("emit", "--url", queue_url, "job", '"later"', "--delay", "1.5", cwd=project)
-    at = hermes("emit", "--url", queue_url, "job", '"at"', "--at", "2001-02-03T04:05:06+00:00",
-                cwd=project)  # fmt: skip
+    delayed = hermes("emit", "--url", queue_url, "job", '{"name": "later"}', "--delay", "1.5",
+                     cwd=project)  # fmt: skip
+    at = hermes("emit", "--url", queue_url, "job", '{"name": "at"}', "--at",
+                "2001-02-03T04:05:06+00:00", cwd=project)  # fmt: skip
     assert delayed.returncode == 0 and at.returncode == 0, delayed.stderr + at.stderr
     assert re.search(r"priority:100, execute_at \d\d:\d\d:\d\d to file://", delayed.stdout)
 
@@ -328,7 +337,7 @@ def test_a_delayed_emit_carries_its_execute_at_and_is_handled_no_sooner(
     )
 
     assert worker.returncode == 0, worker.stdout + worker.stderr
-    rows = {row["payload"]: row for row in handled(project)}
+    rows = {row["payload"]["name"]: row for row in handled(project)}
     assert rows["at"]["execute_at"] == 981173106.0
     assert before + 1.5 <= rows["later"]["execute_at"] <= time.time() + 1.5
     assert rows["later"]["handled_at"] >= rows["later"]["execute_at"]
@@ -357,18 +366,97 @@ def test_count_emits_that_many_messages_and_reports_the_rate(project: Path, queu
 def test_the_url_defaults_to_hermes_url_then_a_queue_in_the_current_directory(
     project: Path, tmp_path: Path
 ) -> None:
-    local = hermes("emit", "job", '"local"', cwd=project)
+    local = hermes("emit", "job", '{"name": "local"}', cwd=project)
     assert local.returncode == 0, local.stderr
     assert f"to {(project / 'hermes-queue').as_uri()}" in local.stdout
     elsewhere = (tmp_path / "elsewhere").as_uri()
-    env = hermes("emit", "job", '"env"', cwd=project, env={"HERMES_URL": elsewhere})
+    env = hermes("emit", "job", '{"name": "env"}', cwd=project, env={"HERMES_URL": elsewhere})
     assert env.returncode == 0, env.stderr
     assert f"to {elsewhere}" in env.stdout
 
     worker = hermes("worker", "--handlers", "jobs:register", "--max-items", "1", cwd=project)
 
     assert worker.returncode == 0, worker.stdout + worker.stderr
-    assert [row["payload"] for row in handled(project)] == ["local"]
+    assert names(project) == ["local"]
+
+
+@pytest.fixture
+def php_queues(redis_test_db_url: str) -> Iterator[tuple[str, str, str]]:
+    """``(url, high, low)``: a Redis URL and the names of two priority sets of this test's
+    own, spelled as a PHP deployment names them (``<key>_high``, ``<key>_low``)."""
+    import redis
+
+    key = DriverUrl.parse(redis_test_db_url).options["key"]
+    high, low = f"{key}_high", f"{key}_low"
+    yield redis_test_db_url, high, low
+    client = redis.Redis.from_url(redis_test_db_url.split("?")[0])
+    client.delete(high, low, f"{high}_wakeup", f"{low}_wakeup")
+    client.close()
+
+
+def test_emit_queue_sends_to_the_set_a_php_deployment_named(
+    project: Path, php_queues: tuple[str, str, str]
+) -> None:
+    import redis
+
+    url, high, _ = php_queues
+    emitted = hermes("emit", "--url", url, "--queue", f"{high}:200", "job", '{"name": "vip"}',
+                     cwd=project)  # fmt: skip
+
+    assert emitted.returncode == 0, emitted.stderr
+    assert f"priority:200 ({high}) to redis://" in emitted.stdout
+    client = redis.Redis.from_url(url.split("?")[0])
+    try:
+        [body] = client.smembers(high)
+    finally:
+        client.close()
+    assert json.loads(body)["message"]["payload"] == {"name": "vip"}
+
+
+def test_a_worker_reads_the_sets_named_by_queue_or_by_the_url(
+    project: Path, php_queues: tuple[str, str, str]
+) -> None:
+    url, high, low = php_queues
+    php_like = f"{url}&priority_queues={high}:200,{low}:50"
+    for priority, name in ((50, "low"), (100, "default"), (200, "high")):
+        sent = hermes("emit", "--url", php_like, "--priority", str(priority), "job",
+                      f'{{"name": "{name}"}}', cwd=project)  # fmt: skip
+        assert sent.returncode == 0, sent.stderr
+
+    named = hermes(
+        "worker", "--url", url, "--handlers", "jobs:register", "--queue", f"{high}:200",
+        "--max-items", "1", cwd=project,
+    )  # fmt: skip
+    assert named.returncode == 0, named.stdout + named.stderr
+    assert f"Reading priorities 200 ({high});" in named.stdout
+    assert names(project) == ["high"]
+
+    rest = hermes(
+        "worker", "--url", php_like, "--handlers", "jobs:register", "--max-items", "2", cwd=project
+    )
+    assert rest.returncode == 0, rest.stdout + rest.stderr
+    assert f"Reading priority 100, the URL's queues 200 ({high}), 50 ({low}) and" in rest.stdout
+    assert names(project) == ["high", "default", "low"]
+
+
+def test_a_queue_that_contradicts_the_url_is_refused_in_one_line(tmp_path: Path) -> None:
+    line = assert_one_line_error(
+        hermes("emit", "--url", "memory://cli?priority_queues=hermes_high:200",
+               "--queue", "other:200", "job", cwd=tmp_path)
+    )  # fmt: skip
+    assert line == (
+        "hermes: error: --queue other:200 contradicts the URL's priority_queues, which names "
+        "priority 200 'hermes_high'; give one of them"
+    )
+
+
+def test_a_queue_without_a_priority_is_an_argument_error(tmp_path: Path) -> None:
+    result = hermes("worker", "--handlers", "jobs:register", "--queue", "hermes_high",
+                    cwd=tmp_path)  # fmt: skip
+
+    assert result.returncode == 2
+    assert "argument --queue: queue 'hermes_high' must be NAME:PRIORITY" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 # Stopping workers -------------------------------------------------------------------
@@ -380,7 +468,7 @@ def test_shutdown_file_stops_a_running_worker(project: Path, queue_url: str) -> 
         "worker", "--url", queue_url, "--handlers", "jobs:register", "--shutdown-file",
         str(stop_file), cwd=project,
     ) as (worker, output):  # fmt: skip
-        seed(queue_url, ("job", "first", 100))
+        seed(queue_url, ("job", {"name": "first"}, 100))
         eventually(
             lambda: len(handled(project)) == 1, "the worker handling the first message", WORKER_S
         )
@@ -425,6 +513,8 @@ def test_shutdown_by_redis_url_stops_a_worker_on_that_redis(
         stop = hermes("shutdown", "--url", redis_test_db_url, cwd=project)
 
         assert stop.returncode == 0, stop.stderr
+        assert stop.stdout.startswith("Set RedisShutdown(key='hermes_shutdown') on redis://")
+        assert "the workers that watch it and started before" in stop.stdout
         assert worker.wait(timeout=30) == 0
     assert "NOTICE Exiting hermes dispatcher - shutdown" in output.read_text()
 
@@ -457,37 +547,14 @@ def test_an_unknown_scheme_lists_the_installed_drivers_and_hides_the_password(
     assert "nats://ana:***@localhost:4222/jobs" in line
 
 
-def core_only_environment(root: Path) -> dict[str, str]:
-    """The environment of a Python that has hermes-core and pluggy and no driver at all.
-
-    ``python -S`` skips site-packages; ``root`` gets links to hermes.core, pluggy
-    and hermes-core's metadata (its ``hermes`` entry point registers memory://).
-    """
-    import importlib.metadata
-
-    import pluggy
-
-    import hermes.core
-
-    site = root / "site"
-    (site / "hermes").mkdir(parents=True)
-    (site / "hermes" / "core").symlink_to(Path(hermes.core.__file__).parent)
-    (site / "pluggy").symlink_to(Path(pluggy.__file__).parent)
-    core = importlib.metadata.distribution("hermes-core")
-    dist_info = Path(str(core.locate_file(""))) / f"hermes_core-{core.version}.dist-info"
-    assert dist_info.is_dir(), dist_info
-    (site / dist_info.name).symlink_to(dist_info)
-    environ = {k: v for k, v in os.environ.items() if k not in ("HERMES_URL", "PYTHONPATH")}
-    environ["PYTHONPATH"] = str(site)
-    return environ
-
-
-def test_a_known_scheme_whose_driver_is_missing_names_the_pip_install(tmp_path: Path) -> None:
+def test_a_known_scheme_whose_driver_is_missing_names_the_pip_install(
+    tmp_path: Path, core_only_env: dict[str, str]
+) -> None:
     assert HERMES is not None
     result = subprocess.run(
         [sys.executable, "-S", HERMES, "emit", "--url", "amqp://guest:s3cret@localhost/", "job"],
         cwd=tmp_path,
-        env=core_only_environment(tmp_path),
+        env=core_only_env,
         capture_output=True,
         text=True,
         timeout=COMMAND_TIMEOUT_S,
@@ -498,6 +565,30 @@ def test_a_known_scheme_whose_driver_is_missing_names_the_pip_install(tmp_path: 
     assert "installed schemes: memory://;" in line
     assert "`pip install hermes-rabbitmq` adds it" in line
     assert "s3cret" not in line
+
+
+@pytest.mark.parametrize("command", [["emit", "job"], ["worker", "--handlers", "jobs:register"]])
+def test_without_hermes_filesystem_the_default_url_says_what_to_install_or_give(
+    project: Path, core_only_env: dict[str, str], command: list[str]
+) -> None:
+    assert HERMES is not None
+    result = subprocess.run(
+        [sys.executable, "-S", HERMES, *command],
+        cwd=project,
+        env=core_only_env,
+        capture_output=True,
+        text=True,
+        timeout=COMMAND_TIMEOUT_S,
+    )
+
+    line = assert_one_line_error(result)
+    assert line == (
+        "hermes: error: no --url and no $HERMES_URL: the default queue, the directory "
+        "./hermes-queue, needs hermes-filesystem, which is not installed; "
+        "`pip install hermes-filesystem`, or give your broker's URL with --url or $HERMES_URL, "
+        "e.g. redis://localhost:6379/0"
+    )
+    assert not (project / "hermes-queue").exists()
 
 
 def test_an_unreachable_broker_names_its_host_and_port(tmp_path: Path) -> None:
@@ -560,6 +651,35 @@ def test_a_malformed_payload_on_stdin_names_its_line(tmp_path: Path) -> None:
     assert "the payload on stdin is not valid JSON" in error
     assert "at line 2, column 8" in error
     assert excerpt[caret.index("^") :] == "tru"
+
+
+@pytest.mark.parametrize(
+    ("payload", "kind"),
+    [("42", "a number (42)"), ('"just a string"', 'a string ("just a string")'),
+     ("true", "a boolean (true)")],
+)  # fmt: skip
+def test_a_payload_that_is_not_an_object_an_array_or_null_is_refused_before_the_broker(
+    tmp_path: Path, queue_url: str, payload: str, kind: str
+) -> None:
+    line = assert_one_line_error(hermes("emit", "--url", queue_url, "job", payload, cwd=tmp_path))
+
+    assert line == (
+        f"hermes: error: PAYLOAD_JSON must be a JSON object, an array or null, not {kind}; "
+        f"wrap it in an object, e.g. '{{\"value\": {payload}}}'"
+    )
+    assert not (tmp_path / "queue").exists()
+
+
+def test_an_empty_type_is_refused_in_one_line(tmp_path: Path) -> None:
+    line = assert_one_line_error(hermes("emit", "--url", "memory://cli", "", "{}", cwd=tmp_path))
+    assert line == "hermes: error: Message type must be a non-empty string, got ''"
+
+
+def test_a_scalar_payload_on_stdin_is_refused_too(tmp_path: Path) -> None:
+    line = assert_one_line_error(
+        hermes("emit", "--url", "memory://cli", "job", "-", cwd=tmp_path, input="3.5\n")
+    )
+    assert "the payload on stdin must be a JSON object, an array or null, not a number" in line
 
 
 def test_a_bad_at_time_is_one_line(tmp_path: Path) -> None:

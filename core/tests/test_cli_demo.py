@@ -1,4 +1,8 @@
-"""SPEC §9: ``hermes demo`` tells the whole story on a temporary file:// queue, no server."""
+"""``hermes demo`` tells the whole story on a temporary queue, with no server.
+
+The queue is a temporary file:// directory, or memory:// where hermes-core is the only
+distribution installed.
+"""
 
 from __future__ import annotations
 
@@ -58,11 +62,11 @@ def test_the_demo_handles_the_batch_highest_priority_first(
     assert "highest priority first, FIFO within a priority" in demo.stdout
 
 
-def test_the_demo_retries_the_failing_handler_with_the_seed_backoff_and_says_it_fast_forwards(
+def test_the_demo_retries_the_failing_handler_with_the_backoff_and_says_it_fast_forwards(
     demo: subprocess.CompletedProcess[str],
 ) -> None:
     backoffs = re.findall(
-        r"#invoice-1 retry (\d): seed backoff for retries=(\d) \((\d+)\.\.(\d+) s\) is "
+        r"#invoice-1 retry (\d): backoff for retries=(\d) \((\d+)\.\.(\d+) s\) is "
         r"(\d+\.\d) s -> execute_at \d\d:\d\d:\d\d\.\d{3}$",
         demo.stdout,
         re.MULTILINE,
@@ -120,3 +124,24 @@ def test_the_commands_the_demo_suggests_work_as_printed(
     assert result.returncode == 0, result.stdout + result.stderr
     assert 'Payload: {"amount": 10}' in result.stdout
     assert result.stdout.splitlines()[-1].endswith("received 1, handled 1, failed 0, retried 0")
+
+
+def test_with_hermes_core_alone_the_demo_runs_on_memory_and_says_what_to_install(
+    tmp_path: Path, core_only_env: dict[str, str]
+) -> None:
+    assert HERMES is not None
+    result = subprocess.run(
+        [sys.executable, "-S", HERMES, "demo"],
+        cwd=tmp_path,
+        env=core_only_env,
+        capture_output=True,
+        text=True,
+        timeout=DEMO_TIMEOUT_S,
+    )
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert re.search(r"^Queue: memory://hermes-demo-\S+ \(MemoryDriver", result.stdout, re.M)
+    assert "hermes-filesystem is not installed" in result.stdout
+    assert "Dispatcher.stats: received 10, handled 8, failed 2, retried 2" in result.stdout
+    your_turn = result.stdout.split("\nYour turn", 1)[1]
+    assert "\n  pip install hermes-filesystem" in your_turn

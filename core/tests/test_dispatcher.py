@@ -1,4 +1,4 @@
-"""SPEC §4: the Dispatcher calls every handler of a message's type and keeps going."""
+"""The Dispatcher calls every handler of a message's type and keeps going."""
 
 from __future__ import annotations
 
@@ -321,7 +321,7 @@ def test_handle_returns_after_max_items_without_the_shutdown_notice(
     assert "Exiting hermes dispatcher - shutdown" not in messages(hermes_log)
 
 
-# Logging (SPEC §4) -----------------------------------------------------------------
+# Logging ---------------------------------------------------------------------------
 
 
 def test_the_default_logger_is_named_hermes(driver: MemoryDriver) -> None:

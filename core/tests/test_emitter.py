@@ -1,4 +1,4 @@
-"""SPEC §3: the Emitter puts a message on the broker and returns."""
+"""The Emitter puts a message on the broker and returns."""
 
 from __future__ import annotations
 
@@ -102,7 +102,7 @@ def test_emit_batch_uses_the_driver_s_send_batch_and_logs_each_message(
     broker_name: str, peek: Any, hermes_log: pytest.LogCaptureFixture
 ) -> None:
     driver = _BatchingDriver(broker_name)
-    messages = [Message("job", n) for n in range(3)]
+    messages = [Message("job", {"n": n}) for n in range(3)]
 
     try:
         Emitter(driver).emit_batch(messages)
@@ -118,7 +118,7 @@ def test_emit_batch_uses_the_driver_s_send_batch_and_logs_each_message(
 
 def test_emit_batch_sends_one_by_one_without_send_batch(recording_driver: Any, peek: Any) -> None:
     recording_driver.setup_priority_queue("high", 300)
-    messages = [Message("job", n) for n in range(3)]
+    messages = [Message("job", {"n": n}) for n in range(3)]
 
     Emitter(recording_driver).emit_batch(messages, 300)
 

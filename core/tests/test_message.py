@@ -1,4 +1,4 @@
-"""SPEC §2: the immutable Message."""
+"""The immutable Message, and what it refuses before anything reaches a broker."""
 
 from __future__ import annotations
 
@@ -71,6 +71,41 @@ def test_priority_is_not_part_of_a_message() -> None:
 def test_a_message_needs_a_non_empty_string_type(type_: object) -> None:
     with pytest.raises(ValueError, match="type"):
         Message(type_)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "payload",
+    ["just a string", 42, 4.5, True, b"bytes", (1, 2), {1, 2}, object()],
+    ids=["str", "int", "float", "bool", "bytes", "tuple", "set", "object"],
+)
+def test_a_payload_that_is_not_a_dict_a_list_or_none_is_refused(payload: object) -> None:
+    with pytest.raises(ValueError, match=r"^Message payload must be a dict, a list or None"):
+        Message("job", payload)
+
+
+def test_the_refused_payload_is_named_with_its_type_and_a_bounded_repr() -> None:
+    with pytest.raises(ValueError) as caught:
+        Message("job", "x" * 1000)
+
+    text = str(caught.value)
+    assert "got str 'xxx" in text
+    assert len(text) < 200
+
+
+@pytest.mark.parametrize("payload", [None, {}, {"a": [1, {"b": None}]}, [], [1, "two"]])
+def test_a_dict_a_list_or_none_is_a_payload(payload: object) -> None:
+    assert Message("job", payload).payload == payload
+
+
+@pytest.mark.parametrize("id_", [123, 1.5, b"id", uuid.uuid4()], ids=repr)
+def test_an_id_that_is_not_a_string_is_refused(id_: object) -> None:
+    with pytest.raises(ValueError, match=r"^Message id must be a string"):
+        Message("job", id=id_)  # type: ignore[arg-type]
+
+
+def test_replace_checks_the_new_payload_too() -> None:
+    with pytest.raises(ValueError, match="payload"):
+        Message("job", {"a": 1}).replace(payload="just a string")
 
 
 @pytest.mark.parametrize("retries", [-1, 1.5, True, "2"])

@@ -1,4 +1,4 @@
-"""Issue 2, item 2: the public API importable from ``hermes.core``."""
+"""The public API importable from ``hermes.core``."""
 
 from __future__ import annotations
 
@@ -36,9 +36,10 @@ def test_hermes_and_hermes_drivers_are_namespace_packages() -> None:
     assert (core_src / "hermes" / "core" / "py.typed").exists()
 
 
-def test_the_signatures_are_those_of_the_spec() -> None:
+def test_the_signatures_are_the_documented_ones() -> None:
     assert str(inspect.signature(Message)) == (
-        "(type: 'str', payload: 'Any' = None, *, id: 'str | None' = None, "
+        "(type: 'str', payload: 'dict[str, Any] | list[Any] | None' = None, *, "
+        "id: 'str | None' = None, "
         "created: 'float | None' = None, execute_at: 'float | None' = None, retries: 'int' = 0)"
         " -> 'None'"
     )

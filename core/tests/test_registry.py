@@ -1,4 +1,4 @@
-"""SPEC §7: drivers and observers are pluggy plugins of the ``hermes`` entry-point group."""
+"""Drivers and observers are pluggy plugins of the ``hermes`` entry-point group."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""SPEC §5: a failed handler's message is published again as a new message."""
+"""A failed handler's message is published again as a new message."""
 
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ def jitter_of(copy: Message, t0: float, retries: int) -> int:
     return round((copy.execute_at - t0 - r**4 - 15) / (r + 1))  # type: ignore[operator]
 
 
-# The boundaries of seed 000 ------------------------------------------------------
+# The boundaries of the retry rule ------------------------------------------------
 
 
 def test_a_message_with_5_retries_and_max_retry_25_is_published_again_once_with_6_retries(

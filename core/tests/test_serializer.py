@@ -1,4 +1,4 @@
-"""SPEC §2: the PHP Hermes 4.x envelope, both ways, and nothing but SerializeError on bad input."""
+"""The PHP Hermes 4.x envelope, both ways, and nothing but SerializeError on bad input."""
 
 from __future__ import annotations
 
@@ -64,6 +64,22 @@ def test_php_escaped_slashes_and_unicode_escapes_decode() -> None:
     assert message.payload == {"name": "Žilina", "url": "https://x.sk/a"}
     assert message.execute_at == 1764480016.5
     assert message.retries == 2
+
+
+def test_php_number_spellings_and_a_nested_empty_array_decode_as_the_same_values() -> None:
+    # json_encode writes 1e20 as 1.0e+20 and 2.0 as 2; a nested empty array stays a list
+    # (PHP cannot tell it from an empty object: only the top-level payload becomes {}).
+    data = (
+        '{"message":{"id":"x","type":"t","created":1764480002,'
+        '"payload":{"big":1.0e+20,"two":2,"empty":[],"path":"a\\/b"},'
+        '"execute_at":1764480016,"retries":1}}'
+    )
+
+    message = serializer.unserialize(data)
+
+    assert message.payload == {"big": 1e20, "two": 2, "empty": [], "path": "a/b"}
+    assert (message.created, message.execute_at) == (1764480002.0, 1764480016.0)
+    assert isinstance(message.execute_at, float)
 
 
 def test_numeric_execute_at_becomes_a_float_and_missing_retries_becomes_0() -> None:
@@ -174,6 +190,9 @@ def test_input_that_is_not_a_message_envelope_cannot_be_unserialized(data: str |
         {"id": "x", "type": "t", "created": 1, "retries": "2"},
         {"id": "x", "type": "t", "created": 1, "retries": ""},
         {"id": "x", "type": "t", "created": 10**400},
+        {"id": "x", "type": "t", "created": 1, "payload": "just a string"},
+        {"id": "x", "type": "t", "created": 1, "payload": 42},
+        {"id": "x", "type": "t", "created": 1, "payload": False},
     ],
     ids=repr,
 )
@@ -260,7 +279,7 @@ def test_arbitrary_envelope_contents_raise_nothing_but_serialize_error(body: Any
 
 @pytest.mark.parametrize(
     "payload",
-    [{1, 2}, {"x": math.nan}, {"x": math.inf}, object(), b"bytes"],
+    [{"x": {1, 2}}, {"x": math.nan}, {"x": math.inf}, {"x": object()}, [b"bytes"]],
     ids=["set", "nan", "inf", "object", "bytes"],
 )
 def test_an_unencodable_payload_fails_at_emit_before_the_broker(

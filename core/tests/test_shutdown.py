@@ -1,4 +1,4 @@
-"""SPEC §4: shutdown requests and SIGTERM/SIGINT end ``handle()`` after the message in progress."""
+"""Shutdown requests and SIGTERM/SIGINT end ``handle()`` after the message in progress."""
 
 from __future__ import annotations
 

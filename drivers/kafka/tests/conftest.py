@@ -40,8 +40,9 @@ class Received:
 
     @property
     def payloads(self) -> list[Any]:
+        """The ``"v"`` of each payload: tests send ``{"v": value}``."""
         with self.lock:
-            return [message.payload for message in self.messages]
+            return [message.payload["v"] for message in self.messages]
 
     def __len__(self) -> int:
         with self.lock:

@@ -100,11 +100,11 @@ def test_a_batch_and_sends_from_many_threads_all_arrive_once(
     make_driver: MakeDriver, handle: Handle
 ) -> None:
     driver = make_driver()
-    driver.send_batch([Message("batch", i) for i in range(20)])
+    driver.send_batch([Message("batch", {"v": i}) for i in range(20)])
 
     def emit(thread: int) -> None:
         for i in range(10):
-            driver.send(Message("thread", thread * 100 + i))
+            driver.send(Message("thread", {"v": thread * 100 + i}))
 
     threads = [threading.Thread(target=emit, args=(n,)) for n in range(6)]
     for thread in threads:
@@ -114,8 +114,8 @@ def test_a_batch_and_sends_from_many_threads_all_arrive_once(
 
     received = handle(driver, 80)
 
-    assert sorted(m.payload for m in received.messages if m.type == "batch") == list(range(20))
-    threaded = [m.payload for m in received.messages if m.type == "thread"]
+    assert sorted(m.payload["v"] for m in received.messages if m.type == "batch") == list(range(20))
+    threaded = [m.payload["v"] for m in received.messages if m.type == "thread"]
     assert sorted(threaded) == sorted(t * 100 + i for t in range(6) for i in range(10))
 
 
@@ -151,7 +151,7 @@ def test_an_oversized_message_raises_delivery_error_chained_to_the_kafka_error(
     driver = make_driver()
 
     with pytest.raises(DeliveryError, match=r"MSG_SIZE_TOO_LARGE|too large") as raised:
-        driver.send(Message("huge", "x" * 1_100_000))
+        driver.send(Message("huge", {"v": "x" * 1_100_000}))
 
     assert isinstance(raised.value.__cause__, KafkaException)
 
@@ -271,7 +271,7 @@ def test_commit_every_n_still_commits_what_was_handled_when_wait_returns(
 ) -> None:
     driver = make_driver("&commit_every=100&commit_interval_s=60")
     for i in range(5):
-        driver.send(Message("counted", i))
+        driver.send(Message("counted", {"v": i}))
 
     received = handle(driver, 5)
 
@@ -284,7 +284,7 @@ def test_max_items_returns_after_that_many_and_the_rest_stay_for_the_next_worker
 ) -> None:
     driver = make_driver()
     for i in range(4):
-        driver.send(Message("item", i))
+        driver.send(Message("item", {"v": i}))
     driver.set_max_process_items(1)
 
     first = handle(driver, 4)  # max items ends it after 1
@@ -330,9 +330,9 @@ def test_priority_topics_are_read_highest_priority_first(
     driver.setup_priority_queue("low", 50)
     assert driver.capabilities.priorities is True
     for i in range(3):
-        driver.send(Message("low", i), 50)
-        driver.send(Message("normal", i))
-        driver.send(Message("high", i), 200)
+        driver.send(Message("low", {"v": i}), 50)
+        driver.send(Message("normal", {"v": i}))
+        driver.send(Message("high", {"v": i}), 200)
 
     received = handle(driver, 9)
 

@@ -63,7 +63,7 @@ def test_workers_of_one_group_share_the_partitions_and_no_message_is_handled_twi
 
     def run(index: int) -> None:
         def callback(message: Message, priority: int) -> bool:
-            got[index].append(message.payload)
+            got[index].append(message.payload["v"])
             return True
 
         driver = workers[index]
@@ -78,7 +78,7 @@ def test_workers_of_one_group_share_the_partitions_and_no_message_is_handled_twi
         # Keep sending until every worker got a share (joins and rebalances take seconds).
         deadline = time.monotonic() + 30
         while not all(got) and time.monotonic() < deadline:
-            emitter.send(Message("work", sent))
+            emitter.send(Message("work", {"v": sent}))
             sent += 1
             time.sleep(0.02)
         eventually(lambda: sum(map(len, got)) >= sent, f"all {sent} messages handled", 20.0)

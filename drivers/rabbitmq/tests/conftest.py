@@ -75,8 +75,9 @@ class Collector:
 
     @property
     def payloads(self) -> list[Any]:
+        """The ``"v"`` of each payload: tests send ``{"v": value}``."""
         with self.lock:
-            return [message.payload for message, _, _ in self.got]
+            return [message.payload["v"] for message, _, _ in self.got]
 
 
 class Worker:

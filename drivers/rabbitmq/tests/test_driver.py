@@ -135,7 +135,7 @@ def test_max_items_returns_and_prefetched_messages_stay_on_the_broker(
 ) -> None:
     driver = make_driver("prefetch=10")
     for n in range(5):
-        driver.send(Message("t", n))
+        driver.send(Message("t", {"v": n}))
     driver.set_max_process_items(2)
     driver.wait(collector)
     assert collector.payloads == [0, 1]
@@ -213,7 +213,7 @@ def test_priorities_are_read_highest_first(make_driver: MakeDriver, collector: A
     driver.setup_priority_queue("low", 50)
     driver.setup_priority_queue("high", 200)
     for priority in (50, 100, 200, 50, 100, 200):
-        driver.send(Message("t", priority), priority)
+        driver.send(Message("t", {"v": priority}), priority)
     driver.set_max_process_items(6)
     driver.wait(collector)
     assert collector.payloads == [200, 200, 100, 100, 50, 50]
@@ -228,7 +228,7 @@ def test_handle_with_priorities_reads_only_those_queues(
     driver.setup_priority_queue("high", 200)
     driver.setup_priority_queue("low", 50)
     for priority in (50, 100, 200):
-        driver.send(Message("t", priority), priority)
+        driver.send(Message("t", {"v": priority}), priority)
     driver.set_max_process_items(1)
     driver.wait(collector, [50])
     driver.set_max_process_items(3)
@@ -245,9 +245,9 @@ def test_a_worker_idle_on_several_priorities_wakes_for_a_new_message(
     sender.setup_priority_queue("high", 200)
     with worker(driver, collector):
         time.sleep(0.3)  # let it go idle; correctness does not depend on it
-        sender.send(Message("t", "low-after-idle"))
+        sender.send(Message("t", {"v": "low-after-idle"}))
         eventually(lambda: len(collector.got) == 1, "the first message")
-        sender.send(Message("t", "high-after-idle"), 200)
+        sender.send(Message("t", {"v": "high-after-idle"}), 200)
         eventually(lambda: len(collector.got) == 2, "the second message")
     assert collector.payloads == ["low-after-idle", "high-after-idle"]
 
@@ -263,12 +263,12 @@ def test_a_worker_whose_queue_is_deleted_declares_it_again_and_goes_on(
 ) -> None:
     driver = make_driver()
     sender = make_driver()
-    sender.send(Message("t", "before"))
+    sender.send(Message("t", {"v": "before"}))
     with caplog.at_level(logging.WARNING, logger="hermes"), worker(driver, collector):
         eventually(lambda: collector.payloads == ["before"], "the first message")
         raw_channel.queue_delete(queue)
         eventually(lambda: "reconnected" in caplog.text, "the worker to resubscribe", timeout_s=15)
-        sender.send(Message("t", "after"))
+        sender.send(Message("t", {"v": "after"}))
         eventually(lambda: collector.payloads == ["before", "after"], "the second message")
     assert "cancelled the consumer" in caplog.text
 
@@ -317,21 +317,21 @@ def test_a_driver_used_before_fork_sends_from_the_child_on_its_own_connection(
     make_driver: MakeDriver, collector: Any
 ) -> None:
     driver = make_driver()
-    driver.send(Message("t", "parent-before"))
+    driver.send(Message("t", {"v": "parent-before"}))
     parent_publisher = driver._publisher
     pid = os.fork()
     if pid == 0:  # child: never return into pytest
         code = 1
         try:
             assert driver._publisher is None
-            driver.send(Message("t", "child"))
+            driver.send(Message("t", {"v": "child"}))
             code = 0
         finally:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert driver._publisher is parent_publisher
-    driver.send(Message("t", "parent-after"))  # the parent's connection still works
+    driver.send(Message("t", {"v": "parent-after"}))  # the parent's connection still works
     driver.set_max_process_items(3)
     driver.wait(collector)
     assert sorted(collector.payloads) == ["child", "parent-after", "parent-before"]
@@ -341,8 +341,8 @@ def test_send_batch_publishes_every_message_in_one_transaction(
     make_driver: MakeDriver, collector: Any
 ) -> None:
     driver = make_driver()
-    driver.send_batch([Message("t", n) for n in range(50)])
-    driver.send_batch([Message("t", n) for n in range(50, 60)])
+    driver.send_batch([Message("t", {"v": n}) for n in range(50)])
+    driver.send_batch([Message("t", {"v": n}) for n in range(50, 60)])
     driver.set_max_process_items(60)
     driver.wait(collector)
     assert collector.payloads == list(range(60))
@@ -352,9 +352,9 @@ def test_send_batch_redeclares_a_queue_that_vanished(
     make_driver: MakeDriver, queue: str, raw_channel: Any
 ) -> None:
     driver = make_driver()
-    driver.send_batch([Message("t", 0), Message("t", 1)])
+    driver.send_batch([Message("t", {"v": 0}), Message("t", {"v": 1})])
     raw_channel.queue_delete(queue)
-    driver.send_batch([Message("t", 2), Message("t", 3)])
+    driver.send_batch([Message("t", {"v": 2}), Message("t", {"v": 3})])
     assert raw_channel.queue_declare(queue, passive=True).method.message_count == 2
 
 
@@ -398,11 +398,11 @@ def test_native_delay_holds_a_message_until_execute_at_even_when_the_bucket_roun
     assert driver.capabilities.delivery is Delivery.AT_LEAST_ONCE
     now = time.time()
     # 1.99 s goes to the 1900 ms queue, comes back early and goes round again.
-    late = Message("t", "late", execute_at=now + 1.99)
-    soon = Message("t", "soon", execute_at=now + 0.5)
+    late = Message("t", {"v": "late"}, execute_at=now + 1.99)
+    soon = Message("t", {"v": "soon"}, execute_at=now + 0.5)
     driver.send(late)
     driver.send(soon)
-    driver.send(Message("t", "now"))
+    driver.send(Message("t", {"v": "now"}))
     with worker(driver, collector):
         eventually(lambda: len(collector.got) == 3, "three messages", timeout_s=20)
     assert collector.payloads == ["now", "soon", "late"]
@@ -415,7 +415,7 @@ def test_native_delay_holds_a_message_until_execute_at_even_when_the_bucket_roun
 
 def test_a_retry_copy_waits_in_a_delay_queue(make_driver: MakeDriver, raw_channel: Any) -> None:
     driver = make_driver("delay=true")
-    driver.send(Message("t", "retry", retries=1, execute_at=time.time() + 30))
+    driver.send(Message("t", {"v": "retry"}, retries=1, execute_at=time.time() + 30))
     (delay_queue,) = driver._delay_queues
     assert delay_queue.startswith(f"{driver.queue}.delay.")
     assert 20000 <= int(delay_queue.rsplit(".", 1)[1]) <= 30000
@@ -431,14 +431,14 @@ def test_a_dispatcher_runs_handlers_and_stops_on_shutdown(
 
     class Handler:
         def handle(self, message: Message) -> bool:
-            seen.append(message.payload)
+            seen.append(message.payload["v"])
             return True
 
     dispatcher = Dispatcher(driver).register_handler("job", Handler())
-    driver.send(Message("job", "a"))
+    driver.send(Message("job", {"v": "a"}))
     with worker(driver, dispatcher.handle_message):
         eventually(lambda: seen == ["a"], "the handler")
-        make_driver().send(Message("job", "b"))
+        make_driver().send(Message("job", {"v": "b"}))
         eventually(lambda: seen == ["a", "b"], "the second message")
 
 

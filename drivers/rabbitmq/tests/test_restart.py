@@ -35,14 +35,14 @@ def test_a_waiting_worker_reconnects_after_a_broker_restart_and_loses_nothing(
     release = threading.Event()
 
     def callback(message: Message, priority: int) -> bool:
-        if message.payload == "in-flight" and not release.is_set():
+        if message.payload["v"] == "in-flight" and not release.is_set():
             in_handler.set()
             release.wait(60)
-        handled.append(message.payload)
+        handled.append(message.payload["v"])
         return True
 
-    sender.send(Message("t", "before"))
-    quiet_sender.send(Message("t", "in-flight"))
+    sender.send(Message("t", {"v": "before"}))
+    quiet_sender.send(Message("t", {"v": "in-flight"}))
     with caplog.at_level(logging.WARNING, logger="hermes"), worker(driver, callback):
         assert in_handler.wait(15), "the worker never started the second message"
         try:
@@ -54,7 +54,7 @@ def test_a_waiting_worker_reconnects_after_a_broker_restart_and_loses_nothing(
                 timeout_s=30,
             )
             with pytest.raises(BrokerUnavailableError):
-                sender.send(Message("t", "while-down"))
+                sender.send(Message("t", {"v": "while-down"}))
         finally:
             release.set()
             rabbitmqctl("start_app")
@@ -64,8 +64,8 @@ def test_a_waiting_worker_reconnects_after_a_broker_restart_and_loses_nothing(
             "the worker to reconnect",
             timeout_s=60,
         )
-        sender.send(Message("t", "after"))
-        quiet_sender.send(Message("t", "after, on a connection the restart closed"))
+        sender.send(Message("t", {"v": "after"}))
+        quiet_sender.send(Message("t", {"v": "after, on a connection the restart closed"}))
         eventually(lambda: len(handled) == 5, "the messages sent after the restart", timeout_s=30)
     assert "the connection had closed" in caplog.text
     # The unacknowledged message came back; the acknowledged one did not.

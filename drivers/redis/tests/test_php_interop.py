@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import time
 
-from hermes.core import Dispatcher, Message, MessageSerializer
+import pytest
+
+from hermes.core import Dispatcher, Message, MessageSerializer, connect
 from hermes.drivers.redis import RedisSetDriver
 
 #: Strings as PHP Hermes 4.x's MessageSerializer (json_encode) writes them.
@@ -103,3 +105,28 @@ def test_a_python_scheduled_message_has_its_execute_at_as_the_score(driver, clie
     [(body, score)] = client.zrange(f"{namespace}_schedule", 0, -1, withscores=True)
     assert json.loads(body)["message"]["execute_at"] == execute_at
     assert score == execute_at
+
+
+def test_php_named_priority_sets_are_read_through_the_url_s_priority_queues(
+    redis_url, client, namespace, start_worker, eventually
+):
+    # PHP: $driver->setupPriorityQueue('<ns>_high', 200), then emit(..., 200) SADDs there.
+    high = f"{namespace}_high"
+    client.sadd(high, PHP_ESCAPES)
+    url = f"{redis_url}?key={namespace}&schedule_key={namespace}_schedule&refresh_interval=0.2"
+    with connect(f"{url}&priority_queues={high}:200") as driver:
+        worker = start_worker(driver)
+        eventually(lambda: worker.handled, "the message in the PHP-named set")
+        worker.join()
+    [(message, priority)] = worker.handled
+    assert (message.id, priority) == ("66666666-7777-4888-9999-000000000000", 200)
+
+
+def test_python_refuses_a_message_php_s_message_class_would_die_on(driver, client, namespace):
+    # PHP 4.x: Message(string $type, ?array $payload, ?string $messageId, ...) under
+    # strict_types: a scalar payload or an int id is a TypeError in the PHP worker,
+    # after the message has been popped.
+    for bad in (lambda: Message("t", "just a string"), lambda: Message("t", {}, id=123)):
+        with pytest.raises(ValueError):
+            driver.send(bad())
+    assert client.scard(namespace) == 0

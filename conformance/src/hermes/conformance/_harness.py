@@ -56,9 +56,10 @@ DELIVERY_S = 10.0
 #: A worker subprocess imports, connects and starts handling within this.
 WORKER_START_S = 20.0
 #: A worker returns from ``handle()`` within this after it was asked to stop
-#: (generous: the shutdown tests check the SPEC's tighter bound, SHUTDOWN_S).
+#: (generous: the shutdown tests check the tighter bound, SHUTDOWN_S).
 STOP_S = 10.0
-#: SPEC §4: a SharedFileShutdown stops an idle worker within this.
+#: A SharedFileShutdown stops an idle worker within this (drivers check it before
+#: every idle wait, and no idle wait lasts longer than about a second).
 SHUTDOWN_S = 2.0
 #: The "must not arrive" window: how long the kit watches for a message that
 #: must not be delivered (on top of the driver's declared redelivery time).

@@ -1,4 +1,4 @@
-"""Threads and fork(): how web servers use a driver (SPEC §6.1).
+"""Threads and fork(): how web servers use a driver.
 
 ``send()`` is safe to call from many threads at once: 8 threads share one
 driver object and emit 100 messages each; every message is delivered exactly

@@ -2,7 +2,7 @@
 
 ``set_max_process_items(n)``: ``wait()`` returns after n messages, and the
 messages it did not handle are left for the next worker. A
-``SharedFileShutdown`` stops an idle worker within 2 s (SPEC §4: the driver
+``SharedFileShutdown`` stops an idle worker within 2 s (the driver
 checks the shutdown at the top of every loop and before every idle wait, and
 no idle wait lasts longer than about a second). Both in-process and, for
 drivers that cross processes, in a worker process.

@@ -2,7 +2,7 @@
 
 ``priorities=True``: ``setup_priority_queue`` adds queues; messages sent
 before a worker starts come out highest priority first (not in the order the
-queues were set up -- PHP Hermes 4.x got that wrong, issue #50);
+queues were set up);
 ``handle(priorities=[...])`` reads only those queues; the driver passes each
 message's queue priority to the callback. ``priorities=False``:
 ``setup_priority_queue`` raises NotSupportedError. Either way, sending to a

@@ -1,7 +1,7 @@
 """Retry through the driver: a failed RetryableHandler's copy goes back on the broker.
 
 The copy keeps id, type, payload and created, has ``retries + 1`` and an
-``execute_at`` in the future (SPEC §5: 16..45 s for a first retry); it is sent
+``execute_at`` in the future (16..45 s for a first retry); it is sent
 to the default priority. ``delay=NATIVE`` holds it back until then,
 ``delay=IGNORED`` delivers it at once. To see the copy come back on a NATIVE
 driver without waiting 16 s, one test shortens the backoff by overriding

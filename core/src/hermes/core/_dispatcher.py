@@ -279,7 +279,7 @@ class Dispatcher:
         return result
 
     def next_retry(self, message: Message) -> float:
-        """When a retry of ``message`` may run (SPEC §5): now + r⁴ + 15 + randint(1, 30)·(r+1)."""
+        """When a retry of ``message`` may run: now + r⁴ + 15 + randint(1, 30)·(r+1)."""
         return next_retry(message, self.randomizer)
 
     def _should_retry(self, handler: Handler, message: Message, exc: Exception) -> bool:

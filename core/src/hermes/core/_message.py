@@ -10,19 +10,34 @@ def _new_id() -> str:
     return str(uuid.uuid4())
 
 
+def _describe(value: Any) -> str:
+    """``int 42``: the type and a bounded repr, for an error message."""
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"{type(value).__name__} {text}"
+
+
 @dataclass(frozen=True, slots=True, init=False)
 class Message:
     """One job: a type that selects the handlers, and a JSON payload for them.
 
     Immutable. A retry is a new ``Message`` made with :meth:`replace`. Priority
     is not part of the message: it is chosen per ``send()``.
+
+    Construction refuses, with a ``ValueError`` naming the field, what a PHP
+    Hermes worker on the same queue could not take: a type or id that is not a
+    string, and a payload that is not a dict, a list or ``None`` (PHP's
+    ``Message`` takes ``?array``; a string or number payload makes its worker die
+    with the message already taken off the queue). Values inside the payload are
+    checked when it is serialized, at ``send()``.
     """
 
     #: Selects the handlers registered with ``Dispatcher.register_handler(type, ...)``.
     type: str
-    #: Any JSON value (usually a dict); ``None`` when the job needs no data.
+    #: A dict (a JSON object), a list, or ``None`` when the job needs no data.
     payload: Any
-    #: A UUID4 string unless given; an empty string also gets a fresh UUID.
+    #: A UUID4 string unless given; ``None`` or an empty string gets a fresh UUID.
     id: str
     #: UNIX timestamp (float seconds) of creation; kept across retries.
     created: float
@@ -34,7 +49,7 @@ class Message:
     def __init__(
         self,
         type: str,
-        payload: Any = None,
+        payload: dict[str, Any] | list[Any] | None = None,
         *,
         id: str | None = None,
         created: float | None = None,
@@ -43,6 +58,13 @@ class Message:
     ) -> None:
         if not isinstance(type, str) or not type:
             raise ValueError(f"Message type must be a non-empty string, got {type!r}")
+        if id is not None and not isinstance(id, str):
+            raise ValueError(f"Message id must be a string (or None for a new one), got {id!r}")
+        if payload is not None and not isinstance(payload, dict | list):
+            raise ValueError(
+                "Message payload must be a dict, a list or None (a JSON object or array), "
+                f"got {_describe(payload)}"
+            )
         if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
             raise ValueError(f"Message retries must be an int >= 0, got {retries!r}")
         if execute_at is not None:

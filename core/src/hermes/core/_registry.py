@@ -11,6 +11,7 @@ import pluggy
 from hermes.core import hookspecs
 from hermes.core._driver import Capabilities, Driver
 from hermes.core._errors import ConfigurationError, UnknownDriverError
+from hermes.core._queues import url_queues, without_queues
 from hermes.core._shutdown import Shutdown
 from hermes.core._url import DriverUrl
 
@@ -48,8 +49,8 @@ class DriverPlugin:
     #: An example URL for help texts.
     example_url: str = ""
     #: Builds, from a driver of this plugin, a :class:`Shutdown` kept on its
-    #: broker, so every worker there can be stopped at once (``hermes shutdown
-    #: --url``, and watched by ``hermes worker``); None when the broker cannot.
+    #: broker, so the workers that watch it there stop at once (``hermes shutdown
+    #: --url`` sets it, ``hermes worker`` watches it); None when the broker cannot.
     shutdown: Callable[[Driver], Shutdown] | None = None
     #: The distribution that registered it (filled in by the registry).
     distribution: str = ""
@@ -197,9 +198,21 @@ def connect(url: str, **options: Any) -> Driver:
 
     Keyword ``options`` go to the driver's factory (objects a URL cannot carry).
     Bad URLs and options raise :class:`ConfigurationError` naming the problem.
+
+    Every URL accepts ``priority_queues=NAME:P,NAME:P``: the driver is returned
+    with ``setup_priority_queue(NAME, P)`` done for each, so a URL can carry the
+    queue names a deployment uses (``?priority_queues=hermes_high:200,hermes_low:50``).
     """
     driver, parsed = driver_for_url(url)
-    return driver.factory(parsed, **options)
+    queues = url_queues(parsed)
+    built = driver.factory(without_queues(parsed), **options)
+    try:
+        for priority, name in queues.items():
+            built.setup_priority_queue(name, priority)
+    except BaseException:
+        built.close()
+        raise
+    return built
 
 
 def isolated_url(url: str, namespace: str) -> str:

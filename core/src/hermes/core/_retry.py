@@ -77,7 +77,7 @@ def _warn_legacy(handler_class: type, logger: logging.Logger) -> None:
 def should_retry(
     handler: object, message: Message, exception: Exception, logger: logging.Logger
 ) -> bool:
-    """Whether ``handler``'s failure on ``message`` publishes a retry copy (SPEC §5)."""
+    """Whether ``handler``'s failure on ``message`` publishes a retry copy."""
     if isinstance(handler, RetryableHandler):
         if message.retries >= handler.max_retry():
             return False

@@ -54,14 +54,21 @@ def _is_number(value: Any) -> bool:
 
 
 class MessageSerializer:
-    """The PHP Hermes 4.x JSON envelope, byte-compatible in both directions::
+    """The PHP Hermes 4.x JSON envelope, in the same key order::
 
         {"message":{"id":"…","type":"…","created":1764480000.123,"payload":{…}|null,
                     "execute_at":1764480016.5|null,"retries":0}}
 
-    Output escapes non-ASCII as ``\\uXXXX`` like PHP's ``json_encode``; input may
-    use any JSON escapes (``\\/`` included). PHP writes an empty payload array as
-    ``[]``; it decodes to ``{}``.
+    Compatible with PHP's by value, not byte for byte: each side reads what the
+    other writes, but the text differs, and so may a message PHP wrote again (a
+    PHP retry copy). PHP's ``json_encode`` writes ``"a\\/b"`` where Python writes
+    ``"a/b"``, ``1.0e+20`` for ``1e+20``, and ``2`` for a float ``2.0`` (which then
+    reads as an int). Output escapes non-ASCII as ``\\uXXXX`` as PHP does; input
+    may use any JSON escape.
+
+    PHP has no empty object apart from an empty array: it writes an empty payload
+    as ``[]``, which decodes here to ``{}``. Deeper down it cannot tell them apart
+    either, so a nested ``{}`` that goes through a PHP retry comes back as ``[]``.
     """
 
     def serialize(self, message: Message) -> str:

@@ -35,7 +35,7 @@ class SharedFileShutdown:
             return False
 
     def shutdown(self, at: float | None = None) -> bool:
-        """Ask every worker started at or before ``at`` (default: now) to stop."""
+        """Ask the workers watching this file, started at or before ``at`` (now), to stop."""
         at = time.time() if at is None else at
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.touch()

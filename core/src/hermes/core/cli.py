@@ -17,7 +17,13 @@ from importlib import metadata
 from typing import TypeVar
 
 from hermes.core._cli import _demo, _drivers, _emit, _shutdown, _stats, _worker
-from hermes.core._cli._common import URL_ENV, CliError, describe_error, print_error
+from hermes.core._cli._common import (
+    URL_ENV,
+    CliError,
+    describe_error,
+    print_error,
+    queue_option,
+)
 from hermes.core._driver import DEFAULT_PRIORITY
 from hermes.core._errors import HermesError
 
@@ -27,7 +33,7 @@ __all__ = ["build_parser", "main"]
 
 _URL_HELP = (
     f"broker URL, e.g. redis://localhost:6379/0 (default: ${URL_ENV}, "
-    "else file://./hermes-queue, a queue directory here)"
+    "else file://./hermes-queue, a queue directory here, which needs hermes-filesystem)"
 )
 
 
@@ -115,7 +121,17 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="P",
         help="read only the queue of this priority (repeat for several); default: priority "
-        f"{DEFAULT_PRIORITY} and the queues the handlers function sets up",
+        f"{DEFAULT_PRIORITY}, the URL's priority_queues and the queues the handlers function "
+        "sets up",
+    )
+    worker.add_argument(
+        "--queue",
+        type=queue_option,
+        action="append",
+        default=[],
+        metavar="NAME:P",
+        help="like --priority P, reading the queue NAME, e.g. --queue hermes_high:200 for a PHP "
+        "deployment's queue (repeat for several; without it priority P is in <key>_priority_<P>)",
     )
     worker.add_argument(
         "--max-items", type=_count(0), default=0, metavar="N", help="stop after N messages"
@@ -167,12 +183,22 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="?",
         help="the payload as JSON, or - to read it from stdin (default: null)",
     )
-    emit.add_argument(
+    where = emit.add_mutually_exclusive_group()
+    where.add_argument(
         "--priority",
         type=int,
         default=DEFAULT_PRIORITY,
         metavar="P",
-        help=f"priority queue, higher first (default {DEFAULT_PRIORITY})",
+        help=f"priority queue, higher first (default {DEFAULT_PRIORITY}); the queue of a "
+        "priority other than the default is <key>_priority_<P> unless the URL's "
+        "priority_queues names it",
+    )
+    where.add_argument(
+        "--queue",
+        type=queue_option,
+        metavar="NAME:P",
+        help="like --priority P, sending to the queue NAME, e.g. --queue hermes_high:200 for a "
+        "PHP deployment's queue",
     )
     when = emit.add_mutually_exclusive_group()
     when.add_argument("--delay", type=float, metavar="SECONDS", help="not before SECONDS from now")
@@ -201,7 +227,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     target = shutdown.add_mutually_exclusive_group()
     target.add_argument(
-        "--url", help=f"a redis:// URL: workers on that Redis stop (default: ${URL_ENV})"
+        "--url",
+        help="a redis:// URL: the workers that watch its key hermes_shutdown stop: hermes "
+        f"worker, and PHP and Python Dispatchers given RedisShutdown (default: ${URL_ENV})",
     )
     target.add_argument("--file", metavar="F", help="workers started with --shutdown-file F stop")
     shutdown.set_defaults(run=_shutdown.run)
@@ -246,12 +274,13 @@ def build_parser() -> argparse.ArgumentParser:
         "demo",
         help="the whole story on a temporary queue, no server",
         description="Emit, priorities, a failing handler retried with backoff and a delayed "
-        "message, on a temporary file:// queue; finishes in seconds.",
+        "message, on a temporary file:// queue (memory:// in this process when "
+        "hermes-filesystem is not installed); finishes in seconds.",
     )
     demo.add_argument(
         "--url",
         help="run it on this broker instead (needs priorities and native delay; "
-        "default: a temporary file:// queue)",
+        "default: a temporary file:// queue, else memory://)",
     )
     demo.set_defaults(run=_demo.run)
     return parser

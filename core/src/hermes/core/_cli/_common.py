@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import sys
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from hermes.core._driver import DEFAULT_PRIORITY, Driver
-from hermes.core._errors import BrokerUnavailableError, DriverError, HermesError
-from hermes.core._url import redact_url
+from hermes.core._errors import (
+    BrokerUnavailableError,
+    ConfigurationError,
+    DriverError,
+    HermesError,
+)
+from hermes.core._queues import PRIORITY_QUEUES_OPTION, parse_queue, parse_queues, url_queues
+from hermes.core._registry import available_drivers
+from hermes.core._url import DriverUrl, redact_url
 
 #: The environment variable that names the broker when ``--url`` is not given.
 URL_ENV = "HERMES_URL"
@@ -35,8 +43,27 @@ class CliError(Exception):
 
 
 def default_url() -> str:
-    """``$HERMES_URL``, else ``file://`` of ``./hermes-queue`` (made absolute)."""
-    return os.environ.get(URL_ENV) or Path(DEFAULT_QUEUE_DIR).resolve().as_uri()
+    """``$HERMES_URL``, else ``file://`` of ``./hermes-queue`` (made absolute).
+
+    The ``file://`` default needs hermes-filesystem; without it (hermes-core and
+    another driver only) this is a :class:`CliError` that says what to install or give.
+    """
+    url = os.environ.get(URL_ENV)
+    if url:
+        return url
+    url = Path(DEFAULT_QUEUE_DIR).resolve().as_uri()
+    if not scheme_installed("file"):
+        raise CliError(
+            f"no --url and no ${URL_ENV}: the default queue, the directory ./{DEFAULT_QUEUE_DIR}, "
+            f"needs hermes-filesystem, which is not installed; `pip install hermes-filesystem`, "
+            f"or give your broker's URL with --url or ${URL_ENV}, e.g. redis://localhost:6379/0"
+        )
+    return url
+
+
+def scheme_installed(scheme: str) -> bool:
+    """Whether an installed driver handles ``scheme://``."""
+    return any(scheme in driver.schemes for driver in available_drivers())
 
 
 def describe_error(exc: HermesError) -> str:
@@ -72,20 +99,62 @@ def clock(timestamp: float, *, millis: bool = False) -> str:
 
 
 def queue_name(driver: Driver, priority: int) -> str:
-    """The name the CLI gives the queue of ``priority``: ``<key>_priority_<P>``.
+    """The name the CLI gives the queue of ``priority`` that nobody named: ``<key>_priority_<P>``.
 
     ``key`` is the driver's base queue key where it has one (Redis: ``hermes``),
     so the name is a neighbour of its default queue; emitters and workers of the
-    CLI agree on it. A handlers function may set the queue up under another name.
+    CLI agree on it. ``--queue NAME:P`` or the URL's ``priority_queues`` name it
+    otherwise (PHP deployments use their own names, e.g. ``hermes_high``), and a
+    handlers function may set the queue up under another name.
     """
     key = getattr(driver, "key", None)
     return f"{key if isinstance(key, str) and key else 'hermes'}_priority_{priority}"
 
 
-def setup_priorities(driver: Driver, priorities: Sequence[int]) -> None:
-    """Set up a queue for every non-default priority, so ``send``/``wait`` accept it."""
-    for priority in sorted(set(priorities), reverse=True):
-        if priority != DEFAULT_PRIORITY:
+def queue_option(text: str) -> tuple[str, int]:
+    """An argparse type: ``--queue NAME:PRIORITY``."""
+    try:
+        return parse_queue(text)
+    except ConfigurationError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def named_queues(
+    url: str, given: Sequence[tuple[str, int]]
+) -> tuple[dict[int, str], dict[int, str]]:
+    """``(from --queue, from the URL)``: priority -> queue name, each checked.
+
+    ``connect()`` sets the URL's queues up; a ``--queue`` that names one of
+    those priorities otherwise is refused rather than silently winning.
+    """
+    from_url = url_queues(DriverUrl.parse(url))
+    try:
+        from_cli = parse_queues([f"{name}:{priority}" for name, priority in given], "--queue")
+    except ConfigurationError as exc:
+        raise CliError(str(exc)) from None
+    for priority, name in from_cli.items():
+        if from_url.get(priority, name) != name:
+            raise CliError(
+                f"--queue {name}:{priority} contradicts the URL's {PRIORITY_QUEUES_OPTION}, "
+                f"which names priority {priority} {from_url[priority]!r}; give one of them"
+            )
+    return from_cli, from_url
+
+
+def setup_priorities(
+    driver: Driver,
+    priorities: Iterable[int],
+    named: Mapping[int, str] | None = None,
+    preset: Collection[int] = (),
+) -> None:
+    """Set up a queue for each of ``priorities`` so ``send``/``wait`` accept it: under its
+    ``named`` name, else (not the default priority) :func:`queue_name`. Priorities in
+    ``preset`` (set up by ``connect()`` from the URL) are left alone."""
+    named = named or {}
+    for priority in sorted(set(priorities) | set(named), reverse=True):
+        if priority in named:
+            driver.setup_priority_queue(named[priority], priority)
+        elif priority != DEFAULT_PRIORITY and priority not in preset:
             driver.setup_priority_queue(queue_name(driver, priority), priority)
 
 

@@ -1,11 +1,14 @@
 """``hermes demo``: the whole Hermes story in seconds, on a temporary queue, with no server.
 
-The emitter and the worker each have their own driver object on the same URL
-(the queue is all they share); the worker runs in a thread of this process.
+The queue is a temporary ``file://`` directory, or, when hermes-filesystem is
+not installed, an in-process ``memory://`` queue (the output says so and what
+to install). The emitter and the worker each have their own driver object on
+the same URL (the queue is all they share); the worker runs in a thread of
+this process, which is why ``memory://`` can tell the same story.
 Everything the worker prints is the real Dispatcher's log. One thing is not as
 in production, and the output says so where it happens: retry copies are sent
-with their seed backoff divided by :data:`FAST_FORWARD`, after printing the
-``execute_at`` the seed's formula computed.
+with their backoff divided by :data:`FAST_FORWARD`, after printing the
+``execute_at`` Hermes's retry formula computed.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hermes.core._cli._common import CliError, clock, exception_origin
+from hermes.core._cli._common import CliError, clock, exception_origin, scheme_installed
 from hermes.core._dispatcher import Dispatcher
 from hermes.core._driver import DEFAULT_PRIORITY, Delay
 from hermes.core._emitter import Emitter
@@ -31,7 +34,7 @@ from hermes.core._retry import RetryableHandler, RetryMixin
 from hermes.core._shutdown import SharedFileShutdown
 from hermes.core._url import redact_url
 
-#: Retry copies are due this many times sooner than the seed's backoff says.
+#: Retry copies are due this many times sooner than Hermes's backoff says.
 FAST_FORWARD = 20
 #: How far in the future the delayed message is due.
 DELAY_S = 5.0
@@ -69,7 +72,7 @@ class _Story:
     orders_handled: list[str] = field(default_factory=list)
     invoice_attempts: int = 0
     invoice_done: bool = False
-    #: Seed backoff of each retry, seconds after the failure.
+    #: Hermes's backoff of each retry, seconds after the failure.
     backoffs: list[float] = field(default_factory=list)
     #: (due, ran) of the delayed message.
     report: tuple[float, float] | None = None
@@ -159,7 +162,7 @@ def _relative(ran: float, due: float) -> str:
 
 
 class _FastForwardDispatcher(Dispatcher):
-    """Computes each retry's ``execute_at`` with the seed's formula, prints it, and sends
+    """Computes each retry's ``execute_at`` with Hermes's formula, prints it, and sends
     the copy due :data:`FAST_FORWARD` times sooner so the demo ends in seconds."""
 
     story: _Story
@@ -173,7 +176,7 @@ class _FastForwardDispatcher(Dispatcher):
         self.story.backoffs.append(backoff)
         self.story.say(
             "retry",
-            f"#{message.id} retry {r + 1}: seed backoff for retries={r} ({low}..{high} s) "
+            f"#{message.id} retry {r + 1}: backoff for retries={r} ({low}..{high} s) "
             f"is {backoff:.1f} s -> execute_at {clock(due, millis=True)}",
             at=now,
         )
@@ -204,16 +207,31 @@ class _WorkerLines(logging.Handler):
         self.story.write(redact_url(line))
 
 
+#: Printed when hermes-filesystem is missing and the demo runs on ``memory://``.
+MEMORY_NOTE = (
+    "hermes-filesystem is not installed, so the queue lives in this process's memory; "
+    "`pip install hermes-filesystem` for the ./hermes-queue directory that `hermes emit` "
+    "and `hermes worker` share by default."
+)
+#: The first suggested command when hermes-filesystem is missing.
+INSTALL_FILESYSTEM = (
+    "\n  pip install hermes-filesystem   # the ./hermes-queue directory queue, no server"
+)
+
+
 def run(args: argparse.Namespace) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="hermes-demo-"))
     try:
-        url = args.url or (workdir / "queue").as_uri()
-        return _tell(url, workdir / "shutdown")
+        if args.url:
+            return _tell(args.url, workdir / "shutdown")
+        if scheme_installed("file"):
+            return _tell((workdir / "queue").as_uri(), workdir / "shutdown")
+        return _tell(f"memory://{workdir.name}", workdir / "shutdown", note=MEMORY_NOTE)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _tell(url: str, shutdown_file: Path) -> int:
+def _tell(url: str, shutdown_file: Path, note: str | None = None) -> int:
     started = time.time()
     story = _Story()
     emit_driver = connect(url)
@@ -231,6 +249,8 @@ def _tell(url: str, shutdown_file: Path) -> int:
         "message, with no server."
     )
     print(f"Queue: {redact_url(url)} ({type(emit_driver).__name__}, {caps.delivery.value})")
+    if note:
+        print(note)
     print(
         "The emitter and the worker each have their own driver on it: the queue is all they share."
     )
@@ -280,7 +300,7 @@ def _tell(url: str, shutdown_file: Path) -> int:
 
         story.heading(
             f"3. A handler that fails {INVOICE_FAILURES} times, retried by the Dispatcher with "
-            f"the seed's backoff; and a message delayed by {DELAY_S:.0f} s"
+            f"Hermes's backoff; and a message delayed by {DELAY_S:.0f} s"
         )
         due = time.time() + DELAY_S
         story.say(
@@ -312,11 +332,13 @@ def _tell(url: str, shutdown_file: Path) -> int:
         emit_driver.close()
         worker_driver.close()
 
-    _summary(story, dispatcher, time.time() - started)
+    _summary(story, dispatcher, time.time() - started, install_filesystem=note is not None)
     return 0
 
 
-def _summary(story: _Story, dispatcher: Dispatcher, elapsed: float) -> None:
+def _summary(
+    story: _Story, dispatcher: Dispatcher, elapsed: float, *, install_filesystem: bool
+) -> None:
     priority_of = {order_id: priority for order_id, _, priority in ORDERS}
     expected = [order_id for order_id, _, _ in sorted(ORDERS, key=lambda row: -row[2])]
     verdict = (
@@ -332,7 +354,7 @@ def _summary(story: _Story, dispatcher: Dispatcher, elapsed: float) -> None:
     print(f"\nSummary ({elapsed:.1f} s)")
     print(f"  orders handled: {handled}: {verdict}")
     print(
-        f"  invoice-1: {story.invoice_attempts} attempts; the seed's backoff put the retries "
+        f"  invoice-1: {story.invoice_attempts} attempts; the backoff put the retries "
         f"{backoffs} after each failure (sent {FAST_FORWARD}x sooner in this demo)"
     )
     print(f"  report-1: held back, then handled {_relative(ran, due)}")
@@ -340,7 +362,8 @@ def _summary(story: _Story, dispatcher: Dispatcher, elapsed: float) -> None:
         f"  Dispatcher.stats: received {stats.received}, handled {stats.handled}, "
         f"failed {stats.failed}, retried {stats.retried}"
     )
-    print(YOUR_TURN.replace("{path}", _path_hint()), end="")
+    first = _path_hint() + (INSTALL_FILESYSTEM if install_filesystem else "")
+    print(YOUR_TURN.replace("{path}", first), end="")
 
 
 def _path_hint() -> str:

@@ -16,6 +16,7 @@ from hermes.core._cli._common import (
     clock,
     configure_logging,
     default_url,
+    named_queues,
     setup_priorities,
 )
 from hermes.core._driver import Delay, Driver, SupportsBatchSend
@@ -50,6 +51,29 @@ def parse_payload(text: str, source: str) -> Any:
         ) from None
 
 
+def check_payload(payload: Any, source: str) -> None:
+    """Refuse a JSON string, number or boolean: a message's payload is an object, an array
+    or null (what a PHP Hermes worker on the same queue accepts)."""
+    if payload is None or isinstance(payload, dict | list):
+        return
+    if isinstance(payload, bool):
+        kind = "a boolean"
+    elif isinstance(payload, str):
+        kind = "a string"
+    else:
+        kind = "a number"
+    shown = json.dumps(payload)
+    if len(shown) > _EXCERPT_WIDTH:
+        shown = shown[: _EXCERPT_WIDTH - 1] + "…"
+        example = '{"value": …}'
+    else:
+        example = f'{{"value": {shown}}}'
+    raise CliError(
+        f"{source} must be a JSON object, an array or null, not {kind} ({shown}); "
+        f"wrap it in an object, e.g. '{example}'"
+    )
+
+
 def parse_at(text: str) -> float:
     """``--at``: a UNIX timestamp, or an ISO 8601 date-time (local time unless it has an offset)."""
     try:
@@ -69,11 +93,14 @@ def parse_at(text: str) -> float:
 
 def run(args: argparse.Namespace) -> int:
     if args.payload == "-":
-        payload = parse_payload(sys.stdin.read(), "the payload on stdin")
+        source = "the payload on stdin"
+        payload = parse_payload(sys.stdin.read(), source)
     elif args.payload is not None:
-        payload = parse_payload(args.payload, "PAYLOAD_JSON")
+        source = "PAYLOAD_JSON"
+        payload = parse_payload(args.payload, source)
     else:
-        payload = None
+        source, payload = "", None
+    check_payload(payload, source)
     execute_at: float | None = None
     if args.delay is not None:
         if args.delay < 0:
@@ -88,8 +115,13 @@ def run(args: argparse.Namespace) -> int:
     configure_logging(args.verbose - args.quiet, default_level=logging.WARNING)
 
     url: str = args.url or default_url()
+    given = [args.queue] if args.queue else []
+    from_cli, from_url = named_queues(url, given)
+    priority: int = args.queue[1] if args.queue else args.priority
+    queue = from_cli.get(priority) or from_url.get(priority)
+    shown = f"priority:{priority}" + (f" ({queue})" if queue else "")
     with connect(url) as driver:
-        setup_priorities(driver, [args.priority])
+        setup_priorities(driver, [priority], from_cli, preset=from_url)
         if execute_at is not None and driver.capabilities.delay is Delay.IGNORED:
             print(
                 f"note: {type(driver).__name__} delivers at once (delay {Delay.IGNORED.value}); "
@@ -98,18 +130,17 @@ def run(args: argparse.Namespace) -> int:
             )
         due = f", execute_at {clock(execute_at)}" if execute_at is not None else ""
         if args.count == 1:
-            Emitter(driver).emit(first, args.priority)
+            Emitter(driver).emit(first, priority)
             print(
-                f"Emitted message #{first.id} ({first.type}) priority:{args.priority}{due} "
-                f"to {redact_url(url)}",
+                f"Emitted message #{first.id} ({first.type}) {shown}{due} to {redact_url(url)}",
                 flush=True,
             )
             return 0
         started = time.monotonic()
-        _emit_many(driver, first, args.count, args.priority)
+        _emit_many(driver, first, args.count, priority)
         elapsed = max(time.monotonic() - started, 1e-9)
         print(
-            f"Emitted {args.count} messages ({first.type}) priority:{args.priority}{due} "
+            f"Emitted {args.count} messages ({first.type}) {shown}{due} "
             f"to {redact_url(url)} in {elapsed:.2f} s: {args.count / elapsed:,.0f} msg/s",
             flush=True,
         )

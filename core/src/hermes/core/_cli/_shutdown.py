@@ -39,10 +39,14 @@ def run(args: argparse.Namespace) -> int:
             "--shutdown-file F and stop them with hermes shutdown --file F"
         )
     with connect(url) as driver:
-        plugin.shutdown(driver).shutdown(now)
+        request = plugin.shutdown(driver)
+        request.shutdown(now)
+    # Only workers that check this request stop: hermes worker does on this URL, a
+    # Dispatcher of your own (Python or PHP) only when it was given the same shutdown.
     print(
-        f"Asked every worker on {redact_url(url)} started before {clock(now)} to stop "
-        "after the message in progress",
+        f"Set {request!r} on {redact_url(url)}: the workers that watch it and started "
+        f"before {clock(now)} stop after the message in progress (hermes worker on this "
+        "broker does; a Dispatcher of your own, Python or PHP, only if given that shutdown)",
         flush=True,
     )
     return 0

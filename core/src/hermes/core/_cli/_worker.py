@@ -15,6 +15,7 @@ from hermes.core._cli._common import (
     CliError,
     configure_logging,
     default_url,
+    named_queues,
     one_line,
     raise_site,
     setup_priorities,
@@ -154,10 +155,11 @@ def run(args: argparse.Namespace) -> int:
     spec: str = args.handlers
     target = load_object(spec)
     configure_logging(args.verbose - args.quiet)
-    priorities: list[int] = sorted(set(args.priority), reverse=True)
+    from_cli, from_url = named_queues(url, args.queue)
+    priorities: list[int] = sorted(set(args.priority) | set(from_cli), reverse=True)
 
     with connect(url) as driver:
-        setup_priorities(driver, priorities)
+        setup_priorities(driver, priorities, from_cli, preset=from_url)
         if args.max_items:
             driver.set_max_process_items(args.max_items)
         shutdowns: list[Shutdown] = []
@@ -179,7 +181,17 @@ def run(args: argparse.Namespace) -> int:
         registered = dispatcher.registered()
         if not registered:
             raise CliError(f"--handlers {spec} registered no handlers")
-        _log_start(url, driver, registered, priorities, args.max_items, shutdown, args.concurrency)
+        names = {**from_url, **from_cli}
+        _log_start(
+            url,
+            driver,
+            registered,
+            priorities,
+            names,
+            args.max_items,
+            shutdown,
+            args.concurrency,
+        )
         started = time.monotonic()
         try:
             dispatcher.handle(priorities)
@@ -199,6 +211,7 @@ def _log_start(
     driver: Driver,
     registered: Mapping[str, list[Handler]],
     priorities: list[int],
+    names: Mapping[int, str],
     max_items: int,
     shutdown: Shutdown | None,
     concurrency: int,
@@ -216,12 +229,18 @@ def _log_start(
         f"{t} -> {', '.join(type(h).__name__ for h in hs)}" for t, hs in registered.items()
     )
     logger.info("Handlers: %s", handlers)
-    reading = (
-        f"Reading priorities {', '.join(map(str, priorities))}"
-        if priorities
-        else f"Reading priority {DEFAULT_PRIORITY} and the queues the handlers set up "
-        "(--priority P for others)"
-    )
+
+    def named(priority: int) -> str:
+        return f"{priority} ({names[priority]})" if priority in names else str(priority)
+
+    if priorities:
+        reading = f"Reading priorities {', '.join(map(named, priorities))}"
+    else:
+        from_url = sorted(set(names) - {DEFAULT_PRIORITY}, reverse=True)
+        reading = f"Reading priority {named(DEFAULT_PRIORITY)}" + (
+            f", the URL's queues {', '.join(map(named, from_url))}" if from_url else ""
+        )
+        reading += " and the queues the handlers set up (--priority P or --queue NAME:P for others)"
     if concurrency > 1:
         reading += f"; {concurrency} handlers at once"
     stops = [f"after {max_items} message{'s' if max_items != 1 else ''}"] if max_items else []

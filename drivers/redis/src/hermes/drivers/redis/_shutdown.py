@@ -12,7 +12,7 @@ logger = logging.getLogger("hermes.drivers.redis")
 
 
 class RedisShutdown:
-    """Shut down every worker through a Redis key, as PHP Hermes's ``RedisShutdown``.
+    """Shut down the workers that watch a Redis key, as PHP Hermes's ``RedisShutdown``.
 
     The key holds an integer UNIX timestamp. A worker stops when
     ``start <= timestamp <= now``, with ``start`` its start time in whole
@@ -61,7 +61,7 @@ class RedisShutdown:
         return int(start_time) <= requested <= time.time()
 
     def shutdown(self, at: float | None = None) -> bool:
-        """Ask every worker started by ``at`` (default: now) to stop once ``at`` has come."""
+        """Ask the workers watching the key, started by ``at`` (now), to stop when it comes."""
         self.client.set(self.key, int(time.time() if at is None else at))
         return True
 
