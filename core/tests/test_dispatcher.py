@@ -364,3 +364,30 @@ def test_a_handler_exception_is_logged_as_error_with_the_class_text_and_tracebac
     assert record.exc_info is not None
     assert isinstance(record.exc_info[1], ValueError)
     assert not any(m.startswith("End handle") for m in messages(hermes_log))
+
+
+def test_the_finished_hook_sees_each_message_once_with_its_outcome(driver: MemoryDriver) -> None:
+    from hermes.core import hookimpl, plugin_manager
+
+    seen: list[tuple[str, bool]] = []
+
+    class Observer:
+        @hookimpl
+        def hermes_message_finished(self, message: Message, priority: int, result: bool) -> None:
+            seen.append((message.payload["n"], result))
+
+    observer = Observer()
+    plugin_manager().register(observer)
+    try:
+        calls: list[tuple[str, str]] = []
+        for n in ("ok", "refused", "orphan"):
+            driver.send(Message(n, {"n": n}))
+        dispatcher = Dispatcher(driver)
+        dispatcher.register_handler("ok", Recorder(calls, "a"))
+        dispatcher.register_handler("refused", Recorder(calls, "b", result=False))
+        for _ in range(3):
+            driver.set_max_process_items(1)
+            dispatcher.handle()
+    finally:
+        plugin_manager().unregister(observer)
+    assert seen == [("ok", True), ("refused", False), ("orphan", False)]

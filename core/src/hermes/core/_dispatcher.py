@@ -227,6 +227,13 @@ class Dispatcher:
 
     def handle_message(self, message: Message, priority: int) -> bool:
         """The driver's callback: run every handler of ``message.type``; True if all succeeded."""
+        result = self._run_handlers(message, priority)
+        notify(
+            self._hooks.hermes_message_finished, message=message, priority=priority, result=result
+        )
+        return result
+
+    def _run_handlers(self, message: Message, priority: int) -> bool:
         self._count("received")
         info = self.logger.isEnabledFor(logging.INFO)
         if info:

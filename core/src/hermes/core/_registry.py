@@ -157,6 +157,30 @@ def plugin_manager() -> pluggy.PluginManager:
     return _registry.manager
 
 
+@dataclass(frozen=True)
+class PluginInfo:
+    """One registered Hermes plugin, for ``hermes plugins``."""
+
+    name: str
+    distribution: str
+    version: str
+    #: The hooks it implements, e.g. ``("hermes_drivers",)``.
+    hooks: tuple[str, ...]
+
+
+def installed_plugins() -> list[PluginInfo]:
+    """Every registered plugin (entry points and ``register()``), by name."""
+    manager = _registry.manager
+    found = []
+    for name, plugin in manager.list_name_plugin():
+        if plugin is None:
+            continue  # blocked
+        dist, version = _registry._origins.get(id(plugin), ("", ""))
+        hooks = tuple(sorted(impl.name for impl in manager.get_hookcallers(plugin) or ()))
+        found.append(PluginInfo(name, dist, version, hooks))
+    return sorted(found, key=lambda info: info.name)
+
+
 def available_drivers() -> list[DriverPlugin]:
     """The installed drivers, one entry each, sorted by name."""
     unique = {driver.name: driver for driver in _registry.drivers().values()}

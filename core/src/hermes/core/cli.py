@@ -163,6 +163,14 @@ def build_parser() -> argparse.ArgumentParser:
         "finish before the worker exits without acknowledging them (default 30)",
     )
     worker.add_argument(
+        "--metrics-port",
+        type=_count(1),
+        default=_env_default("HERMES_METRICS_PORT", _count(1), None),
+        metavar="PORT",
+        help="serve Prometheus metrics on http://0.0.0.0:PORT/metrics (needs "
+        "hermes-prometheus; default: $HERMES_METRICS_PORT, else none)",
+    )
+    worker.add_argument(
         "--shutdown-file",
         metavar="F",
         help="stop when F is touched after the worker started (hermes shutdown --file F)",
@@ -219,6 +227,14 @@ def build_parser() -> argparse.ArgumentParser:
         description="The installed drivers: distribution, URL schemes and what each promises.",
     )
     drivers.set_defaults(run=_drivers.run)
+
+    plugins = commands.add_parser(
+        "plugins",
+        help="list installed plugins and the hooks they implement",
+        description="Every Hermes plugin (entry-point group hermes): drivers and observers "
+        "such as hermes-prometheus, with the hooks each implements.",
+    )
+    plugins.set_defaults(run=_drivers.run_plugins)
 
     shutdown = commands.add_parser(
         "shutdown",

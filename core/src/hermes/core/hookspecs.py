@@ -71,3 +71,24 @@ def hermes_message_failed(
 @hookspec
 def hermes_message_retried(message: Message, retry: Message, handler: object) -> None:
     """Called by the Dispatcher after it sent ``retry``, the copy of a failed ``message``."""
+
+
+@hookspec
+def hermes_message_finished(message: Message, priority: int, result: bool) -> None:
+    """Called by the Dispatcher after every handler of ``message`` ran (or none was found).
+
+    ``result`` is the message's outcome, the AND of its handlers' results
+    (False when a handler raised, returned False, or there was no handler).
+    Called on the thread that ran the handlers, after the last one.
+    """
+
+
+@hookspec(firstresult=True)
+def hermes_worker_metrics(port: int, url: str) -> str | None:
+    """Serve the worker's metrics on ``port``; return where (e.g. ``http://0.0.0.0:9100/metrics``).
+
+    firstresult: the first plugin that serves them answers; None from every
+    plugin means none is installed. Called by ``hermes worker --metrics-port``
+    before it starts handling; ``url`` is the worker's broker URL, for
+    sampling queue depth on a connection of the plugin's own.
+    """

@@ -1,11 +1,11 @@
-"""``hermes drivers``: what is installed and what each driver promises."""
+"""``hermes drivers`` and ``hermes plugins``: what is installed and what it offers."""
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
 
-from hermes.core._registry import KNOWN_DISTRIBUTIONS, available_drivers
+from hermes.core._registry import KNOWN_DISTRIBUTIONS, available_drivers, installed_plugins
 
 _COLUMNS = ("NAME", "DISTRIBUTION", "VERSION", "SCHEMES", "DELIVERY", "DELAY", "PRIORITIES")
 
@@ -48,4 +48,14 @@ def run(args: argparse.Namespace) -> int:
         print("Not installed:")
         for dist, schemes in sorted(missing.items()):
             print(f"  {', '.join(schemes):<20} pip install {dist}")
+    return 0
+
+
+def run_plugins(args: argparse.Namespace) -> int:
+    rows = [["NAME", "DISTRIBUTION", "VERSION", "HOOKS"]]
+    for plugin in installed_plugins():
+        hooks = ", ".join(hook.removeprefix("hermes_") for hook in plugin.hooks)
+        rows.append([plugin.name, plugin.distribution or "-", plugin.version or "-", hooks])
+    for line in table(rows):
+        print(line)
     return 0

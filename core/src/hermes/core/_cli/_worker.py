@@ -23,7 +23,7 @@ from hermes.core._cli._common import (
 from hermes.core._dispatcher import Dispatcher
 from hermes.core._driver import DEFAULT_PRIORITY, Driver
 from hermes.core._handler import Handler
-from hermes.core._registry import connect, driver_for_url
+from hermes.core._registry import connect, driver_for_url, plugin_manager
 from hermes.core._shutdown import SharedFileShutdown, Shutdown
 from hermes.core._url import redact_url
 
@@ -178,6 +178,13 @@ def run(args: argparse.Namespace) -> int:
             grace_s=args.grace,
         )
         register_handlers(dispatcher, target, spec)
+        if args.metrics_port is not None:
+            served = plugin_manager().hook.hermes_worker_metrics(port=args.metrics_port, url=url)
+            if served is None:
+                raise CliError(
+                    "--metrics-port needs a metrics plugin: pip install hermes-prometheus"
+                )
+            logger.info("Metrics on %s", served)
         registered = dispatcher.registered()
         if not registered:
             raise CliError(f"--handlers {spec} registered no handlers")

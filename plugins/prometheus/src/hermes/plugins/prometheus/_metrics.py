@@ -1,0 +1,98 @@
+"""The metrics, and the HTTP server and queue-depth sampler behind ``/metrics``."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+
+from prometheus_client import (
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    start_http_server,
+)
+
+from hermes.core import SupportsStats, connect, redact_url
+
+logger = logging.getLogger("hermes.plugins.prometheus")
+
+#: Seconds between two samples of the queue depth.
+SAMPLE_INTERVAL_S = 5.0
+
+RECEIVED = Counter("hermes_messages_received", "Messages a worker started handling.", ["type"])
+HANDLED = Counter("hermes_messages_handled", "Handler calls that returned True.", ["type"])
+FAILED = Counter(
+    "hermes_messages_failed",
+    "Handler calls that raised or returned False.",
+    ["type", "reason"],
+)
+RETRIED = Counter("hermes_messages_retried", "Retry copies sent.", ["type"])
+GAVE_UP = Counter(
+    "hermes_messages_gave_up", "Messages Hermes stopped retrying.", ["type", "reason"]
+)
+DURATION = Histogram(
+    "hermes_handler_duration_seconds",
+    "How long one handler took with one message.",
+    ["type"],
+)
+IN_FLIGHT = Gauge(
+    "hermes_messages_in_flight",
+    "Messages whose handlers are running in this worker.",
+    multiprocess_mode="livesum",
+)
+QUEUE_DEPTH = Gauge(
+    "hermes_queue_messages",
+    "What a priority queue holds, sampled from the broker; absent where it cannot say.",
+    ["priority", "queue", "state"],
+    multiprocess_mode="max",
+)
+
+_STATES = ("ready", "scheduled", "in_flight", "set_aside")
+
+
+def sample_queue_depth(url: str) -> None:
+    """Sample ``url``'s queue counts into :data:`QUEUE_DEPTH` once."""
+    with connect(url) as driver:
+        if not isinstance(driver, SupportsStats):
+            return
+        for row in driver.queue_stats():
+            for state in _STATES:
+                value = getattr(row, state)
+                if value is not None:
+                    QUEUE_DEPTH.labels(str(row.priority), row.name, state).set(value)
+
+
+def _sample_forever(url: str) -> None:
+    while True:
+        try:
+            sample_queue_depth(url)
+        except Exception as exc:
+            # A broker away for a moment: the gauges keep their last value until it is back.
+            logger.warning("sampling the queue depth of %s failed - %s", redact_url(url), exc)
+        time.sleep(SAMPLE_INTERVAL_S)
+
+
+def start_metrics_server(port: int, url: str | None = None, addr: str = "0.0.0.0") -> str:
+    """Serve ``/metrics`` on ``addr:port`` from a daemon thread; where it is served.
+
+    With ``url``, the queue depth of that broker is sampled every
+    :data:`SAMPLE_INTERVAL_S` on a connection of its own. With the environment
+    variable ``PROMETHEUS_MULTIPROC_DIR`` set (prometheus_client's multiprocess
+    mode), the server adds up every worker process's metrics from that directory.
+    """
+    registry: CollectorRegistry = REGISTRY
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import multiprocess
+
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+    start_http_server(port, addr=addr, registry=registry)
+    if url is not None:
+        threading.Thread(
+            target=_sample_forever, args=(url,), name="hermes-queue-depth", daemon=True
+        ).start()
+    return f"http://{addr}:{port}/metrics"

@@ -1,0 +1,61 @@
+"""The pluggy hooks that feed the metrics from a worker's Dispatcher."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from hermes.core import Message, hookimpl
+from hermes.plugins.prometheus import _metrics
+
+#: Per handler thread: when the running handler started (the last mark).
+_marks = threading.local()
+
+
+def _since_mark() -> float | None:
+    started: float | None = getattr(_marks, "at", None)
+    now = time.perf_counter()
+    _marks.at = now
+    return None if started is None else now - started
+
+
+@hookimpl
+def hermes_message_started(message: Message, priority: int) -> None:
+    _metrics.RECEIVED.labels(message.type).inc()
+    _metrics.IN_FLIGHT.inc()
+    _marks.at = time.perf_counter()
+
+
+@hookimpl
+def hermes_message_succeeded(message: Message, handler: object, result: bool) -> None:
+    elapsed = _since_mark()
+    if elapsed is not None:
+        _metrics.DURATION.labels(message.type).observe(elapsed)
+    if result:
+        _metrics.HANDLED.labels(message.type).inc()
+    else:
+        _metrics.FAILED.labels(message.type, "returned False").inc()
+
+
+@hookimpl
+def hermes_message_failed(message: Message, exception: BaseException) -> None:
+    elapsed = _since_mark()
+    if elapsed is not None:
+        _metrics.DURATION.labels(message.type).observe(elapsed)
+    _metrics.FAILED.labels(message.type, "raised").inc()
+
+
+@hookimpl
+def hermes_message_retried(message: Message) -> None:
+    _metrics.RETRIED.labels(message.type).inc()
+
+
+@hookimpl
+def hermes_message_finished(message: Message) -> None:
+    _marks.at = None
+    _metrics.IN_FLIGHT.dec()
+
+
+@hookimpl
+def hermes_worker_metrics(port: int, url: str) -> str:
+    return _metrics.start_metrics_server(port, url)
