@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 TESTS_DIR = Path(__file__).resolve().parent
+#: The README's example driver, which the kit must pass too.
+EXAMPLES_DIR = TESTS_DIR.parent / "examples"
 
 #: The inner run's configuration: as strict as this repository's.
 _INNER_INI = """\
@@ -77,7 +79,9 @@ def run_pytest(
     outer_scale = float(os.environ.get("HERMES_KIT_TIME_SCALE") or 1.0)
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS_DIR), os.environ.get("PYTHONPATH")])),
+        "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(TESTS_DIR), str(EXAMPLES_DIR), os.environ.get("PYTHONPATH")])
+        ),
         "KIT_OUTCOMES_FILE": str(outcomes_file),
         "BROKEN_DRIVERS_DIR": str(workdir),
         "HERMES_KIT_TIME_SCALE": str(outer_scale * scale),

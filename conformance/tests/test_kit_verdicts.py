@@ -137,16 +137,13 @@ def _kit_tests() -> dict[str, KitTest]:
     return tests
 
 
-def _kit_args(url: str, *args: str, modules: Sequence[str] = ("hermes.conformance",)) -> list[str]:
-    return [
-        "--pyargs",
-        *modules,
-        "--hermes-url",
-        url,
-        "--hermes-plugin",
-        "broken_drivers",
-        *args,
-    ]
+def _kit_args(
+    url: str,
+    *args: str,
+    modules: Sequence[str] = ("hermes.conformance",),
+    plugin: str = "broken_drivers",
+) -> list[str]:
+    return ["--pyargs", *modules, "--hermes-url", url, "--hermes-plugin", plugin, *args]
 
 
 def _only(url: str, tests: Sequence[str]) -> list[str]:
@@ -167,6 +164,10 @@ def verdicts(
     """
     with ThreadPoolExecutor(max_workers=6) as pool:
         runs = {"memory": pool.submit(kit_runner.run, *_kit_args("memory://selftest"))}
+        example = tmp_path_factory.mktemp("sqlite") / "jobs.db"
+        runs["sqlite"] = pool.submit(
+            kit_runner.run, *_kit_args(f"sqlite://{example}", plugin="sqlite_driver")
+        )
         for url, (must_fail, _) in BROKEN.items():
             real_url, scale = url, 0.3
             if "{dir}" in url:
@@ -199,6 +200,23 @@ def test_the_kit_passes_on_the_memory_driver_and_says_what_it_could_not_verify(
         "SIGKILL mid-handler not verified: driver is in-process" in run.output
     ), run.describe()
     assert "21 verified, 6 not verified, 0 not applicable, 0 failed" in run.output
+
+
+def test_the_example_driver_of_the_kit_readme_passes_the_kit(
+    verdicts: dict[str, Future[Any]],
+) -> None:
+    run = verdicts["sqlite"].result()
+
+    assert run.returncode == 0, run.describe()
+    assert run.with_outcome("failed") + run.with_outcome("error") == [], run.describe()
+    assert set(run.with_outcome("passed")) == set(_kit_tests()) - {STATS}, run.describe()
+
+
+def test_the_kit_readme_shows_the_example_driver_as_it_is_tested() -> None:
+    readme = (Path(conformance.__file__).parents[3] / "README.md").read_text()
+    example = Path(__file__).parents[1] / "examples" / "sqlite_driver.py"
+
+    assert f"```python\n{example.read_text()}```" in readme
 
 
 @pytest.mark.parametrize("url", list(BROKEN))
