@@ -24,13 +24,21 @@ from hermes.core._errors import (
     ConfigurationError,
     DeliveryError,
     DriverError,
+    HandlerResultError,
     HermesError,
     NotSupportedError,
     SerializeError,
     UnknownDriverError,
     UnknownPriorityError,
 )
-from hermes.core._handler import EchoHandler, Handler
+from hermes.core._handler import (
+    EchoHandler,
+    FunctionHandler,
+    Handler,
+    HandlerFunction,
+    HandlerRegistry,
+    RetryableFunctionHandler,
+)
 from hermes.core._lazy import lazy_exports
 from hermes.core._memory import MemoryDriver
 from hermes.core._message import Message
@@ -65,13 +73,18 @@ __all__ = [
     "DriverUrl",
     "EchoHandler",
     "Emitter",
+    "FunctionHandler",
     "Handler",
+    "HandlerFunction",
+    "HandlerRegistry",
+    "HandlerResultError",
     "HermesError",
     "MemoryDriver",
     "Message",
     "MessageSerializer",
     "NotSupportedError",
     "RetryMixin",
+    "RetryableFunctionHandler",
     "RetryableHandler",
     "SerializeError",
     "Serializer",
