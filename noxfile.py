@@ -10,7 +10,7 @@ import nox
 
 nox.options.default_venv_backend = "uv|venv"
 nox.options.reuse_existing_virtualenvs = True
-nox.options.sessions = ["tests", "conformance", "lint", "typecheck", "build"]
+nox.options.sessions = ["tests", "conformance", "examples", "lint", "typecheck", "build"]
 
 ROOT = Path(__file__).parent
 CORE = "core"
@@ -71,6 +71,19 @@ def conformance(session: nox.Session, target: str) -> None:
         "{url}",
         *session.posargs,
     )
+
+
+#: What the apps in examples/ need besides Hermes; no distribution depends on them.
+#: (Starlette's TestClient runs on httpx2.)
+EXAMPLE_DEPS = ["fastapi>=0.110", "httpx2", "django>=5", "flask>=3", "redis>=5.3"]
+
+
+@nox.session(python="3.11")
+def examples(session: nox.Session) -> None:
+    """The FastAPI, Django and Flask apps in examples/: test client, Redis and a real worker."""
+    session.install("-e", CORE, "-e", "drivers/redis", "pytest>=8", *EXAMPLE_DEPS)
+    # `python -m` puts the repository root on sys.path, so `examples.*` imports as in an app.
+    session.run("python", "-m", "pytest", *(session.posargs or ["examples"]))
 
 
 BENCH_DEPS = [
