@@ -1,8 +1,8 @@
 """Settings of the Django example: just enough for a view that emits a job.
 
-    HERMES_URL=redis://localhost:6379/0 DJANGO_SETTINGS_MODULE=examples.django_app.settings \
-        django-admin runserver
-    hermes worker --url redis://localhost:6379/0 --handlers examples.django_app.worker:handlers
+export HERMES_URL=redis://localhost:6379/0
+python -m django runserver --settings examples.django_app.settings
+hermes worker --url redis://localhost:6379/0 --handlers examples.django_app.worker:handlers
 """
 
 from __future__ import annotations
