@@ -257,13 +257,15 @@ def test_the_decorator_registers_the_function_and_returns_it_unchanged(
     assert type(handler) is FunctionHandler
 
 
-def test_the_decorator_refuses_a_handler_object(driver: MemoryDriver) -> None:
+def test_the_decorator_refuses_a_handler_object_and_a_class(driver: MemoryDriver) -> None:
     class Obj:
         def handle(self, message: Message) -> bool:
             return True
 
-    with pytest.raises(ConfigurationError, match="has a handle\\(\\) method"):
+    with pytest.raises(ConfigurationError, match="has a handle\\(\\) method: the decorator takes"):
         Dispatcher(driver).handler("job")(Obj())  # type: ignore[type-var]
+    with pytest.raises(ConfigurationError, match="is a class: the decorator takes a function"):
+        Dispatcher(driver).handler("job")(Obj)  # type: ignore[type-var]
 
 
 def test_the_decorator_refuses_a_bad_max_retry(driver: MemoryDriver) -> None:

@@ -132,9 +132,10 @@ def function_handler(
     ``can_retry`` is given; without either the function is never retried.
     """
     if inspect.isclass(function) or callable(getattr(function, "handle", None)):
+        what = "is a class" if inspect.isclass(function) else "has a handle() method"
         raise ConfigurationError(
-            f"{function!r} has a handle() method: decorate a function, and register a "
-            "handler object with register_handler(type, handler)"
+            f"{function!r} {what}: the decorator takes a function; register a handler "
+            "object with register_handler(type, handler)"
         )
     if max_retry is None and can_retry is None:
         return FunctionHandler(function)
