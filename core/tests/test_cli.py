@@ -718,3 +718,108 @@ def test_handlers_that_do_not_load_say_which_module_and_why(
     )
 
     assert expected in line
+
+
+# Functions as handlers through --handlers ----------------------------------------------
+
+FUNCTIONS_MODULE = """
+import json
+
+from hermes.core import HandlerRegistry
+
+handlers = HandlerRegistry()
+
+
+def record(message):
+    with open("handled.jsonl", "a") as file:
+        file.write(json.dumps({"type": message.type, "retries": message.retries}) + "\\n")
+
+
+@handlers.handler("job")
+def send_email(message):
+    record(message)
+
+
+@handlers.handler("flaky", max_retry=3)
+def charge_card(message):
+    raise RuntimeError("card service down")
+
+
+HANDLERS = {"job": send_email, "flaky": [charge_card]}
+"""
+
+
+@pytest.fixture
+def functions_project(tmp_path: Path) -> Path:
+    """A directory with fjobs.py: functions in a HandlerRegistry and in a dict."""
+    (tmp_path / "fjobs.py").write_text(FUNCTIONS_MODULE)
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("spec", "retried"),
+    # The decorator returns the plain function: in the dict it is not retried.
+    [("fjobs:handlers", 1), ("fjobs:HANDLERS", 0)],
+)
+def test_a_worker_runs_functions_from_a_registry_or_a_dict(
+    functions_project: Path, queue_url: str, spec: str, retried: int
+) -> None:
+    seed(queue_url, ("job", None, 100), ("flaky", None, 100))
+
+    worker = hermes(
+        "worker", "--url", queue_url, "--handlers", spec, "--max-items", "2",
+        cwd=functions_project,
+    )  # fmt: skip
+
+    assert worker.returncode == 0, worker.stdout + worker.stderr
+    assert handled(functions_project) == [{"type": "job", "retries": 0}]
+    assert "Handlers: job -> fjobs.send_email; flaky -> fjobs.charge_card" in worker.stdout
+    assert worker.stdout.splitlines()[-1].endswith(
+        f"received 2, handled 1, failed 1, retried {retried}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("module", "spec", "expected"),
+    [
+        ("def send_email(message):\n    pass\n", "jobs3:send_email",
+         "--handlers jobs3:send_email looks like a handler function (it takes 'message'): "
+         "a function named by --handlers is called once with the Dispatcher to register "
+         "handlers; to run a function for every message, name a dict {'TYPE': send_email} or "
+         "a hermes.core.HandlerRegistry whose @registry.handler('TYPE') decorates it"),
+        ("def notify(event):\n    event.payload\n", "jobs3:notify",
+         "raised AttributeError: 'Dispatcher' object has no attribute 'payload' (jobs3.py:2); "
+         "if it is a handler rather than a registration: a function named by --handlers"),
+        ("def notify(event):\n    return True\n", "jobs3:notify",
+         "registered no handlers; a function named by --handlers is called once"),
+        ("async def send(message):\n    yield True\nH = {'job': send}\n", "jobs3:H",
+         "--handlers jobs3:H: handler function jobs3.send is an async generator"),
+        ("H = {'job': lambda: None}\n", "jobs3:H",
+         "must take the message as its argument, but its signature is ()"),
+        ("from hermes.core import HandlerRegistry\nH = HandlerRegistry()\n", "jobs3:H",
+         "--handlers jobs3:H registered no handlers"),
+        ("H = {'job': 42}\n", "jobs3:H",
+         "handler 42 for type 'job' is neither a function taking the message nor an object"),
+    ],
+)  # fmt: skip
+def test_a_handlers_object_of_the_wrong_kind_is_one_line_that_says_the_fix(
+    tmp_path: Path, queue_url: str, module: str, spec: str, expected: str
+) -> None:
+    (tmp_path / "jobs3.py").write_text(module)
+
+    line = assert_one_line_error(
+        hermes("worker", "--url", queue_url, "--handlers", spec, cwd=tmp_path)
+    )
+
+    assert expected in line
+
+
+def test_worker_help_says_what_each_kind_of_handlers_object_means(tmp_path: Path) -> None:
+    result = hermes("worker", "--help", cwd=tmp_path)
+
+    text = " ".join(result.stdout.split())
+    assert (
+        "hermes.core.HandlerRegistry (functions decorated with @registry.handler('TYPE'))" in text
+    )
+    assert "a handler is a function taking the message, an object with handle(message)" in text
+    assert "or a function taking the Dispatcher, called once to register handlers" in text

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -124,3 +126,64 @@ def test_emit_batch_sends_one_by_one_without_send_batch(recording_driver: Any, p
 
     assert recording_driver.calls == [(m, (300,), {}) for m in messages]
     assert peek.queued(recording_driver, 300) == messages
+
+
+# emit_async -------------------------------------------------------------------------
+
+
+class BlockingSend(MemoryDriver):
+    """A driver whose ``send`` blocks until ``release`` is set (10 s at most, then raises)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def send(self, message: Message, priority: int = DEFAULT_PRIORITY) -> None:
+        self.entered.set()
+        if not self.release.wait(10):
+            raise TimeoutError("send was never released: the event loop was blocked")
+        super().send(message, priority)
+
+
+def test_emit_async_keeps_the_event_loop_running_while_send_blocks(
+    broker_name: str, peek: Any
+) -> None:
+    driver = BlockingSend(broker_name)
+    emitter = Emitter(driver)
+    message = Message("job", {"n": 1})
+
+    async def main() -> Emitter:
+        emitting = asyncio.create_task(emitter.emit_async(message))
+        # Only a coroutine on this very loop releases the send: had emit_async blocked
+        # the loop, this would never run and the send would time out instead.
+        while not driver.entered.is_set():
+            await asyncio.sleep(0.005)
+        assert not emitting.done()
+        driver.release.set()
+        return await emitting
+
+    try:
+        assert asyncio.run(main()) is emitter
+        assert peek.queued(driver) == [message]
+    finally:
+        driver.purge()
+
+
+def test_emit_async_sends_on_the_priority_it_is_given_and_logs_like_emit(
+    recording_driver: Any, hermes_log: pytest.LogCaptureFixture
+) -> None:
+    recording_driver.setup_priority_queue("high", 300)
+    message = Message("job")
+
+    asyncio.run(Emitter(recording_driver).emit_async(message, 300))
+
+    assert recording_driver.calls == [(message, (300,), {})]
+    assert f"Dispatcher send message #{message.id}" in hermes_log.text
+
+
+def test_emit_async_raises_what_emit_raises(driver: MemoryDriver, peek: Any) -> None:
+    with pytest.raises(UnknownPriorityError):
+        asyncio.run(Emitter(driver).emit_async(Message("job"), 250))
+
+    assert peek.total(driver) == 0

@@ -28,6 +28,7 @@ from hermes.core._errors import (
     ConfigurationError,
     DeliveryError,
     DriverError,
+    HandlerResultError,
     HermesError,
     NotSupportedError,
     SerializeError,
@@ -35,7 +36,14 @@ from hermes.core._errors import (
     UnknownPriorityError,
     translate_errors,
 )
-from hermes.core._handler import EchoHandler, Handler
+from hermes.core._handler import (
+    EchoHandler,
+    FunctionHandler,
+    Handler,
+    HandlerFunction,
+    HandlerRegistry,
+    RetryableFunctionHandler,
+)
 from hermes.core._invoke import TimeLimitExceeded
 from hermes.core._lazy import lazy_exports
 from hermes.core._memory import MemoryDriver
@@ -75,7 +83,11 @@ __all__ = [
     "DriverUrl",
     "EchoHandler",
     "Emitter",
+    "FunctionHandler",
     "Handler",
+    "HandlerFunction",
+    "HandlerRegistry",
+    "HandlerResultError",
     "HermesError",
     "MemoryDriver",
     "Message",
@@ -85,6 +97,7 @@ __all__ = [
     "QueueStats",
     "Received",
     "RetryMixin",
+    "RetryableFunctionHandler",
     "RetryableHandler",
     "SerializeError",
     "Serializer",

@@ -6,13 +6,21 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from types import FrameType
 
 from hermes.core._driver import Driver
 from hermes.core._errors import ConfigurationError
-from hermes.core._handler import Handler
+from hermes.core._handler import (
+    CanRetry,
+    F,
+    FunctionHandler,
+    Handler,
+    HandlerFunction,
+    as_handler,
+    function_handler,
+)
 from hermes.core._invoke import EventLoopThread, TimeLimitExceeded, Watchdog
 from hermes.core._message import Message
 from hermes.core._registry import notify, plugin_manager
@@ -98,23 +106,57 @@ class Dispatcher:
 
     # Registration ------------------------------------------------------------
 
-    def register_handler(self, type: str, handler: Handler) -> Dispatcher:
-        if not callable(getattr(handler, "handle", None)):
-            raise ConfigurationError(
-                f"handler {handler!r} for type {type!r} has no handle(message) method"
-            )
-        self._handlers.setdefault(type, []).append(handler)
+    def register_handler(self, type: str, handler: Handler | HandlerFunction) -> Dispatcher:
+        """Call ``handler`` for every message of ``type``, after those registered before it.
+
+        ``handler`` is an object with ``handle(message)``, or a function taking
+        the message (it becomes a :class:`FunctionHandler`: None or True is a
+        success, False a failure, and it is never retried; see :meth:`handler`
+        for a retried one). A class, an ``async def`` or a function that cannot
+        take the message raises :class:`ConfigurationError`.
+        """
+        self._handlers.setdefault(type, []).append(as_handler(handler, type))
         return self
 
-    def register_handlers(self, type: str, handlers: Iterable[Handler]) -> Dispatcher:
+    def register_handlers(
+        self, type: str, handlers: Iterable[Handler | HandlerFunction]
+    ) -> Dispatcher:
         for handler in handlers:
             self.register_handler(type, handler)
         return self
 
-    def unregister_handler(self, type: str, handler: Handler) -> Dispatcher:
-        """Remove ``handler`` (by identity) from ``type``; unknown handlers are ignored."""
+    def handler(
+        self, type: str, *, max_retry: int | None = None, can_retry: CanRetry | None = None
+    ) -> Callable[[F], F]:
+        """Decorator: register the function as a handler of ``type``; the function is unchanged.
+
+        With ``max_retry`` (and optionally ``can_retry(message, exception)``) a
+        failure is retried by the rules of :class:`RetryableHandler`: a copy is
+        published while ``message.retries < max_retry`` and then only if
+        ``can_retry`` agrees; ``max_retry=0`` never retries. ``can_retry``
+        alone means ``max_retry=25``. Without either, the function is never retried.
+        """
+
+        def register(function: F) -> F:
+            handler = function_handler(function, max_retry=max_retry, can_retry=can_retry)
+            self.register_handler(type, handler)
+            return function
+
+        return register
+
+    def unregister_handler(self, type: str, handler: object) -> Dispatcher:
+        """Remove ``handler`` from ``type``: a handler object by identity, a function by equality.
+
+        A function matches the :class:`FunctionHandler` it was registered as (a
+        bound method ``obj.method`` is a new object at every access, but equal).
+        Unknown handlers are ignored.
+        """
         handlers = self._handlers.get(type, [])
-        self._handlers[type] = [h for h in handlers if h is not handler]
+        self._handlers[type] = [
+            h
+            for h in handlers
+            if h is not handler and not (isinstance(h, FunctionHandler) and h.function == handler)
+        ]
         if not self._handlers[type]:
             del self._handlers[type]
         return self

@@ -25,6 +25,19 @@ class Emitter:
         self._emitted(message, priority)
         return self
 
+    async def emit_async(self, message: Message, priority: int = DEFAULT_PRIORITY) -> Emitter:
+        """``emit`` for async code: the send runs in a thread, so the event loop keeps serving.
+
+        The blocking ``driver.send`` runs in the loop's default thread pool
+        (``asyncio.to_thread``); the await ends when the broker took the message,
+        and raises what ``emit`` would. Cancelling the awaiting task does not stop a
+        send already under way: the message may still be emitted.
+        """
+        import asyncio  # imported here: synchronous users do not pay for it
+
+        await asyncio.to_thread(self.emit, message, priority)
+        return self
+
     def emit_batch(self, messages: Sequence[Message], priority: int = DEFAULT_PRIORITY) -> Emitter:
         """``emit`` each of ``messages``, in one broker round trip where the driver can."""
         if isinstance(self.driver, SupportsBatchSend):

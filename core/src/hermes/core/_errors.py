@@ -9,6 +9,8 @@
     │   └── UnknownDriverError  no installed driver handles the URL's scheme
     ├── NotSupportedError       the driver has no such feature (e.g. priorities)
     ├── UnknownPriorityError    (also KeyError-free) a priority no queue was set up for
+    ├── HandlerResultError      (also TypeError) a handler function returned something
+    │                           other than None, True or False
     └── DriverError             the broker or its client failed; ``__cause__`` is the
         │                       client's own exception
         ├── BrokerUnavailableError  the broker cannot be reached
@@ -53,6 +55,14 @@ class UnknownDriverError(ConfigurationError):
 
 class NotSupportedError(HermesError):
     """The driver does not offer this feature."""
+
+
+class HandlerResultError(HermesError, TypeError):
+    """A handler function returned something other than None, True or False.
+
+    It is a mistake in the function, not a passing failure: a retried function
+    is not retried for it.
+    """
 
 
 class UnknownPriorityError(HermesError):

@@ -1,10 +1,18 @@
+"""Handlers: the protocol, plain functions as handlers, and a registry filled at import time."""
+
 from __future__ import annotations
 
+import inspect
 import json
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
+from hermes.core._errors import ConfigurationError, HandlerResultError
 from hermes.core._message import Message
 from hermes.core._retry import RetryableHandler, RetryMixin
+
+if TYPE_CHECKING:
+    from hermes.core._dispatcher import Dispatcher
 
 
 @runtime_checkable
@@ -18,6 +26,18 @@ class Handler(Protocol):
     def handle(self, message: Message) -> bool: ...
 
 
+#: A function run as a handler: it takes the message and returns None or True
+#: for success, False for a failure that is not retried; it raises to fail.
+HandlerFunction = Callable[[Message], "bool | None"]
+#: ``can_retry(message, exception) -> bool`` of a retried function.
+CanRetry = Callable[[Message, Exception], bool]
+
+F = TypeVar("F", bound=HandlerFunction)
+
+#: How often a retried function is retried by default: as often as :class:`RetryMixin` allows.
+DEFAULT_MAX_RETRY = RetryMixin().max_retry()
+
+
 class EchoHandler(RetryMixin, RetryableHandler):
     """Prints each message it receives; handy to see a queue work."""
 
@@ -26,3 +46,238 @@ class EchoHandler(RetryMixin, RetryableHandler):
         print(f"Received message: #{message.id} (type {message.type})", flush=True)
         print(f"Payload: {payload}", flush=True)
         return True
+
+
+class FunctionHandler:
+    """A function run as a handler; what ``register_handler`` makes of a function.
+
+    ``handle(message)`` calls ``function(message)``. None or True is a success,
+    False a failure, an exception a failure that is never retried (see
+    :class:`RetryableFunctionHandler` for one that is). Any other result
+    raises :class:`HandlerResultError` (a coroutine from a plain function that
+    wraps an ``async def``, a value returned for a caller Hermes does not
+    have), so the mistake shows in the worker's log instead of passing as a
+    success. An ``async def`` function's coroutine is handed to the
+    Dispatcher, which awaits it on the worker's event loop.
+    """
+
+    def __init__(self, function: HandlerFunction) -> None:
+        check_handler_function(function)
+        #: The function this handler calls.
+        self.function = function
+        #: ``module.qualname`` of the function, for logs.
+        self.name = function_name(function)
+        #: ``async def``: :meth:`handle` returns a coroutine the Dispatcher awaits.
+        self.is_async = inspect.iscoroutinefunction(function)
+
+    def handle(self, message: Message) -> Any:
+        result = self.function(message)
+        if self.is_async:
+            return self._checked_later(result)
+        return self._checked(result)
+
+    async def _checked_later(self, coroutine: Any) -> bool:
+        return self._checked(await coroutine)
+
+    def _checked(self, result: object) -> bool:
+        if result is None or result is True or result is False:
+            return result is not False
+        if inspect.iscoroutine(result):
+            result.close()  # never awaited: closing it spares a second, vaguer warning
+        raise HandlerResultError(
+            f"handler function {self.name} returned {type(result).__name__} {_short(result)}; "
+            "a handler function returns None or True for success and False for failure"
+        )
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name}>"
+
+
+class RetryableFunctionHandler(FunctionHandler, RetryableHandler):
+    """A function run as a handler whose failures are retried like a :class:`RetryableHandler`.
+
+    When the function raises, a copy of the message is published if
+    ``message.retries < max_retry`` **and then** ``can_retry(message, exception)``
+    is true (always, when ``can_retry`` is None). ``max_retry=0`` disables
+    retrying; returning False never retries. A :class:`HandlerResultError`
+    (a result that is not None, True or False) is never retried.
+    """
+
+    def __init__(
+        self,
+        function: HandlerFunction,
+        *,
+        max_retry: int = DEFAULT_MAX_RETRY,
+        can_retry: CanRetry | None = None,
+    ) -> None:
+        super().__init__(function)
+        if isinstance(max_retry, bool) or not isinstance(max_retry, int) or max_retry < 0:
+            raise ConfigurationError(
+                f"max_retry of handler function {self.name} must be a whole number >= 0 "
+                f"(0 disables retrying), got {max_retry!r}"
+            )
+        if can_retry is not None:
+            _check_signature(
+                can_retry,
+                2,
+                f"can_retry of handler function {self.name}",
+                "take (message, exception)",
+            )
+        self._max_retry = max_retry
+        self._can_retry = can_retry
+
+    def max_retry(self) -> int:
+        return self._max_retry
+
+    def can_retry(self, message: Message, exception: Exception) -> bool:
+        if isinstance(exception, HandlerResultError):
+            return False
+        return True if self._can_retry is None else bool(self._can_retry(message, exception))
+
+
+def function_handler(
+    function: HandlerFunction, *, max_retry: int | None = None, can_retry: CanRetry | None = None
+) -> FunctionHandler:
+    """``function`` as a handler: retried when ``max_retry`` or ``can_retry`` is given.
+
+    ``max_retry`` defaults to 25 (as :class:`RetryMixin`) when only
+    ``can_retry`` is given; without either the function is never retried.
+    """
+    if inspect.isclass(function) or callable(getattr(function, "handle", None)):
+        what = "is a class" if inspect.isclass(function) else "has a handle() method"
+        raise ConfigurationError(
+            f"{function!r} {what}: the decorator takes a function; register a handler "
+            "object with register_handler(type, handler)"
+        )
+    if max_retry is None and can_retry is None:
+        return FunctionHandler(function)
+    return RetryableFunctionHandler(
+        function,
+        max_retry=DEFAULT_MAX_RETRY if max_retry is None else max_retry,
+        can_retry=can_retry,
+    )
+
+
+def as_handler(handler: object, message_type: str) -> Handler:
+    """``handler`` ready to register for ``message_type``: a handler object, or a wrapped function.
+
+    Raises :class:`ConfigurationError` naming the mistake (a class instead of an
+    instance, an async generator, a function that cannot take the message).
+    """
+    if inspect.isclass(handler):
+        name = handler.__qualname__
+        raise ConfigurationError(
+            f"handler {name} for type {message_type!r} is a class: register an instance, {name}()"
+        )
+    if callable(getattr(handler, "handle", None)):
+        return handler  # type: ignore[return-value]
+    if callable(handler):
+        try:
+            return FunctionHandler(handler)
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"{exc} (registering it for type {message_type!r})") from None
+    raise ConfigurationError(
+        f"handler {handler!r} for type {message_type!r} is neither a function taking the "
+        "message nor an object with a handle(message) method"
+    )
+
+
+def check_handler_function(function: object) -> None:
+    """Refuse what cannot be called as ``function(message)`` once per message."""
+    name = function_name(function)
+    if not callable(function):
+        raise ConfigurationError(f"{function!r} is not a function")
+    if inspect.isasyncgenfunction(function):
+        raise ConfigurationError(
+            f"handler function {name} is an async generator; a handler returns once: "
+            "write async def ... return True"
+        )
+    _check_signature(function, 1, f"handler function {name}", "take the message as its argument")
+
+
+def _check_signature(function: Callable[..., object], count: int, what: str, must: str) -> None:
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):
+        return  # some builtins have no signature to read; a wrong call fails when it is made
+    try:
+        signature.bind(*([None] * count))
+    except TypeError:
+        raise ConfigurationError(f"{what} must {must}, but its signature is {signature}") from None
+
+
+def function_name(function: object) -> str:
+    """``module.qualname`` of a function, else its repr."""
+    qualname = getattr(function, "__qualname__", None)
+    if not isinstance(qualname, str):
+        return repr(function)
+    module = getattr(function, "__module__", None)
+    return f"{module}.{qualname}" if module else qualname
+
+
+def handler_name(handler: object) -> str:
+    """What logs call a handler: the function's name for a function, else the class name."""
+    if isinstance(handler, FunctionHandler):
+        return handler.name
+    return type(handler).__name__
+
+
+def _short(value: object, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class HandlerRegistry:
+    """Handlers collected when a module is imported, registered on a Dispatcher later.
+
+    What ``hermes worker --handlers module:registry`` loads; it needs no
+    Dispatcher (nor a broker connection) at import time::
+
+        handlers = HandlerRegistry()
+
+        @handlers.handler("send-email", max_retry=5)
+        def send_email(message: Message) -> None: ...
+
+    ``registry.register(dispatcher)`` registers everything on a Dispatcher, in
+    the order it was collected.
+    """
+
+    def __init__(self) -> None:
+        self._entries: list[tuple[str, Handler]] = []
+
+    def handler(
+        self, type: str, *, max_retry: int | None = None, can_retry: CanRetry | None = None
+    ) -> Callable[[F], F]:
+        """Decorator: collect the function as a handler of ``type``; the function is unchanged.
+
+        ``max_retry`` and ``can_retry`` retry it as :class:`RetryableFunctionHandler`.
+        """
+
+        def collect(function: F) -> F:
+            handler = function_handler(function, max_retry=max_retry, can_retry=can_retry)
+            self._entries.append((type, handler))
+            return function
+
+        return collect
+
+    def register_handler(self, type: str, handler: Handler | HandlerFunction) -> HandlerRegistry:
+        """Collect ``handler`` (an object with ``handle`` or a function) for ``type``."""
+        self._entries.append((type, as_handler(handler, type)))
+        return self
+
+    def register(self, dispatcher: Dispatcher) -> Dispatcher:
+        """Register every collected handler on ``dispatcher``; returns the dispatcher."""
+        for type, handler in self._entries:
+            dispatcher.register_handler(type, handler)
+        return dispatcher
+
+    def registered(self) -> dict[str, list[Handler]]:
+        """Every type -> its handlers, both in the order they were collected."""
+        result: dict[str, list[Handler]] = {}
+        for type, handler in self._entries:
+            result.setdefault(type, []).append(handler)
+        return result
+
+    def __repr__(self) -> str:
+        types = ", ".join(self.registered()) or "nothing"
+        return f"<HandlerRegistry {types}>"

@@ -111,8 +111,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--handlers",
         required=True,
         metavar="MODULE:OBJECT",
-        help="a function taking the Dispatcher that registers handlers, or a dict of "
-        "type -> handler (or list of handlers); the current directory is importable",
+        help="what to run, imported from MODULE (the current directory is importable). "
+        "OBJECT is one of: a hermes.core.HandlerRegistry (functions decorated with "
+        "@registry.handler('TYPE')); a dict {'TYPE': handler or [handlers]}, where a handler "
+        "is a function taking the message, an object with handle(message), or a class "
+        "(created once, without arguments); or a function taking the Dispatcher, called once "
+        "to register handlers (dispatcher.register_handler('TYPE', handler))",
     )
     worker.add_argument(
         "--priority",

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import logging
 import os
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from hermes.core._cli._common import (
@@ -22,7 +23,9 @@ from hermes.core._cli._common import (
 )
 from hermes.core._dispatcher import Dispatcher
 from hermes.core._driver import DEFAULT_PRIORITY, Driver
-from hermes.core._handler import Handler
+from hermes.core._errors import ConfigurationError
+from hermes.core._handler import Handler, HandlerRegistry, as_handler, handler_name
+from hermes.core._message import Message
 from hermes.core._registry import connect, driver_for_url, plugin_manager
 from hermes.core._shutdown import SharedFileShutdown, Shutdown
 from hermes.core._url import redact_url
@@ -55,8 +58,8 @@ def load_object(spec: str) -> object:
     module_name, sep, attr_path = spec.partition(":")
     if not sep or not module_name or not attr_path:
         raise CliError(
-            f"--handlers {spec!r} must be module:object, e.g. myapp.jobs:register "
-            "(a function that registers handlers, or a dict of type -> handler)"
+            f"--handlers {spec!r} must be module:object, e.g. myapp.jobs:handlers "
+            "(a HandlerRegistry, a dict of type -> handler, or a function that registers handlers)"
         )
     # Like `python -m`: modules in the current directory are importable.
     cwd = os.getcwd()
@@ -101,53 +104,93 @@ def _module_file(module: object) -> str:
     return str(getattr(module, "__file__", None) or getattr(module, "__name__", "?"))
 
 
-def register_handlers(dispatcher: Dispatcher, target: object, spec: str) -> None:
-    """Register ``target``: a mapping type -> handler(s), or a callable given the dispatcher.
+#: What to do with a handler function that was given to --handlers as if it registered handlers.
+_FUNCTION_HINT = (
+    "a function named by --handlers is called once with the Dispatcher to register "
+    "handlers; to run a function for every message, name a dict {{'TYPE': {name}}} or a "
+    "hermes.core.HandlerRegistry whose @registry.handler('TYPE') decorates it"
+)
 
-    A handler class in a mapping is instantiated without arguments.
+
+def register_handlers(dispatcher: Dispatcher, target: object, spec: str) -> None:
+    """Register ``target`` on ``dispatcher``; every way it can be wrong is a :class:`CliError`.
+
+    ``target`` is a :class:`HandlerRegistry`; a mapping type -> handler(s), where a
+    handler is a function taking the message, an object with ``handle`` or a class
+    (created once, without arguments); or a function taking the Dispatcher.
     """
+    if isinstance(target, HandlerRegistry):
+        target.register(dispatcher)
+        return
     if isinstance(target, Mapping):
         for type_, value in target.items():
             if not isinstance(type_, str):
                 raise CliError(f"--handlers {spec}: key {type_!r} is not a message type string")
             handlers = value if isinstance(value, list | tuple) else [value]
-            for handler in handlers:
-                dispatcher.register_handler(type_, _instance(handler, type_, spec))
+            for item in handlers:
+                try:
+                    handler = as_handler(_instance(item, type_, spec), type_)
+                    dispatcher.register_handler(type_, handler)
+                except ConfigurationError as exc:
+                    raise CliError(f"--handlers {spec}: {exc}") from None
         return
     if isinstance(target, type) or callable(getattr(target, "handle", None)):
+        name = getattr(target, "__name__", None) or type(target).__name__
         raise CliError(
-            f"--handlers {spec} is a handler, not a registration: point it at a function "
-            "taking the Dispatcher (dispatcher.register_handler('type', Handler())) or at a "
-            "dict {'type': Handler()}"
+            f"--handlers {spec} is a handler, not a registration: name a dict "
+            f"{{'TYPE': {name}}}, a HandlerRegistry, or a function taking the Dispatcher "
+            f"(dispatcher.register_handler('TYPE', {name}))"
         )
     if not callable(target):
         raise CliError(
-            f"--handlers {spec} is a {type(target).__name__}: it must be a function taking "
-            "the Dispatcher, or a dict of type -> handler(s)"
+            f"--handlers {spec} is a {type(target).__name__}: it must be a HandlerRegistry, a "
+            "dict of type -> handler(s), or a function taking the Dispatcher"
+        )
+    name = getattr(target, "__name__", None) or spec
+    parameter = _message_parameter(target)
+    if parameter is not None:
+        raise CliError(
+            f"--handlers {spec} looks like a handler function (it takes {parameter!r}): "
+            + _FUNCTION_HINT.format(name=name)
         )
     try:
         target(dispatcher)
     except Exception as exc:
         site = raise_site(exc) or "no traceback"
-        raise CliError(f"--handlers {spec} raised {type(exc).__name__}: {exc} ({site})") from None
-
-
-def _instance(handler: object, type_: str, spec: str) -> Handler:
-    if isinstance(handler, type):
-        cls = handler
-        try:
-            handler = cls()
-        except Exception as exc:
-            raise CliError(
-                f"--handlers {spec}: cannot create {cls.__name__}() for {type_!r}: "
-                f"{type(exc).__name__}: {exc}"
-            ) from None
-    if not callable(getattr(handler, "handle", None)):
         raise CliError(
-            f"--handlers {spec}: the handler for {type_!r} ({handler!r}) has no "
-            "handle(message) method"
-        )
-    return handler  # type: ignore[return-value]
+            f"--handlers {spec} raised {type(exc).__name__}: {exc} ({site}); if it is a "
+            "handler rather than a registration: " + _FUNCTION_HINT.format(name=name)
+        ) from None
+
+
+def _message_parameter(function: Callable[..., object]) -> str | None:
+    """The first parameter's name when it says "message" (by name or annotation), else None."""
+    try:
+        parameters = list(inspect.signature(function).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    if not parameters:
+        return None
+    first = parameters[0]
+    annotation = first.annotation
+    annotated = annotation is Message or (
+        isinstance(annotation, str) and annotation.rpartition(".")[2] == "Message"
+    )
+    return first.name if annotated or first.name in ("message", "msg") else None
+
+
+def _instance(handler: object, type_: str, spec: str) -> object:
+    """``handler``, or an instance of it when it is a class."""
+    if not isinstance(handler, type):
+        return handler
+    cls = handler
+    try:
+        return cls()
+    except Exception as exc:
+        raise CliError(
+            f"--handlers {spec}: cannot create {cls.__name__}() for {type_!r}: "
+            f"{type(exc).__name__}: {exc}"
+        ) from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -187,7 +230,11 @@ def run(args: argparse.Namespace) -> int:
             logger.info("Metrics on %s", served)
         registered = dispatcher.registered()
         if not registered:
-            raise CliError(f"--handlers {spec} registered no handlers")
+            name = getattr(target, "__name__", None) or spec
+            hint = _FUNCTION_HINT.format(name=name) if callable(target) else ""
+            raise CliError(
+                f"--handlers {spec} registered no handlers" + (f"; {hint}" if hint else "")
+            )
         names = {**from_url, **from_cli}
         _log_start(
             url,
@@ -233,7 +280,7 @@ def _log_start(
         ", priorities" if caps.priorities else "",
     )
     handlers = "; ".join(
-        f"{t} -> {', '.join(type(h).__name__ for h in hs)}" for t, hs in registered.items()
+        f"{t} -> {', '.join(handler_name(h) for h in hs)}" for t, hs in registered.items()
     )
     logger.info("Handlers: %s", handlers)
 
