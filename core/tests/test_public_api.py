@@ -42,9 +42,10 @@ def test_the_signatures_are_those_of_the_spec() -> None:
         "created: 'float | None' = None, execute_at: 'float | None' = None, retries: 'int' = 0)"
         " -> 'None'"
     )
-    assert list(inspect.signature(Dispatcher).parameters) == [
-        "driver", "logger", "shutdown", "randomizer"
-    ]  # fmt: skip
+    dispatcher = inspect.signature(Dispatcher).parameters
+    assert list(dispatcher) == ["driver", "logger", "shutdown", "randomizer", "failed"]
+    assert dispatcher["failed"].kind is inspect.Parameter.KEYWORD_ONLY
+    assert dispatcher["failed"].default is None
     emit = inspect.signature(Emitter.emit).parameters
     assert list(emit) == ["self", "message", "priority"]
     assert emit["priority"].default == 100

@@ -30,6 +30,7 @@ from hermes.core._errors import (
     UnknownDriverError,
     UnknownPriorityError,
 )
+from hermes.core._failed import FailedMessage, FailedMessageSerializer, FailedStore, QueueBrowser
 from hermes.core._handler import EchoHandler, Handler
 from hermes.core._lazy import lazy_exports
 from hermes.core._memory import MemoryDriver
@@ -65,12 +66,16 @@ __all__ = [
     "DriverUrl",
     "EchoHandler",
     "Emitter",
+    "FailedMessage",
+    "FailedMessageSerializer",
+    "FailedStore",
     "Handler",
     "HermesError",
     "MemoryDriver",
     "Message",
     "MessageSerializer",
     "NotSupportedError",
+    "QueueBrowser",
     "RetryMixin",
     "RetryableHandler",
     "SerializeError",

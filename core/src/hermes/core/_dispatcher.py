@@ -11,10 +11,17 @@ from types import FrameType
 
 from hermes.core._driver import Driver
 from hermes.core._errors import ConfigurationError
+from hermes.core._failed import FailedStore
 from hermes.core._handler import Handler
 from hermes.core._message import Message
 from hermes.core._registry import notify, plugin_manager
-from hermes.core._retry import Randomizer, default_randomizer, next_retry, should_retry
+from hermes.core._retry import (
+    Randomizer,
+    RetryVerdict,
+    default_randomizer,
+    judge_retry,
+    next_retry,
+)
 from hermes.core._shutdown import Shutdown
 
 #: Between WARNING and INFO: PSR-3's NOTICE, used for "Exiting hermes dispatcher".
@@ -34,6 +41,10 @@ class DispatcherStats:
     failed: int = 0
     #: Retry copies published.
     retried: int = 0
+    #: Failures that ended without a retry (returned False, not retried, no handler).
+    gave_up: int = 0
+    #: Messages sent to the failed-message store.
+    stored: int = 0
 
 
 class _StopRequest:
@@ -57,6 +68,19 @@ class Dispatcher:
 
     ``randomizer`` (``random.Random(42)`` for a reproducible sequence) feeds the
     jitter of :meth:`next_retry`; it defaults to ``random.SystemRandom()``.
+
+    ``failed`` -- a driver (``connect(url)``) or a :class:`FailedStore` -- turns
+    on the failed-message store: a message whose handler gave up (returned
+    False, or raised and is not retried) or that has no handler is sent there
+    once, after its last handler, with the reasons. Without it such a message
+    is gone after its log line.
+
+    Every handler call ends in one log line that names the message: INFO
+    ``End handle message`` when the handler returned True; WARNING when it
+    raised and a retry copy was sent (with when the copy is due); ERROR when
+    it failed and will not run again, with the reason. A message without a
+    handler is one ERROR line. A handler's exception is logged at ERROR with
+    its traceback (``Handler X throws exception``) before that outcome line.
     """
 
     def __init__(
@@ -65,11 +89,15 @@ class Dispatcher:
         logger: logging.Logger | None = None,
         shutdown: Shutdown | None = None,
         randomizer: Randomizer | None = None,
+        *,
+        failed: Driver | FailedStore | None = None,
     ) -> None:
         self.driver = driver
         self.logger = logger or logging.getLogger("hermes")
         self.shutdown = shutdown
         self.randomizer = randomizer if randomizer is not None else default_randomizer()
+        #: Where messages given up on are kept; None (the default) keeps none.
+        self.failed = FailedStore(failed) if isinstance(failed, Driver) else failed
         self.stats = DispatcherStats()
         self._handlers: dict[str, list[Handler]] = {}
         self._hooks = plugin_manager().hook
@@ -170,13 +198,15 @@ class Dispatcher:
         handlers = self._handlers.get(message.type)
         if not handlers:
             self.stats.failed += 1
-            self.logger.warning(
-                "No handlers registered for message #%s (%s); dropped", message.id, message.type
-            )
+            reason = "no handler is registered for its type"
+            self._give_up(message, priority, None, reason, None)
+            if self.failed is not None:
+                self._store(self.failed, message, [reason])
             return False
         hooks = self._hooks
         notify(hooks.hermes_message_started, message=message, priority=priority)
         result = True
+        gave_up: list[str] = []
         for handler in list(handlers):
             try:
                 ok = bool(handler.handle(message))
@@ -193,13 +223,16 @@ class Dispatcher:
                     handler=handler,
                     exception=exc,
                 )
-                if self._should_retry(handler, message, exc):
-                    self._retry(message, handler)
+                verdict = self._judge_retry(handler, message, exc)
+                if verdict.refused is None:
+                    self._retry(message, handler, verdict.max_retry)
+                else:
+                    gave_up.append(self._give_up(message, priority, handler, verdict.refused, exc))
                 continue
-            if info:
-                self.logger.info("End handle message #%s (%s)", message.id, message.type)
             if ok:
                 self.stats.handled += 1
+                if info:
+                    self.logger.info("End handle message #%s (%s)", message.id, message.type)
             else:
                 self.stats.failed += 1
                 result = False
@@ -210,15 +243,20 @@ class Dispatcher:
                 handler=handler,
                 result=ok,
             )
+            if not ok:
+                reason = "it returned False (a handler that returns False is never retried)"
+                gave_up.append(self._give_up(message, priority, handler, reason, None))
+        if gave_up and self.failed is not None:
+            self._store(self.failed, message, gave_up)
         return result
 
     def next_retry(self, message: Message) -> float:
-        """When a retry of ``message`` may run (SPEC §5): now + r⁴ + 15 + randint(1, 30)·(r+1)."""
+        """When a retry of ``message`` may run: now + r⁴ + 15 + randint(1, 30)·(r+1)."""
         return next_retry(message, self.randomizer)
 
-    def _should_retry(self, handler: Handler, message: Message, exc: Exception) -> bool:
+    def _judge_retry(self, handler: Handler, message: Message, exc: Exception) -> RetryVerdict:
         try:
-            return should_retry(handler, message, exc, self.logger)
+            return judge_retry(handler, message, exc, self.logger)
         except Exception as policy_exc:
             # can_retry()/max_retry() are user code too: their failure must not
             # kill the worker (and bring the same message back to kill the next).
@@ -229,18 +267,103 @@ class Dispatcher:
                 message.id,
                 exc_info=True,
             )
-            return False
+            return RetryVerdict(
+                f"its retry policy raised {type(policy_exc).__name__}: {policy_exc}"
+            )
 
-    def _retry(self, message: Message, handler: Handler) -> None:
+    def _retry(self, message: Message, handler: Handler, max_retry: int | None) -> None:
         retry = message.replace(retries=message.retries + 1, execute_at=self.next_retry(message))
-        # No priority: the copy lands on the default priority queue, as in PHP Hermes.
-        self.driver.send(retry)
+        name = type(handler).__name__
+        try:
+            # No priority: the copy lands on the default priority queue, as in PHP Hermes.
+            self.driver.send(retry)
+        except Exception as exc:
+            self.logger.error(
+                "Message #%s (%s) failed in %s and its retry copy could not be sent - %s",
+                message.id,
+                message.type,
+                name,
+                exc,
+            )
+            raise
         self.stats.retried += 1
-        self.logger.info(
-            "Message #%s (%s) scheduled for retry %d at %.3f",
+        due = retry.execute_at if retry.execute_at is not None else time.time()
+        self.logger.warning(
+            "Message #%s (%s) failed in %s, retry %d%s in %.1f s at %s",
             retry.id,
             retry.type,
+            name,
             retry.retries,
-            retry.execute_at,
+            f" of {max_retry}" if max_retry is not None else "",
+            max(0.0, due - time.time()),
+            readable_time(due),
         )
         notify(self._hooks.hermes_message_retried, message=message, retry=retry, handler=handler)
+
+    def _give_up(
+        self,
+        message: Message,
+        priority: int,
+        handler: Handler | None,
+        reason: str,
+        exc: Exception | None,
+    ) -> str:
+        """Log and announce that ``handler`` will not run ``message`` again; the store's reason."""
+        self.stats.gave_up += 1
+        kept = "; it goes to the failed-message store" if self.failed is not None else ""
+        if handler is None:
+            self.logger.error(
+                "No handlers registered for message #%s (%s); %s",
+                message.id,
+                message.type,
+                "it goes to the failed-message store" if kept else "dropped",
+            )
+        else:
+            self.logger.error(
+                "Message #%s (%s) failed in %s, not retried: %s%s",
+                message.id,
+                message.type,
+                type(handler).__name__,
+                reason,
+                kept,
+            )
+        notify(
+            self._hooks.hermes_message_gave_up,
+            message=message,
+            priority=priority,
+            handler=handler,
+            reason=reason,
+            exception=exc,
+        )
+        return reason if handler is None else f"{type(handler).__name__}: {reason}"
+
+    def _store(self, store: FailedStore, message: Message, reasons: list[str]) -> None:
+        try:
+            stored = store.keep(message, "; ".join(reasons))
+        except Exception as exc:
+            self.logger.error(
+                "Message #%s (%s) could not be sent to the failed-message store %r and is "
+                "lost - %s",
+                message.id,
+                message.type,
+                store.driver,
+                exc,
+                exc_info=True,
+            )
+            return
+        self.stats.stored += 1
+        self.logger.debug(
+            "Message #%s (%s) kept in %r at %s",
+            message.id,
+            message.type,
+            store.driver,
+            readable_time(stored.failed_at),
+        )
+
+
+def readable_time(timestamp: float) -> str:
+    """A UNIX timestamp as local ``HH:MM:SS``, with the date in front when it is not today."""
+    moment = time.localtime(timestamp)
+    if moment[:3] == time.localtime()[:3]:
+        return time.strftime("%H:%M:%S", moment)
+    return time.strftime("%Y-%m-%d %H:%M:%S", moment)
