@@ -119,4 +119,6 @@ def test_the_commands_the_demo_suggests_work_as_printed(
 
     assert result.returncode == 0, result.stdout + result.stderr
     assert 'Payload: {"amount": 10}' in result.stdout
-    assert result.stdout.splitlines()[-1].endswith("received 1, handled 1, failed 0, retried 0")
+    assert result.stdout.splitlines()[-1].endswith(
+        "received 1, handled 1, failed 0, retried 0, gave up 0"
+    )
