@@ -96,6 +96,12 @@ class Dispatcher:
         self.logger = logger or logging.getLogger("hermes")
         self.shutdown = shutdown
         self.randomizer = randomizer if randomizer is not None else default_randomizer()
+        store_driver = failed.driver if isinstance(failed, FailedStore) else failed
+        if store_driver is driver:
+            raise ConfigurationError(
+                f"failed= is the Dispatcher's own driver {driver!r}: messages given up on "
+                "would come straight back; connect the store to another queue"
+            )
         #: Where messages given up on are kept; None (the default) keeps none.
         self.failed = FailedStore(failed) if isinstance(failed, Driver) else failed
         self.stats = DispatcherStats()
