@@ -68,7 +68,8 @@ def hermes_message_succeeded(
     """Called by the Dispatcher after ``handler.handle(message)`` returned ``result``.
 
     ``result`` False: the handler reported a failure without raising (the
-    Dispatcher's stats count it as failed; nothing is retried).
+    Dispatcher's stats count it as failed; nothing is retried), and
+    :func:`hermes_message_gave_up` follows.
     """
 
 
