@@ -267,10 +267,9 @@ class Dispatcher:
             # can_retry()/max_retry() are user code too: their failure must not
             # kill the worker (and bring the same message back to kill the next).
             self.logger.error(
-                "Handler %s retry policy throws exception - %s; message #%s is not retried",
+                "Handler %s retry policy throws exception - %s",
                 type(handler).__name__,
                 policy_exc,
-                message.id,
                 exc_info=True,
             )
             return RetryVerdict(
