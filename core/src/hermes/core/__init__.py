@@ -6,6 +6,8 @@ handlers registered for each message type. Brokers are reached through
 :class:`Driver` plugins: ``connect("redis://localhost:6379/0")``.
 """
 
+from typing import TYPE_CHECKING
+
 from hermes.core._dispatcher import NOTICE, Dispatcher, DispatcherStats
 from hermes.core._driver import (
     DEFAULT_PRIORITY,
@@ -30,7 +32,6 @@ from hermes.core._errors import (
     UnknownDriverError,
     UnknownPriorityError,
 )
-from hermes.core._failed import FailedMessage, FailedMessageSerializer, FailedStore, QueueBrowser
 from hermes.core._handler import EchoHandler, Handler
 from hermes.core._lazy import lazy_exports
 from hermes.core._memory import MemoryDriver
@@ -47,6 +48,14 @@ from hermes.core._retry import RetryableHandler, RetryMixin
 from hermes.core._serializer import MessageSerializer, Serializer
 from hermes.core._shutdown import SharedFileShutdown, Shutdown
 from hermes.core._url import DriverUrl, redact_url
+
+if TYPE_CHECKING:
+    from hermes.core._failed import (
+        FailedMessage,
+        FailedMessageSerializer,
+        FailedStore,
+        QueueBrowser,
+    )
 
 __all__ = [
     "DEFAULT_PRIORITY",
@@ -95,3 +104,13 @@ __all__ = [
     "plugin_manager",
     "redact_url",
 ]
+
+# The failed-message store is imported when first used: most processes never do.
+if not TYPE_CHECKING:  # type checkers read the imports above
+    __getattr__, __dir__ = lazy_exports(
+        __name__,
+        {
+            name: "._failed"
+            for name in ("FailedMessage", "FailedMessageSerializer", "FailedStore", "QueueBrowser")
+        },
+    )

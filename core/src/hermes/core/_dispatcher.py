@@ -8,10 +8,10 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from hermes.core._driver import Driver
 from hermes.core._errors import ConfigurationError
-from hermes.core._failed import FailedStore
 from hermes.core._handler import Handler
 from hermes.core._message import Message
 from hermes.core._registry import notify, plugin_manager
@@ -23,6 +23,9 @@ from hermes.core._retry import (
     next_retry,
 )
 from hermes.core._shutdown import Shutdown
+
+if TYPE_CHECKING:
+    from hermes.core._failed import FailedStore
 
 #: Between WARNING and INFO: PSR-3's NOTICE, used for "Exiting hermes dispatcher".
 NOTICE = 25
@@ -96,14 +99,8 @@ class Dispatcher:
         self.logger = logger or logging.getLogger("hermes")
         self.shutdown = shutdown
         self.randomizer = randomizer if randomizer is not None else default_randomizer()
-        store_driver = failed.driver if isinstance(failed, FailedStore) else failed
-        if store_driver is driver:
-            raise ConfigurationError(
-                f"failed= is the Dispatcher's own driver {driver!r}: messages given up on "
-                "would come straight back; connect the store to another queue"
-            )
         #: Where messages given up on are kept; None (the default) keeps none.
-        self.failed = FailedStore(failed) if isinstance(failed, Driver) else failed
+        self.failed = _failed_store(failed, driver) if failed is not None else None
         self.stats = DispatcherStats()
         self._handlers: dict[str, list[Handler]] = {}
         self._hooks = plugin_manager().hook
@@ -364,6 +361,18 @@ class Dispatcher:
             store.driver,
             readable_time(stored.failed_at),
         )
+
+
+def _failed_store(failed: Driver | FailedStore, driver: Driver) -> FailedStore:
+    # Imported here: most workers keep no failed messages, and every process imports this module.
+    from hermes.core._failed import FailedStore
+
+    if (failed.driver if isinstance(failed, FailedStore) else failed) is driver:
+        raise ConfigurationError(
+            f"failed= is the Dispatcher's own driver {driver!r}: messages given up on "
+            "would come straight back; connect the store to another queue"
+        )
+    return failed if isinstance(failed, FailedStore) else FailedStore(failed)
 
 
 def readable_time(timestamp: float) -> str:

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
-from hermes.core import ConfigurationError, Driver, DriverPlugin, DriverUrl, QueueBrowser, hookimpl
+from hermes.core import ConfigurationError, Driver, DriverPlugin, DriverUrl, hookimpl
 from hermes.drivers.filesystem._driver import FileSystemDriver
+
+if TYPE_CHECKING:
+    from hermes.core import QueueBrowser
 
 #: Options a ``file://`` URL may carry, e.g. ``file:///var/spool/hermes?fsync=false``.
 URL_OPTIONS = ("fsync", "poll_interval_s", "recovery_interval_s")

@@ -13,7 +13,6 @@ from hermes.core import (
     Driver,
     DriverPlugin,
     DriverUrl,
-    QueueBrowser,
     Shutdown,
     hookimpl,
 )
@@ -22,6 +21,7 @@ from hermes.drivers.redis._capabilities import CAPABILITIES
 if TYPE_CHECKING:
     import redis
 
+    from hermes.core import QueueBrowser
     from hermes.drivers.redis._driver import RedisSetDriver
 
 _DRIVER_OPTIONS = ("key", "schedule_key", "refresh_interval", "prefix")
