@@ -527,3 +527,19 @@ def test_a_due_time_on_another_day_shows_its_date() -> None:
     assert readable_time(in_three_days) == time.strftime(
         "%Y-%m-%d %H:%M:%S", time.localtime(in_three_days)
     )
+
+
+def test_at_debug_each_handler_call_says_how_it_ended_and_how_long_it_took(
+    driver: MemoryDriver, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="hermes")
+    message = Message("mail")
+    dispatcher = Dispatcher(driver).register_handlers("mail", [Recorder([], "ok"), Plain()])
+
+    dispatcher.handle_message(message, DEFAULT_PRIORITY)
+
+    debug = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
+    assert [re.sub(r"after \d+\.\d ms$", "after N ms", line) for line in debug] == [
+        f"Handler Recorder returned True on message #{message.id} (mail) after N ms",
+        f"Handler Plain raised RuntimeError on message #{message.id} (mail) after N ms",
+    ]

@@ -210,10 +210,14 @@ class Dispatcher:
         notify(hooks.hermes_message_started, message=message, priority=priority)
         result = True
         gave_up: list[str] = []
+        debug = self.logger.isEnabledFor(logging.DEBUG)
         for handler in list(handlers):
+            started = time.perf_counter() if debug else 0.0
             try:
                 ok = bool(handler.handle(message))
             except Exception as exc:
+                if debug:
+                    self._took(handler, message, started, f"raised {type(exc).__name__}")
                 result = False
                 self.stats.failed += 1
                 self.logger.error(
@@ -232,6 +236,8 @@ class Dispatcher:
                 else:
                     gave_up.append(self._give_up(message, priority, handler, verdict.refused, exc))
                 continue
+            if debug:
+                self._took(handler, message, started, f"returned {ok}")
             if ok:
                 self.stats.handled += 1
                 if info:
@@ -252,6 +258,16 @@ class Dispatcher:
         if gave_up and self.failed is not None:
             self._store(self.failed, message, gave_up)
         return result
+
+    def _took(self, handler: Handler, message: Message, started: float, outcome: str) -> None:
+        self.logger.debug(
+            "Handler %s %s on message #%s (%s) after %.1f ms",
+            type(handler).__name__,
+            outcome,
+            message.id,
+            message.type,
+            (time.perf_counter() - started) * 1000,
+        )
 
     def next_retry(self, message: Message) -> float:
         """When a retry of ``message`` may run: now + r⁴ + 15 + randint(1, 30)·(r+1)."""
