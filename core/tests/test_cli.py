@@ -53,9 +53,17 @@ class Flaky(RetryMixin, RetryableHandler):
         raise RuntimeError("flaky handler failed on purpose")
 
 
+class Picky(Record):
+    """Declines (returns False) until a file called "fixed" is in the current directory."""
+
+    def handle(self, message):
+        return os.path.exists("fixed") and super().handle(message)
+
+
 def register(dispatcher):
     dispatcher.register_handler("job", Record())
     dispatcher.register_handler("flaky", Flaky())
+    dispatcher.register_handler("picky", Picky())
 
 
 HANDLERS = {"job": Record, "flaky": [Flaky()]}
@@ -231,11 +239,9 @@ def test_messages_emitted_before_the_worker_starts_are_handled_and_counted(
 
     assert worker.returncode == 0, worker.stdout + worker.stderr
     assert [row["payload"] for row in handled(project)] == [{"n": 1}, {"n": 2}]
-    assert worker.stdout.splitlines()[-1].endswith("received 2, handled 2, failed 0, retried 0"), (
-        worker.stdout
-    )
-    assert "Handlers: job -> Record; flaky -> Flaky" in worker.stdout
-    assert worker.stderr == ""
+    (summary,) = worker.stdout.splitlines()  # stdout holds the result, stderr the log
+    assert summary.endswith("received 2, handled 2, failed 0, retried 0, gave up 0"), summary
+    assert "Handlers: job -> Record; flaky -> Flaky" in worker.stderr
 
 
 def test_every_event_of_the_worker_is_one_timestamped_line(project: Path, queue_url: str) -> None:
@@ -246,8 +252,8 @@ def test_every_event_of_the_worker_is_one_timestamped_line(project: Path, queue_
     )
 
     assert worker.returncode == 0, worker.stdout + worker.stderr
-    log_lines = worker.stdout.splitlines()[:-1]
-    assert log_lines, worker.stdout
+    log_lines = worker.stderr.splitlines()
+    assert log_lines, worker.stderr
     for line in log_lines:
         assert re.match(r"\d\d:\d\d:\d\d (INFO|NOTICE|WARNING|ERROR) +\S", line), line
     assert any(re.search(r"Start handle message #\S+ \(job\) priority:100$", x) for x in log_lines)
@@ -264,28 +270,52 @@ def test_a_failing_handler_is_one_error_line_and_its_retry_is_counted(
     )
 
     assert worker.returncode == 0, worker.stdout + worker.stderr
-    assert "Traceback" not in worker.stdout
-    errors = [line for line in worker.stdout.splitlines() if " ERROR " in line]
+    assert "Traceback" not in worker.stderr
+    errors = [line for line in worker.stderr.splitlines() if " ERROR " in line]
     assert len(errors) == 1
     assert errors[0].endswith(
         "Handler Flaky throws exception - flaky handler failed on purpose "
         "[RuntimeError at jobs.py:23]"
     )
-    assert re.search(r"scheduled for retry 1 at \d+\.\d+$", worker.stdout, re.MULTILINE)
-    assert worker.stdout.splitlines()[-1].endswith("received 1, handled 0, failed 1, retried 1")
+    assert re.search(
+        r" WARNING Message #\S+ \(flaky\) failed in Flaky, retry 1 of 25 in \d+\.\d s "
+        r"at \d\d:\d\d:\d\d$",
+        worker.stderr,
+        re.MULTILINE,
+    ), worker.stderr
+    assert worker.stdout.splitlines()[-1].endswith(
+        "received 1, handled 0, failed 1, retried 1, gave up 0"
+    )
 
 
-def test_verbose_worker_shows_the_full_traceback(project: Path, queue_url: str) -> None:
+def test_very_verbose_worker_shows_the_full_traceback(project: Path, queue_url: str) -> None:
     seed(queue_url, ("flaky", None, 100))
 
     worker = hermes(
-        "worker", "--url", queue_url, "--handlers", "jobs:register", "--max-items", "1", "-v",
+        "worker", "--url", queue_url, "--handlers", "jobs:register", "--max-items", "1", "-vv",
         cwd=project,
     )  # fmt: skip
 
     assert worker.returncode == 0, worker.stdout + worker.stderr
-    assert "Traceback (most recent call last)" in worker.stdout
-    assert 'jobs.py", line 23, in handle' in worker.stdout
+    assert "Traceback (most recent call last)" in worker.stderr
+    assert 'jobs.py", line 23, in handle' in worker.stderr
+
+
+def test_verbose_worker_adds_debug_lines_but_keeps_exceptions_on_one_line(
+    project: Path, queue_url: str, tmp_path: Path
+) -> None:
+    seed(queue_url, ("nobody-handles-this", None, 100))
+    failed_url = (tmp_path / "failed").as_uri()
+
+    worker = hermes(
+        "worker", "--url", queue_url, "--handlers", "jobs:register", "--max-items", "1", "-v",
+        "--failed-url", failed_url, cwd=project,
+    )  # fmt: skip
+
+    assert worker.returncode == 0, worker.stdout + worker.stderr
+    assert "Traceback" not in worker.stderr
+    debug = [line for line in worker.stderr.splitlines() if " DEBUG " in line]
+    assert any(re.search(r"kept in <FileSystemDriver file://\S+/failed> at ", x) for x in debug)
 
 
 def test_quiet_worker_prints_only_problems_and_the_counts(project: Path, queue_url: str) -> None:
@@ -299,7 +329,8 @@ def test_quiet_worker_prints_only_problems_and_the_counts(project: Path, queue_u
     assert worker.returncode == 0, worker.stdout + worker.stderr
     lines = worker.stdout.splitlines()
     assert len(lines) == 1, worker.stdout
-    assert lines[0].endswith("received 1, handled 1, failed 0, retried 0")
+    assert lines[0].endswith("received 1, handled 1, failed 0, retried 0, gave up 0")
+    assert worker.stderr == ""
 
 
 def test_a_worker_given_priorities_reads_only_those(project: Path, queue_url: str) -> None:
@@ -428,14 +459,14 @@ def test_a_worker_reads_the_sets_named_by_queue_or_by_the_url(
         "--max-items", "1", cwd=project,
     )  # fmt: skip
     assert named.returncode == 0, named.stdout + named.stderr
-    assert f"Reading priorities 200 ({high});" in named.stdout
+    assert f"Reading priorities 200 ({high});" in named.stderr
     assert names(project) == ["high"]
 
     rest = hermes(
         "worker", "--url", php_like, "--handlers", "jobs:register", "--max-items", "2", cwd=project
     )
     assert rest.returncode == 0, rest.stdout + rest.stderr
-    assert f"Reading priority 100, the URL's queues 200 ({high}), 50 ({low}) and" in rest.stdout
+    assert f"Reading priority 100, the URL's queues 200 ({high}), 50 ({low}) and" in rest.stderr
     assert names(project) == ["high", "default", "low"]
 
 
@@ -459,6 +490,152 @@ def test_a_queue_without_a_priority_is_an_argument_error(tmp_path: Path) -> None
     assert "Traceback" not in result.stderr
 
 
+# The failed-message store ------------------------------------------------------------
+
+
+@pytest.fixture(params=["file", "redis"])
+def failed_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A failed-message store of this test's own: a directory, or keys under a Redis prefix."""
+    if request.param == "file":
+        yield (tmp_path / "failed").as_uri()
+        return
+    pytest.importorskip("hermes.drivers.redis", reason="hermes-redis is not installed")
+    import redis
+
+    base = request.getfixturevalue("redis_url").rsplit("/", 1)[0] + "/14"
+    prefix = f"cli-failed-{uuid.uuid4().hex[:8]}:"
+    yield f"{base}?prefix={prefix}"
+    client = redis.Redis.from_url(base)
+    client.delete(*(client.keys(f"{prefix}*") or [f"{prefix}none"]))
+    client.close()
+
+
+def test_a_message_given_up_on_is_listed_retried_and_then_handled(
+    project: Path, queue_url: str, failed_url: str
+) -> None:
+    seed(queue_url, ("picky", {"n": 7}, 100))
+    store = ("--url", failed_url)
+
+    first = hermes(
+        "worker", "--url", queue_url, "--handlers", "jobs:register", "--max-items", "1",
+        "--failed-url", failed_url, cwd=project,
+    )  # fmt: skip
+
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert re.search(
+        r" ERROR   Message #(\S+) \(picky\) failed in Picky, not retried: it returned False "
+        r"\(a handler that returns False is never retried\); it goes to the failed-message "
+        r"store$",
+        first.stderr,
+        re.MULTILINE,
+    ), first.stderr
+    assert first.stdout.rstrip().endswith("gave up 1 (1 kept in the failed-message store)")
+    listed = hermes("failed", *store, "list", cwd=project)
+    assert listed.returncode == 0, listed.stderr
+    header, row, count = listed.stdout.splitlines()
+    assert header.split() == ["ID", "TYPE", "RETRIES", "FAILED", "AT", "REASON"]
+    message_id, type_, retries, day, moment, *reason = row.split()
+    assert (type_, retries) == ("picky", "0")
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", f"{day} {moment}")
+    assert " ".join(reason) == (
+        "Picky: it returned False (a handler that returns False is never retried)"
+    )
+    assert count.startswith("1 failed message in ")
+
+    (project / "fixed").touch()
+    retried = hermes("failed", *store, "retry", message_id, "--to", queue_url, cwd=project)
+    assert retried.returncode == 0, retried.stderr
+    assert retried.stdout == (
+        f"Put 1 message back on {queue_url} with retries reset: #{message_id} (picky)\n"
+    )
+    assert hermes("failed", "list", *store, cwd=project).stdout.startswith("No failed messages")
+    second = hermes(
+        "worker", "--url", queue_url, "--handlers", "jobs:register", "--max-items", "1",
+        cwd=project,
+    )  # fmt: skip
+
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert [(r["id"], r["payload"], r["retries"]) for r in handled(project)] == [
+        (message_id, {"n": 7}, 0)
+    ]
+
+
+def test_purge_deletes_the_messages_it_is_given_or_all_of_them(
+    project: Path, failed_url: str
+) -> None:
+    from hermes.core import FailedStore, Message
+
+    with FailedStore.connect(failed_url) as store:
+        kept = [store.keep(Message("job"), "gave up") for _ in range(3)]
+    purge = ("failed", "--url", failed_url, "purge")
+
+    one = hermes(*purge, kept[0].id, cwd=project)
+    refused = hermes(*purge, cwd=project)
+    everything = hermes(*purge, "--all", cwd=project)
+
+    assert one.stdout.startswith("Deleted 1 message from "), one.stderr
+    assert "the IDs `hermes failed list` shows, or --all" in assert_one_line_error(refused)
+    assert everything.stdout.startswith("Deleted 2 messages from "), everything.stderr
+    assert hermes("failed", "--url", failed_url, "list", cwd=project).stdout.startswith("No ")
+
+
+def test_an_unknown_id_changes_nothing_and_says_where_to_find_the_ids(
+    project: Path, queue_url: str, failed_url: str
+) -> None:
+    from hermes.core import FailedStore, Message
+
+    with FailedStore.connect(failed_url) as store:
+        kept = store.keep(Message("job"), "gave up")
+
+    result = hermes(
+        "failed", "--url", failed_url, "retry", kept.id, "no-such-id", "--to", queue_url,
+        cwd=project,
+    )  # fmt: skip
+
+    line = assert_one_line_error(result)
+    assert "no failed message with id no-such-id" in line
+    assert "nothing was changed" in line
+    listed = hermes("failed", "--url", failed_url, "list", cwd=project)
+    assert kept.id in listed.stdout
+
+
+def test_a_store_that_cannot_be_listed_says_which_urls_can(project: Path) -> None:
+    pytest.importorskip("hermes.drivers.rabbitmq", reason="hermes-rabbitmq is not installed")
+
+    line = assert_one_line_error(
+        hermes("failed", "--url", "amqp://guest:s3cret@127.0.0.1:1/?queue=f", "list", cwd=project)
+    )
+
+    assert "cannot list or delete the messages it holds without taking them" in line
+    assert "file:// or redis://" in line
+    assert "s3cret" not in line
+
+
+def test_failed_without_a_url_names_the_option_and_the_variable(project: Path) -> None:
+    line = assert_one_line_error(hermes("failed", "list", cwd=project))
+
+    assert "--url URL" in line and "$HERMES_FAILED_URL" in line
+
+
+def test_a_worker_whose_failed_url_is_its_own_queue_is_refused(
+    project: Path, queue_url: str
+) -> None:
+    result = hermes(
+        "worker", "--url", queue_url, "--failed-url", queue_url, "--handlers", "jobs:register",
+        cwd=project,
+    )  # fmt: skip
+
+    assert "--failed-url is the worker's own queue" in assert_one_line_error(result)
+
+
+def test_very_verbose_errors_show_their_traceback(project: Path) -> None:
+    result = hermes("failed", "--url", "nats://h/x", "list", "-vv", cwd=project)
+
+    assert result.returncode == 2
+    assert "Traceback (most recent call last)" in result.stderr
+    assert result.stderr.splitlines()[-1].startswith("hermes: error: no installed Hermes driver")
+
+
 # Stopping workers -------------------------------------------------------------------
 
 
@@ -479,8 +656,8 @@ def test_shutdown_file_stops_a_running_worker(project: Path, queue_url: str) -> 
         assert "Asked every worker watching" in stop.stdout
         assert worker.wait(timeout=30) == 0
     text = output.read_text()
-    assert "NOTICE Exiting hermes dispatcher - shutdown" in text
-    assert text.splitlines()[-1].endswith("received 1, handled 1, failed 0, retried 0")
+    assert "NOTICE  Exiting hermes dispatcher - shutdown" in text
+    assert text.splitlines()[-1].endswith("received 1, handled 1, failed 0, retried 0, gave up 0")
 
 
 def test_sigterm_stops_a_worker_after_its_message_and_prints_the_counts(
@@ -497,7 +674,7 @@ def test_sigterm_stops_a_worker_after_its_message_and_prints_the_counts(
         assert worker.wait(timeout=30) == 0
     text = output.read_text()
     assert "Received SIGTERM, stopping after the message in progress" in text
-    assert text.splitlines()[-1].endswith("handled 1, failed 0, retried 0")
+    assert text.splitlines()[-1].endswith("handled 1, failed 0, retried 0, gave up 0")
 
 
 def test_shutdown_by_redis_url_stops_a_worker_on_that_redis(
@@ -516,7 +693,7 @@ def test_shutdown_by_redis_url_stops_a_worker_on_that_redis(
         assert stop.stdout.startswith("Set RedisShutdown(key='hermes_shutdown') on redis://")
         assert "the workers that watch it and started before" in stop.stdout
         assert worker.wait(timeout=30) == 0
-    assert "NOTICE Exiting hermes dispatcher - shutdown" in output.read_text()
+    assert "NOTICE  Exiting hermes dispatcher - shutdown" in output.read_text()
 
 
 def test_shutdown_by_a_url_that_is_not_redis_says_to_use_a_file(
@@ -611,11 +788,14 @@ def test_a_worker_whose_broker_is_unreachable_names_its_host_and_port(project: P
         cwd=project,
     )  # fmt: skip
 
-    line = assert_one_line_error(result)
-    assert "unreachable" in line
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    line = result.stderr.splitlines()[-1]
+    assert line.startswith("hermes: error: broker unreachable: ")
     assert "127.0.0.1:1" in line
     assert "s3cret" not in result.stdout + result.stderr
-    assert result.stdout.splitlines()[-1].endswith("received 0, handled 0, failed 0, retried 0")
+    (counts,) = result.stdout.splitlines()  # stdout holds only the counts
+    assert counts.endswith("received 0, handled 0, failed 0, retried 0, gave up 0")
 
 
 def test_output_piped_into_a_closed_reader_ends_quietly(tmp_path: Path) -> None:
@@ -773,9 +953,9 @@ def test_a_worker_runs_functions_from_a_registry_or_a_dict(
 
     assert worker.returncode == 0, worker.stdout + worker.stderr
     assert handled(functions_project) == [{"type": "job", "retries": 0}]
-    assert "Handlers: job -> fjobs.send_email; flaky -> fjobs.charge_card" in worker.stdout
+    assert "Handlers: job -> fjobs.send_email; flaky -> fjobs.charge_card" in worker.stderr
     assert worker.stdout.splitlines()[-1].endswith(
-        f"received 2, handled 1, failed 1, retried {retried}"
+        f"received 2, handled 1, failed 1, retried {retried}, gave up {1 - retried}"
     )
 
 

@@ -123,7 +123,9 @@ def test_the_commands_the_demo_suggests_work_as_printed(
 
     assert result.returncode == 0, result.stdout + result.stderr
     assert 'Payload: {"amount": 10}' in result.stdout
-    assert result.stdout.splitlines()[-1].endswith("received 1, handled 1, failed 0, retried 0")
+    assert result.stdout.splitlines()[-1].endswith(
+        "received 1, handled 1, failed 0, retried 0, gave up 0"
+    )
 
 
 def test_with_hermes_core_alone_the_demo_runs_on_memory_and_says_what_to_install(

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import random
+import re
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -17,8 +20,11 @@ from hermes.core import (
     Emitter,
     MemoryDriver,
     Message,
+    RetryableHandler,
+    RetryMixin,
     SharedFileShutdown,
 )
+from hermes.core._dispatcher import readable_time
 
 
 class Recorder:
@@ -179,7 +185,7 @@ def test_a_keyboard_interrupt_in_a_handler_ends_handle_and_keeps_the_message(
     assert [m.id for m in peek.queued(driver)] == [message.id]
 
 
-def test_a_message_without_handlers_is_dropped_with_a_warning(
+def test_a_message_without_handlers_is_dropped_with_one_error_line(
     driver: MemoryDriver, hermes_log: pytest.LogCaptureFixture, peek: Any
 ) -> None:
     message = Message("unknown-type")
@@ -188,10 +194,10 @@ def test_a_message_without_handlers_is_dropped_with_a_warning(
 
     Dispatcher(driver).handle()
 
-    warnings = messages(hermes_log, logging.WARNING)
-    assert len(warnings) == 1
-    assert message.id in warnings[0]
-    assert "unknown-type" in warnings[0]
+    assert messages(hermes_log, logging.ERROR) == [
+        f"No handlers registered for message #{message.id} (unknown-type); dropped"
+    ]
+    assert messages(hermes_log, logging.WARNING) == []
     assert peek.total(driver) == 0
 
 
@@ -207,6 +213,7 @@ def test_stats_count_received_handled_failed_and_retried(driver: MemoryDriver) -
 
     stats = dispatcher.stats
     assert (stats.received, stats.handled, stats.failed, stats.retried) == (3, 1, 3, 0)
+    assert (stats.gave_up, stats.stored) == (3, 0)
 
 
 # handle() -------------------------------------------------------------------------
@@ -359,8 +366,12 @@ def test_a_handler_exception_is_logged_as_error_with_the_class_text_and_tracebac
 
     dispatcher.handle_message(Message("job"), DEFAULT_PRIORITY)
 
-    (record,) = [r for r in hermes_log.records if r.levelno == logging.ERROR]
+    record, outcome = [r for r in hermes_log.records if r.levelno == logging.ERROR]
     assert record.getMessage() == "Handler Raises throws exception - no SMTP"
+    assert outcome.getMessage().endswith(
+        "not retried: Raises is not a RetryableHandler "
+        "(subclass RetryableHandler with RetryMixin to retry it when it raises)"
+    )
     assert record.exc_info is not None
     assert isinstance(record.exc_info[1], ValueError)
     assert not any(m.startswith("End handle") for m in messages(hermes_log))
@@ -391,3 +402,171 @@ def test_the_finished_hook_sees_each_message_once_with_its_outcome(driver: Memor
     finally:
         plugin_manager().unregister(observer)
     assert seen == [("ok", True), ("refused", False), ("orphan", False)]
+
+
+# How each message ends: one line, at its level, naming the message ----------------
+
+
+class Flaky(RetryMixin, RetryableHandler):
+    def handle(self, message: Message) -> bool:
+        raise RuntimeError("SMTP down")
+
+
+class Picky(Flaky):
+    def can_retry(self, message: Message, exception: Exception) -> bool:
+        return False
+
+
+class Once(Flaky):
+    def max_retry(self) -> int:
+        return 0
+
+
+class Declines:
+    def handle(self, message: Message) -> bool:
+        return False
+
+
+class Plain:
+    def handle(self, message: Message) -> bool:
+        raise RuntimeError("SMTP down")
+
+
+def outcome_lines(caplog: pytest.LogCaptureFixture) -> list[tuple[int, str]]:
+    """The records after ``Start handle``, without the ``throws exception`` ones."""
+    return [
+        (r.levelno, r.getMessage())
+        for r in caplog.records
+        if not r.getMessage().startswith(("Start handle", "Handler "))
+    ]
+
+
+@pytest.mark.parametrize(
+    ("handler", "retries", "reason"),
+    [
+        (Declines(), 0, "it returned False (a handler that returns False is never retried)"),
+        (
+            Plain(),
+            0,
+            "Plain is not a RetryableHandler "
+            "(subclass RetryableHandler with RetryMixin to retry it when it raises)",
+        ),
+        (Picky(), 0, "can_retry() said no"),
+        (Flaky(), 25, "gave up after 25 retries"),
+        (Flaky(), 30, "gave up after 30 retries (max_retry() is 25)"),
+        (Once(), 0, "retries are off (max_retry() is 0)"),
+    ],
+    ids=["returned-false", "not-retryable", "can-retry-no", "used-up", "over-the-limit", "off"],
+)
+def test_a_failure_that_is_not_retried_is_one_error_line_with_the_reason(
+    driver: MemoryDriver,
+    hermes_log: pytest.LogCaptureFixture,
+    handler: Any,
+    retries: int,
+    reason: str,
+) -> None:
+    message = Message("mail", retries=retries)
+    dispatcher = Dispatcher(driver).register_handler("mail", handler)
+
+    dispatcher.handle_message(message, DEFAULT_PRIORITY)
+
+    name = type(handler).__name__
+    assert outcome_lines(hermes_log) == [
+        (logging.ERROR, f"Message #{message.id} (mail) failed in {name}, not retried: {reason}")
+    ]
+    assert (dispatcher.stats.gave_up, dispatcher.stats.retried) == (1, 0)
+
+
+def test_a_retried_failure_is_one_warning_saying_which_retry_and_when_it_is_due(
+    recording_driver: Any, hermes_log: pytest.LogCaptureFixture
+) -> None:
+    message = Message("mail", retries=2)
+    dispatcher = Dispatcher(recording_driver, randomizer=random.Random(42))
+    dispatcher.register_handler("mail", Flaky())
+
+    dispatcher.handle_message(message, DEFAULT_PRIORITY)
+
+    ((level, text),) = outcome_lines(hermes_log)
+    (retry,) = recording_driver.sent
+    assert level == logging.WARNING
+    match = re.fullmatch(
+        rf"Message #{message.id} \(mail\) failed in Flaky, retry 3 of 25 "
+        r"in (\d+\.\d) s at (.+)",
+        text,
+    )
+    assert match is not None, text
+    assert abs(float(match[1]) - (retry.execute_at - time.time())) < 5
+    assert match[2] == readable_time(retry.execute_at)
+
+
+def test_a_handled_message_ends_in_one_info_line_and_no_other(
+    driver: MemoryDriver, hermes_log: pytest.LogCaptureFixture
+) -> None:
+    message = Message("mail")
+    Dispatcher(driver).register_handler("mail", Recorder([], "h")).handle_message(message, 100)
+
+    assert outcome_lines(hermes_log) == [(logging.INFO, f"End handle message #{message.id} (mail)")]
+
+
+def test_each_handler_of_a_message_says_how_it_ended(
+    recording_driver: Any, hermes_log: pytest.LogCaptureFixture
+) -> None:
+    message = Message("mail")
+    dispatcher = Dispatcher(recording_driver).register_handlers(
+        "mail", [Recorder([], "ok"), Flaky(), Declines()]
+    )
+
+    dispatcher.handle_message(message, DEFAULT_PRIORITY)
+
+    levels = [level for level, _ in outcome_lines(hermes_log)]
+    assert levels == [logging.INFO, logging.WARNING, logging.ERROR]
+    stats = dispatcher.stats
+    assert (stats.handled, stats.failed, stats.retried, stats.gave_up) == (1, 2, 1, 1)
+
+
+def test_a_retry_that_cannot_be_sent_is_logged_with_the_message_and_raised(
+    broker_name: str, hermes_log: pytest.LogCaptureFixture
+) -> None:
+    class Refuses(MemoryDriver):
+        def send(self, message: Message, priority: int = DEFAULT_PRIORITY) -> None:
+            raise BrokerUnavailableError("memory://nowhere refused")
+
+    message = Message("mail")
+    dispatcher = Dispatcher(Refuses(broker_name)).register_handler("mail", Flaky())
+
+    with pytest.raises(BrokerUnavailableError):
+        dispatcher.handle_message(message, DEFAULT_PRIORITY)
+
+    assert outcome_lines(hermes_log) == [
+        (
+            logging.ERROR,
+            f"Message #{message.id} (mail) failed in Flaky and its retry copy could not be "
+            "sent - memory://nowhere refused",
+        )
+    ]
+
+
+def test_a_due_time_on_another_day_shows_its_date() -> None:
+    today = time.time()
+    in_three_days = today + 3 * 86400
+
+    assert re.fullmatch(r"\d\d:\d\d:\d\d", readable_time(today))
+    assert readable_time(in_three_days) == time.strftime(
+        "%Y-%m-%d %H:%M:%S", time.localtime(in_three_days)
+    )
+
+
+def test_at_debug_each_handler_call_says_how_it_ended_and_how_long_it_took(
+    driver: MemoryDriver, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="hermes")
+    message = Message("mail")
+    dispatcher = Dispatcher(driver).register_handlers("mail", [Recorder([], "ok"), Plain()])
+
+    dispatcher.handle_message(message, DEFAULT_PRIORITY)
+
+    debug = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
+    assert [re.sub(r"after \d+\.\d ms$", "after N ms", line) for line in debug] == [
+        f"Handler Recorder returned True on message #{message.id} (mail) after N ms",
+        f"Handler Plain raised RuntimeError on message #{message.id} (mail) after N ms",
+    ]

@@ -151,7 +151,7 @@ def test_a_result_other_than_none_true_or_false_is_a_logged_failure(
 
     assert dispatcher.handle_message(Message("job"), DEFAULT_PRIORITY) is False
 
-    (record,) = [r for r in hermes_log.records if r.levelname == "ERROR"]
+    (record,) = [r for r in hermes_log.records if r.levelname == "ERROR" and r.exc_info]
     assert record.exc_info is not None and isinstance(record.exc_info[1], HandlerResultError)
     text = str(record.exc_info[1])
     assert shown in text

@@ -47,6 +47,7 @@ def test_the_signatures_are_the_documented_ones() -> None:
     assert list(parameters)[:4] == ["driver", "logger", "shutdown", "randomizer"]
     # Everything after PHP's four is keyword-only, so positional PHP-style calls keep working.
     assert all(p.kind is p.KEYWORD_ONLY for p in list(parameters.values())[4:])
+    assert parameters["failed"].default is None
     emit = inspect.signature(Emitter.emit).parameters
     assert list(emit) == ["self", "message", "priority"]
     assert emit["priority"].default == 100

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.metadata
 import inspect
 import json
+import logging
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -316,6 +317,28 @@ class Observer:
     def hermes_message_retried(self, message: Message, retry: Message, handler: object) -> None:
         self.calls.append(("retried", {"message": message, "retry": retry, "handler": handler}))
 
+    @hookimpl
+    def hermes_message_gave_up(
+        self,
+        message: Message,
+        priority: int,
+        handler: object,
+        reason: str,
+        exception: BaseException | None,
+    ) -> None:
+        self.calls.append(
+            (
+                "gave_up",
+                {
+                    "message": message,
+                    "priority": priority,
+                    "handler": handler,
+                    "reason": reason,
+                    "exception": exception,
+                },
+            )
+        )
+
 
 class Works:
     def handle(self, message: Message) -> bool:
@@ -394,6 +417,160 @@ def test_an_observer_may_implement_only_the_arguments_it_needs(
     assert seen == [message.id]
 
 
+class Plain:
+    def handle(self, message: Message) -> bool:
+        raise RuntimeError("no retry for me")
+
+
+class Declines:
+    def handle(self, message: Message) -> bool:
+        return False
+
+
+def test_the_gave_up_hook_says_why_for_every_way_a_message_is_given_up(
+    driver: MemoryDriver, register: Any
+) -> None:
+    observer = register(Observer())
+    plain, declines, used_up = Plain(), Declines(), Fails()
+    dispatcher = Dispatcher(driver).register_handlers("job", [plain, declines])
+    dispatcher.register_handler("tired", used_up)
+    job, tired, stray = Message("job"), Message("tired", retries=25), Message("stray")
+
+    for message in (job, tired, stray):
+        dispatcher.handle_message(message, DEFAULT_PRIORITY)
+
+    gave_up = [kwargs for name, kwargs in observer.calls if name == "gave_up"]
+    assert [(g["message"].id, g["handler"]) for g in gave_up] == [
+        (job.id, plain),
+        (job.id, declines),
+        (tired.id, used_up),
+        (stray.id, None),
+    ]
+    assert [g["reason"] for g in gave_up] == [
+        "Plain is not a RetryableHandler "
+        "(subclass RetryableHandler with RetryMixin to retry it when it raises)",
+        "it returned False (a handler that returns False is never retried)",
+        "gave up after 25 retries",
+        "no handler is registered for its type",
+    ]
+    assert [str(g["exception"]) for g in gave_up] == ["no retry for me", "None", "flaky", "None"]
+    assert dispatcher.stats.gave_up == 4
+
+
+class Raising:
+    """An observer with a bug in every hook it implements."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def _boom(self) -> None:
+        self.calls += 1
+        raise ZeroDivisionError("observer bug")
+
+    @hookimpl
+    def hermes_message_emitted(self) -> None:
+        self._boom()
+
+    @hookimpl
+    def hermes_message_started(self) -> None:
+        self._boom()
+
+    @hookimpl
+    def hermes_message_failed(self) -> None:
+        self._boom()
+
+    @hookimpl
+    def hermes_message_retried(self) -> None:
+        self._boom()
+
+    @hookimpl
+    def hermes_message_gave_up(self) -> None:
+        self._boom()
+
+
+def test_an_observer_that_raises_changes_nothing_the_dispatcher_or_emitter_does(
+    driver: MemoryDriver, register: Any, peek: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    raising = register(Raising(), name="buggy-metrics")
+    observer = register(Observer())  # registered later, so pluggy calls it first
+    register(Raising(), name="buggy-tracing")  # ... and this one before it
+    caplog.set_level(logging.DEBUG, logger="hermes")
+    emitter = Emitter(driver)
+    first, second = Message("job"), Message("job")
+
+    assert emitter.emit(first) is emitter
+    assert emitter.emit_batch([second]) is emitter
+    driver.set_max_process_items(2)
+    dispatcher = Dispatcher(driver).register_handler("job", Fails())
+    dispatcher.handle()  # raises nothing: both messages are taken and retried
+
+    assert (dispatcher.stats.received, dispatcher.stats.retried) == (2, 2)
+    assert sorted(m.id for _, m in peek.scheduled(driver)) == sorted([first.id, second.id])
+    names = [name for name, _ in observer.calls]
+    assert names == ["emitted", "emitted"] + ["started", "failed", "retried"] * 2
+    assert raising.calls == 8
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR and "plugin" in r.message]
+    assert sorted(r.getMessage().split(" - ")[0] for r in errors) == sorted(
+        f"Hermes plugin {plugin} raised in hermes_message_{hook} and was skipped"
+        for plugin in ("buggy-metrics", "buggy-tracing")
+        for hook in ("emitted", "started", "failed", "retried")
+    )
+    assert all(r.exc_info and isinstance(r.exc_info[1], ZeroDivisionError) for r in errors)
+    again = [r for r in caplog.records if r.levelno == logging.DEBUG and "again" in r.message]
+    assert len(again) == 8  # the second emit, start, failure and retry of each plugin
+
+
+def test_an_observer_that_raises_in_gave_up_changes_nothing(
+    driver: MemoryDriver, register: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    register(Raising(), name="buggy-alerts")
+    dispatcher = Dispatcher(driver).register_handler("job", Declines())
+
+    assert dispatcher.handle_message(Message("job"), DEFAULT_PRIORITY) is False
+
+    assert dispatcher.stats.gave_up == 1
+    assert "Hermes plugin buggy-alerts raised in hermes_message_gave_up" in caplog.text
+
+
+def test_a_wrapper_implementation_of_an_observer_hook_is_skipped_with_an_error(
+    driver: MemoryDriver, register: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    calls: list[str] = []
+
+    class Timing:
+        @hookimpl(wrapper=True)
+        def hermes_message_started(self) -> Iterator[None]:
+            calls.append("before")
+            yield
+            calls.append("after")
+
+    register(Timing(), name="timing-wrapper")
+    dispatcher = Dispatcher(driver).register_handler("job", Works())
+
+    assert dispatcher.handle_message(Message("job"), DEFAULT_PRIORITY) is True
+
+    assert calls == []
+    assert "Hermes plugin timing-wrapper raised in hermes_message_started" in caplog.text
+    assert "without wrapper=True" in caplog.text
+
+
+def test_a_plugin_whose_drivers_hook_raises_costs_only_its_own_drivers(
+    register: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    class Broken:
+        @hookimpl
+        def hermes_drivers(self) -> list[DriverPlugin]:
+            raise RuntimeError("plugin bug")
+
+    register(Broken(), name="broken-drivers-plugin")
+
+    assert isinstance(connect("memory://still-works"), MemoryDriver)
+    assert "Hermes plugin broken-drivers-plugin raised in hermes_drivers" in caplog.text
+    with pytest.raises(UnknownDriverError, match=r"broken-drivers-plugin .* RuntimeError"):
+        connect("nope://x")
+    _registry._registry.broken.pop("broken-drivers-plugin")
+
+
 def test_every_hook_states_its_contract_in_a_docstring() -> None:
     hooks = [
         function
@@ -410,5 +587,6 @@ def test_every_hook_states_its_contract_in_a_docstring() -> None:
         "hermes_message_retried",
         "hermes_message_finished",
         "hermes_worker_metrics",
+        "hermes_message_gave_up",
     }
     assert all(len(inspect.getdoc(f) or "") > 30 for f in hooks)

@@ -353,6 +353,12 @@ def test_a_can_retry_that_raises_is_logged_and_the_worker_goes_on(
         r.levelno == logging.ERROR and "retry policy throws exception - policy bug" in r.message
         for r in hermes_log.records
     )
+    assert any(
+        r.levelno == logging.ERROR
+        and r.message.endswith("not retried: its retry policy raised ValueError: policy bug")
+        for r in hermes_log.records
+    )
+    assert dispatcher.stats.gave_up == 1
 
 
 # The legacy 5.x rule -------------------------------------------------------------
@@ -497,7 +503,10 @@ def test_a_retryable_handler_is_not_warned_about(
     )
 
     assert len(recwarn) == 0
-    assert not [r for r in hermes_log.records if r.levelno == logging.WARNING]
+    assert not [r for r in hermes_log.records if hasattr(r, "handler")]
+    # The one WARNING is the retry line itself.
+    (warning,) = [r for r in hermes_log.records if r.levelno == logging.WARNING]
+    assert "retry 1 of 25" in warning.getMessage()
 
 
 class _Recording(MemoryDriver):

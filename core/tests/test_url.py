@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hermes.core import ConfigurationError, DriverUrl, redact_url
+from hermes.core._url import is_secret_option
 
 
 def test_every_part_of_a_url_is_parsed() -> None:
@@ -174,3 +175,88 @@ def test_a_parsed_url_shows_no_password_when_redacted_or_printed() -> None:
     assert "s3cret" not in repr(url)
     assert "s3cret" not in str(url)
     assert "s3cret" not in f"{[url]}"
+
+
+@pytest.mark.parametrize(
+    ("text", "redacted"),
+    [
+        (
+            "kafka://host/t?sasl.password=s3cr3t&bogus=1",
+            "kafka://host/t?sasl.password=***&bogus=1",
+        ),
+        (
+            "unknown option(s) bogus in 'kafka://h/t?ssl.key.password=x&group=g'",
+            "unknown option(s) bogus in 'kafka://h/t?ssl.key.password=***&group=g'",
+        ),
+        (
+            "sqs://q?aws_secret_access_key=AK&region=eu",
+            "sqs://q?aws_secret_access_key=***&region=eu",
+        ),
+        ("x://h?apiKey=1&private_key=2&token=3", "x://h?apiKey=***&private_key=***&token=***"),
+        ("kafka://h/t?ssl.key.pem=-----BEGIN", "kafka://h/t?ssl.key.pem=***"),
+        ("amqp://u:p@h/?passwd=a&x=b", "amqp://u:***@h/?passwd=***&x=b"),
+        (
+            "{'sasl.password': 'abc', 'bootstrap.servers': 'h:1'}",
+            "{'sasl.password': '***', 'bootstrap.servers': 'h:1'}",
+        ),
+    ],
+)
+def test_redact_url_masks_every_option_whose_name_marks_a_secret(text: str, redacted: str) -> None:
+    assert redact_url(text) == redacted
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "redis://h/0?key=hermes&schedule_key=hermes_schedule&prefix=app:",
+        "amqp://h/?queue=q&x-dead-letter-routing-key=dead",
+        "kafka://h/t?ssl_keyfile=/etc/k.pem&sasl.kerberos.keytab=/etc/k.tab",
+        "sqs://q?region=eu&endpoint_url=http%3A%2F%2Flocalhost%3A5000",
+    ],
+)
+def test_redact_url_leaves_options_that_are_not_secrets_alone(text: str) -> None:
+    assert redact_url(text) == text
+
+
+@pytest.mark.parametrize(
+    ("name", "secret"),
+    [
+        ("password", True),
+        ("sasl.password", True),
+        ("ssl.keystore.password", True),
+        ("aws_secret_access_key", True),
+        ("sasl.oauthbearer.client.secret", True),
+        ("secretAccessKey", True),
+        ("sessionToken", True),
+        ("api_key", True),
+        ("key", False),
+        ("schedule_key", False),
+        ("x-dead-letter-routing-key", False),
+        ("queue", False),
+        ("passive", False),
+    ],
+)
+def test_is_secret_option_reads_the_words_of_the_name(name: str, secret: bool) -> None:
+    assert is_secret_option(name) is secret
+
+
+def test_a_wrong_value_of_a_secret_option_is_not_quoted_in_the_error() -> None:
+    url = DriverUrl.parse("x://h?token=s3cr3t-not-a-number")
+
+    with pytest.raises(
+        ConfigurationError, match=r"option token=\*\*\* .* must be an integer"
+    ) as caught:
+        url.get_int("token", 0)
+
+    assert "s3cr3t" not in str(caught.value)
+
+
+def test_a_parsed_url_shows_no_secret_option_when_redacted_or_printed() -> None:
+    url = DriverUrl.parse("kafka://h:9092/t?sasl.password=s3cr3t&group=g")
+
+    assert url.options["sasl.password"] == "s3cr3t"
+    assert url.redacted == "kafka://h:9092/t?sasl.password=***&group=g"
+    assert "s3cr3t" not in repr(url)
+    with pytest.raises(ConfigurationError) as caught:
+        url.reject_unknown(["group"])
+    assert "s3cr3t" not in str(caught.value)

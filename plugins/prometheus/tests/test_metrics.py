@@ -71,6 +71,7 @@ def test_a_dispatcher_counts_each_outcome_per_type_and_times_each_handler() -> N
     assert value("hermes_messages_failed_total", type=kind, reason="returned False") == 1
     assert value("hermes_messages_failed_total", type=kind, reason="raised") == 1
     assert value("hermes_messages_retried_total", type=kind) == 1
+    assert value("hermes_messages_gave_up_total", type=kind, reason="returned False") == 1
     assert value("hermes_handler_duration_seconds_count", type=kind) == 4
     assert value("hermes_handler_duration_seconds_sum", type=kind) >= 0.03  # three slept 10 ms
     assert value("hermes_messages_in_flight") == before_in_flight

@@ -6,6 +6,8 @@ handlers registered for each message type. Brokers are reached through
 :class:`Driver` plugins: ``connect("redis://localhost:6379/0")``.
 """
 
+from typing import TYPE_CHECKING
+
 from hermes.core._consumer import IDLE_WAIT_S, Backoff, Consumer, Received
 from hermes.core._dispatcher import NOTICE, Dispatcher, DispatcherStats
 from hermes.core._driver import (
@@ -62,6 +64,14 @@ from hermes.core._serializer import MessageSerializer, Serializer
 from hermes.core._shutdown import SharedFileShutdown, Shutdown
 from hermes.core._url import DriverUrl, redact_url
 
+if TYPE_CHECKING:
+    from hermes.core._failed import (
+        FailedMessage,
+        FailedMessageSerializer,
+        FailedStore,
+        QueueBrowser,
+    )
+
 __all__ = [
     "DEFAULT_PRIORITY",
     "IDLE_WAIT_S",
@@ -83,6 +93,9 @@ __all__ = [
     "DriverUrl",
     "EchoHandler",
     "Emitter",
+    "FailedMessage",
+    "FailedMessageSerializer",
+    "FailedStore",
     "FunctionHandler",
     "Handler",
     "HandlerFunction",
@@ -94,6 +107,7 @@ __all__ = [
     "MessageSerializer",
     "NotSupportedError",
     "PerProcess",
+    "QueueBrowser",
     "QueueStats",
     "Received",
     "RetryMixin",
@@ -120,3 +134,13 @@ __all__ = [
     "redact_url",
     "translate_errors",
 ]
+
+# The failed-message store is imported when first used: most processes never do.
+if not TYPE_CHECKING:  # type checkers read the imports above
+    __getattr__, __dir__ = lazy_exports(
+        __name__,
+        {
+            name: "._failed"
+            for name in ("FailedMessage", "FailedMessageSerializer", "FailedStore", "QueueBrowser")
+        },
+    )

@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from hermes.core._driver import Driver
 from hermes.core._errors import ConfigurationError
@@ -20,12 +21,22 @@ from hermes.core._handler import (
     HandlerFunction,
     as_handler,
     function_handler,
+    handler_name,
 )
 from hermes.core._invoke import EventLoopThread, TimeLimitExceeded, Watchdog
 from hermes.core._message import Message
 from hermes.core._registry import notify, plugin_manager
-from hermes.core._retry import Randomizer, default_randomizer, next_retry, should_retry
+from hermes.core._retry import (
+    Randomizer,
+    RetryVerdict,
+    default_randomizer,
+    judge_retry,
+    next_retry,
+)
 from hermes.core._shutdown import Shutdown
+
+if TYPE_CHECKING:
+    from hermes.core._failed import FailedStore
 
 #: Between WARNING and INFO: PSR-3's NOTICE, used for "Exiting hermes dispatcher".
 NOTICE = 25
@@ -44,6 +55,10 @@ class DispatcherStats:
     failed: int = 0
     #: Retry copies published.
     retried: int = 0
+    #: Failures that ended without a retry (returned False, not retried, no handler).
+    gave_up: int = 0
+    #: Messages sent to the failed-message store.
+    stored: int = 0
 
 
 class _StopRequest:
@@ -67,6 +82,19 @@ class Dispatcher:
 
     ``randomizer`` (``random.Random(42)`` for a reproducible sequence) feeds the
     jitter of :meth:`next_retry`; it defaults to ``random.SystemRandom()``.
+
+    ``failed`` -- a driver (``connect(url)``) or a :class:`FailedStore` -- turns
+    on the failed-message store: a message whose handler gave up (returned
+    False, or raised and is not retried) or that has no handler is sent there
+    once, after its last handler, with the reasons. Without it such a message
+    is gone after its log line.
+
+    Every handler call ends in one log line that names the message: INFO
+    ``End handle message`` when the handler returned True; WARNING when it
+    raised and a retry copy was sent (with when the copy is due); ERROR when
+    it failed and will not run again, with the reason. A message without a
+    handler is one ERROR line. A handler's exception is logged at ERROR with
+    its traceback (``Handler X throws exception``) before that outcome line.
     """
 
     def __init__(
@@ -79,6 +107,7 @@ class Dispatcher:
         concurrency: int = 1,
         time_limit_s: float | None = None,
         grace_s: float = 30.0,
+        failed: Driver | FailedStore | None = None,
     ) -> None:
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise ConfigurationError(f"concurrency must be an int >= 1, got {concurrency!r}")
@@ -100,6 +129,8 @@ class Dispatcher:
         self.logger = logger or logging.getLogger("hermes")
         self.shutdown = shutdown
         self.randomizer = randomizer if randomizer is not None else default_randomizer()
+        #: Where messages given up on are kept; None (the default) keeps none.
+        self.failed = _failed_store(failed, driver) if failed is not None else None
         self.stats = DispatcherStats()
         self._handlers: dict[str, list[Handler]] = {}
         self._hooks = plugin_manager().hook
@@ -285,21 +316,27 @@ class Dispatcher:
         handlers = self._handlers.get(message.type)
         if not handlers:
             self._count("failed")
-            self.logger.warning(
-                "No handlers registered for message #%s (%s); dropped", message.id, message.type
-            )
+            reason = "no handler is registered for its type"
+            self._give_up(message, priority, None, reason, None)
+            if self.failed is not None:
+                self._store(self.failed, message, [reason])
             return False
         hooks = self._hooks
         notify(hooks.hermes_message_started, message=message, priority=priority)
         result = True
+        gave_up: list[str] = []
+        debug = self.logger.isEnabledFor(logging.DEBUG)
         for handler in list(handlers):
+            started = time.perf_counter() if debug else 0.0
             try:
                 ok = self.call_handler(handler, message)
             except Exception as exc:
+                if debug:
+                    self._took(handler, message, started, f"raised {type(exc).__name__}")
                 result = False
                 self._count("failed")
                 self.logger.error(
-                    "Handler %s throws exception - %s", type(handler).__name__, exc, exc_info=True
+                    "Handler %s throws exception - %s", handler_name(handler), exc, exc_info=True
                 )
                 notify(
                     hooks.hermes_message_failed,
@@ -308,13 +345,18 @@ class Dispatcher:
                     handler=handler,
                     exception=exc,
                 )
-                if self._should_retry(handler, message, exc):
-                    self._retry(message, handler)
+                verdict = self._judge_retry(handler, message, exc)
+                if verdict.refused is None:
+                    self._retry(message, handler, verdict.max_retry)
+                else:
+                    gave_up.append(self._give_up(message, priority, handler, verdict.refused, exc))
                 continue
-            if info:
-                self.logger.info("End handle message #%s (%s)", message.id, message.type)
+            if debug:
+                self._took(handler, message, started, f"returned {ok}")
             if ok:
                 self._count("handled")
+                if info:
+                    self.logger.info("End handle message #%s (%s)", message.id, message.type)
             else:
                 self._count("failed")
                 result = False
@@ -325,37 +367,148 @@ class Dispatcher:
                 handler=handler,
                 result=ok,
             )
+            if not ok:
+                reason = "it returned False (a handler that returns False is never retried)"
+                gave_up.append(self._give_up(message, priority, handler, reason, None))
+        if gave_up and self.failed is not None:
+            self._store(self.failed, message, gave_up)
         return result
+
+    def _took(self, handler: Handler, message: Message, started: float, outcome: str) -> None:
+        self.logger.debug(
+            "Handler %s %s on message #%s (%s) after %.1f ms",
+            handler_name(handler),
+            outcome,
+            message.id,
+            message.type,
+            (time.perf_counter() - started) * 1000,
+        )
 
     def next_retry(self, message: Message) -> float:
         """When a retry of ``message`` may run: now + r⁴ + 15 + randint(1, 30)·(r+1)."""
         return next_retry(message, self.randomizer)
 
-    def _should_retry(self, handler: Handler, message: Message, exc: Exception) -> bool:
+    def _judge_retry(self, handler: Handler, message: Message, exc: Exception) -> RetryVerdict:
         try:
-            return should_retry(handler, message, exc, self.logger)
+            return judge_retry(handler, message, exc, self.logger)
         except Exception as policy_exc:
             # can_retry()/max_retry() are user code too: their failure must not
             # kill the worker (and bring the same message back to kill the next).
             self.logger.error(
-                "Handler %s retry policy throws exception - %s; message #%s is not retried",
-                type(handler).__name__,
+                "Handler %s retry policy throws exception - %s",
+                handler_name(handler),
                 policy_exc,
-                message.id,
                 exc_info=True,
             )
-            return False
+            return RetryVerdict(
+                f"its retry policy raised {type(policy_exc).__name__}: {policy_exc}"
+            )
 
-    def _retry(self, message: Message, handler: Handler) -> None:
+    def _retry(self, message: Message, handler: Handler, max_retry: int | None) -> None:
         retry = message.replace(retries=message.retries + 1, execute_at=self.next_retry(message))
-        # No priority: the copy lands on the default priority queue, as in PHP Hermes.
-        self.driver.send(retry)
+        name = handler_name(handler)
+        try:
+            # No priority: the copy lands on the default priority queue, as in PHP Hermes.
+            self.driver.send(retry)
+        except Exception as exc:
+            self.logger.error(
+                "Message #%s (%s) failed in %s and its retry copy could not be sent - %s",
+                message.id,
+                message.type,
+                name,
+                exc,
+            )
+            raise
         self._count("retried")
-        self.logger.info(
-            "Message #%s (%s) scheduled for retry %d at %.3f",
+        due = retry.execute_at if retry.execute_at is not None else time.time()
+        self.logger.warning(
+            "Message #%s (%s) failed in %s, retry %d%s in %.1f s at %s",
             retry.id,
             retry.type,
+            name,
             retry.retries,
-            retry.execute_at,
+            f" of {max_retry}" if max_retry is not None else "",
+            max(0.0, due - time.time()),
+            readable_time(due),
         )
         notify(self._hooks.hermes_message_retried, message=message, retry=retry, handler=handler)
+
+    def _give_up(
+        self,
+        message: Message,
+        priority: int,
+        handler: Handler | None,
+        reason: str,
+        exc: Exception | None,
+    ) -> str:
+        """Log and announce that ``handler`` will not run ``message`` again; the store's reason."""
+        self._count("gave_up")
+        kept = "; it goes to the failed-message store" if self.failed is not None else ""
+        if handler is None:
+            self.logger.error(
+                "No handlers registered for message #%s (%s); %s",
+                message.id,
+                message.type,
+                "it goes to the failed-message store" if kept else "dropped",
+            )
+        else:
+            self.logger.error(
+                "Message #%s (%s) failed in %s, not retried: %s%s",
+                message.id,
+                message.type,
+                handler_name(handler),
+                reason,
+                kept,
+            )
+        notify(
+            self._hooks.hermes_message_gave_up,
+            message=message,
+            priority=priority,
+            handler=handler,
+            reason=reason,
+            exception=exc,
+        )
+        return reason if handler is None else f"{handler_name(handler)}: {reason}"
+
+    def _store(self, store: FailedStore, message: Message, reasons: list[str]) -> None:
+        try:
+            stored = store.keep(message, "; ".join(reasons))
+        except Exception as exc:
+            self.logger.error(
+                "Message #%s (%s) could not be sent to the failed-message store %r and is "
+                "lost - %s",
+                message.id,
+                message.type,
+                store.driver,
+                exc,
+                exc_info=True,
+            )
+            return
+        self._count("stored")
+        self.logger.debug(
+            "Message #%s (%s) kept in %r at %s",
+            message.id,
+            message.type,
+            store.driver,
+            readable_time(stored.failed_at),
+        )
+
+
+def _failed_store(failed: Driver | FailedStore, driver: Driver) -> FailedStore:
+    # Imported here: most workers keep no failed messages, and every process imports this module.
+    from hermes.core._failed import FailedStore
+
+    if (failed.driver if isinstance(failed, FailedStore) else failed) is driver:
+        raise ConfigurationError(
+            f"failed= is the Dispatcher's own driver {driver!r}: messages given up on "
+            "would come straight back; connect the store to another queue"
+        )
+    return failed if isinstance(failed, FailedStore) else FailedStore(failed)
+
+
+def readable_time(timestamp: float) -> str:
+    """A UNIX timestamp as local ``HH:MM:SS``, with the date in front when it is not today."""
+    moment = time.localtime(timestamp)
+    if moment[:3] == time.localtime()[:3]:
+        return time.strftime("%H:%M:%S", moment)
+    return time.strftime("%Y-%m-%d %H:%M:%S", moment)

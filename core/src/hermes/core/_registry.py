@@ -4,7 +4,7 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import pluggy
 
@@ -14,6 +14,9 @@ from hermes.core._errors import ConfigurationError, UnknownDriverError
 from hermes.core._queues import url_queues, without_queues
 from hermes.core._shutdown import Shutdown
 from hermes.core._url import DriverUrl
+
+if TYPE_CHECKING:
+    from hermes.core._failed import QueueBrowser
 
 #: Marks the functions of a plugin module that implement :mod:`hermes.core.hookspecs`.
 hookimpl = pluggy.HookimplMarker("hermes")
@@ -52,6 +55,10 @@ class DriverPlugin:
     #: broker, so the workers that watch it there stop at once (``hermes shutdown
     #: --url`` sets it, ``hermes worker`` watches it); None when the broker cannot.
     shutdown: Callable[[Driver], Shutdown] | None = None
+    #: Builds, from a driver of this plugin, a :class:`QueueBrowser` that lists and
+    #: deletes the messages waiting on its queues without taking them, which reading
+    #: a failed-message store (``hermes failed``) needs; None when the broker cannot.
+    browse: Callable[[Driver], QueueBrowser] | None = None
     #: The distribution that registered it (filled in by the registry).
     distribution: str = ""
     version: str = ""
@@ -114,7 +121,13 @@ class _Registry:
         claimed_by: dict[str, str] = {}
         for impl in manager.hook.hermes_drivers.get_hookimpls():
             dist = self._origins.get(id(impl.plugin))
-            provided = cast(Sequence[DriverPlugin], impl.function())
+            try:
+                provided = cast(Sequence[DriverPlugin], impl.function())
+            except Exception as exc:
+                # One broken plugin costs its own drivers, not connect() to every other one.
+                hook_failed(impl.plugin_name, "hermes_drivers", exc)
+                self.broken[impl.plugin_name] = (dist[0] if dist else "", exc)
+                continue
             for driver in provided:
                 if dist is not None:
                     driver = replace(driver, distribution=dist[0], version=dist[1])
@@ -138,14 +151,62 @@ logger = logging.getLogger("hermes")
 _registry = _Registry()
 
 
-def notify(hook: Any, **kwargs: Any) -> None:
-    """Call a lifecycle hook, skipping pluggy's call machinery when nobody observes it.
+#: (plugin, hook) pairs whose failure was logged at ERROR; later failures go to DEBUG.
+_failures_logged: set[tuple[str, str]] = set()
+_failures_lock = threading.Lock()
 
-    Most workers have no observer; the empty call was a few per cent of a fast
-    driver's per-message cost.
+
+def hook_failed(plugin: str, hook: str, exc: BaseException) -> None:
+    """Log that ``plugin``'s implementation of ``hook`` raised ``exc``, and go on.
+
+    The first failure of a plugin in a hook is an ERROR with the traceback;
+    the next ones are DEBUG lines, so a plugin that fails on every message
+    does not bury the worker's log.
     """
-    if hook.get_hookimpls():
-        hook(**kwargs)
+    with _failures_lock:
+        first = (plugin, hook) not in _failures_logged
+        _failures_logged.add((plugin, hook))
+    if first:
+        logger.error(
+            "Hermes plugin %s raised in %s and was skipped - %s: %s "
+            "(its next failures in this hook are logged at DEBUG)",
+            plugin,
+            hook,
+            type(exc).__name__,
+            exc,
+            exc_info=exc,
+        )
+    else:
+        logger.debug(
+            "Hermes plugin %s raised in %s again - %s: %s", plugin, hook, type(exc).__name__, exc
+        )
+
+
+def notify(hook: Any, **kwargs: Any) -> None:
+    """Call an observer hook: each implementation in pluggy's order, none able to hurt the caller.
+
+    An implementation that raises is logged by :func:`hook_failed` and the next
+    one is called; the caller (Dispatcher, Emitter) never sees the exception.
+    Wrapper implementations (``wrapper=True``/``hookwrapper=True``) have nothing
+    to wrap here: they are skipped with an error. Nothing is called when nobody
+    observes the hook (most workers): pluggy's empty call was a few per cent of
+    a fast driver's per-message cost.
+    """
+    impls = hook.get_hookimpls()
+    if not impls:
+        return
+    for impl in reversed(impls):
+        try:
+            if impl.wrapper or impl.hookwrapper:
+                raise TypeError(
+                    "observer hooks are called one implementation at a time; "
+                    "implement it without wrapper=True/hookwrapper=True"
+                )
+            args = [kwargs[name] for name in impl.argnames]
+            extra = {name: kwargs[name] for name in impl.kwargnames if name in kwargs}
+            impl.function(*args, **extra)
+        except Exception as exc:
+            hook_failed(impl.plugin_name, hook.name, exc)
 
 
 def plugin_manager() -> pluggy.PluginManager:

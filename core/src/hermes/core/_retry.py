@@ -8,6 +8,7 @@ import threading
 import time
 import warnings
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import Protocol
 
 from hermes.core._message import Message
@@ -74,20 +75,54 @@ def _warn_legacy(handler_class: type, logger: logging.Logger) -> None:
     warnings.warn(text, DeprecationWarning, stacklevel=4)
 
 
-def should_retry(
+@dataclass(frozen=True, slots=True)
+class RetryVerdict:
+    """Whether a handler's failure publishes a retry copy, and if not, why not."""
+
+    #: Why no copy is published, as the Dispatcher logs it; None when one is.
+    refused: str | None
+    #: The handler's ``max_retry()``; None when it has none.
+    max_retry: int | None = None
+
+
+def _used_up(retries: int, limit: int) -> str:
+    if limit <= 0:
+        return "retries are off (max_retry() is 0)"
+    text = f"gave up after {retries} {'retry' if retries == 1 else 'retries'}"
+    return text if retries == limit else f"{text} (max_retry() is {limit})"
+
+
+def judge_retry(
     handler: object, message: Message, exception: Exception, logger: logging.Logger
-) -> bool:
-    """Whether ``handler``'s failure on ``message`` publishes a retry copy."""
+) -> RetryVerdict:
+    """Whether ``handler``'s failure on ``message`` publishes a retry copy, and why not.
+
+    A :class:`RetryableHandler` is retried while ``message.retries <
+    max_retry()`` and then only if ``can_retry(message, exception)``; a 5.x
+    handler (both methods, no base class) while ``retries < max_retry()``;
+    any other handler never.
+    """
     if isinstance(handler, RetryableHandler):
-        if message.retries >= handler.max_retry():
-            return False
-        return bool(handler.can_retry(message, exception))
+        limit = int(handler.max_retry())
+        if message.retries >= limit:
+            return RetryVerdict(_used_up(message.retries, limit), limit)
+        if not handler.can_retry(message, exception):
+            return RetryVerdict("can_retry() said no", limit)
+        return RetryVerdict(None, limit)
     can_retry = getattr(handler, "can_retry", None)
     max_retry = getattr(handler, "max_retry", None)
     if callable(can_retry) and callable(max_retry):
         _warn_legacy(type(handler), logger)
-        return message.retries < int(max_retry())
-    return False
+        limit = int(max_retry())
+        if message.retries >= limit:
+            return RetryVerdict(_used_up(message.retries, limit), limit)
+        return RetryVerdict(None, limit)
+    from hermes.core._handler import handler_name  # _handler imports this module
+
+    return RetryVerdict(
+        f"{handler_name(handler)} is not a RetryableHandler "
+        "(subclass RetryableHandler with RetryMixin to retry it when it raises)"
+    )
 
 
 def next_retry(message: Message, randomizer: Randomizer, now: float | None = None) -> float:

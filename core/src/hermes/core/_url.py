@@ -17,17 +17,79 @@ from hermes.core._errors import ConfigurationError
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
+#: What a masked secret is shown as.
+MASK = "***"
 # The password runs to the LAST "@" of the authority, as urlsplit reads it: an
 # unencoded "@" in a password ("user:p@ss@host") must not leave "ss" in a log.
 _PASSWORD_IN_URL = re.compile(
     r"(?P<head>[a-z][a-z0-9+.-]*://[^:/?#@\s]*:)(?P<password>[^/?#\s]*)(?=@[^@/?#\s]*)",
     re.IGNORECASE,
 )
+# ``?name=value`` / ``&name=value`` of a query string, wherever it appears in a text;
+# the value ends where a URL quoted in an error message would end.
+_OPTION_IN_TEXT = re.compile(r"(?P<head>[?&;](?P<name>[^=&;#?\s'\"]+)=)(?P<value>[^&;#\s'\"]*)")
+# ``'name': 'value'``: an options dict printed with repr().
+_OPTION_IN_DICT = re.compile(
+    r"(?P<head>(?P<q>['\"])(?P<name>[^'\"]+)(?P=q)\s*:\s*(?P<q2>['\"]))(?P<value>.*?)(?P=q2)"
+)
+#: Words that make an option's value a secret wherever they appear in its name
+#: (``sasl.password``, ``ssl.key.password``, ``aws_secret_access_key``, ``ssl.key.pem``).
+_SECRET_WORDS = frozenset(
+    {
+        "auth",
+        "apikey",
+        "credential",
+        "credentials",
+        "jaas",
+        "pass",
+        "passphrase",
+        "passwd",
+        "password",
+        "pem",
+        "pwd",
+        "secret",
+        "token",
+    }
+)
+#: Words that make a following ``key`` a secret (``api_key``, ``private_key``); a
+#: bare ``key`` is not one -- Redis's queue ``key``, RabbitMQ's routing keys.
+_SECRET_KEY_KINDS = frozenset(
+    {"access", "account", "api", "client", "encryption", "master", "private", "secret", "signing"}
+)
+
+
+def is_secret_option(name: str) -> bool:
+    """Whether the option ``name`` (``sasl.password``, ``apiKey``...) holds a secret."""
+    spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", unquote(name))
+    words = re.findall(r"[a-z0-9]+", spaced.lower())
+    if _SECRET_WORDS.intersection(words):
+        return True
+    return any(
+        word == "key" and words[i - 1] in _SECRET_KEY_KINDS for i, word in enumerate(words) if i
+    )
+
+
+def _mask_option(match: re.Match[str]) -> str:
+    if is_secret_option(match.group("name")) and match.group("value"):
+        return match.group("head") + MASK + match.string[match.end("value") : match.end()]
+    return match.group(0)
 
 
 def redact_url(text: str) -> str:
-    """``text`` with the password of every URL in it replaced by ``***``."""
-    return _PASSWORD_IN_URL.sub(lambda m: m.group("head") + "***", text)
+    """``text`` with every secret of every URL in it replaced by ``***``.
+
+    Masks the password of ``scheme://user:password@host`` and the value of every
+    option whose name marks a secret (:func:`is_secret_option`), whether it is in
+    a query string (``?sasl.password=...``) or a printed dict (``{'token': '...'}``).
+    Hermes passes every URL, option and error text it logs, raises or prints
+    through here.
+    """
+    text = _PASSWORD_IN_URL.sub(lambda m: m.group("head") + MASK, text)
+    if "=" in text:
+        text = _OPTION_IN_TEXT.sub(_mask_option, text)
+    if ":" in text:
+        text = _OPTION_IN_DICT.sub(_mask_option, text)
+    return text
 
 
 def _port(parts: SplitResult, url: str) -> int | None:
@@ -107,7 +169,7 @@ class DriverUrl:
 
     @property
     def redacted(self) -> str:
-        """The URL with its password masked, for logs, errors and ``repr()``."""
+        """The URL with its password and secret options masked, for logs, errors and ``repr()``."""
         return redact_url(self.raw)
 
     def reject_unknown(self, allowed: Iterable[str]) -> None:
@@ -133,9 +195,8 @@ class DriverUrl:
             )
 
     def _bad(self, name: str, value: str, expected: str) -> ConfigurationError:
-        return ConfigurationError(
-            f"option {name}={value!r} in {self.redacted!r} must be {expected}"
-        )
+        shown = MASK if is_secret_option(name) else repr(value)
+        return ConfigurationError(f"option {name}={shown} in {self.redacted!r} must be {expected}")
 
     def get_str(self, name: str, default: str) -> str:
         return self.options.get(name, default)

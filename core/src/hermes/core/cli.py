@@ -1,9 +1,10 @@
-"""The ``hermes`` command: ``worker``, ``emit``, ``drivers``, ``shutdown`` and ``demo``.
+"""The ``hermes`` command: ``worker``, ``emit``, ``failed``, ``drivers``, ``shutdown``, ``demo``.
 
-Exit codes: 0 done; 2 a mistake the user can fix (bad URL, unknown scheme,
-unreachable broker, bad JSON, handlers that do not import), shown as one line
-on stderr without a traceback; 130 interrupted. Anything else is a bug and
-keeps its traceback.
+Results (emitted ids, counts, tables) go to stdout; log lines and errors to
+stderr. Exit codes: 0 done; 2 a mistake the user can fix (bad URL, unknown
+scheme, unreachable broker, bad JSON, handlers that do not import), shown as
+one line on stderr without a traceback (``-vv`` adds it); 130 interrupted.
+Anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ from collections.abc import Callable, Sequence
 from importlib import metadata
 from typing import TypeVar
 
-from hermes.core._cli import _demo, _drivers, _emit, _shutdown, _stats, _worker
+from hermes.core._cli import _demo, _drivers, _emit, _failed, _shutdown, _stats, _worker
 from hermes.core._cli._common import (
     URL_ENV,
     CliError,
     describe_error,
     print_error,
+    print_traceback,
     queue_option,
 )
 from hermes.core._driver import DEFAULT_PRIORITY
@@ -81,12 +83,18 @@ def _env_default(name: str, parse: Callable[[str], T], fallback: T) -> T:
         raise SystemExit(f"hermes: error: ${name}: {exc}") from None
 
 
-def _verbosity(parser: argparse.ArgumentParser) -> None:
+def _verbosity(parser: argparse.ArgumentParser, default: object = 0) -> None:
     group = parser.add_mutually_exclusive_group()
     group.add_argument(
-        "-v", "--verbose", action="count", default=0, help="more detail: debug lines, tracebacks"
+        "-v",
+        "--verbose",
+        action="count",
+        default=default,
+        help="more detail: -v debug lines, -vv also full tracebacks",
     )
-    group.add_argument("-q", "--quiet", action="count", default=0, help="only warnings and errors")
+    group.add_argument(
+        "-q", "--quiet", action="count", default=default, help="only warnings and errors"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -179,6 +187,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="F",
         help="stop when F is touched after the worker started (hermes shutdown --file F)",
     )
+    worker.add_argument(
+        "--failed-url",
+        metavar="URL",
+        help="keep the messages the worker gives up on (a handler returned False or is not "
+        "retried, or no handler) on this broker URL, another queue than --url, e.g. "
+        "redis://localhost:6379/0?prefix=failed: ; read them with hermes failed "
+        f"(default: ${_failed.FAILED_URL_ENV}; unset: they are dropped after their log line)",
+    )
     _verbosity(worker)
     worker.set_defaults(run=_worker.run)
 
@@ -224,6 +240,45 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _verbosity(emit)
     emit.set_defaults(run=_emit.run)
+
+    failed = commands.add_parser(
+        "failed",
+        help="list, retry or purge the messages workers gave up on",
+        description="Read the failed-message store workers keep with --failed-url: list what "
+        "is in it, put messages back on a worker's queue with their retries reset, or delete "
+        "them. Needs a store its driver can list without taking messages: file:// or redis://.",
+    )
+    failed_url_help = (
+        f"the failed-message store, the workers' --failed-url (default: ${_failed.FAILED_URL_ENV})"
+    )
+    failed.add_argument("--url", help=failed_url_help)
+    _verbosity(failed)
+    actions = failed.add_subparsers(dest="action", metavar="ACTION", required=True)
+    listing = actions.add_parser(
+        "list", help="id, type, retries, when and why, oldest first", description="List the store."
+    )
+    retry = actions.add_parser(
+        "retry",
+        help="put messages back on a worker's queue, retries reset",
+        description="Send the messages (all without IDs) to --to, due at once with retries 0 "
+        "and their id, type and payload kept, then delete them from the store.",
+    )
+    retry.add_argument("ids", nargs="*", metavar="ID", help="ids from `hermes failed list`")
+    retry.add_argument(
+        "--to",
+        metavar="URL",
+        help=f"the workers' queue (default: ${URL_ENV}, else file://./hermes-queue)",
+    )
+    purge = actions.add_parser(
+        "purge", help="delete messages from the store", description="Delete messages for good."
+    )
+    purge.add_argument("ids", nargs="*", metavar="ID", help="ids from `hermes failed list`")
+    purge.add_argument("--all", action="store_true", help="delete every message in the store")
+    for action in (listing, retry, purge):
+        # `hermes failed list --url U -v` works as well as `hermes failed --url U -v list`.
+        action.add_argument("--url", default=argparse.SUPPRESS, help=failed_url_help)
+        _verbosity(action, default=argparse.SUPPRESS)
+    failed.set_defaults(run=_failed.run)
 
     drivers = commands.add_parser(
         "drivers",
@@ -322,6 +377,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CliError as exc:
         print_error(str(exc), exc.context)
     except HermesError as exc:
+        if getattr(args, "verbose", 0) > 1:
+            print_traceback(exc)
         print_error(describe_error(exc))
     except KeyboardInterrupt:
         print("hermes: interrupted", file=sys.stderr)

@@ -8,9 +8,17 @@ A plugin is a module (or object) registered under the entry-point group
 
 whose functions are marked with :data:`hermes.core.hookimpl`. Each hook below
 states who calls it and when. Hooks take keyword arguments; an
-implementation may accept only the ones it needs. Hooks that observe messages
-run in the worker or emitting process, synchronously: keep them fast, and
-do not raise -- an exception from an observer propagates to the caller.
+implementation may accept only the ones it needs.
+
+The ``hermes_message_*`` hooks observe messages. They run in the worker or
+emitting process, synchronously, one implementation after the other: keep
+them fast. They cannot change what Hermes does: an exception raised by an
+implementation is logged (an ERROR with the traceback and the plugin's name
+the first time that plugin fails in that hook, DEBUG lines after) and the
+other implementations are still called; the Dispatcher still sends its retry
+and goes on with the next message, ``Emitter.emit`` still returns. Wrapper
+implementations (``wrapper=True``, ``hookwrapper=True``) of these hooks are
+skipped with an error: there is no call of other plugins for them to wrap.
 """
 
 from __future__ import annotations
@@ -42,7 +50,10 @@ def hermes_drivers() -> Sequence[DriverPlugin]:  # type: ignore[empty-body]
 
 @hookspec
 def hermes_message_emitted(message: Message, priority: int, driver: Driver) -> None:
-    """Called by :meth:`Emitter.emit` after ``driver.send`` returned."""
+    """Called by :meth:`Emitter.emit` after ``driver.send`` returned (``emit_batch``: per message).
+
+    The message is on the broker by then: whatever the hook does, ``emit`` returns normally.
+    """
 
 
 @hookspec
@@ -57,7 +68,8 @@ def hermes_message_succeeded(
     """Called by the Dispatcher after ``handler.handle(message)`` returned ``result``.
 
     ``result`` False: the handler reported a failure without raising (the
-    Dispatcher's stats count it as failed; nothing is retried).
+    Dispatcher's stats count it as failed; nothing is retried), and
+    :func:`hermes_message_gave_up` follows.
     """
 
 
@@ -65,12 +77,36 @@ def hermes_message_succeeded(
 def hermes_message_failed(
     message: Message, priority: int, handler: object, exception: BaseException
 ) -> None:
-    """Called by the Dispatcher after ``handler.handle(message)`` raised ``exception``."""
+    """Called by the Dispatcher after ``handler.handle(message)`` raised ``exception``.
+
+    Then either :func:`hermes_message_retried` or :func:`hermes_message_gave_up`
+    follows for the same handler.
+    """
 
 
 @hookspec
 def hermes_message_retried(message: Message, retry: Message, handler: object) -> None:
     """Called by the Dispatcher after it sent ``retry``, the copy of a failed ``message``."""
+
+
+@hookspec
+def hermes_message_gave_up(
+    message: Message,
+    priority: int,
+    handler: object | None,
+    reason: str,
+    exception: BaseException | None,
+) -> None:
+    """Called by the Dispatcher when ``handler``'s failure on ``message`` ends without a retry.
+
+    That is: the handler returned False, or it raised ``exception`` and is not
+    retried (it is not a ``RetryableHandler``, ``can_retry`` said no, its
+    retries are used up, or its retry policy raised). ``handler`` is None and
+    ``exception`` None when no handler is registered for ``message.type``.
+    ``reason`` is the sentence the Dispatcher logs, e.g. ``"gave up after 25
+    retries"``. Called once per such handler; the message is sent to the
+    Dispatcher's failed-message store (when it has one) after its last handler.
+    """
 
 
 @hookspec

@@ -90,6 +90,12 @@ def print_error(text: str, context: Sequence[str] = ()) -> None:
         print(redact_url(line), file=sys.stderr, flush=True)
 
 
+def print_traceback(exc: BaseException) -> None:
+    """``exc``'s traceback, causes included, on stderr with every secret masked (-vv)."""
+    text = "".join(traceback.format_exception(exc)).rstrip()
+    print(redact_url(text), file=sys.stderr, flush=True)
+
+
 def clock(timestamp: float, *, millis: bool = False) -> str:
     """A UNIX timestamp as local ``HH:MM:SS`` (``.mmm`` with ``millis``)."""
     text = time.strftime("%H:%M:%S", time.localtime(timestamp))
@@ -159,7 +165,7 @@ def setup_priorities(
 
 
 class LineFormatter(logging.Formatter):
-    """``12:00:01 INFO   text``: one line per record, passwords masked.
+    """``12:00:01 INFO    text``: one line per record, secrets masked.
 
     With ``tracebacks`` False an exception is summarised on the same line
     (its type and where it was raised) instead of a multi-line traceback.
@@ -180,7 +186,7 @@ class LineFormatter(logging.Formatter):
                 text = f"{text}\n{''.join(traceback.format_exception(*exc_info)).rstrip()}"
             else:
                 text = f"{text} [{exception_origin(exc_info[1])}]"
-        line = f"{clock(record.created, millis=self.millis)} {record.levelname:<6} {text}"
+        line = f"{clock(record.created, millis=self.millis)} {record.levelname:<7} {text}"
         return redact_url(line)
 
 
@@ -199,10 +205,13 @@ def exception_origin(exc: BaseException) -> str:
 
 
 def configure_logging(verbosity: int, *, default_level: int = logging.INFO) -> None:
-    """Log to stdout, one line per event: -q shows warnings and errors only, -v adds debug
-    lines from Hermes and full tracebacks."""
-    handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(LineFormatter(tracebacks=verbosity > 0))
+    """Log to stderr, one line per event (stdout is for results: ids, counts, tables).
+
+    ``verbosity`` -1 (-q) shows warnings and errors only; 1 (-v) adds Hermes's
+    DEBUG lines; 2 (-vv) also full tracebacks instead of ``[ValueError at jobs.py:12]``.
+    """
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(LineFormatter(tracebacks=verbosity > 1))
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

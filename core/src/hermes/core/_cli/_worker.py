@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import inspect
 import logging
@@ -21,9 +22,11 @@ from hermes.core._cli._common import (
     raise_site,
     setup_priorities,
 )
+from hermes.core._cli._failed import FAILED_URL_ENV
 from hermes.core._dispatcher import Dispatcher
 from hermes.core._driver import DEFAULT_PRIORITY, Driver
 from hermes.core._errors import ConfigurationError
+from hermes.core._failed import FailedStore
 from hermes.core._handler import Handler, HandlerRegistry, as_handler, handler_name
 from hermes.core._message import Message
 from hermes.core._registry import connect, driver_for_url, plugin_manager
@@ -195,13 +198,22 @@ def _instance(handler: object, type_: str, spec: str) -> object:
 
 def run(args: argparse.Namespace) -> int:
     url: str = args.url or default_url()
+    failed_url: str | None = args.failed_url or os.environ.get(FAILED_URL_ENV) or None
     spec: str = args.handlers
     target = load_object(spec)
     configure_logging(args.verbose - args.quiet)
     from_cli, from_url = named_queues(url, args.queue)
     priorities: list[int] = sorted(set(args.priority) | set(from_cli), reverse=True)
 
-    with connect(url) as driver:
+    with contextlib.ExitStack() as stack:
+        driver = stack.enter_context(connect(url))
+        store = stack.enter_context(FailedStore.connect(failed_url)) if failed_url else None
+        if store is not None and repr(store.driver) == repr(driver):
+            raise CliError(
+                f"--failed-url is the worker's own queue ({driver!r}): messages given up on "
+                "would come straight back; give the store its own queue, e.g. "
+                "redis://HOST:6379/0?prefix=failed: or another file:// directory"
+            )
         setup_priorities(driver, priorities, from_cli, preset=from_url)
         if args.max_items:
             driver.set_max_process_items(args.max_items)
@@ -219,6 +231,7 @@ def run(args: argparse.Namespace) -> int:
             concurrency=args.concurrency,
             time_limit_s=args.time_limit,
             grace_s=args.grace,
+            failed=store,
         )
         register_handlers(dispatcher, target, spec)
         if args.metrics_port is not None:
@@ -245,19 +258,26 @@ def run(args: argparse.Namespace) -> int:
             args.max_items,
             shutdown,
             args.concurrency,
+            failed_url,
         )
         started = time.monotonic()
         try:
             dispatcher.handle(priorities)
         finally:
-            stats = dispatcher.stats
-            print(
-                f"Worker stopped after {time.monotonic() - started:.1f} s: "
-                f"received {stats.received}, handled {stats.handled}, "
-                f"failed {stats.failed}, retried {stats.retried}",
-                flush=True,
-            )
+            print(_summary(dispatcher, time.monotonic() - started), flush=True)
     return 0
+
+
+def _summary(dispatcher: Dispatcher, elapsed_s: float) -> str:
+    stats = dispatcher.stats
+    text = (
+        f"Worker stopped after {elapsed_s:.1f} s: received {stats.received}, "
+        f"handled {stats.handled}, failed {stats.failed}, retried {stats.retried}, "
+        f"gave up {stats.gave_up}"
+    )
+    if dispatcher.failed is not None:
+        text += f" ({stats.stored} kept in the failed-message store)"
+    return text
 
 
 def _log_start(
@@ -269,6 +289,7 @@ def _log_start(
     max_items: int,
     shutdown: Shutdown | None,
     concurrency: int,
+    failed_url: str | None,
 ) -> None:
     caps = driver.capabilities
     logger.info(
@@ -300,3 +321,10 @@ def _log_start(
     stops = [f"after {max_items} message{'s' if max_items != 1 else ''}"] if max_items else []
     stops += ["on Ctrl-C", "SIGTERM"] + ([repr(shutdown)] if shutdown else [])
     logger.info(one_line(f"{reading}; stopping {', '.join(stops)}"))
+    if failed_url:
+        shown = redact_url(failed_url)
+        logger.info("Messages given up on go to %s (hermes failed --url %s list)", shown, shown)
+    else:
+        logger.info(
+            "Messages given up on are dropped after their log line; --failed-url keeps them"
+        )

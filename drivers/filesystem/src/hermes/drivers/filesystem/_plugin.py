@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
-from hermes.core import ConfigurationError, DriverPlugin, DriverUrl, hookimpl
+from hermes.core import ConfigurationError, Driver, DriverPlugin, DriverUrl, hookimpl
 from hermes.drivers.filesystem._driver import FileSystemDriver
+
+if TYPE_CHECKING:
+    from hermes.core import QueueBrowser
 
 #: Options a ``file://`` URL may carry, e.g. ``file:///var/spool/hermes?fsync=false``.
 URL_OPTIONS = ("fsync", "poll_interval_s", "recovery_interval_s")
@@ -63,6 +66,13 @@ def isolate(url: DriverUrl, namespace: str) -> str:
     return urlunsplit(("file", "", quote(os.path.join(directory, namespace)), parts.query, ""))
 
 
+def browse(driver: Driver) -> QueueBrowser:
+    """Lists and deletes the files in ``new/``: a failed-message store."""
+    from hermes.drivers.filesystem._browse import browse
+
+    return browse(driver)
+
+
 @hookimpl
 def hermes_drivers() -> list[DriverPlugin]:
     return [
@@ -73,5 +83,6 @@ def hermes_drivers() -> list[DriverPlugin]:
             capabilities=FileSystemDriver.capabilities,
             isolate=isolate,
             example_url="file:///var/spool/hermes",
+            browse=browse,
         )
     ]

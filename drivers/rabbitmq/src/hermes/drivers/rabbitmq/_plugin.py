@@ -11,7 +11,7 @@ import inspect
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
-from hermes.core import ConfigurationError, DriverPlugin, DriverUrl, hookimpl
+from hermes.core import ConfigurationError, DriverPlugin, DriverUrl, hookimpl, redact_url
 from hermes.drivers.rabbitmq._capabilities import CAPABILITIES
 
 if TYPE_CHECKING:
@@ -100,7 +100,9 @@ def _pika_parameters(url: DriverUrl) -> pika.URLParameters:
     try:
         return pika.URLParameters(urlunsplit(parts._replace(query=query, fragment="")))
     except ValueError as exc:
-        raise ConfigurationError(f"{url.redacted!r} is not a usable RabbitMQ URL: {exc}") from exc
+        raise ConfigurationError(
+            f"{url.redacted!r} is not a usable RabbitMQ URL: {redact_url(str(exc))}"
+        ) from exc
 
 
 def from_url(url: DriverUrl, **options: Any) -> LazyRabbitMqDriver:

@@ -8,12 +8,20 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from hermes.core import ConfigurationError, Driver, DriverPlugin, DriverUrl, Shutdown, hookimpl
+from hermes.core import (
+    ConfigurationError,
+    Driver,
+    DriverPlugin,
+    DriverUrl,
+    Shutdown,
+    hookimpl,
+)
 from hermes.drivers.redis._capabilities import CAPABILITIES
 
 if TYPE_CHECKING:
     import redis
 
+    from hermes.core import QueueBrowser
     from hermes.drivers.redis._driver import RedisSetDriver
 
 _DRIVER_OPTIONS = ("key", "schedule_key", "refresh_interval", "prefix")
@@ -101,6 +109,13 @@ def _shutdown(driver: Driver) -> Shutdown:
     return RedisShutdown(driver.client)
 
 
+def _browse(driver: Driver) -> QueueBrowser:
+    """Lists and deletes members of the driver's default set: a failed-message store."""
+    from hermes.drivers.redis._browse import browse
+
+    return browse(driver)
+
+
 @hookimpl
 def hermes_drivers() -> list[DriverPlugin]:
     return [
@@ -112,5 +127,6 @@ def hermes_drivers() -> list[DriverPlugin]:
             isolate=_isolate,
             example_url="redis://localhost:6379/0?key=hermes&schedule_key=hermes_schedule",
             shutdown=_shutdown,
+            browse=_browse,
         )
     ]

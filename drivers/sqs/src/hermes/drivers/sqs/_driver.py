@@ -27,6 +27,7 @@ from hermes.core import (
     Message,
     NotSupportedError,
     SerializeError,
+    redact_url,
 )
 from hermes.drivers.sqs._capabilities import CAPABILITIES, MAX_MESSAGE_BYTES
 from hermes.drivers.sqs._client import (
@@ -637,5 +638,7 @@ class AmazonSqsDriver(Driver):
 
     def __repr__(self) -> str:
         meta = getattr(self._client.get(), "meta", None)
-        where = f" region={meta.region_name} endpoint={meta.endpoint_url}" if meta else ""
+        where = (
+            f" region={meta.region_name} endpoint={redact_url(meta.endpoint_url)}" if meta else ""
+        )
         return f"<AmazonSqsDriver sqs://{self.queue_name}{where}>"

@@ -11,7 +11,7 @@ import inspect
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
-from hermes.core import ConfigurationError, DriverPlugin, DriverUrl, hookimpl
+from hermes.core import ConfigurationError, DriverPlugin, DriverUrl, hookimpl, redact_url
 from hermes.drivers.sqs._capabilities import CAPABILITIES
 
 if TYPE_CHECKING:
@@ -81,7 +81,7 @@ def _client_factory(url: DriverUrl, wait_time_s: int) -> Any:
     try:
         session = boto3.session.Session(profile_name=profile, region_name=region)
     except ProfileNotFound as exc:
-        raise ConfigurationError(f"{url.redacted!r}: {exc}") from exc
+        raise ConfigurationError(f"{url.redacted!r}: {redact_url(str(exc))}") from exc
     if session.region_name is None:
         raise ConfigurationError(
             f"{url.redacted!r}: no AWS region; add ?region=… or set AWS_DEFAULT_REGION"
@@ -127,14 +127,16 @@ def from_url(url: DriverUrl, **options: Any) -> AmazonSqsDriver:
         factory = _client_factory(url, int(settings["wait_time_s"]))
         client = factory()
     except BotoCoreError as exc:
-        raise ConfigurationError(f"{url.redacted!r}: cannot build an SQS client - {exc}") from exc
+        raise ConfigurationError(
+            f"{url.redacted!r}: cannot build an SQS client - {redact_url(str(exc))}"
+        ) from exc
     try:
         return AmazonSqsDriver(
             client, queue_name, client_factory=factory, close_client=True, **settings
         )
     except ConfigurationError as exc:
         client.close()
-        raise ConfigurationError(f"{url.redacted!r}: {exc}") from exc
+        raise ConfigurationError(f"{url.redacted!r}: {redact_url(str(exc))}") from exc
 
 
 def isolate(url: DriverUrl, namespace: str) -> str:

@@ -59,3 +59,23 @@ def hermes_message_finished(message: Message) -> None:
 @hookimpl
 def hermes_worker_metrics(port: int, url: str) -> str:
     return _metrics.start_metrics_server(port, url)
+
+
+@hookimpl
+def hermes_message_gave_up(message: Message, reason: str) -> None:
+    _metrics.GAVE_UP.labels(message.type, _reason_label(reason)).inc()
+
+
+def _reason_label(reason: str) -> str:
+    """A short, bounded label for a give-up reason (the full sentence is in the log)."""
+    for label, marker in (
+        ("no handler", "no handler"),
+        ("returned False", "returned False"),
+        ("retries used up", "gave up after"),
+        ("retries off", "retries are off"),
+        ("can_retry said no", "can_retry"),
+        ("not retryable", "RetryableHandler"),
+    ):
+        if marker in reason:
+            return label
+    return "other"

@@ -1,0 +1,110 @@
+"""``hermes failed``: list, put back or delete what workers kept in a failed-message store."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from collections.abc import Sequence
+
+from hermes.core._cli._common import CliError, configure_logging, default_url
+from hermes.core._cli._drivers import table
+from hermes.core._failed import FailedMessage, FailedStore
+from hermes.core._registry import connect
+from hermes.core._url import redact_url
+
+#: The environment variable that names the failed-message store when ``--url`` is not given.
+FAILED_URL_ENV = "HERMES_FAILED_URL"
+
+
+def store_url(given: str | None, option: str) -> str:
+    """``given``, else ``$HERMES_FAILED_URL``; a :class:`CliError` without either."""
+    url = given or os.environ.get(FAILED_URL_ENV)
+    if not url:
+        raise CliError(
+            f"say where the failed messages are: {option} URL (the worker's --failed-url), "
+            f"or ${FAILED_URL_ENV}"
+        )
+    return url
+
+
+def run(args: argparse.Namespace) -> int:
+    configure_logging(args.verbose - args.quiet)
+    url = store_url(args.url, "--url")
+    with FailedStore.connect(url) as store:
+        if args.action == "list":
+            return _list(store, url)
+        if args.action == "retry":
+            return _retry(store, url, args.ids, args.to or default_url())
+        return _purge(store, url, args.ids, args.all)
+
+
+def _list(store: FailedStore, url: str) -> int:
+    messages = store.messages()
+    if not messages:
+        print(f"No failed messages in {redact_url(url)}", flush=True)
+        return 0
+    rows = [["ID", "TYPE", "RETRIES", "FAILED AT", "REASON"]]
+    rows += [
+        [m.id, m.type, str(m.retries), _when(m.failed_at), " ".join(m.failed_reason.split())]
+        for m in messages
+    ]
+    for line in table(rows):
+        print(line)
+    print(f"{len(messages)} failed message{'s' if len(messages) != 1 else ''} in {redact_url(url)}")
+    return 0
+
+
+def _retry(store: FailedStore, url: str, ids: Sequence[str], to: str) -> int:
+    wanted = _existing(store, url, ids)
+    with connect(to) as target:
+        sent = store.retry(target, wanted)
+    if not sent:
+        print(f"No failed messages in {redact_url(url)}", flush=True)
+        return 0
+    print(
+        f"Put {_count(sent)} back on {redact_url(to)} with retries reset: {_names(sent)}",
+        flush=True,
+    )
+    return 0
+
+
+def _purge(store: FailedStore, url: str, ids: Sequence[str], everything: bool) -> int:
+    if not ids and not everything:
+        raise CliError(
+            "say what to delete: the IDs `hermes failed list` shows, or --all for every message"
+        )
+    if ids and everything:
+        raise CliError("give IDs or --all, not both")
+    deleted = store.purge(_existing(store, url, ids))
+    print(
+        f"Deleted {deleted} message{'s' if deleted != 1 else ''} from {redact_url(url)}",
+        flush=True,
+    )
+    return 0
+
+
+def _existing(store: FailedStore, url: str, ids: Sequence[str]) -> set[str] | None:
+    """``ids`` as a set (None for every message), once each is known to be in the store."""
+    if not ids:
+        return None
+    found = {message.id for message in store.messages()}
+    missing = [id_ for id_ in dict.fromkeys(ids) if id_ not in found]
+    if missing:
+        raise CliError(
+            f"no failed message with id {', '.join(missing)} in {redact_url(url)}; "
+            "`hermes failed list` shows the ids; nothing was changed"
+        )
+    return set(ids)
+
+
+def _when(timestamp: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(timestamp))
+
+
+def _count(messages: Sequence[FailedMessage]) -> str:
+    return f"{len(messages)} message{'s' if len(messages) != 1 else ''}"
+
+
+def _names(messages: Sequence[FailedMessage]) -> str:
+    return ", ".join(f"#{m.id} ({m.type})" for m in messages)

@@ -1,0 +1,61 @@
+"""The Redis set as a failed-message store: listed and deleted from without popping."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import redis
+
+from hermes.core import BrokerUnavailableError, FailedStore, Message
+from hermes.drivers.redis import RedisSetDriver
+from hermes.drivers.redis._browse import SetBrowser
+
+
+def test_the_browser_lists_every_member_and_removes_one_at_a_time(
+    driver: RedisSetDriver,
+) -> None:
+    bodies = [f'{{"n":{n}}}'.encode() for n in range(1200)]  # more than one SSCAN page
+    driver.client.sadd(driver.key, *bodies)
+    browser = SetBrowser(driver)
+
+    listed = list(browser.entries())
+
+    assert sorted(body for _, body in listed) == sorted(bodies)
+    assert all(entry == body for entry, body in listed)
+    assert browser.remove(bodies[0]) is True
+    assert browser.remove(bodies[0]) is False
+    assert driver.client.scard(driver.key) == 1199
+
+
+def test_the_plugin_offers_the_browser_to_a_store_on_another_prefix_of_the_same_redis(
+    redis_url: str, namespace: str, client: redis.Redis[Any], driver: RedisSetDriver
+) -> None:
+    queued = Message("job")
+    driver.send(queued)
+    message = Message("mail", {"to": "ana"}, retries=25)
+
+    with FailedStore.connect(f"{redis_url}?prefix={namespace}-failed:") as store:
+        store.keep(message, "Mail: gave up after 25 retries")
+        (listed,) = store.messages()
+        assert (listed.id, listed.failed_reason, listed.retries) == (
+            message.id,
+            "Mail: gave up after 25 retries",
+            25,
+        )
+        assert [m.id for m in store.retry(driver)] == [message.id]
+        assert store.messages() == []
+
+    assert client.smembers(f"{namespace}-failed:hermes") == set()
+    waiting = {driver.serializer.unserialize(body).id for body in client.smembers(driver.key)}
+    assert waiting == {queued.id, message.id}
+
+
+def test_a_store_on_an_unreachable_redis_is_a_broker_error_naming_what_it_did(
+    namespace: str,
+) -> None:
+    with (
+        FailedStore.connect(f"redis://127.0.0.1:1/0?prefix={namespace}:") as store,
+        pytest.raises(BrokerUnavailableError, match=f"while listing '{namespace}:hermes'"),
+    ):
+        store.messages()
