@@ -8,16 +8,22 @@ import multiprocessing
 import os
 import threading
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 import redis
+from hermes_test_support import DEADLINE_S
 
 from hermes.core import (
     BrokerUnavailableError,
     ConfigurationError,
+    Consumer,
     Delivery,
+    DeliveryError,
+    DriverError,
     Message,
+    Received,
     SerializeError,
     SupportsBatchSend,
     SupportsPurge,
@@ -25,7 +31,8 @@ from hermes.core import (
     UnknownPriorityError,
     connect,
 )
-from hermes.drivers.redis import RedisSetDriver, wake_key
+from hermes.drivers.redis import RedisSetDriver, rejected_key, wake_key
+from hermes.drivers.redis import _driver as redis_driver
 from hermes.drivers.redis._driver import WAKE_LIST_CAP
 
 HIGH, LOW = 200, 50
@@ -64,28 +71,62 @@ def test_the_message_is_one_member_of_the_default_set_in_the_php_envelope(
     ]
 
 
-def test_an_idle_worker_is_woken_by_a_send_rather_than_by_its_refresh(
-    redis_url, namespace, client, start_worker, eventually, monkeypatch, caplog
-):
-    caplog.set_level(logging.WARNING, logger="hermes.drivers.redis")
+@pytest.fixture
+def slow_driver(redis_url, namespace) -> Iterator[RedisSetDriver]:
+    """A driver whose idle waits last 60 s unless woken, on a client named after the test."""
     blocking: redis.Redis[Any] = redis.Redis.from_url(
         redis_url, socket_timeout=None, client_name=namespace
     )
-    driver = RedisSetDriver(blocking, key=namespace, schedule_key=f"{namespace}_schedule")
-    # With a 60 s idle wait only the wake-up token can deliver within the deadline.
-    monkeypatch.setattr(driver, "_idle_wait_s", 60.0)
-    driver.set_max_process_items(1)
-    worker = start_worker(driver)
-    eventually(lambda: _blocked(client, namespace), "the worker to block in BLPOP")
-    driver.send(Message("wake"))
-    eventually(lambda: not worker.thread.is_alive(), "the worker to handle one message and return")
-    assert [m.type for m, _ in worker.handled] == ["wake"]
-    assert caplog.records == []
+    yield RedisSetDriver(
+        blocking, key=namespace, schedule_key=f"{namespace}_schedule", refresh_interval=60
+    )
     blocking.close()
 
 
-def _blocked(client: redis.Redis[Any], name: str) -> bool:
-    return any(c["name"] == name and c["cmd"] == "blpop" for c in client.client_list())
+def blocked_receive(
+    consumer: Consumer, client: redis.Redis[Any], namespace: str, eventually: Any
+) -> Callable[[], Received | None]:
+    """Start ``consumer.receive(60)`` in a thread, once blocked in BLPOP; returns its join."""
+    got: list[Received | None] = []
+    thread = threading.Thread(target=lambda: got.append(consumer.receive(60)), daemon=True)
+    thread.start()
+    eventually(
+        lambda: any(c["name"] == namespace and c["cmd"] == "blpop" for c in client.client_list()),
+        "the consumer to block in BLPOP",
+    )
+
+    def join() -> Received | None:
+        thread.join(DEADLINE_S)
+        assert not thread.is_alive(), "receive() was not woken"
+        [received] = got
+        return received
+
+    return join
+
+
+def test_an_idle_consumer_is_woken_by_a_send_rather_than_by_its_refresh(
+    slow_driver, client, namespace, eventually
+):
+    # A 60 s refresh and a 60 s receive: only the wake-up token can deliver within the deadline.
+    with slow_driver.consumer([]) as consumer:
+        join = blocked_receive(consumer, client, namespace, eventually)
+        message = Message("wake")
+        slow_driver.send(message)
+        received = join()
+    assert received is not None
+    assert received.body == slow_driver.serializer.serialize(message).encode()
+    assert (received.priority, received.token) == (100, namespace)
+
+
+def test_an_idle_receive_returns_none_within_its_timeout(client, namespace):
+    # A 60 s refresh: only receive's own timeout can end the wait within the deadline.
+    driver = RedisSetDriver(
+        client, key=namespace, schedule_key=f"{namespace}_schedule", refresh_interval=60
+    )
+    with driver.consumer([]) as consumer:
+        started = time.monotonic()
+        assert consumer.receive(0.3) is None
+        assert time.monotonic() - started < DEADLINE_S
 
 
 def test_a_message_added_without_a_wake_token_is_found_by_the_refresh(
@@ -219,10 +260,10 @@ def test_an_idle_worker_returns_soon_after_shutdown(driver, start_worker, eventu
     assert worker.handled == []
 
 
-def test_a_body_that_is_not_a_message_is_logged_and_dropped_and_the_worker_goes_on(
+def test_a_body_that_is_not_a_message_is_logged_and_set_aside_and_the_worker_goes_on(
     driver, client, namespace, caplog, start_worker, eventually
 ):
-    caplog.set_level(logging.ERROR, logger="hermes.drivers.redis")
+    caplog.set_level(logging.ERROR, logger="hermes")
     assert isinstance(driver, SupportsRawSend)
     driver.send_raw(b"this is not json")
     driver.send_raw(b'{"message":{"type":"no-id"}}')
@@ -237,6 +278,11 @@ def test_a_body_that_is_not_a_message_is_logged_and_dropped_and_the_worker_goes_
     assert sum("not a Hermes message" in text for text in texts) == 3
     assert any("Cannot unserialize message from 'this is not json'" in text for text in texts)
     assert any("Invalid message format" in text for text in texts)
+    assert set(client.lrange(rejected_key(namespace), 0, -1)) == {
+        b"this is not json",
+        b'{"message":{"type":"no-id"}}',
+        b"\xff\xfe\x00 not utf-8",
+    }
 
 
 def test_a_payload_that_cannot_be_encoded_never_reaches_redis(driver, client, namespace):
@@ -261,6 +307,38 @@ def test_an_exception_from_the_callback_propagates_and_the_message_is_gone(
     with pytest.raises(Boom):
         driver.wait(explode)
     assert client.scard(namespace) == 0
+
+
+def test_release_does_not_put_a_popped_message_back(driver, client, namespace):
+    # At most once: a handler that raised may have done part of its work; it does not run again.
+    driver.send(Message("x"))
+    with driver.consumer([]) as consumer:
+        received = consumer.receive(1)
+        assert received is not None
+        consumer.release(received)
+        assert client.scard(namespace) == 0
+        assert consumer.receive(0.2) is None
+
+
+def test_the_rejected_list_keeps_only_the_newest_bodies(driver, client, namespace, monkeypatch):
+    monkeypatch.setattr(redis_driver, "REJECTED_CAP", 3)
+    with driver.consumer([]) as consumer:
+        for i in range(5):
+            consumer.reject(Received(b"bad %d" % i, 100, namespace), "not a message")
+    assert client.lrange(rejected_key(namespace), 0, -1) == [b"bad 4", b"bad 3", b"bad 2"]
+
+
+def test_a_reject_from_another_thread_leaves_a_blocked_receive_alone(
+    slow_driver, client, namespace, eventually
+):
+    with slow_driver.consumer([]) as consumer:
+        join = blocked_receive(consumer, client, namespace, eventually)
+        consumer.reject(Received(b"bad", 100, namespace), "not a message")
+        assert client.lrange(rejected_key(namespace), 0, -1) == [b"bad"]
+        slow_driver.send(Message("after"))
+        received = join()
+    assert received is not None
+    assert slow_driver.serializer.unserialize(received.body).type == "after"
 
 
 def test_purge_deletes_every_key_the_driver_uses(driver, client, namespace):
@@ -347,10 +425,10 @@ def test_a_driver_made_before_fork_works_in_the_child_on_its_own_connections(
     assert client.scard(namespace) == 1
 
 
-def test_a_decode_responses_client_still_gets_bytes_and_drops_non_utf8_bodies(
+def test_a_decode_responses_client_still_gets_bytes_and_sets_non_utf8_bodies_aside(
     redis_url, namespace, client, caplog, start_worker, eventually
 ):
-    caplog.set_level(logging.ERROR, logger="hermes.drivers.redis")
+    caplog.set_level(logging.ERROR, logger="hermes")
     text_client: redis.Redis[Any] = redis.Redis.from_url(redis_url, decode_responses=True)
     driver = RedisSetDriver(
         text_client, key=namespace, schedule_key=f"{namespace}_schedule", refresh_interval=0.2
@@ -363,6 +441,7 @@ def test_a_decode_responses_client_still_gets_bytes_and_drops_non_utf8_bodies(
     text_client.close()
     assert [m.payload for m, _ in worker.handled] == [{"text": "ščť"}]
     assert any("not a Hermes message" in r.getMessage() for r in caplog.records)
+    assert client.lrange(rejected_key(namespace), 0, -1) == [b"\xc3\x28 broken utf-8"]
 
 
 def test_send_to_a_redis_that_is_not_there_raises_broker_unavailable():
@@ -372,6 +451,20 @@ def test_send_to_a_redis_that_is_not_there_raises_broker_unavailable():
     with pytest.raises(BrokerUnavailableError, match="unavailable") as info:
         driver.send(Message("lost?"))
     assert isinstance(info.value.__cause__, redis.ConnectionError)
+    with driver.consumer([]) as consumer:  # connects on the first receive, not before
+        with pytest.raises(BrokerUnavailableError, match="unavailable while receiving"):
+            consumer.receive(0.1)
+    driver.close()
+
+
+def test_refused_credentials_fail_a_send_and_stop_a_worker_naming_the_cause(redis_url):
+    driver = connect(redis_url.replace("redis://", "redis://hermes-nobody:wrong@", 1))
+    with pytest.raises(DeliveryError, match="refused the credentials"):
+        driver.send(Message("x"))
+    # No reconnect fixes a wrong password: the worker stops instead of retrying forever.
+    with pytest.raises(DriverError, match="refused the credentials") as info:
+        driver.wait(lambda message, priority: True)
+    assert not isinstance(info.value, BrokerUnavailableError)
     driver.close()
 
 

@@ -11,15 +11,20 @@ from typing import TYPE_CHECKING
 from hermes.core import lazy_exports
 
 if TYPE_CHECKING:
-    from hermes.drivers.redis._driver import RedisSetDriver, wake_key
+    from hermes.drivers.redis._driver import RedisSetDriver, rejected_key, wake_key
     from hermes.drivers.redis._shutdown import RedisShutdown
 
-__all__ = ["RedisSetDriver", "RedisShutdown", "wake_key"]
+__all__ = ["RedisSetDriver", "RedisShutdown", "rejected_key", "wake_key"]
 
 # Loading the plugin imports this package; redis-py is imported on first use of a
 # name instead, so a process that never uses this broker does not pay for it.
 if not TYPE_CHECKING:  # type checkers read the imports above, and still flag typos
     __getattr__, __dir__ = lazy_exports(
         __name__,
-        {"RedisSetDriver": "._driver", "wake_key": "._driver", "RedisShutdown": "._shutdown"},
+        {
+            "RedisSetDriver": "._driver",
+            "rejected_key": "._driver",
+            "wake_key": "._driver",
+            "RedisShutdown": "._shutdown",
+        },
     )

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import logging
-import random
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -15,34 +13,31 @@ from redis.exceptions import AuthenticationError, AuthorizationError
 from hermes.core import (
     DEFAULT_PRIORITY,
     BrokerUnavailableError,
-    Callback,
     ConfigurationError,
+    Consumer,
     DeliveryError,
     Driver,
     DriverError,
     Message,
-    SerializeError,
+    Received,
 )
 from hermes.drivers.redis import _scripts
 from hermes.drivers.redis._capabilities import CAPABILITIES
 
-logger = logging.getLogger("hermes.drivers.redis")
-
-#: Longest an idle worker blocks on Redis before it checks shutdown again.
-MAX_IDLE_WAIT_S = 1.0
-#: How often a busy worker moves due scheduled messages (an idle one does it every loop).
+#: How often a busy worker moves due scheduled messages (an idle one does it every receive).
 MOVE_INTERVAL_S = 0.1
 #: Tokens a wake list holds at most: how many idle workers one burst can wake at once.
 WAKE_LIST_CAP = 32
+#: Bodies a rejected list keeps, newest first: enough to see what a broken
+#: producer sends, bounded so that it cannot fill Redis.
+REJECTED_CAP = 1000
 #: Redis wakes blocked clients on its ``hz`` tick (100 ms by default); a shorter
 #: wait for a scheduled message is a plain sleep instead.
 _SHORT_WAIT_S = 0.1
-#: Backoff between reconnect attempts: doubles from the first to the cap.
-_BACKOFF_FIRST_S = 0.1
-_BACKOFF_CAP_S = 2.0
 
-#: Errors after which a new connection may work; everything else is raised.
+#: Errors after which a new connection may work.
 _RECONNECTABLE = (redis.ConnectionError, redis.TimeoutError)
+#: Connection errors that no new connection fixes.
 _REFUSED = (AuthenticationError, AuthorizationError)
 
 
@@ -56,15 +51,26 @@ def wake_key(queue_key: str) -> str:
     return f"{queue_key}_wakeup"
 
 
+def rejected_key(queue_key: str) -> str:
+    """The list where a worker sets aside bodies from ``queue_key`` that are not messages.
+
+    Newest first, at most :data:`REJECTED_CAP` of them; the worker's log says
+    why each was rejected.
+    """
+    return f"{queue_key}_rejected"
+
+
 def translate_error(exc: redis.RedisError, doing: str, failed: type[DriverError]) -> DriverError:
     """The Hermes error for a redis-py error raised while ``doing`` something.
 
     The one place the driver maps client exceptions; the caller chains it
     (``raise translate_error(...) from exc``). Unreachable broker ->
-    :class:`BrokerUnavailableError`; anything else -> ``failed``.
+    :class:`BrokerUnavailableError` (a worker reconnects with backoff);
+    refused credentials and anything else -> ``failed``, since no new
+    connection fixes them (a worker stops and says why).
     """
     if isinstance(exc, _REFUSED):
-        return BrokerUnavailableError(f"Redis refused the credentials while {doing}: {exc}")
+        return failed(f"Redis refused the credentials while {doing}: {exc}")
     if isinstance(exc, _RECONNECTABLE):
         return BrokerUnavailableError(f"Redis is unavailable while {doing}: {exc}")
     return failed(f"Redis failed while {doing}: {type(exc).__name__}: {exc}")
@@ -79,9 +85,11 @@ class RedisSetDriver(Driver):
       is in the future goes to the sorted set ``schedule_key`` (score =
       ``execute_at``) and is moved to the default-priority set when due, by one
       Lua script, so several workers never move one message twice or lose it.
-    * ``wait`` ``SPOP``\\ s a message *before* the callback: delivery is
-      at-most-once; a worker that dies mid-handler loses that message.
-      Sets are read from the highest priority down.
+    * A worker ``SPOP``\\ s a message *before* the callback: delivery is
+      at-most-once; a worker that dies mid-handler, or whose callback raises,
+      loses that message. Sets are read from the highest priority down. A body
+      that is not a Hermes message is pushed to ``<queue>_rejected``
+      (:func:`rejected_key`, the newest :data:`REJECTED_CAP` kept).
     * Wake-up: ``send`` also pushes a token to ``<queue>_wakeup`` (capped at
       :data:`WAKE_LIST_CAP`) in the same script call; an idle worker blocks on
       those lists, so it starts a Python-emitted message within a round trip.
@@ -95,14 +103,16 @@ class RedisSetDriver(Driver):
     Predis: ``prefix="app:"`` puts the default set at ``app:hermes``.
 
     ``refresh_interval`` (seconds, > 0) is the longest an idle worker blocks
-    before it looks at the sets and the shutdown again; waits are capped at
-    :data:`MAX_IDLE_WAIT_S`, and kept below the client's ``socket_timeout``.
-    The driver works across ``fork()`` (redis-py's pool opens new connections
-    in the child) and ``send`` is thread-safe (``redis.Redis`` is). One
-    ``wait()`` at a time per driver object. When Redis goes away, ``wait``
-    logs it and reconnects with backoff; ``send`` tries once more on a fresh
-    connection, then raises :class:`BrokerUnavailableError` (other failures:
-    :class:`DeliveryError`), so a message is never lost silently.
+    before it looks at the sets again (core's loop caps every wait at about a
+    second), kept below the client's ``socket_timeout``. The driver works
+    across ``fork()``: redis-py's pool opens new connections in the child and
+    leaves the parent's alone, and a worker takes its connection in the
+    process that runs it. ``send`` is thread-safe (``redis.Redis`` is). When
+    Redis goes away, a worker's receive raises
+    :class:`BrokerUnavailableError` and core's loop reconnects with backoff;
+    ``send`` tries once more on a fresh connection, then raises
+    :class:`BrokerUnavailableError` (other failures: :class:`DeliveryError`),
+    so a message is never lost silently.
     ``close_client=True`` makes :meth:`close` close ``client`` (the URL
     factory does this for the client it builds).
     """
@@ -149,7 +159,7 @@ class RedisSetDriver(Driver):
         self._execute = _scripts.on_pool(client)
         #: priority -> set key
         self._queues: dict[int, str] = {DEFAULT_PRIORITY: self.key}
-        self._idle_wait_s = min(self.refresh_interval, MAX_IDLE_WAIT_S)
+        self._idle_wait_s = self.refresh_interval
         socket_timeout = client.connection_pool.connection_kwargs.get("socket_timeout")
         if socket_timeout:
             # A blocking BLPOP longer than the socket timeout would look like a dead server.
@@ -229,67 +239,17 @@ class RedisSetDriver(Driver):
 
     # Receiving -----------------------------------------------------------------
 
-    def wait(self, callback: Callback, priorities: Sequence[int] = ()) -> None:
+    def consumer(self, priorities: Sequence[int], *, concurrency: int = 1) -> Consumer:
         order = self.check_priorities(self._queues, priorities)
-        receiver = _Receiver(self, [self._queues[p] for p in order])
-        try:
-            self._receive_until_stopped(receiver, callback, order)
-        finally:
-            receiver.release()
-
-    def _receive_until_stopped(
-        self, receiver: _Receiver, callback: Callback, order: Sequence[int]
-    ) -> None:
-        failures = 0
-        while not self.should_stop():
-            try:
-                popped = receiver.receive()
-            except redis.RedisError as exc:
-                # Refused credentials are connection errors too, but no retry fixes them.
-                if isinstance(exc, _REFUSED) or not isinstance(exc, _RECONNECTABLE):
-                    raise translate_error(exc, f"waiting on {self!r}", DriverError) from exc
-                failures += 1
-                self._back_off(exc, failures)
-                continue
-            if failures:
-                logger.info("%r: Redis is back after %d failed attempt(s)", self, failures)
-                failures = 0
-            if popped is None:
-                continue
-            index, body = popped
-            try:
-                message = self.serializer.unserialize(body)
-            except SerializeError as exc:
-                logger.error(
-                    "%r: dropped a body from %r that is not a Hermes message - %s",
-                    self,
-                    receiver.keys[index],
-                    exc,
-                )
-                continue
-            callback(message, order[index])
-            self.processed_items += 1
-
-    def _back_off(self, exc: Exception, failures: int) -> None:
-        delay = min(_BACKOFF_CAP_S, _BACKOFF_FIRST_S * 2 ** (failures - 1))
-        delay *= random.uniform(0.5, 1.0)  # workers that lost Redis together do not return together
-        logger.warning(
-            "%r: Redis is unavailable (attempt %d), reconnecting in %.2f s - %s: %s",
-            self,
-            failures,
-            delay,
-            type(exc).__name__,
-            exc,
-        )
-        self.pause(delay)
+        return _RedisConsumer(self, order)
 
     # Housekeeping --------------------------------------------------------------
 
     def purge(self) -> None:
-        """Delete every set, the schedule and the wake lists this driver uses."""
+        """Delete every key this driver uses: sets, schedule, wake and rejected lists."""
         keys = {self.schedule_key}
         for queue in self._queues.values():
-            keys |= {queue, wake_key(queue)}
+            keys |= {queue, wake_key(queue), rejected_key(queue)}
         try:
             self.client.delete(*sorted(keys))
         except redis.RedisError as exc:
@@ -309,76 +269,108 @@ class RedisSetDriver(Driver):
         return f"<RedisSetDriver {scheme}://{where}/{kwargs.get('db', 0)} key={self.key!r}>"
 
 
-class _Receiver:
-    """One ``wait()``'s reading state: its connection, its sets, the scheduler clock.
+class _RedisConsumer(Consumer):
+    """One run's hold on Redis: ``SPOP`` before the handler, so delivery is at most once.
 
-    A worker holds one connection for all its reads (blocking reads need one
-    anyway) and talks to it directly: redis-py's per-command pool and retry
-    bookkeeping would cost more than the round trip. A failed connection is
-    dropped by redis-py and opened again by the next command.
+    * :meth:`receive` pops from the highest-priority non-empty set, moving due
+      scheduled messages first every :data:`MOVE_INTERVAL_S` while busy and
+      always before an idle wait, so nothing due is left waiting. Idle, it
+      blocks in ``BLPOP`` on the wake lists of its sets (at most ``timeout_s``,
+      ``refresh_interval``, or until the next scheduled message is due) and
+      pops at once when a send wakes it.
+    * It holds one connection, taken from the client's pool on the first
+      :meth:`receive` and given back by :meth:`close`, and talks to it
+      directly: redis-py's per-command pool and retry bookkeeping would cost
+      more than the round trip. A connection that failed is reconnected by
+      redis-py on the next command, so after a
+      :class:`~hermes.core.BrokerUnavailableError` the next :meth:`receive`
+      simply tries again.
+    * :meth:`ack` and :meth:`release` do nothing: the message left Redis when
+      it was popped. Putting back a message whose handler raised would run a
+      handler that may have done half its work a second time, which an
+      at-most-once worker promises never to do. :meth:`reject` pushes the body
+      to the capped list ``rejected_key(set)``.
+    * :meth:`receive` and :meth:`close` belong to the thread running the loop;
+      :meth:`ack`, :meth:`release` and :meth:`reject` may be called from any
+      thread: they never touch the held connection (:meth:`reject` borrows one
+      from the pool, which is thread-safe).
+
+    ``Received.token`` is the key of the set the body was popped from.
     """
 
-    def __init__(self, driver: RedisSetDriver, keys: list[str]) -> None:
+    def __init__(self, driver: RedisSetDriver, priorities: Sequence[int]) -> None:
         self.driver = driver
         self.pool = driver.client.connection_pool
         self.connection: Connection | None = None
-        #: The sets to read, highest priority first.
-        self.keys = keys
-        self.wake_keys = list(dict.fromkeys(wake_key(k) for k in keys))
+        #: The priorities to read and their sets, highest first.
+        self.priorities = list(priorities)
+        self.keys = [driver._queues[p] for p in self.priorities]
+        self.wake_keys = list(dict.fromkeys(wake_key(k) for k in self.keys))
         default_key = driver._queues[DEFAULT_PRIORITY]
         self.move_keys = (driver.schedule_key, default_key, wake_key(default_key))
-        #: ``time.monotonic()`` after which the next pop first moves due messages.
+        #: ``time.monotonic()`` after which the next receive first moves due messages.
         self.move_at = 0.0
         #: ``execute_at`` of the earliest scheduled message, as of the last move.
         self.next_due: float | None = None
-        #: The last idle wait ended on a wake-up token: a message was just sent.
-        self.woken = False
 
-    def execute(self, command: Sequence[Any], raw: bool) -> Any:
-        if self.connection is None:
-            self.connection = self.pool.get_connection()
-        self.connection.send_command(*command)
-        return self.connection.read_response(disable_decoding=raw)
+    def receive(self, timeout_s: float) -> Received | None:
+        try:
+            busy = time.monotonic() < self.move_at
+            if busy:  # the schedule was looked at a moment ago: pop first
+                received = self._pop()
+                if received is not None:
+                    return received
+            moved = self._move_due()
+            if moved or not busy:
+                received = self._pop()
+                if received is not None:
+                    return received
+            # Woken by a send: pop now, the message is there.
+            return self._pop() if self._idle_wait(timeout_s) else None
+        except redis.RedisError as exc:
+            raise translate_error(exc, f"receiving on {self.driver!r}", DriverError) from exc
 
-    def release(self) -> None:
+    def reject(self, received: Received, reason: str) -> None:
+        key = rejected_key(received.token)
+        try:
+            _scripts.SET_ASIDE(self.driver._execute, (key,), (REJECTED_CAP, received.body))
+        except redis.RedisError as exc:
+            raise translate_error(exc, f"setting a body aside in {key!r}", DriverError) from exc
+
+    def close(self) -> None:
         if self.connection is not None:
             self.pool.release(self.connection)
             self.connection = None
 
-    def receive(self) -> tuple[int, bytes] | None:
-        """One message as (index into ``keys``, body), or None after an idle wait.
+    def _execute(self, command: Sequence[Any], raw: bool) -> Any:
+        connection = self.connection
+        if connection is None:
+            connection = self.connection = self.pool.get_connection()
+        try:
+            connection.send_command(*command)
+            return connection.read_response(disable_decoding=raw)
+        except redis.ResponseError:
+            raise  # Redis answered: the connection is in step
+        except BaseException:
+            # Interrupted between the command and its reply (redis-py covers the
+            # inside of each call): a reply left unread would answer someone else.
+            connection.disconnect()
+            raise
 
-        Moves due scheduled messages every :data:`MOVE_INTERVAL_S` while busy
-        and always before it sleeps, so nothing due is left waiting. Woken by
-        a send, it pops first: the new message is handled after one round trip.
-        """
-        popped_first = self.woken or time.monotonic() < self.move_at
-        self.woken = False
-        if popped_first:
-            popped = self._pop()
-            if popped is not None:
-                return popped
-        moved = self._move_due()
-        if moved or not popped_first:
-            popped = self._pop()
-            if popped is not None:
-                return popped
-        self.woken = self._idle_wait()
-        return None
-
-    def _pop(self) -> tuple[int, bytes] | None:
+    def _pop(self) -> Received | None:
         if len(self.keys) == 1:
-            body = self.execute(("SPOP", self.keys[0]), True)
-            return None if body is None else (0, body)
-        reply = _scripts.POP_FIRST(self.execute, self.keys, raw=True)
+            body = self._execute(("SPOP", self.keys[0]), True)
+            return None if body is None else Received(body, self.priorities[0], self.keys[0])
+        reply = _scripts.POP_FIRST(self._execute, self.keys, raw=True)
         if reply is None:
             return None
-        return int(reply[0]) - 1, reply[1]
+        index = int(reply[0]) - 1
+        return Received(reply[1], self.priorities[index], self.keys[index])
 
     def _move_due(self) -> int:
         """Move due scheduled messages to the default-priority set; how many."""
         moved, first = _scripts.MOVE_DUE(
-            self.execute,
+            self._execute,
             self.move_keys,
             (repr(time.time()), _scripts.MAX_SCRIPT_VALUES, WAKE_LIST_CAP),
             raw=True,
@@ -391,14 +383,14 @@ class _Receiver:
             self.move_at = time.monotonic() + MOVE_INTERVAL_S
         return int(moved)
 
-    def _idle_wait(self) -> bool:
+    def _idle_wait(self, timeout_s: float) -> bool:
         """Wait for a wake-up token or the next due message; True if a token came."""
-        timeout = self.driver._idle_wait_s
+        timeout = min(timeout_s, self.driver._idle_wait_s)
         if self.next_due is not None:
             timeout = min(timeout, self.next_due - time.time())
-        if timeout <= 0 or self.driver.should_stop():
+        if timeout <= 0:
             return False
         if timeout < _SHORT_WAIT_S:
             time.sleep(timeout)
             return False
-        return self.execute(("BLPOP", *self.wake_keys, round(timeout, 3)), True) is not None
+        return self._execute(("BLPOP", *self.wake_keys, round(timeout, 3)), True) is not None

@@ -28,8 +28,9 @@ def on_pool(client: redis.Redis[Any]) -> Execute:
     Cheaper than ``client.execute_command``, whose per-command retry and
     bookkeeping cost about as much as the round trip. The pool hands out live
     connections; a command that still meets a dropped one is sent once more on
-    a new connection (what the driver sends this way is idempotent: a set
-    ignores a member added twice), then the error is raised.
+    a new connection (what the driver sends this way is harmless twice: a set
+    ignores a member added twice, a wake token or a rejected body listed twice
+    costs nothing), then the error is raised.
     """
     pool = client.connection_pool
 
@@ -134,5 +135,16 @@ if #due > 0 then
 end
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 return {#due, first[2] or false}
+"""
+)
+
+#: Set a body aside: push it to a list kept to the newest few.
+#:
+#: KEYS: the list. ARGV: how many bodies the list keeps, the body.
+SET_ASIDE = LuaScript(
+    """
+redis.call('LPUSH', KEYS[1], ARGV[2])
+redis.call('LTRIM', KEYS[1], 0, tonumber(ARGV[1]) - 1)
+return 1
 """
 )
