@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Hashable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -25,26 +25,7 @@ from hermes.core import (
     RetryMixin,
 )
 from hermes.core._failed import NO_REASON
-
-
-class MemoryBrowser:
-    """Lists and removes the bodies waiting on a memory broker's default queue."""
-
-    def __init__(self, driver: MemoryDriver) -> None:
-        self.broker = driver._broker
-
-    def entries(self) -> Iterator[tuple[Hashable, bytes | str]]:
-        with self.broker.condition:
-            bodies = list(self.broker.queues[DEFAULT_PRIORITY])
-        return ((body, body) for body in bodies)
-
-    def remove(self, entry: Hashable) -> bool:
-        with self.broker.condition:
-            try:
-                self.broker.queues[DEFAULT_PRIORITY].remove(entry)  # type: ignore[arg-type]
-            except ValueError:
-                return False
-            return True
+from hermes.core._memory import _MemoryBrowser as MemoryBrowser
 
 
 @pytest.fixture

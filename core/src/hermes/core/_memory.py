@@ -8,7 +8,7 @@ import itertools
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Hashable, Iterator, Sequence
 
 from hermes.core._consumer import Consumer, Received
 from hermes.core._driver import (
@@ -225,6 +225,36 @@ class _MemoryConsumer(Consumer):
             self.release(received)
 
 
+class _MemoryBrowser:
+    """The bodies waiting on a memory broker (queued and scheduled), without taking them."""
+
+    def __init__(self, driver: Driver) -> None:
+        assert isinstance(driver, MemoryDriver)
+        self.broker = driver._broker
+
+    def entries(self) -> Iterator[tuple[Hashable, str | bytes]]:
+        with self.broker.condition:
+            queued = [body for queue in self.broker.queues.values() for body in queue]
+            queued += [body for _, _, _, body in sorted(self.broker.scheduled)]
+        for body in queued:
+            yield id(body), body
+
+    def remove(self, entry: Hashable) -> bool:
+        broker = self.broker
+        with broker.condition:
+            for queue in broker.queues.values():
+                for body in queue:
+                    if id(body) == entry:
+                        queue.remove(body)
+                        return True
+            for item in broker.scheduled:
+                if id(item[3]) == entry:
+                    broker.scheduled.remove(item)
+                    heapq.heapify(broker.scheduled)
+                    return True
+        return False
+
+
 def _from_url(url: DriverUrl) -> MemoryDriver:
     url.reject_unknown(())
     return MemoryDriver(url.host or url.path or "default")
@@ -244,5 +274,6 @@ def hermes_drivers() -> list[DriverPlugin]:
             capabilities=MemoryDriver.capabilities,
             isolate=_isolate,
             example_url="memory://jobs",
+            browse=_MemoryBrowser,
         )
     ]
