@@ -585,18 +585,22 @@ def test_in_delay_mode_a_message_is_held_until_execute_at(
 
 
 def test_in_delay_mode_a_message_that_arrives_early_is_hidden_again_not_handled(
-    make_driver: MakeDriver, sqs_url: str
+    make_driver: MakeDriver, sqs_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     driver = make_driver(sqs_url + "&delay=true")
     execute_at = time.time() + 2
     # send_raw skips DelaySeconds: the message arrives early, as after clock skew.
     driver.send_raw(MessageSerializer().serialize(Message("early", execute_at=execute_at)).encode())
 
-    received = handle_until(driver, 1)
+    with caplog.at_level(logging.INFO, logger="hermes.drivers.sqs"):
+        received = handle_until(driver, 1)
 
     assert time.time() >= execute_at
     delivery = received[0][2]
     assert delivery is not None and delivery.receive_count == 2
+    # Not a worker failure: the second receipt is the one it was held back for.
+    (line,) = [r for r in caplog.records if "received 2 times" in r.getMessage()]
+    assert line.levelno == logging.INFO and "earlier receipts may have held it back" in line.message
 
 
 def test_in_delay_mode_a_delay_beyond_15_minutes_is_hidden_on_receipt(

@@ -549,11 +549,15 @@ class _SqsConsumer(Consumer):
                 if not self._poll(self.queues, self._wait_s(deadline)):
                     return None
                 continue
-            if self.driver.delay and not self._due(item):
-                if time.monotonic() >= deadline and not self._buffered():
-                    return None
-                continue
-            return self._hand_out(item)
+            delayed = False
+            if self.driver.delay:
+                message = self._message(item)
+                delayed = message is not None and message.execute_at is not None
+                if message is not None and self._postponed(item, message):
+                    if time.monotonic() >= deadline and not self._buffered():
+                        return None
+                    continue
+            return self._hand_out(item, delayed)
 
     def _next_buffered(self) -> Held | None:
         """The first buffered message of the highest priority, after a look above it if due."""
@@ -624,23 +628,23 @@ class _SqsConsumer(Consumer):
             visible_until=started + self.driver.visibility_timeout_s,
         )
 
-    def _due(self, item: Held) -> bool:
-        """Delay mode: False (and ``item`` hidden or re-sent) when its ``execute_at`` is ahead."""
+    def _message(self, item: Held) -> Message | None:
         try:
-            message = self.driver.serializer.unserialize(item.body)
+            return self.driver.serializer.unserialize(item.body)
         except SerializeError:
-            return True  # core finds out, logs it and rejects it
-        if message.execute_at is None:
-            return True
-        left_s = message.execute_at - time.time()
+            return None  # core finds out, logs it and rejects it
+
+    def _postponed(self, item: Held, message: Message) -> bool:
+        """Delay mode: True (and ``item`` hidden or re-sent) when ``message`` is not due yet."""
+        left_s = 0.0 if message.execute_at is None else message.execute_at - time.time()
         if left_s <= 0:
-            return True
+            return False
         try:
             self._postpone(item, message.id, left_s)
         except BaseException:
             self.buffer[item.queue.priority].appendleft(item)  # still held: tried again next time
             raise
-        return False
+        return True
 
     def _postpone(self, item: Held, message_id: str, left_s: float) -> None:
         """Keep ``item``, due in ``left_s``, away from workers until then."""
@@ -664,11 +668,11 @@ class _SqsConsumer(Consumer):
                 left_s,
             )
 
-    def _hand_out(self, item: Held) -> Received:
+    def _hand_out(self, item: Held, held_back: bool) -> Received:
+        """``item`` for core; ``held_back``: delay mode may have hidden it on earlier receipts."""
         with self.lock:
             self.out.add(item)
         if item.receive_count > 1:
-            held_back = self.driver.delay
             logger.log(
                 logging.INFO if held_back else logging.WARNING,
                 "SQS queue %r: message %s received %d times%s",
