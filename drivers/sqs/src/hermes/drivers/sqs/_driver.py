@@ -681,7 +681,8 @@ class _SqsConsumer(Consumer):
                 item.receive_count,
                 " (delay mode: earlier receipts may have held it back)"
                 if held_back
-                else " - delivered again after a worker died, timed out or released it",
+                else " - delivered again: a worker died, timed out or released it, "
+                "or set it aside for the redrive policy",
             )
         _current_delivery.set(item.delivery)
         return Received(item.body, item.queue.priority, item)
