@@ -19,17 +19,19 @@ from hermes_test_support import StopWhen, eventually
 from hermes.core import (
     BrokerUnavailableError,
     Capabilities,
+    Consumer,
     Delay,
     Delivery,
     Message,
     MessageSerializer,
     NotSupportedError,
+    Received,
     UnknownPriorityError,
 )
 from hermes.drivers.sqs import AmazonSqsDriver, SqsDelivery, current_delivery
 
 MakeDriver = Callable[..., AmazonSqsDriver]
-Received = list[tuple[Message, int, SqsDelivery | None]]
+Handled = list[tuple[Message, int, SqsDelivery | None]]
 
 
 def queue_counts(sqs: Any, name: str) -> tuple[int, int, int]:
@@ -43,7 +45,17 @@ def queue_counts(sqs: Any, name: str) -> tuple[int, int, int]:
     )
 
 
-def recorder(received: Received) -> Callable[[Message, int], bool]:
+def receive_within(consumer: Consumer, timeout_s: float = 10.0) -> Received:
+    """The next message ``consumer`` hands out, asked for a second at a time."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        received = consumer.receive(1.0)
+        if received is not None:
+            return received
+    raise AssertionError(f"nothing received within {timeout_s} s")
+
+
+def recorder(received: Handled) -> Callable[[Message, int], bool]:
     def callback(message: Message, priority: int) -> bool:
         received.append((message, priority, current_delivery()))
         return True
@@ -53,9 +65,9 @@ def recorder(received: Received) -> Callable[[Message, int], bool]:
 
 def handle_until(
     driver: AmazonSqsDriver, count: int, timeout_s: float = 15.0, **wait: Any
-) -> Received:
+) -> Handled:
     """Run ``driver.wait`` until ``count`` messages were handled (or the timeout passed)."""
-    received: Received = []
+    received: Handled = []
     driver.set_shutdown(StopWhen(lambda: len(received) >= count, timeout_s))
     driver.wait(recorder(received), **wait)
     return received
@@ -204,18 +216,26 @@ def test_a_callback_that_raises_gives_back_its_message_and_the_rest_of_the_batch
     assert all(d is not None and d.receive_count == 2 for _, _, d in received)
 
 
-def test_max_items_stops_mid_batch_and_another_worker_gets_the_rest_at_once(
+def test_a_worker_stopping_after_n_messages_takes_no_more_than_n(
     make_driver: MakeDriver, sqs: Any
 ) -> None:
     first, second = make_driver(), make_driver()
     first.send_batch([Message("n", {"i": i}) for i in range(5)])
+    seen: list[tuple[int, int, int]] = []
+    handled_first: Handled = []
+
+    def note(message: Message, priority: int) -> bool:
+        seen.append(queue_counts(sqs, first.queue_name))
+        handled_first.append((message, priority, current_delivery()))
+        return True
 
     first.set_max_process_items(2)
-    handled_first: Received = []
-    first.wait(recorder(handled_first))
+    first.wait(note)
     handled_second = handle_until(second, 3, timeout_s=10)
 
-    assert len(handled_first) == 2
+    # Taking more and giving it back would count a receipt against the redrive limit.
+    assert [visible for visible, _, _ in seen] == [3, 3]
+    assert all(d is not None and d.receive_count == 1 for _, _, d in handled_second)
     assert sorted(m.payload["i"] for m, _, _ in handled_first + handled_second) == list(range(5))
     eventually(lambda: queue_counts(sqs, first.queue_name) == (0, 0, 0), "an empty queue", 15.0)
 
@@ -242,6 +262,129 @@ def test_an_unreachable_endpoint_raises_broker_unavailable_with_the_cause(
         driver.send(Message("lost"))
     assert caught.value.__cause__ is not None
     driver.purge = lambda: None  # type: ignore[method-assign]  # nothing to clean up there
+
+
+# The consumer ------------------------------------------------------------------------
+
+
+def test_a_released_message_comes_back_at_once_with_a_higher_receive_count(
+    make_driver: MakeDriver,
+) -> None:
+    driver = make_driver()  # visibility timeout 30 s: only the release brings it back this soon
+    driver.send(Message("again"))
+
+    with driver.consumer([]) as consumer:
+        first = receive_within(consumer)
+        consumer.release(first)
+        second = receive_within(consumer)
+        consumer.ack(second)
+
+    assert MessageSerializer().unserialize(second.body).type == "again"
+    assert first.token.delivery.receive_count == 1
+    assert second.token.delivery.receive_count == 2
+
+
+def test_receive_on_an_idle_queue_returns_none_and_never_long_polls_past_its_timeout(
+    make_driver: MakeDriver, sqs_url: str
+) -> None:
+    driver = make_driver(sqs_url + "&wait_time=20")
+    waits: list[int] = []
+    driver._client.get().meta.events.register(
+        "before-parameter-build.sqs.ReceiveMessage",
+        lambda params, **kwargs: waits.append(params["WaitTimeSeconds"]),
+    )
+
+    with driver.consumer([]) as consumer:
+        for timeout_s in (1.0, 1.0, 0.3):
+            started = time.monotonic()
+            assert consumer.receive(timeout_s) is None
+            assert time.monotonic() - started < timeout_s + 5  # generous: a busy machine
+
+    # A second is the longest SQS wait within a 1 s receive; 0.3 s rounds to a short poll.
+    assert waits[1:] == [1, 0]
+    assert waits[0] <= 1
+
+
+def test_close_gives_back_at_once_what_was_received_but_not_handed_out(
+    make_driver: MakeDriver, sqs: Any
+) -> None:
+    driver = make_driver()  # visibility timeout 30 s: only a give-back is this fast
+    driver.send_batch([Message("n", {"i": i}) for i in range(3)])
+
+    with driver.consumer([]) as consumer:
+        received = receive_within(consumer)
+        assert queue_counts(sqs, driver.queue_name) == (0, 3, 0)  # one batch took all three
+        consumer.ack(received)
+
+    eventually(lambda: queue_counts(sqs, driver.queue_name) == (2, 0, 0), "two messages back", 10.0)
+
+
+def test_the_heartbeat_keeps_buffered_messages_hidden_too(
+    make_driver: MakeDriver, sqs_url: str, sqs: Any, queue_name: str
+) -> None:
+    driver = make_driver(sqs_url + "&visibility_timeout=2")
+    driver.send_batch([Message("n", {"i": i}) for i in range(2)])
+    seen: list[tuple[int, int, int]] = []
+
+    with driver.consumer([]) as consumer:
+        first = receive_within(consumer)
+        # A handler of the first runs for more than two visibility timeouts.
+        until = time.monotonic() + 5
+        while time.monotonic() < until:
+            seen.append(queue_counts(sqs, queue_name))
+            time.sleep(0.25)
+        consumer.ack(first)
+        second = receive_within(consumer)
+        consumer.ack(second)
+
+    assert set(seen) == {(0, 2, 0)}  # neither the handled one nor the buffered one showed
+    assert second.token.delivery.receive_count == 1
+
+
+def test_a_high_priority_message_does_not_wait_behind_a_buffered_low_priority_batch(
+    make_driver: MakeDriver, sqs: Any, queue_name: str
+) -> None:
+    driver = make_driver()
+    driver.setup_priority_queue("high", 200)
+    driver.send_batch([Message("low", {"i": i}) for i in range(3)])
+
+    with driver.consumer([]) as consumer:
+        consumer.recheck_higher_s = 0  # type: ignore[attr-defined]  # look up before each one
+        order = [receive_within(consumer)]
+        assert queue_counts(sqs, queue_name) == (0, 3, 0)  # two low ones wait in the buffer
+        driver.send(Message("high"), 200)
+        for _ in range(4):
+            consumer.ack(order[-1])
+            if len(order) < 4:
+                order.append(receive_within(consumer))
+
+    assert [received.priority for received in order] == [100, 200, 100, 100]
+
+
+def test_each_handler_thread_sees_the_delivery_of_its_own_message(
+    make_driver: MakeDriver,
+) -> None:
+    driver = make_driver()
+    driver.send_batch([Message("job", {"n": n}) for n in range(4)])
+    seen: dict[int, str] = {}
+    lock = threading.Lock()
+    both_running = threading.Barrier(2)
+
+    def callback(message: Message, priority: int) -> bool:
+        delivery = current_delivery()
+        assert delivery is not None
+        if message.payload["n"] < 2:
+            both_running.wait(30)  # two handlers at once, each on its own thread
+        with lock:
+            seen[message.payload["n"]] = delivery.message_id
+        return True
+
+    driver.set_max_process_items(4)
+    driver.wait(callback, concurrency=2)
+
+    assert sorted(seen) == [0, 1, 2, 3]
+    assert len(set(seen.values())) == 4  # each saw its own SQS message
+    assert current_delivery() is None  # outside a handler
 
 
 # The article's cases ------------------------------------------------------------
@@ -281,10 +424,10 @@ def test_a_message_of_a_worker_killed_mid_handler_comes_back_with_receive_count_
     assert [m.id for m, _, _ in received] == [sent.id]
     delivery = received[0][2]
     assert delivery is not None and delivery.receive_count == 2
-    assert f"message #{sent.id} (job) received 2 times" in caplog.text
+    assert f"message {delivery.message_id} received 2 times - delivered again" in caplog.text
 
 
-def _long_handler_run(make_driver: MakeDriver, url: str, *, heartbeat: bool) -> Received:
+def _long_handler_run(make_driver: MakeDriver, url: str, *, heartbeat: bool) -> Handled:
     """A handler longer than twice the 3 s visibility timeout, while a rival worker polls.
 
     Returns what the rival received.
@@ -292,7 +435,7 @@ def _long_handler_run(make_driver: MakeDriver, url: str, *, heartbeat: bool) -> 
     worker = make_driver(url + f"&visibility_timeout=3&heartbeat={str(heartbeat).lower()}")
     rival = make_driver(url + "&visibility_timeout=3")
     worker.send(Message("slow"))
-    rival_got: Received = []
+    rival_got: Handled = []
     finished = threading.Event()
 
     def slow(message: Message, priority: int) -> bool:
@@ -369,12 +512,13 @@ def test_a_body_that_is_not_a_message_is_logged_and_deleted_without_a_redrive_po
     driver.send_raw(b"not json \xe2\x9c\x93")
     driver.send(Message("good"))
 
-    with caplog.at_level(logging.ERROR, logger="hermes.drivers.sqs"):
+    with caplog.at_level(logging.INFO, logger="hermes"):
         received = handle_until(driver, 1)
 
     assert [m.type for m, _, _ in received] == ["good"]
-    assert "is not a Hermes message (received 1 times" in caplog.text
-    assert "Cannot unserialize message" in caplog.text
+    assert "not a Hermes message" in caplog.text  # core's line, with the reason
+    assert "Cannot unserialize message from 'not json" in caplog.text
+    assert "(received 1 times); no redrive policy keeps it" in caplog.text
     eventually(lambda: queue_counts(sqs, driver.queue_name) == (0, 0, 0), "an empty queue", 15.0)
 
 
@@ -391,14 +535,14 @@ def test_a_body_that_is_not_a_message_is_left_for_the_redrive_policy(
     )
     driver.send_raw(b"{not a message")
     driver.send(Message("good"))
-    received: Received = []
+    received: Handled = []
 
     driver.set_shutdown(StopWhen(lambda: queue_counts(sqs, dead)[0] > 0, timeout_s=15))
-    with caplog.at_level(logging.ERROR, logger="hermes.drivers.sqs"):
+    with caplog.at_level(logging.INFO, logger="hermes"):
         driver.wait(recorder(received))
 
     assert [m.type for m, _, _ in received] == ["good"]
-    assert "left for the redrive policy" in caplog.text
+    assert "(received 1 times) for the redrive policy" in caplog.text
     dead_url = sqs.get_queue_url(QueueName=dead)["QueueUrl"]
     bodies = [m["Body"] for m in sqs.receive_message(QueueUrl=dead_url).get("Messages", [])]
     assert bodies == ["{not a message"]
@@ -448,18 +592,22 @@ def test_in_delay_mode_a_message_is_held_until_execute_at(
 
 
 def test_in_delay_mode_a_message_that_arrives_early_is_hidden_again_not_handled(
-    make_driver: MakeDriver, sqs_url: str
+    make_driver: MakeDriver, sqs_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     driver = make_driver(sqs_url + "&delay=true")
     execute_at = time.time() + 2
     # send_raw skips DelaySeconds: the message arrives early, as after clock skew.
     driver.send_raw(MessageSerializer().serialize(Message("early", execute_at=execute_at)).encode())
 
-    received = handle_until(driver, 1)
+    with caplog.at_level(logging.INFO, logger="hermes.drivers.sqs"):
+        received = handle_until(driver, 1)
 
     assert time.time() >= execute_at
     delivery = received[0][2]
     assert delivery is not None and delivery.receive_count == 2
+    # Not a worker failure: the second receipt is the one it was held back for.
+    (line,) = [r for r in caplog.records if "received 2 times" in r.getMessage()]
+    assert line.levelno == logging.INFO and "earlier receipts may have held it back" in line.message
 
 
 def test_in_delay_mode_a_delay_beyond_15_minutes_is_hidden_on_receipt(
@@ -468,7 +616,7 @@ def test_in_delay_mode_a_delay_beyond_15_minutes_is_hidden_on_receipt(
     driver = make_driver(sqs_url + "&delay=true")
     far = Message("far", execute_at=time.time() + 3600)
     driver.send_raw(MessageSerializer().serialize(far).encode())
-    received: Received = []
+    received: Handled = []
 
     with caplog.at_level(logging.DEBUG, logger="hermes.drivers.sqs"):
         driver.set_shutdown(StopWhen(lambda: "hid message" in caplog.text, timeout_s=15))

@@ -8,7 +8,7 @@ handlers registered for each message type. Brokers are reached through
 
 from typing import TYPE_CHECKING
 
-from hermes.core._consumer import IDLE_WAIT_S, Backoff, Consumer, Received
+from hermes.core._consumer import IDLE_WAIT_S, Backoff, Consumer, Received, current_received
 from hermes.core._dispatcher import NOTICE, Dispatcher, DispatcherStats
 from hermes.core._driver import (
     DEFAULT_PRIORITY,
@@ -127,6 +127,7 @@ __all__ = [
     "UnknownPriorityError",
     "available_drivers",
     "connect",
+    "current_received",
     "hookimpl",
     "isolated_url",
     "lazy_exports",

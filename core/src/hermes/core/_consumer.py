@@ -10,6 +10,7 @@ stop checks, max items, the poison log, reconnect backoff.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import queue
 import random
@@ -29,6 +30,20 @@ if TYPE_CHECKING:
     from hermes.core._shutdown import Shutdown
 
 logger = logging.getLogger("hermes")
+
+_current: contextvars.ContextVar[Received | None] = contextvars.ContextVar(
+    "hermes_current_received", default=None
+)
+
+
+def current_received() -> Received | None:
+    """The :class:`Received` whose callback runs on this thread, else None.
+
+    A driver exposes broker facts to handlers through it (SQS: the receive
+    count, as ``current_delivery()``), whichever handler thread runs them.
+    """
+    return _current.get()
+
 
 #: The longest a consumer's ``receive`` may block: the worker checks shutdown and
 #: max items at least this often, so a stop request is seen within about a second.
@@ -251,12 +266,15 @@ class _Loop:
         """Call back, then acknowledge; release and re-raise when the callback raises."""
         driver, message = self.driver, received.message
         assert message is not None
+        current = _current.set(received)
         try:
             self.callback(message, received.priority)
         except BaseException:
             if _settle(driver, "release", received, self.consumer.release) and self.debug:
                 logger.debug("%r: released message #%s", driver, message.id)
             raise
+        finally:
+            _current.reset(current)
         if _settle(driver, "acknowledge", received, self.consumer.ack) and self.debug:
             logger.debug("%r: acknowledged message #%s", driver, message.id)
         with self.count_lock:

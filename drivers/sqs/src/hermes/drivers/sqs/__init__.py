@@ -12,11 +12,19 @@ from typing import TYPE_CHECKING
 from hermes.core import lazy_exports
 
 if TYPE_CHECKING:
-    from hermes.drivers.sqs._driver import AmazonSqsDriver, SqsDelivery, current_delivery
+    from hermes.drivers.sqs._driver import AmazonSqsDriver, current_delivery
+    from hermes.drivers.sqs._heartbeat import SqsDelivery
 
 __all__ = ["AmazonSqsDriver", "SqsDelivery", "current_delivery"]
 
 # Loading the plugin imports this package; boto3 is imported on first use of a
 # name instead, so a process that never uses this broker does not pay for it.
 if not TYPE_CHECKING:  # type checkers read the imports above, and still flag typos
-    __getattr__, __dir__ = lazy_exports(__name__, dict.fromkeys(__all__, "._driver"))
+    __getattr__, __dir__ = lazy_exports(
+        __name__,
+        {
+            "AmazonSqsDriver": "._driver",
+            "SqsDelivery": "._heartbeat",
+            "current_delivery": "._driver",
+        },
+    )

@@ -1,12 +1,9 @@
-"""The boto3 side of the SQS driver: one fork-safe client, one place that translates errors."""
+"""The boto3 side of the SQS driver: the one place that translates its errors, and client clones."""
 
 from __future__ import annotations
 
 import contextlib
-import logging
-import os
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import boto3
@@ -21,8 +18,6 @@ from botocore.exceptions import (
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from hermes.core import BrokerUnavailableError, ConfigurationError, DriverError
-
-logger = logging.getLogger("hermes.drivers.sqs")
 
 #: Error codes that mean "the service is there but cannot answer now".
 _TRANSIENT_CODES = frozenset(
@@ -115,39 +110,3 @@ def clone_client(client: Any) -> Any:
             aws_session_token=frozen.token,
         )
     return boto3.session.Session().client("sqs", **kwargs)
-
-
-class ForkSafeClient:
-    """Hands out the SQS client of the current process.
-
-    boto3 clients are thread-safe but not fork-safe: a child would share the
-    parent's pooled HTTP connections. After ``os.fork()`` the first call in
-    the child builds its own client (from ``factory``, or a clone of the
-    parent's) and leaves the parent's alone.
-    """
-
-    def __init__(self, client: Any, factory: Callable[[], Any] | None, owned: bool) -> None:
-        self._client = client
-        self._factory = factory
-        #: Whether ``close()`` closes the client (False for one the user passed in).
-        self._owned = owned
-        self._pid = os.getpid()
-        self._lock = threading.Lock()
-
-    def get(self) -> Any:
-        if self._pid != os.getpid():
-            with self._lock:
-                if self._pid != os.getpid():
-                    parent = self._client
-                    self._client = self._factory() if self._factory else clone_client(parent)
-                    self._owned = True
-                    self._pid = os.getpid()
-                    logger.debug("SQS client rebuilt in forked process %d", self._pid)
-        return self._client
-
-    def close(self) -> None:
-        with self._lock:
-            if self._owned and self._pid == os.getpid():
-                close = getattr(self._client, "close", None)
-                if callable(close):
-                    close()

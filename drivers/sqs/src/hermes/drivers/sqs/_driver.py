@@ -5,38 +5,40 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import re
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from contextvars import ContextVar
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from botocore.exceptions import ClientError
 
 from hermes.core import (
     DEFAULT_PRIORITY,
-    BrokerUnavailableError,
-    Callback,
     ConfigurationError,
+    Consumer,
     Delay,
     DeliveryError,
     Driver,
     Message,
     NotSupportedError,
+    PerProcess,
+    Received,
     SerializeError,
+    current_received,
     redact_url,
 )
 from hermes.drivers.sqs._capabilities import CAPABILITIES, MAX_MESSAGE_BYTES
 from hermes.drivers.sqs._client import (
-    ForkSafeClient,
+    clone_client,
     error_code,
     is_missing_queue,
     translate_errors,
 )
-from hermes.drivers.sqs._heartbeat import BATCH_LIMIT, Heartbeat, Held, Queue
+from hermes.drivers.sqs._heartbeat import BATCH_LIMIT, Heartbeat, Held, Queue, SqsDelivery
 
 logger = logging.getLogger("hermes.drivers.sqs")
 
@@ -49,43 +51,29 @@ MAX_VISIBILITY_S = 12 * 60 * 60
 DEAD_LETTER_RETENTION_S = 14 * 24 * 60 * 60
 #: ``maxReceiveCount`` when a dead-letter queue is named without one.
 DEFAULT_MAX_RECEIVE_COUNT = 5
-#: Longest pause between two receive attempts while the endpoint is unreachable.
-MAX_BACKOFF_S = 10.0
+#: While messages of a lower priority wait in a consumer's buffer, the higher
+#: queues are polled again at least this often, so a new urgent message does
+#: not wait behind the whole buffered batch.
+RECHECK_HIGHER_S = 0.5
+#: A long poll may end this much after receive's ``timeout_s``: SQS waits whole
+#: seconds, and a poll of 0 s (what rounding down would mostly give) never blocks.
+LONG_POLL_SLACK_S = 0.25
 
 _QUEUE_NAME = re.compile(r"^[A-Za-z0-9_-]{1,80}$")
 # Characters an SQS body may not contain (outside XML 1.0's character range).
 _NOT_XML = re.compile("[^\x09\x0a\x0d\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 
-@dataclass(frozen=True, slots=True)
-class SqsDelivery:
-    """The SQS side of the message a callback is handling right now.
-
-    Read it from a handler with :func:`current_delivery` (or the driver's
-    :attr:`AmazonSqsDriver.current_delivery`) to act on redeliveries, e.g.
-    to give up early on a message SQS has already handed out many times.
-    """
-
-    #: The SQS queue the message came from.
-    queue_name: str
-    #: SQS's own message id (not the Hermes message id).
-    message_id: str
-    #: ``ApproximateReceiveCount``: 1 on the first delivery, more after a
-    #: worker died, timed out or raised (and, in delay mode, after receipts
-    #: that only held a not-yet-due message back).
-    receive_count: int
-    #: The priority whose queue delivered it.
-    priority: int
-    #: When SQS accepted it (``SentTimestamp``), as a UNIX time.
-    sent_at: float | None
-
-
-_current_delivery: ContextVar[SqsDelivery | None] = ContextVar("hermes_sqs_delivery", default=None)
-
-
 def current_delivery() -> SqsDelivery | None:
-    """The :class:`SqsDelivery` of the message being handled in this thread, else None."""
-    return _current_delivery.get()
+    """The :class:`SqsDelivery` of the message being handled on this thread, else None.
+
+    Core's worker loop marks the message whose handlers run on each thread
+    (:func:`hermes.core.current_received`); this reads its SQS facts, on any
+    handler thread of a worker with several handlers at once.
+    """
+    received = current_received()
+    item = received.token if received is not None else None
+    return item.delivery if isinstance(item, Held) else None
 
 
 def _check_queue_name(name: str, what: str) -> str:
@@ -157,21 +145,22 @@ class AmazonSqsDriver(Driver):
     (``queue_attributes``, ``retention_s``, the redrive policy) are set on an
     existing queue whose values differ.
 
-    ``wait()`` long-polls up to ``wait_time_s`` (0-20; shutdown and max items
-    are checked between polls), receives up to ``batch_size`` (1-10) messages,
-    hides them for ``visibility_timeout_s`` and hands them to the callback one
-    by one. A message is deleted after its callback returns, whatever it
-    returned; deletes are batched per received batch (at-least-once: a worker
-    that dies before the delete gets its messages delivered again after the
-    visibility timeout). A callback that raises makes its message and the rest
-    of the batch visible again at once and the exception propagates; so do
-    the unhandled rest of a batch when shutdown or max items stop the loop.
+    Core's worker loop (``wait()``) reads through :meth:`consumer`: each
+    ReceiveMessage takes up to ``batch_size`` (1-10) messages, hidden for
+    ``visibility_timeout_s``, and long-polls at most ``wait_time_s`` (0-20)
+    and never past the worker's one-second receive. The consumer keeps the
+    batch and hands the messages out one at a time. A message is deleted
+    after its callback returns, whatever it returned; deletes are batched
+    (at-least-once: a worker that dies before the delete gets its messages
+    delivered again after the visibility timeout). A callback that raises
+    makes its message visible again at once; when the worker stops, so does
+    whatever it had received but not handed out yet.
 
-    With ``heartbeat`` (the default) a thread renews the visibility of held
-    messages whenever less than half of the timeout is left, so a long
-    handler is never handed to a second worker; a dead worker stops renewing.
-    SQS caps a message's visibility at 12 h from its receipt, which bounds a
-    hung handler too.
+    With ``heartbeat`` (the default) a thread renews the visibility of every
+    message the worker holds -- buffered or in a handler -- whenever less
+    than half of the timeout is left, so a long handler is never handed to a
+    second worker; a dead worker stops renewing. SQS caps a message's
+    visibility at 12 h from its receipt, which bounds a hung handler too.
 
     ``ApproximateReceiveCount`` is requested with every message; a count above
     1 is logged, and :func:`current_delivery` exposes it to handlers.
@@ -181,10 +170,10 @@ class AmazonSqsDriver(Driver):
     message there once it was received more than ``max_receive_count`` times.
     ``retention_s`` sets ``MessageRetentionPeriod`` (60 s to 14 days).
 
-    A body that is not a Hermes message is logged with the reason and its
-    receive count. With a redrive policy it is left alone, so SQS moves it
-    to the dead-letter queue after ``max_receive_count`` receipts; without one
-    it is deleted after the log.
+    A body that is not a Hermes message is logged with the reason (by core)
+    and its receive count. With a redrive policy it is left alone, so SQS
+    moves it to the dead-letter queue after ``max_receive_count`` receipts;
+    without one it is deleted after the log.
 
     ``execute_at`` is ignored by default (delivered at once, kept in the
     message). ``delay=True`` honours it: ``send`` sets ``DelaySeconds`` (up to
@@ -196,13 +185,16 @@ class AmazonSqsDriver(Driver):
 
     Priorities: the default priority uses ``queue_name``;
     ``setup_priority_queue(name, priority)`` adds the queue
-    ``<queue_name>-<name>``. ``wait()`` short-polls the higher priorities and
+    ``<queue_name>-<name>``. A receive short-polls the higher priorities and
     long-polls only the lowest, so a new high-priority message may wait up to
-    ``wait_time_s`` behind an idle long poll.
+    a second behind an idle long poll; while lower-priority messages wait in
+    the consumer's buffer, the higher queues are polled again at least every
+    :data:`RECHECK_HIGHER_S`.
 
     ``send`` and ``send_batch`` are safe from many threads. After ``os.fork()``
     the child builds its own client (``client_factory()`` if given, otherwise a
-    copy of ``client``'s region, endpoint, config and explicit keys).
+    copy of ``client``'s region, endpoint, config and explicit keys) and
+    leaves the parent's alone.
     """
 
     capabilities = CAPABILITIES
@@ -268,12 +260,33 @@ class AmazonSqsDriver(Driver):
             delay=Delay.NATIVE if self.delay else Delay.IGNORED,
             redelivery_timeout_s=float(self.visibility_timeout_s),
         )
-        self._client = ForkSafeClient(client, client_factory, owned=close_client)
+        self._given_client = client
+        self._given_pid = os.getpid()
+        self._client_factory = client_factory
+        self._close_given_client = close_client
+        #: This process's client: ``client`` where the driver was made, a new one after fork().
+        self._client: PerProcess[Any] = PerProcess(self._make_client, self._close_client)
+        meta = getattr(client, "meta", None)
+        self._where = (
+            f" region={meta.region_name} endpoint={redact_url(meta.endpoint_url)}" if meta else ""
+        )
         self._names: dict[int, str] = {DEFAULT_PRIORITY: self.queue_name}
         self._queues: dict[str, Queue] = {}
         self._setup_lock = threading.Lock()
         #: The dead-letter queue's ARN, found once under ``_setup_lock`` (reset by ``purge``).
         self._dead_letter_arn: str | None = None
+
+    def _make_client(self) -> Any:
+        if os.getpid() == self._given_pid:
+            return self._given_client
+        if self._client_factory is not None:
+            return self._client_factory()
+        return clone_client(self._given_client)
+
+    def _close_client(self, client: Any) -> None:
+        # The client passed in is the caller's unless close_client says otherwise.
+        if client is not self._given_client or self._close_given_client:
+            client.close()
 
     # Queues ------------------------------------------------------------------
 
@@ -449,167 +462,8 @@ class AmazonSqsDriver(Driver):
         """The :class:`SqsDelivery` of the message this thread is handling, else None."""
         return current_delivery()
 
-    def wait(self, callback: Callback, priorities: Sequence[int] = ()) -> None:
-        order = self.check_priorities(self._names, priorities)
-        queues = [self._queue(priority) for priority in order]
-        held = Heartbeat(self._client.get, self.visibility_timeout_s, enabled=self.heartbeat)
-        held.start()
-        backoff_s = 0.0
-        try:
-            while not self.should_stop():
-                try:
-                    batch = self._receive(queues)
-                except BrokerUnavailableError as exc:
-                    backoff_s = min(MAX_BACKOFF_S, max(0.5, backoff_s * 2))
-                    logger.warning(
-                        "SQS receive failed, retrying in %.1f s - %s",
-                        backoff_s,
-                        exc,
-                        exc_info=exc.__cause__,
-                    )
-                    self.pause(backoff_s)
-                    continue
-                backoff_s = 0.0
-                if batch:
-                    self._handle_batch(batch, callback, held)
-        finally:
-            held.stop()
-
-    def _receive(self, queues: Sequence[Queue]) -> list[Held]:
-        limit = self.batch_size
-        if self.max_process_items:
-            limit = max(1, min(limit, self.max_process_items - self.processed_items))
-        client = self._client.get()
-        for index, queue in enumerate(queues):
-            started = time.monotonic()
-            with translate_errors("ReceiveMessage", queue.name):
-                response = client.receive_message(
-                    QueueUrl=queue.url,
-                    MaxNumberOfMessages=limit,
-                    WaitTimeSeconds=self.wait_time_s if index == len(queues) - 1 else 0,
-                    VisibilityTimeout=self.visibility_timeout_s,
-                    MessageSystemAttributeNames=["ApproximateReceiveCount", "SentTimestamp"],
-                )
-            messages = response.get("Messages", [])
-            if messages:
-                return [self._held(queue, raw, started) for raw in messages]
-        return []
-
-    def _held(self, queue: Queue, raw: Mapping[str, Any], started: float) -> Held:
-        attributes = raw.get("Attributes", {})
-        sent = attributes.get("SentTimestamp")
-        return Held(
-            queue=queue,
-            receipt=raw["ReceiptHandle"],
-            message_id=raw.get("MessageId", "?"),
-            body=raw.get("Body", ""),
-            receive_count=int(attributes.get("ApproximateReceiveCount", 1)),
-            sent_at=int(sent) / 1000 if sent else None,
-            visible_until=started + self.visibility_timeout_s,
-        )
-
-    def _handle_batch(self, batch: list[Held], callback: Callback, held: Heartbeat) -> None:
-        held.hold(batch)
-        pending = deque(batch)
-        current: Held | None = None
-        try:
-            while pending and not self.should_stop():
-                current = pending.popleft()
-                message = self._accept(current, held)
-                if message is not None:
-                    delivery = SqsDelivery(
-                        queue_name=current.queue.name,
-                        message_id=current.message_id,
-                        receive_count=current.receive_count,
-                        priority=current.queue.priority,
-                        sent_at=current.sent_at,
-                    )
-                    token = _current_delivery.set(delivery)
-                    try:
-                        callback(message, current.queue.priority)
-                    finally:
-                        _current_delivery.reset(token)
-                    held.finish(current)
-                    self.processed_items += 1
-                current = None
-                held.flush_stale()
-        except BaseException:
-            held.give_back(([current] if current is not None else []) + list(pending))
-            pending.clear()
-            raise
-        finally:
-            held.give_back(list(pending))
-            held.flush()
-
-    def _accept(self, item: Held, held: Heartbeat) -> Message | None:
-        """The message in ``item``, or None when it is set aside or not yet due."""
-        queue = item.queue
-        try:
-            message = self.serializer.unserialize(item.body)
-        except SerializeError as exc:
-            if queue.max_receive_count is not None:
-                held.forget(item)
-                logger.error(
-                    "SQS queue %r: message %s is not a Hermes message (received %d times); "
-                    "left for the redrive policy, which moves it to the dead-letter queue "
-                    "after %d receives - %s",
-                    queue.name,
-                    item.message_id,
-                    item.receive_count,
-                    queue.max_receive_count,
-                    exc,
-                )
-            else:
-                held.finish(item)
-                logger.error(
-                    "SQS queue %r: deleted message %s, which is not a Hermes message "
-                    "(received %d times; no redrive policy keeps it) - %s",
-                    queue.name,
-                    item.message_id,
-                    item.receive_count,
-                    exc,
-                )
-            return None
-        if self.delay and message.execute_at is not None:
-            left_s = message.execute_at - time.time()
-            if left_s > 0:
-                self._postpone(item, message, left_s, held)
-                return None
-        if item.receive_count > 1:
-            held_back = self.delay and message.execute_at is not None
-            logger.log(
-                logging.INFO if held_back else logging.WARNING,
-                "SQS queue %r: message #%s (%s) received %d times%s",
-                queue.name,
-                message.id,
-                message.type,
-                item.receive_count,
-                " (delayed: earlier receipts may have held it back)"
-                if held_back
-                else " - delivered again after a worker died, timed out or raised",
-            )
-        return message
-
-    def _postpone(self, item: Held, message: Message, left_s: float, held: Heartbeat) -> None:
-        limit = item.queue.max_receive_count
-        if limit is not None and item.receive_count >= max(1, limit - 1):
-            # Hiding it again would let the redrive policy take it: send it anew.
-            self._send_body(item.queue, item.body, min(MAX_DELAY_S, math.ceil(left_s)))
-            held.finish(item)
-            logger.debug(
-                "SQS queue %r: re-sent message #%s, due in %.1f s, with a fresh receive count",
-                item.queue.name,
-                message.id,
-                left_s,
-            )
-        else:
-            held.hide(item, min(MAX_VISIBILITY_S, max(1, math.ceil(left_s))))
-            logger.debug(
-                "SQS queue %r: hid message #%s again, due in %.1f s",
-                item.queue.name,
-                message.id,
-                left_s,
-            )
+    def consumer(self, priorities: Sequence[int], *, concurrency: int = 1) -> Consumer:
+        return _SqsConsumer(self, self.check_priorities(self._names, priorities))
 
     # Cleaning up -------------------------------------------------------------
 
@@ -637,8 +491,264 @@ class AmazonSqsDriver(Driver):
         self._client.close()
 
     def __repr__(self) -> str:
-        meta = getattr(self._client.get(), "meta", None)
-        where = (
-            f" region={meta.region_name} endpoint={redact_url(meta.endpoint_url)}" if meta else ""
+        return f"<AmazonSqsDriver sqs://{self.queue_name}{self._where}>"
+
+
+class _SqsConsumer(Consumer):
+    """One worker run on the driver's queues: a small buffer of received messages.
+
+    A ReceiveMessage takes up to ``batch_size`` messages; :meth:`receive`
+    hands them out one per call, highest priority first, and polls again once
+    the buffer is empty. Every message taken and not yet settled -- buffered
+    or in a handler -- is held by the :class:`Heartbeat`, which keeps it
+    invisible. ``ack`` deletes (batched), ``release`` makes the message
+    visible at once, ``reject`` deletes it or, under a redrive policy, leaves
+    it for SQS to move to the dead-letter queue; ``close`` gives back what was
+    buffered and never handed out.
+
+    ``ack``, ``release`` and ``reject`` may be called from any thread: they
+    only touch the heartbeat (which serializes its SQS calls under one lock)
+    and this consumer's count under its own lock. They do not raise: a failed
+    delete or give-back is logged, and SQS delivers the message again after
+    its visibility timeout. ``receive`` and ``close`` belong to one thread.
+    """
+
+    def __init__(self, driver: AmazonSqsDriver, order: list[int]) -> None:
+        self.driver = driver
+        #: The priorities read, highest first.
+        self.order = order
+        #: Resolved on the first receive (it may need to create them).
+        self.queues: list[Queue] = []
+        self.heartbeat = Heartbeat(
+            driver._client.get, driver.visibility_timeout_s, enabled=driver.heartbeat
         )
-        return f"<AmazonSqsDriver sqs://{self.queue_name}{where}>"
+        #: Received and not handed out yet, per priority.
+        self.buffer: dict[int, deque[Held]] = {priority: deque() for priority in order}
+        #: Handed out and not settled yet.
+        self.out: set[Held] = set()
+        #: Acknowledged in this run: with the driver's max items, how many more to take.
+        self.acked = 0
+        self.lock = threading.Lock()
+        #: When the queues above the highest buffered priority were last polled.
+        self.checked_at = 0.0
+        #: Seconds between those polls (see :data:`RECHECK_HIGHER_S`).
+        self.recheck_higher_s = RECHECK_HIGHER_S
+        self.closed = False
+
+    # Receiving ---------------------------------------------------------------
+
+    def receive(self, timeout_s: float) -> Received | None:
+        deadline = time.monotonic() + timeout_s
+        if not self.queues:
+            self.queues = [self.driver._queue(priority) for priority in self.order]
+            self.heartbeat.start()
+        self.heartbeat.flush_stale()
+        while True:
+            item = self._next_buffered()
+            if item is None:
+                self.heartbeat.flush()  # the batch is handed out: delete what was acknowledged
+                if not self._poll(self.queues, self._wait_s(deadline)):
+                    return None
+                continue
+            delayed = False
+            if self.driver.delay:
+                message = self._message(item)
+                delayed = message is not None and message.execute_at is not None
+                if message is not None and self._postponed(item, message):
+                    if time.monotonic() >= deadline and not self._buffered():
+                        return None
+                    continue
+            return self._hand_out(item, delayed)
+
+    def _next_buffered(self) -> Held | None:
+        """The first buffered message of the highest priority, after a look above it if due."""
+        top = next((priority for priority in self.order if self.buffer[priority]), None)
+        if top is None:
+            return None
+        higher = [queue for queue in self.queues if queue.priority > top]
+        if higher and time.monotonic() - self.checked_at >= self.recheck_higher_s:
+            self._poll(higher, 0)
+            top = next(priority for priority in self.order if self.buffer[priority])
+        return self.buffer[top].popleft()
+
+    def _buffered(self) -> int:
+        return sum(len(queue) for queue in self.buffer.values())
+
+    def _wait_s(self, deadline: float) -> int:
+        """Whole seconds the last ReceiveMessage may long-poll, ending about at ``deadline``."""
+        left_s = deadline - time.monotonic() + LONG_POLL_SLACK_S
+        return max(0, min(self.driver.wait_time_s, math.floor(left_s)))
+
+    def _poll(self, queues: Sequence[Queue], wait_s: int) -> bool:
+        """Receive from the first of ``queues`` that has messages into the buffer.
+
+        Every queue but the last is short-polled; the last long-polls ``wait_s``.
+        """
+        self.checked_at = time.monotonic()
+        client = self.driver._client.get()
+        limit = self._batch_size()
+        for index, queue in enumerate(queues):
+            started = time.monotonic()
+            with translate_errors("ReceiveMessage", queue.name):
+                response = client.receive_message(
+                    QueueUrl=queue.url,
+                    MaxNumberOfMessages=limit,
+                    WaitTimeSeconds=wait_s if index == len(queues) - 1 else 0,
+                    VisibilityTimeout=self.driver.visibility_timeout_s,
+                    MessageSystemAttributeNames=["ApproximateReceiveCount", "SentTimestamp"],
+                )
+            messages = response.get("Messages", [])
+            if messages:
+                batch = [self._held(queue, raw, started) for raw in messages]
+                self.heartbeat.hold(batch)
+                self.buffer[queue.priority].extend(batch)
+                return True
+        return False
+
+    def _batch_size(self) -> int:
+        # A worker told to stop after a few messages takes no more than those:
+        # every message received and given back counts towards the redrive limit.
+        size = self.driver.batch_size
+        limit = self.driver.max_process_items
+        if limit:
+            with self.lock:
+                taken = self.acked + len(self.out)
+            size = max(1, min(size, limit - taken - self._buffered()))
+        return size
+
+    def _held(self, queue: Queue, raw: Mapping[str, Any], started: float) -> Held:
+        attributes = raw.get("Attributes", {})
+        sent = attributes.get("SentTimestamp")
+        return Held(
+            queue=queue,
+            receipt=raw["ReceiptHandle"],
+            message_id=raw.get("MessageId", "?"),
+            body=raw.get("Body", ""),
+            receive_count=int(attributes.get("ApproximateReceiveCount", 1)),
+            sent_at=int(sent) / 1000 if sent else None,
+            visible_until=started + self.driver.visibility_timeout_s,
+        )
+
+    def _message(self, item: Held) -> Message | None:
+        try:
+            return self.driver.serializer.unserialize(item.body)
+        except SerializeError:
+            return None  # core finds out, logs it and rejects it
+
+    def _postponed(self, item: Held, message: Message) -> bool:
+        """Delay mode: True (and ``item`` hidden or re-sent) when ``message`` is not due yet."""
+        left_s = 0.0 if message.execute_at is None else message.execute_at - time.time()
+        if left_s <= 0:
+            return False
+        try:
+            self._postpone(item, message.id, left_s)
+        except BaseException:
+            self.buffer[item.queue.priority].appendleft(item)  # still held: tried again next time
+            raise
+        return True
+
+    def _postpone(self, item: Held, message_id: str, left_s: float) -> None:
+        """Keep ``item``, due in ``left_s``, away from workers until then."""
+        limit = item.queue.max_receive_count
+        if limit is not None and item.receive_count >= max(1, limit - 1):
+            # Hiding it again would let the redrive policy take it: send it anew.
+            self.driver._send_body(item.queue, item.body, min(MAX_DELAY_S, math.ceil(left_s)))
+            self.heartbeat.finish(item)
+            logger.debug(
+                "SQS queue %r: re-sent message #%s, due in %.1f s, with a fresh receive count",
+                item.queue.name,
+                message_id,
+                left_s,
+            )
+        else:
+            self.heartbeat.hide(item, min(MAX_VISIBILITY_S, max(1, math.ceil(left_s))))
+            logger.debug(
+                "SQS queue %r: hid message #%s again, due in %.1f s",
+                item.queue.name,
+                message_id,
+                left_s,
+            )
+
+    def _hand_out(self, item: Held, held_back: bool) -> Received:
+        """``item`` for core; ``held_back``: delay mode may have hidden it on earlier receipts."""
+        with self.lock:
+            self.out.add(item)
+        if item.receive_count > 1:
+            logger.log(
+                logging.INFO if held_back else logging.WARNING,
+                "SQS queue %r: message %s received %d times%s",
+                item.queue.name,
+                item.message_id,
+                item.receive_count,
+                " (delay mode: earlier receipts may have held it back)"
+                if held_back
+                else " - delivered again: a worker died, timed out or released it, "
+                "or set it aside for the redrive policy",
+            )
+        origin = f"SQS message {item.message_id} on queue {item.queue.name}"
+        return Received(item.body, item.queue.priority, item, origin=origin)
+
+    # Settling, from any thread ---------------------------------------------
+
+    def ack(self, received: Received) -> None:
+        item = self._settle(received)
+        self.heartbeat.finish(item)
+        with self.lock:
+            self.acked += 1
+        if self.closed:
+            self.heartbeat.flush()
+
+    def release(self, received: Received) -> None:
+        self.heartbeat.give_back([self._settle(received)])
+
+    def reject(self, received: Received, reason: str) -> None:
+        item = self._settle(received)
+        limit = item.queue.max_receive_count
+        if limit is not None:
+            self.heartbeat.forget(item)
+            logger.info(
+                "SQS queue %r: left message %s (received %d times) for the redrive policy, "
+                "which moves it to the dead-letter queue after %d receives",
+                item.queue.name,
+                item.message_id,
+                item.receive_count,
+                limit,
+            )
+            return
+        self.heartbeat.finish(item)
+        if self.closed:
+            self.heartbeat.flush()
+        logger.warning(
+            "SQS queue %r: deleted message %s (received %d times); no redrive policy keeps it",
+            item.queue.name,
+            item.message_id,
+            item.receive_count,
+        )
+
+    def _settle(self, received: Received) -> Held:
+        item: Held = received.token
+        with self.lock:
+            self.out.discard(item)
+        return item
+
+    # Ending the run ------------------------------------------------------------
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.heartbeat.stop()
+        unused = [item for priority in self.order for item in self.buffer[priority]]
+        for queue in self.buffer.values():
+            queue.clear()
+        self.heartbeat.give_back(unused)
+        with self.lock:
+            unsettled = len(self.out)
+        if unsettled:
+            # Giving these back would hand them to a second worker while a
+            # handler may still run them; SQS shows them again after their visibility.
+            logger.warning(
+                "SQS consumer closed with %d message(s) handed out and not settled; "
+                "no longer kept invisible",
+                unsettled,
+            )

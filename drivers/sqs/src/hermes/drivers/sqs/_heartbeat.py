@@ -6,7 +6,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from hermes.core import DriverError
@@ -31,9 +31,35 @@ class Queue:
     max_receive_count: int | None
 
 
+@dataclass(frozen=True, slots=True)
+class SqsDelivery:
+    """The SQS side of the message a callback is handling right now.
+
+    Read it from a handler with :func:`~hermes.drivers.sqs.current_delivery`
+    to act on redeliveries, e.g. to give up early on a message SQS has
+    already handed out many times.
+    """
+
+    #: The SQS queue the message came from.
+    queue_name: str
+    #: SQS's own message id (not the Hermes message id).
+    message_id: str
+    #: ``ApproximateReceiveCount``: 1 on the first delivery, more after a
+    #: worker died, timed out or released it (and, in delay mode, after
+    #: receipts that only held a not-yet-due message back).
+    receive_count: int
+    #: The priority whose queue delivered it.
+    priority: int
+    #: When SQS accepted it (``SentTimestamp``), as a UNIX time.
+    sent_at: float | None
+
+
 @dataclass(eq=False)
 class Held:
-    """A received message this worker has not yet deleted or given back."""
+    """A received message this worker has not yet deleted or given back.
+
+    It is the ``token`` of the :class:`~hermes.core.Received` a consumer hands out.
+    """
 
     queue: Queue
     receipt: str
@@ -44,27 +70,41 @@ class Held:
     sent_at: float | None
     #: ``time.monotonic()`` at which SQS makes it visible again unless extended.
     visible_until: float
-    #: When its callback returned; it then waits to be deleted.
+    #: When it was acknowledged; it then waits to be deleted.
     done_at: float | None = None
+    #: What a handler of this message sees through ``current_delivery()``.
+    delivery: SqsDelivery = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.delivery = SqsDelivery(
+            queue_name=self.queue.name,
+            message_id=self.message_id,
+            receive_count=self.receive_count,
+            priority=self.queue.priority,
+            sent_at=self.sent_at,
+        )
 
 
 class Heartbeat:
     """Tracks held messages; a background thread keeps them invisible while the worker runs.
 
-    Every message of a received batch is held from receipt until it is deleted
-    (its callback returned, or it was not a Hermes message and there is no
-    redrive policy) or given back. While held, the thread renews its
-    visibility whenever less than half of ``visibility_timeout_s`` is left, so
-    neither a long handler nor the batch waiting behind it is handed to a
-    second worker. A worker that dies takes the thread with it, and SQS hands
-    its messages out again once their visibility runs out.
+    Every received message is held from receipt until it is deleted (it was
+    acknowledged, or it was not a Hermes message and there is no redrive
+    policy), given back, hidden until due, or left for the redrive policy --
+    whether it waits in the consumer's buffer or a handler runs it. While
+    held, the thread renews its visibility whenever less than half of
+    ``visibility_timeout_s`` is left, so neither a long handler nor the
+    messages buffered behind it are handed to a second worker. A worker that
+    dies takes the thread with it, and SQS hands its messages out again once
+    their visibility runs out.
 
-    Finished messages are deleted in batches: at the end of their batch, or
-    by the thread about :data:`FLUSH_AFTER_S` after they finished if the next
-    handler runs long. Failures of these calls are logged, never raised: the
-    worst outcome is that SQS delivers a message again, which at-least-once
-    allows. One lock serializes every call, so a renewal can never land after
-    the main thread gave the same message back.
+    Acknowledged messages are deleted in batches: when the consumer has
+    handed out its buffer and polls again, or by the thread about
+    :data:`FLUSH_AFTER_S` after they were acknowledged if handlers run long.
+    Failures of these calls are logged, never raised: the worst outcome is
+    that SQS delivers a message again, which at-least-once allows. One lock
+    serializes every call, from any thread, so a renewal can never land
+    after a handler's thread gave the same message back.
     """
 
     def __init__(
@@ -89,22 +129,19 @@ class Heartbeat:
             self._thread.start()
 
     def stop(self) -> None:
-        """Stop the thread, delete what is finished and give back everything else."""
+        """Stop the thread and delete what was acknowledged; the rest stays held."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
         self.flush()
-        with self._lock:
-            left = [item for item in self._held if item.done_at is None]
-        self.give_back(left)
 
     def hold(self, items: Iterable[Held]) -> None:
         with self._lock:
             self._held.extend(items)
 
     def finish(self, item: Held) -> None:
-        """``item`` is done with: delete it with the next flush."""
+        """``item`` was acknowledged: delete it with the next flush."""
         with self._lock:
             item.done_at = time.monotonic()
 

@@ -23,7 +23,7 @@ OPTIONS = {
     "endpoint_url": "SQS endpoint, percent-encoded (a local SQS-compatible server)",
     "profile": "AWS profile of the shared config/credentials files",
     "visibility_timeout": "seconds a received message stays hidden (default 30)",
-    "wait_time": "long-poll seconds per ReceiveMessage, 0-20 (default 1)",
+    "wait_time": "long-poll seconds per ReceiveMessage, 0-20, at most the worker's 1 s (default 1)",
     "batch_size": "messages per ReceiveMessage, 1-10 (default 10)",
     "heartbeat": "renew visibility while a handler runs (default true)",
     "dead_letter_queue": "queue SQS moves messages to after max_receive_count receipts",
