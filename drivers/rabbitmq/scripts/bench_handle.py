@@ -3,8 +3,8 @@
     python drivers/rabbitmq/scripts/bench_handle.py [URL] [-n 5000] [--rounds 5]
 
 Each round fills a fresh queue with n messages, then drains it with a
-Dispatcher (no-op handler); again with ``driver.wait`` and a bare callback (the
-driver alone, without the Dispatcher); and with a plain pika consume loop that
+Dispatcher (no-op handler); again with ``driver.wait`` and a bare callback (core's
+loop and the driver's consumer, without the Dispatcher); and with a plain pika consume loop that
 parses the JSON and acks each message. Rounds alternate so
 machine noise hits both sides; the medians are printed. Also measures a worker
 that reads two priority queues (basic_get, exact order).

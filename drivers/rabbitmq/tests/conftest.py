@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
+from urllib.parse import urlsplit
 
 import pika
 import pytest
@@ -140,3 +143,80 @@ def worker_fixture() -> Callable[..., Worker]:
     ``expect=ErrorType`` lets ``wait()`` raise that; the test reads ``.error``.
     """
     return Worker
+
+
+class BrokerLink:
+    """A TCP proxy in front of RabbitMQ that a test can cut: a broker restart, for one client.
+
+    :meth:`cut` drops every connection through it and turns new ones away
+    until :meth:`restore`; the shared broker itself is never touched.
+    """
+
+    def __init__(self, host: str, port: int) -> None:
+        self.target = (host, port)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.up = threading.Event()
+        self.up.set()
+        self.sockets: list[socket.socket] = []
+        self.lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return  # closed
+            if not self.up.is_set():
+                client.close()  # the broker is "down": refused at once
+                continue
+            upstream = socket.create_connection(self.target)
+            with self.lock:
+                self.sockets += [client, upstream]
+            for source, sink in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                sink.sendall(data)
+        for end in (source, sink):
+            with contextlib.suppress(OSError):
+                end.shutdown(socket.SHUT_RDWR)
+
+    def cut(self) -> None:
+        self.up.clear()
+        with self.lock:
+            sockets, self.sockets = self.sockets, []
+        for end in sockets:
+            with contextlib.suppress(OSError):
+                end.shutdown(socket.SHUT_RDWR)
+            end.close()
+
+    def restore(self) -> None:
+        self.up.set()
+
+    def close(self) -> None:
+        self.cut()
+        self.listener.close()
+
+
+@pytest.fixture
+def broker_link(amqp_url: str) -> Iterator[BrokerLink]:
+    """A :class:`BrokerLink` to the test broker; ``link_url`` is the URL through it."""
+    parts = urlsplit(amqp_url)
+    link = BrokerLink(parts.hostname or "127.0.0.1", parts.port or 5672)
+    try:
+        yield link
+    finally:
+        link.close()
+
+
+@pytest.fixture
+def link_url(broker_link: BrokerLink, amqp_url: str, queue: str) -> str:
+    """This test's queue, reached through ``broker_link``."""
+    parts = urlsplit(amqp_url)
+    netloc = f"{parts.username}:{parts.password}@127.0.0.1:{broker_link.port}"
+    return parts._replace(netloc=netloc, query=f"queue={queue}").geturl()

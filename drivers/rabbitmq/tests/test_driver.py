@@ -38,12 +38,6 @@ def test_nothing_connects_before_the_first_send_and_then_an_unreachable_broker_r
     assert isinstance(info.value.__cause__, pika_exc.AMQPConnectionError)
 
 
-def test_a_worker_whose_first_connection_fails_raises_broker_unavailable() -> None:
-    driver = connect("amqp://guest:guest@127.0.0.1:1/?queue=nowhere")
-    with pytest.raises(BrokerUnavailableError):
-        driver.wait(lambda message, priority: True)
-
-
 def test_a_message_sent_before_the_worker_starts_is_handled(
     make_driver: MakeDriver, collector: Any
 ) -> None:
@@ -139,7 +133,7 @@ def test_max_items_returns_and_prefetched_messages_stay_on_the_broker(
     driver.set_max_process_items(2)
     driver.wait(collector)
     assert collector.payloads == [0, 1]
-    driver.set_max_process_items(5)
+    driver.set_max_process_items(3)  # each wait() counts from 0
     driver.wait(collector)
     assert collector.payloads == [0, 1, 2, 3, 4]
 
@@ -231,7 +225,7 @@ def test_handle_with_priorities_reads_only_those_queues(
         driver.send(Message("t", {"v": priority}), priority)
     driver.set_max_process_items(1)
     driver.wait(collector, [50])
-    driver.set_max_process_items(3)
+    driver.set_max_process_items(2)  # each wait() counts from 0
     driver.wait(collector, [200, 100])
     assert collector.payloads == [50, 200, 100]
 
@@ -264,10 +258,10 @@ def test_a_worker_whose_queue_is_deleted_declares_it_again_and_goes_on(
     driver = make_driver()
     sender = make_driver()
     sender.send(Message("t", {"v": "before"}))
-    with caplog.at_level(logging.WARNING, logger="hermes"), worker(driver, collector):
+    with caplog.at_level(logging.INFO, logger="hermes"), worker(driver, collector):
         eventually(lambda: collector.payloads == ["before"], "the first message")
         raw_channel.queue_delete(queue)
-        eventually(lambda: "reconnected" in caplog.text, "the worker to resubscribe", timeout_s=15)
+        eventually(lambda: "broker is back" in caplog.text, "the worker to resubscribe")
         sender.send(Message("t", {"v": "after"}))
         eventually(lambda: collector.payloads == ["before", "after"], "the second message")
     assert "cancelled the consumer" in caplog.text
@@ -318,19 +312,20 @@ def test_a_driver_used_before_fork_sends_from_the_child_on_its_own_connection(
 ) -> None:
     driver = make_driver()
     driver.send(Message("t", {"v": "parent-before"}))
-    parent_publisher = driver._publisher
+    parent_publisher = driver._publishers.peek()
+    assert parent_publisher is not None
     pid = os.fork()
     if pid == 0:  # child: never return into pytest
         code = 1
         try:
-            assert driver._publisher is None
+            assert driver._publishers.peek() is None
             driver.send(Message("t", {"v": "child"}))
             code = 0
         finally:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
-    assert driver._publisher is parent_publisher
+    assert driver._publishers.peek() is parent_publisher
     driver.send(Message("t", {"v": "parent-after"}))  # the parent's connection still works
     driver.set_max_process_items(3)
     driver.wait(collector)

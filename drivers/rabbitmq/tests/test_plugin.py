@@ -26,15 +26,13 @@ def test_the_plugin_registers_amqp_and_amqps() -> None:
 def test_a_url_sets_every_scalar_option() -> None:
     driver = connect(
         "amqp://u:p@rabbit.example:5673/jobs-vhost?queue=jobs&prefetch=20&refresh_interval=0.25"
-        "&consumer_tag=w1&durable=false&confirm=false&delay=true&reconnect_max_delay_s=5"
+        "&consumer_tag=w1&durable=false&confirm=false&delay=true"
         "&heartbeat=600&blocked_connection_timeout=30"
     )
     assert isinstance(driver, LazyRabbitMqDriver)
     assert (driver.queue, driver.prefetch, driver.refresh_interval) == ("jobs", 20, 0.25)
     assert (driver.consumer_tag, driver.durable, driver.confirm) == ("w1", False, False)
     assert driver.delay and driver.capabilities.delay is Delay.NATIVE
-    assert driver.reconnect_max_delay_s == 5
-    assert driver.idle_wait_s == 0.25
     assert driver.message_properties.delivery_mode == 1
     parameters = driver.parameters
     assert (parameters.host, parameters.port, parameters.virtual_host) == (
@@ -130,6 +128,13 @@ def test_a_bad_url_fails_at_connect_naming_the_problem(url: str, complaint: str)
     with pytest.raises(ConfigurationError) as info:
         connect(url)
     assert complaint in str(info.value)
+
+
+def test_the_retired_reconnect_option_is_refused_saying_who_reconnects_now() -> None:
+    with pytest.raises(ConfigurationError) as info:
+        connect("amqp://u:hunter2@localhost/?queue=jobs&reconnect_max_delay_s=5")
+    assert "reconnect_max_delay_s is no longer an option" in str(info.value)
+    assert "backoff" in str(info.value) and "hunter2" not in str(info.value)
 
 
 def test_an_unknown_keyword_option_is_refused() -> None:

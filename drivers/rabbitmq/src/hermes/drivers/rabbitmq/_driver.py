@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import threading
 import time
-import weakref
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,36 +16,28 @@ from pika import exceptions as pika_exc
 
 from hermes.core import (
     DEFAULT_PRIORITY,
-    Callback,
     ConfigurationError,
+    Consumer,
     Delay,
     Driver,
-    DriverError,
     Message,
-    SerializeError,
+    PerProcess,
 )
 from hermes.drivers.rabbitmq._capabilities import CAPABILITIES
+from hermes.drivers.rabbitmq._consumer import RabbitMqConsumer
 from hermes.drivers.rabbitmq._delay import (
     DELAY_SUFFIX_LEN,
-    DUE_TOLERANCE_S,
     EXPIRY_MARGIN_MS,
     bucket_ms,
     delay_queue_arguments,
     delay_queue_name,
 )
-from hermes.drivers.rabbitmq._errors import RECOVERABLE, describe, translate
+from hermes.drivers.rabbitmq._errors import close_quietly, describe, translate
 
 logger = logging.getLogger("hermes.drivers.rabbitmq")
 
-#: How long an idle worker waits for the broker between two checks of
-#: shutdown and max items, unless ``refresh_interval`` says otherwise.
-DEFAULT_IDLE_WAIT_S = 0.5
-
 #: AMQP's limit on a queue name, in UTF-8 bytes.
 MAX_QUEUE_NAME_BYTES = 255
-
-#: The first pause before reconnecting; it doubles up to ``reconnect_max_delay_s``.
-FIRST_RECONNECT_DELAY_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -64,22 +53,20 @@ class _QueueSpec:
     dead_letters_to: _QueueSpec | None = None
 
 
-@dataclass
-class _Delivery:
-    priority: int
-    queue: str
-    tag: int
-    body: bytes
-
-
 class _Publisher:
-    """The sending side: one connection per process, used under the driver's send lock."""
+    """This process's sending side: one connection, opened on first use, used under :attr:`lock`.
 
-    def __init__(self, connection: Any, confirm: bool) -> None:
-        self.connection = connection
-        self.channel = connection.channel()
-        if confirm:
-            self.channel.confirm_delivery()
+    Made per process (:class:`~hermes.core.PerProcess`), so a forked child
+    gets its own connection and its own lock, free even if a thread of the
+    parent held the parent's at the fork.
+    """
+
+    def __init__(self, connect: Callable[[], Any], confirm: bool) -> None:
+        self._connect = connect
+        self.confirm = confirm
+        self.lock = threading.Lock()
+        self.connection: Any = None
+        self.channel: Any = None
         #: A channel in transaction mode for ``send_batch`` (one commit per batch).
         self.batch_channel: Any = None
         #: (queue, body) of the batch messages the broker returned as unroutable.
@@ -87,42 +74,40 @@ class _Publisher:
         #: Queue name -> ``time.monotonic()`` of its last declaration on this connection.
         self.declared: dict[str, float] = {}
 
-    def close(self) -> None:
-        _close_quietly(self.connection)
+    def link(self) -> bool:
+        """Open the connection unless it is open; True if it is a new one."""
+        if self.connection is not None and self.connection.is_open:
+            return False
+        self.drop()
+        connection = self._connect()
+        try:
+            channel = connection.channel()
+            if self.confirm:
+                channel.confirm_delivery()
+        except BaseException:
+            close_quietly(connection)
+            raise
+        self.connection, self.channel = connection, channel
+        return True
 
-
-def _close_quietly(connection: Any) -> None:
-    if connection is None or not connection.is_open:
-        return
-    try:
-        connection.close()
-    except pika_exc.AMQPError as exc:
-        # The connection is being abandoned; the broker cleans up after it.
-        logger.debug("closing a RabbitMQ connection failed - %s", describe(exc))
-
-
-#: Every driver object, so a forked child can forget its parent's connections.
-_drivers: weakref.WeakSet[LazyRabbitMqDriver] = weakref.WeakSet()
-
-
-def _forget_connections_in_child() -> None:
-    for driver in list(_drivers):
-        driver._after_fork()
-
-
-os.register_at_fork(after_in_child=_forget_connections_in_child)
+    def drop(self) -> None:
+        """Close the connection (if any) and forget what was declared on it."""
+        close_quietly(self.connection)
+        self.connection = self.channel = self.batch_channel = None
+        self.batch_returned.clear()
+        self.declared.clear()
 
 
 class LazyRabbitMqDriver(Driver):
     """Messages in RabbitMQ queues; removed with ``basic_ack`` after the callback returns.
 
-    * Connects on the first ``send()``/``wait()``, not in the constructor.
+    * Connects on the first ``send()`` or ``receive``, not in the constructor.
     * Queues are durable and messages persistent unless ``durable=False``;
       with ``confirm=True`` (the default) ``send()`` waits for the broker's
       publisher confirm and raises :class:`DeliveryError` for a nack or an
       unroutable message.
-    * At-least-once: a message is acknowledged after the callback returns.
-      A callback that raises gets its message requeued (and the exception
+    * At-least-once: a message is acknowledged after the callback returns. A
+      callback that raises gets its message requeued (and the exception
       propagates); a worker that dies leaves its unacknowledged messages to
       the broker, which hands them out again at once.
     * Priorities: ``setup_priority_queue(name, p)`` adds the queue
@@ -134,20 +119,18 @@ class LazyRabbitMqDriver(Driver):
       ignored. ``delay=True``: a message due later waits in a TTL queue that
       dead-letters back to its work queue (see ``_delay``); workers must use
       ``delay=True`` too, so a message that came back early goes round again.
-    * A body that is not a Hermes message is logged and rejected without
-      requeue: a dead-letter exchange configured through ``queue_arguments``
+    * A body that is not a Hermes message is rejected without requeue: a
+      dead-letter exchange configured through ``queue_arguments``
       (``x-dead-letter-exchange``) catches it.
-    * A worker that loses its connection after it started logs it and
-      reconnects with a growing pause (up to ``reconnect_max_delay_s``),
-      checking shutdown meanwhile; a first connection that fails raises
-      :class:`BrokerUnavailableError`.
+    * The worker loop is core's (:meth:`wait`); the consumer
+      (:meth:`consumer`) has its own connection, opened on the worker's
+      thread, and a new one after the broker was lost.
     * ``send()`` is thread-safe (one publishing connection per process,
       behind a lock) and fork-safe (a child opens its own connections).
-      One ``wait()`` at a time per driver object.
-    * pika answers heartbeats only between messages: a handler that runs
-      longer than the heartbeat timeout (60 s unless the URL says
-      ``heartbeat=``) loses the connection, and its message is delivered
-      again. Raise ``heartbeat`` for long handlers.
+    * pika answers heartbeats only while the worker waits for the broker: a
+      handler that runs longer than the heartbeat timeout (60 s unless the
+      URL says ``heartbeat=``) loses the connection, and its message is
+      delivered again. Raise ``heartbeat`` for long handlers.
     """
 
     capabilities = CAPABILITIES
@@ -165,7 +148,6 @@ class LazyRabbitMqDriver(Driver):
         confirm: bool = True,
         delay: bool = False,
         queue_arguments: Mapping[str, Any] | None = None,
-        reconnect_max_delay_s: float = 30.0,
     ) -> None:
         super().__init__()
         _check_queue_name(queue, "queue")
@@ -179,12 +161,8 @@ class LazyRabbitMqDriver(Driver):
             )
         if refresh_interval < 0:
             raise ConfigurationError(
-                f"refresh_interval must be >= 0 seconds (0 = {DEFAULT_IDLE_WAIT_S} s), "
+                f"refresh_interval must be >= 0 seconds (0 = the worker's idle wait), "
                 f"got {refresh_interval!r}"
-            )
-        if reconnect_max_delay_s <= 0:
-            raise ConfigurationError(
-                f"reconnect_max_delay_s must be > 0 seconds, got {reconnect_max_delay_s!r}"
             )
         if not consumer_tag:
             raise ConfigurationError("consumer_tag must not be empty")
@@ -192,6 +170,8 @@ class LazyRabbitMqDriver(Driver):
         self.parameters = parameters
         #: The queue of the default priority; every other queue name derives from it.
         self.queue = queue
+        #: The longest single wait on the broker while idle (0: as long as the
+        #: worker allows, which is at most :data:`~hermes.core.IDLE_WAIT_S`).
         self.refresh_interval = refresh_interval
         self.consumer_tag = consumer_tag
         self.prefetch = prefetch
@@ -200,7 +180,6 @@ class LazyRabbitMqDriver(Driver):
         self.delay = delay
         #: Arguments of every work queue (dead-lettering, TTL, quorum type ...).
         self.queue_arguments: dict[str, Any] = dict(queue_arguments or {})
-        self.reconnect_max_delay_s = reconnect_max_delay_s
         self.message_properties = _properties(message_properties, durable)
         if delay:
             self.capabilities = dataclasses.replace(type(self).capabilities, delay=Delay.NATIVE)
@@ -209,10 +188,9 @@ class LazyRabbitMqDriver(Driver):
         #: Delay queues this object declared, deleted by :meth:`purge`.
         self._delay_queues: set[str] = set()
         self._where = _describe_parameters(parameters)
-        self._pid = os.getpid()
-        self._send_lock = threading.Lock()
-        self._publisher: _Publisher | None = None
-        _drivers.add(self)
+        self._publishers: PerProcess[_Publisher] = PerProcess(
+            lambda: _Publisher(self._connect, confirm), close=_Publisher.drop
+        )
 
     # Queues ------------------------------------------------------------------
 
@@ -276,6 +254,12 @@ class LazyRabbitMqDriver(Driver):
         if items:
             self._publish(items, f"sending a batch of {len(items)} messages")
 
+    def _delay_again(self, body: bytes, priority: int, remaining_s: float, doing: str) -> None:
+        """Publish ``body``, back from a delay queue too early, through a shorter one."""
+        work = self._work_queue(priority)
+        target = self._delay_queue(work, max(1, bucket_ms(remaining_s)))
+        self._publish([(target, body)], doing)
+
     def _publish(self, items: Sequence[tuple[_QueueSpec, bytes]], doing: str) -> None:
         def publish(publisher: _Publisher) -> None:
             for spec in {spec.name: spec for spec, _ in items}.values():
@@ -289,17 +273,16 @@ class LazyRabbitMqDriver(Driver):
         self._with_publisher(publish, doing)
 
     def _with_publisher(self, action: Callable[[_Publisher], None], doing: str) -> None:
-        """Run ``action`` on the publishing connection, under the send lock.
+        """Run ``action`` on this process's publishing connection, under its lock.
 
         A connection that died while idle (heartbeat timeout, broker restart)
         is replaced and ``action`` runs once more; so does a publish to a queue
         that vanished after it was declared. Anything else raises, translated.
         """
-        self._check_process()
-        with self._send_lock, translate(doing, self._where):
+        publisher = self._publishers.get()
+        with publisher.lock, translate(doing, self._where):
             for attempt in (1, 2):
-                fresh = self._publisher is None or not self._publisher.connection.is_open
-                publisher = self._publisher_link()
+                fresh = publisher.link()
                 try:
                     # Reads what the broker sent meanwhile (heartbeats, a close),
                     # so a connection it dropped is noticed before using it.
@@ -314,7 +297,7 @@ class LazyRabbitMqDriver(Driver):
                     )
                     publisher.declared.clear()
                 except pika_exc.AMQPConnectionError as exc:
-                    self._drop_publisher()
+                    publisher.drop()
                     # A blocked broker (memory/disk alarm) would block the retry too.
                     if fresh or attempt == 2 or isinstance(exc, pika_exc.ConnectionBlockedTimeout):
                         raise
@@ -326,7 +309,7 @@ class LazyRabbitMqDriver(Driver):
                     )
                 except pika_exc.AMQPChannelError:
                     # A channel the broker closed is unusable; start afresh next time.
-                    self._drop_publisher()
+                    publisher.drop()
                     raise
 
     def _basic_publish(self, channel: Any, spec: _QueueSpec, body: bytes) -> None:
@@ -385,98 +368,15 @@ class LazyRabbitMqDriver(Driver):
         if spec.dead_letters_to is not None:
             self._delay_queues.add(spec.name)
 
-    def _publisher_link(self) -> _Publisher:
-        publisher = self._publisher
-        if publisher is None or not publisher.connection.is_open:
-            if publisher is not None:
-                publisher.close()
-            publisher = self._publisher = _Publisher(self._connect(), self.confirm)
-        return publisher
-
-    def _drop_publisher(self) -> None:
-        publisher, self._publisher = self._publisher, None
-        if publisher is not None:
-            publisher.close()
-
     def _connect(self) -> Any:
         return pika.BlockingConnection(self.parameters)
 
-    # Process ownership -------------------------------------------------------
+    # Receiving ---------------------------------------------------------------
 
-    def _check_process(self) -> None:
-        if self._pid != os.getpid():
-            self._after_fork()
-
-    def _after_fork(self) -> None:
-        # The parent's sockets are not ours: never write to or close them.
-        self._pid = os.getpid()
-        self._publisher = None
-        self._send_lock = threading.Lock()
-
-    # Waiting -----------------------------------------------------------------
-
-    @property
-    def idle_wait_s(self) -> float:
-        """The longest wait for the broker between two checks of shutdown and max items."""
-        return self.refresh_interval or DEFAULT_IDLE_WAIT_S
-
-    def wait(self, callback: Callback, priorities: Sequence[int] = ()) -> None:
+    def consumer(self, priorities: Sequence[int], *, concurrency: int = 1) -> Consumer:
+        """A consumer of ``priorities`` (all queues when empty); it connects on first receive."""
         order = self.check_priorities(self._queues, priorities)
-        self._check_process()
-        session = _Session(self, order)
-        try:
-            with translate(f"opening queue(s) {session.queue_names()} to wait on", self._where):
-                session.open()
-            while not self.should_stop():
-                delivery = session.next(self.idle_wait_s)
-                if delivery is not None:
-                    self._handle(session, delivery, callback)
-        finally:
-            session.close()
-
-    def _handle(self, session: _Session, delivery: _Delivery, callback: Callback) -> None:
-        try:
-            message = self.serializer.unserialize(delivery.body)
-        except SerializeError as exc:
-            logger.error(
-                "%s: rejected a body in queue %r that is not a Hermes message "
-                "(%d bytes; a dead-letter exchange on the queue keeps it) - %s",
-                self._where,
-                delivery.queue,
-                len(delivery.body),
-                exc,
-            )
-            session.settle(delivery, "reject")
-            return
-        if self.delay and message.execute_at is not None:
-            remaining = message.execute_at - time.time()
-            if remaining >= DUE_TOLERANCE_S:
-                self._delay_again(session, delivery, message, remaining)
-                return
-        try:
-            callback(message, delivery.priority)
-        except BaseException:
-            session.settle(delivery, "requeue")
-            raise
-        self.processed_items += 1
-        session.settle(delivery, "ack")
-
-    def _delay_again(
-        self, session: _Session, delivery: _Delivery, message: Message, remaining_s: float
-    ) -> None:
-        """A message back from a delay queue before it is due goes through a shorter one."""
-        work = self._work_queue(delivery.priority)
-        target = self._delay_queue(work, max(1, bucket_ms(remaining_s)))
-        try:
-            self._publish(
-                [(target, delivery.body)],
-                f"delaying message #{message.id} by another {remaining_s:.3f} s",
-            )
-        except DriverError as exc:
-            session.settle(delivery, "requeue")
-            session.lost = exc
-            return
-        session.settle(delivery, "ack")
+        return RabbitMqConsumer(self, order, concurrency)
 
     # Cleaning up -------------------------------------------------------------
 
@@ -493,190 +393,14 @@ class LazyRabbitMqDriver(Driver):
         self._with_publisher(delete, f"deleting queues {names}")
 
     def close(self) -> None:
-        """Close the publishing connection (a waiting worker closes its own). Idempotent."""
-        if self._pid != os.getpid():
-            self._after_fork()
-            return
-        with self._send_lock:
-            self._drop_publisher()
+        """Close this process's publishing connection (a consumer closes its own). Idempotent."""
+        publisher = self._publishers.peek()
+        if publisher is not None:
+            with publisher.lock:
+                publisher.drop()
 
     def __repr__(self) -> str:
         return f"<LazyRabbitMqDriver {self._where} queue={self.queue!r}>"
-
-
-class _Session:
-    """The consuming side of one ``wait()``: its own connection and channel.
-
-    Turns broker failures into a reconnect (``lost`` is set, the next
-    :meth:`next` reconnects with backoff); only the first :meth:`open` raises.
-    """
-
-    def __init__(self, driver: LazyRabbitMqDriver, order: list[int]) -> None:
-        self.driver = driver
-        #: Priorities to read, highest first.
-        self.order = order
-        self.queues = {priority: driver._work_queue(priority) for priority in order}
-        self.connection: Any = None
-        self.channel: Any = None
-        #: Deliveries received and not yet handed out, in the order to hand them out.
-        self.pending: deque[_Delivery] = deque()
-        #: Active consumers: tag -> priority.
-        self.consumers: dict[str, int] = {}
-        self.cancelled_by_broker = False
-        #: Why the connection is unusable; the next ``next()`` reconnects.
-        self.lost: BaseException | None = None
-
-    def queue_names(self) -> list[str]:
-        return [spec.name for spec in self.queues.values()]
-
-    @property
-    def single(self) -> bool:
-        return len(self.order) == 1
-
-    def open(self) -> None:
-        driver = self.driver
-        self.connection = driver._connect()
-        channel = self.channel = self.connection.channel()
-        channel.add_on_cancel_callback(self._on_cancel)
-        for spec in self.queues.values():
-            channel.queue_declare(spec.name, durable=driver.durable, arguments=dict(spec.arguments))
-        if self.single:
-            channel.basic_qos(prefetch_count=driver.prefetch)
-            self._consume(self.order[0], driver.consumer_tag)
-        else:
-            # Consumers exist only while every queue is empty; one message each
-            # is enough to wake up.
-            channel.basic_qos(prefetch_count=1)
-
-    def _consume(self, priority: int, tag: str) -> None:
-        spec = self.queues[priority]
-        pending = self.pending
-
-        def on_message(_channel: Any, method: Any, _properties: Any, body: bytes) -> None:
-            pending.append(_Delivery(priority, spec.name, method.delivery_tag, body))
-
-        self.channel.basic_consume(spec.name, on_message, consumer_tag=tag)
-        self.consumers[tag] = priority
-
-    def _on_cancel(self, _frame: Any) -> None:
-        self.cancelled_by_broker = True
-
-    def next(self, timeout_s: float) -> _Delivery | None:
-        """The next delivery, or None after waiting up to ``timeout_s`` (or reconnecting)."""
-        if self.lost is None:
-            try:
-                return self._next(timeout_s)
-            except RECOVERABLE as exc:
-                self.lost = exc
-        self._reconnect()
-        return None
-
-    def _next(self, timeout_s: float) -> _Delivery | None:
-        if self.pending:
-            return self.pending.popleft()
-        if self.single:
-            self._process_events(timeout_s)
-            return self.pending.popleft() if self.pending else None
-        if not self.consumers:
-            for priority in self.order:
-                spec = self.queues[priority]
-                method, _properties, body = self.channel.basic_get(spec.name)
-                if method is not None:
-                    return _Delivery(priority, spec.name, method.delivery_tag, body or b"")
-            for priority in self.order:
-                self._consume(priority, f"{self.driver.consumer_tag}.{priority}")
-        self._process_events(timeout_s)
-        if not self.pending:
-            return None
-        # Something arrived while every queue was empty: stop consuming (pika
-        # requeues what it received but did not dispatch), hand out what was
-        # received highest priority first, then read with basic_get again.
-        for tag in list(self.consumers):
-            self.channel.basic_cancel(tag)
-        self.consumers.clear()
-        rank = {priority: index for index, priority in enumerate(self.order)}
-        self.pending = deque(sorted(self.pending, key=lambda d: rank[d.priority]))
-        return self.pending.popleft()
-
-    def _process_events(self, timeout_s: float) -> None:
-        self.connection.process_data_events(time_limit=timeout_s)
-        if self.cancelled_by_broker:
-            raise pika_exc.ConsumerCancelled(
-                "RabbitMQ cancelled the consumer (was the queue deleted?)"
-            )
-
-    def settle(self, delivery: _Delivery, how: str) -> None:
-        """``ack``, ``reject`` (dead-letter) or ``requeue`` ``delivery``.
-
-        A failure marks the session lost instead of raising.
-        """
-        if self.lost is not None:
-            return  # its channel is gone; the broker requeued it already
-        try:
-            if how == "ack":
-                self.channel.basic_ack(delivery.tag)
-            elif how == "reject":
-                self.channel.basic_reject(delivery.tag, requeue=False)
-            else:
-                self.channel.basic_nack(delivery.tag, requeue=True)
-        except RECOVERABLE as exc:
-            logger.warning(
-                "%s: could not %s a message of queue %r (RabbitMQ delivers it again) - %s",
-                self.driver._where,
-                how,
-                delivery.queue,
-                describe(exc),
-            )
-            self.lost = exc
-
-    def _reconnect(self) -> None:
-        driver = self.driver
-        logger.warning(
-            "%s: lost the connection while waiting on %s - %s; reconnecting",
-            driver._where,
-            self.queue_names(),
-            describe(self.lost) if self.lost else "unknown",
-        )
-        attempt = 0
-        while True:
-            self._discard()
-            if driver.should_stop():
-                return
-            attempt += 1
-            try:
-                self.open()
-            except RECOVERABLE as exc:
-                pause = min(
-                    driver.reconnect_max_delay_s, FIRST_RECONNECT_DELAY_S * 2 ** (attempt - 1)
-                )
-                logger.warning(
-                    "%s: reconnect attempt %d failed - %s; next in %.1f s",
-                    driver._where,
-                    attempt,
-                    describe(exc),
-                    pause,
-                )
-                driver.pause(pause, driver.idle_wait_s)
-                continue
-            self.lost = None
-            logger.warning(
-                "%s: reconnected after %d attempt(s); waiting on %s again",
-                driver._where,
-                attempt,
-                self.queue_names(),
-            )
-            return
-
-    def _discard(self) -> None:
-        """Forget the connection: the broker requeues whatever it had not acknowledged."""
-        _close_quietly(self.connection)
-        self.connection = self.channel = None
-        self.pending.clear()
-        self.consumers.clear()
-        self.cancelled_by_broker = False
-
-    def close(self) -> None:
-        self._discard()
 
 
 def _check_queue_name(name: str, what: str) -> None:

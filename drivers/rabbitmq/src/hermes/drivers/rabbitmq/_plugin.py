@@ -29,9 +29,16 @@ DRIVER_OPTIONS = frozenset(
         "durable",
         "confirm",
         "delay",
-        "reconnect_max_delay_s",
     }
 )
+
+#: Options earlier versions took, and why they are gone.
+RETIRED_OPTIONS = {
+    "reconnect_max_delay_s": (
+        "the worker loop of hermes-core reconnects every driver, with a jittered backoff "
+        "of at most 5 s"
+    ),
+}
 
 #: URL options handed to pika's ``URLParameters`` as they are.
 PIKA_OPTIONS = frozenset(
@@ -109,6 +116,9 @@ def from_url(url: DriverUrl, **options: Any) -> LazyRabbitMqDriver:
     """Build the driver for ``amqp://user:pass@host:port/vhost?queue=NAME&...``."""
     from hermes.drivers.rabbitmq._driver import LazyRabbitMqDriver
 
+    for name, why in RETIRED_OPTIONS.items():
+        if name in url.options:
+            raise ConfigurationError(f"{url.redacted!r}: {name} is no longer an option: {why}")
     try:
         url.reject_unknown(
             [
@@ -134,7 +144,6 @@ def from_url(url: DriverUrl, **options: Any) -> LazyRabbitMqDriver:
         "durable": url.get_bool("durable", True),
         "confirm": url.get_bool("confirm", True),
         "delay": url.get_bool("delay", False),
-        "reconnect_max_delay_s": url.get_float("reconnect_max_delay_s", 30.0),
         "queue_arguments": _queue_arguments(url),
     }
     given_arguments = options.pop("queue_arguments", None) or {}

@@ -1,0 +1,358 @@
+"""The receiving side of :class:`LazyRabbitMqDriver`: one consumer per worker run."""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from pika import exceptions as pika_exc
+
+from hermes.core import (
+    Consumer,
+    DriverError,
+    PerProcess,
+    Received,
+    SerializeError,
+)
+from hermes.drivers.rabbitmq._delay import DUE_TOLERANCE_S
+from hermes.drivers.rabbitmq._errors import close_quietly, translate
+
+if TYPE_CHECKING:
+    from hermes.drivers.rabbitmq._driver import LazyRabbitMqDriver
+
+logger = logging.getLogger("hermes.drivers.rabbitmq")
+
+# How a delivery is settled; the words go into log lines and errors.
+_ACK = "acknowledging"
+_REQUEUE = "requeueing"
+_REJECT = "rejecting"
+
+
+class _Tag(NamedTuple):
+    """A :class:`Received`'s token: the channel it came on, its tag there, its queue."""
+
+    channel: Any
+    delivery_tag: int
+    queue: str
+
+
+class RabbitMqConsumer(Consumer):
+    """One worker run's hold on RabbitMQ, on a connection of its own.
+
+    * The first :meth:`receive` opens the connection and declares the queues,
+      on the thread that calls it; after the session was lost it raises
+      :class:`BrokerUnavailableError`, and the next call opens a new one.
+    * One queue: consumed with the driver's ``prefetch``; :meth:`receive`
+      hands out what pika delivered, one at a time, and waits on the socket
+      only when nothing is left. Several queues: taken highest first, each
+      from what it delivered or with ``basic_get``; while every one is empty
+      they are consumed (one message each) so a new message wakes the worker
+      at once, and the first one that arrives cancels those consumers.
+      Deliveries that arrive together come out highest priority first.
+    * With the driver's ``delay``, a message whose ``execute_at`` is not yet
+      due goes back through a delay queue and is acknowledged here; core
+      never sees it.
+    * pika's connection is not thread-safe. :meth:`ack`, :meth:`release` and
+      :meth:`reject` called on the receiving thread settle at once; called
+      from another thread they are handed to it
+      (``connection.add_callback_threadsafe``), which sends them as soon as it
+      is back in :meth:`receive` (within ``timeout_s``). A delivery from a
+      connection since lost is not settled on the new one (its tag means
+      nothing there): it is skipped with an INFO line, and RabbitMQ, which
+      requeued it when the old connection closed, delivers it again.
+    * :meth:`close`, on the receiving thread, sends what other threads
+      settled, requeues what was delivered but not handed out, and closes
+      the connection.
+    """
+
+    def __init__(self, driver: LazyRabbitMqDriver, order: list[int], concurrency: int = 1) -> None:
+        self.driver = driver
+        #: Unacknowledged deliveries the broker may push: enough for every handler thread.
+        self.prefetch = max(driver.prefetch, concurrency)
+        #: Priorities to read, highest first.
+        self.order = order
+        #: Priority -> queue name.
+        self.queues = {priority: driver.priority_queues()[priority] for priority in order}
+        self._where = driver._where
+        self._waiting_on = f"waiting on queue(s) {list(self.queues.values())}"
+        self._wait_cap_s = driver.refresh_interval or math.inf
+        self._sessions: PerProcess[_Session] = PerProcess(
+            lambda: _Session(self), close=_Session.close
+        )
+        #: Settled on another thread, waiting for the receiving thread to send.
+        self._handed: deque[tuple[_Tag, str]] = deque()
+
+    def receive(self, timeout_s: float) -> Received | None:
+        deadline = time.monotonic() + min(timeout_s, self._wait_cap_s)
+        if self._handed:
+            self._send_handed()
+        session = self._session()
+        try:
+            while True:
+                received = session.next(deadline)
+                if received is None or not self.driver.delay:
+                    return received
+                if not self._delayed_again(session, received):
+                    return received
+                if time.monotonic() >= deadline:
+                    return None
+        except pika_exc.AMQPError:
+            self._sessions.discard()
+            with translate(self._waiting_on, self._where, consuming=True):
+                raise
+
+    def ack(self, received: Received) -> None:
+        self._settle(received.token, _ACK)
+
+    def release(self, received: Received) -> None:
+        self._settle(received.token, _REQUEUE)
+
+    def reject(self, received: Received, reason: str) -> None:
+        # Without requeue: a dead-letter exchange on the queue keeps it.
+        self._settle(received.token, _REJECT)
+
+    def close(self) -> None:
+        session = self._sessions.peek()
+        try:
+            self._send_handed()
+            if session is not None and session.lost is None:
+                with translate("giving back undelivered messages", self._where, consuming=True):
+                    session.give_back()
+        except DriverError as exc:
+            logger.info(
+                "%s: %s; RabbitMQ requeues what this worker held as its connection closes",
+                self._where,
+                exc,
+            )
+        finally:
+            self._sessions.discard()
+
+    # Sessions ----------------------------------------------------------------
+
+    def _session(self) -> _Session:
+        session = self._sessions.peek()
+        if session is not None:
+            if session.lost is None:
+                return session
+            self._sessions.discard()
+        with translate(f"opening queue(s) {list(self.queues.values())}", self._where):
+            return self._sessions.get()
+
+    def _delayed_again(self, session: _Session, received: Received) -> bool:
+        """Send a message that is not yet due through a delay queue; True if it was."""
+        try:
+            message = self.driver.serializer.unserialize(received.body)
+        except SerializeError:
+            return False  # core rejects it and logs why
+        if message.execute_at is None:
+            return False
+        remaining_s = message.execute_at - time.time()
+        if remaining_s < DUE_TOLERANCE_S:
+            return False
+        tag: _Tag = received.token
+        body = received.body.encode("utf-8") if isinstance(received.body, str) else received.body
+        try:
+            self.driver._delay_again(
+                body,
+                received.priority,
+                remaining_s,
+                f"delaying message #{message.id} by another {remaining_s:.3f} s",
+            )
+        except DriverError:
+            tag.channel.basic_nack(tag.delivery_tag, requeue=True)
+            raise
+        tag.channel.basic_ack(tag.delivery_tag)
+        return True
+
+    # Settling ----------------------------------------------------------------
+
+    def _settle(self, tag: _Tag, how: str) -> None:
+        session = self._sessions.peek()
+        if session is not None and session.thread == threading.get_ident():
+            self._settle_now(session, tag, how)
+        else:
+            self._hand_over(session, tag, how)
+
+    def _settle_now(self, session: _Session, tag: _Tag, how: str) -> None:
+        if tag.channel is not session.channel or session.lost is not None:
+            self._skip_stale(tag, how)
+            return
+        try:
+            if how is _ACK:
+                tag.channel.basic_ack(tag.delivery_tag)
+            elif how is _REQUEUE:
+                tag.channel.basic_nack(tag.delivery_tag, requeue=True)
+            else:
+                tag.channel.basic_reject(tag.delivery_tag, requeue=False)
+        except pika_exc.AMQPError as exc:
+            session.lost = exc
+            with translate(f"{how} a message of queue {tag.queue!r}", self._where, consuming=True):
+                raise
+
+    def _hand_over(self, session: _Session | None, tag: _Tag, how: str) -> None:
+        """Queue a settle for the receiving thread and wake it."""
+        if session is None or not session.connection.is_open:
+            self._skip_stale(tag, how)
+            return
+        item = (tag, how)
+        self._handed.append(item)
+        try:
+            session.connection.add_callback_threadsafe(self._send_handed)
+        except pika_exc.ConnectionWrongStateError:
+            try:
+                self._handed.remove(item)
+            except ValueError:
+                return  # the receiving thread took it meanwhile
+            self._skip_stale(tag, how)
+
+    def _send_handed(self) -> None:
+        """On the receiving thread: settle what other threads handed over.
+
+        Also called back from inside pika's ``process_data_events``, so it
+        logs failures instead of raising; the session they mark lost is
+        replaced by the next :meth:`receive`.
+        """
+        while self._handed:
+            tag, how = self._handed.popleft()
+            session = self._sessions.peek()
+            if session is None:
+                self._skip_stale(tag, how)
+                continue
+            try:
+                self._settle_now(session, tag, how)
+            except DriverError as exc:
+                logger.warning(
+                    "%s: a message of queue %r was not settled (RabbitMQ delivers it again) - %s",
+                    self._where,
+                    tag.queue,
+                    exc,
+                )
+
+    def _skip_stale(self, tag: _Tag, how: str) -> None:
+        logger.info(
+            "%s: skipped %s a message of queue %r: it came on a connection that is gone, "
+            "and RabbitMQ delivers it again",
+            self._where,
+            how,
+            tag.queue,
+        )
+
+
+class _Session:
+    """A consumer's connection and channel, opened and used on one thread.
+
+    Raises pika's exceptions; :class:`RabbitMqConsumer` translates them.
+    """
+
+    def __init__(self, consumer: RabbitMqConsumer) -> None:
+        driver = consumer.driver
+        #: The thread that receives; the only one that touches the connection.
+        self.thread = threading.get_ident()
+        self.order = consumer.order
+        self.queues = consumer.queues
+        self.single = len(self.order) == 1
+        #: Delivered, not yet handed out: at most ``prefetch`` per queue.
+        self.buffers: dict[int, deque[Received]] = {priority: deque() for priority in self.order}
+        #: Tags of this channel's active consumers.
+        self.consumers: list[str] = []
+        self.consumer_tag = driver.consumer_tag
+        self.cancelled_by_broker = False
+        #: Why the session is unusable (a settle failed); the next receive opens a new one.
+        self.lost: BaseException | None = None
+        self.connection = driver._connect()
+        try:
+            self.channel = self.connection.channel()
+            self.channel.add_on_cancel_callback(self._on_cancel)
+            for name in self.queues.values():
+                self.channel.queue_declare(
+                    name, durable=driver.durable, arguments=dict(driver.queue_arguments)
+                )
+            # Several queues are consumed only to wake up: one message each is enough.
+            self.channel.basic_qos(prefetch_count=consumer.prefetch if self.single else 1)
+            if self.single:
+                self._consume()
+        except BaseException:
+            close_quietly(self.connection)
+            raise
+
+    def next(self, deadline: float) -> Received | None:
+        """The next delivery, highest priority first; None once ``deadline`` passed."""
+        if self.single:
+            buffer = self.buffers[self.order[0]]
+            while not buffer:
+                if not self._wait(deadline):
+                    return None
+            return buffer.popleft()
+        while True:
+            if self.consumers:
+                if not any(self.buffers.values()):
+                    if not self._wait(deadline):
+                        return None
+                    continue
+                # Something arrived: stop pushing (pika requeues what came
+                # after), take the rest by priority with basic_get.
+                self._cancel_consumers()
+            for priority in self.order:
+                buffer = self.buffers[priority]
+                if buffer:
+                    return buffer.popleft()
+                name = self.queues[priority]
+                method, _properties, body = self.channel.basic_get(name)
+                if method is not None:
+                    tag = _Tag(self.channel, method.delivery_tag, name)
+                    return Received(body or b"", priority, tag)
+            self._consume()
+            if time.monotonic() >= deadline:
+                return None
+
+    def _wait(self, deadline: float) -> bool:
+        """Read the socket until something is delivered or ``deadline``; False at the deadline."""
+        left = deadline - time.monotonic()
+        self.connection.process_data_events(time_limit=max(0.0, left))
+        if self.cancelled_by_broker:
+            raise pika_exc.ConsumerCancelled(
+                "RabbitMQ cancelled the consumer (was the queue deleted?)"
+            )
+        if not self.channel.is_open:
+            raise pika_exc.ChannelWrongStateError("RabbitMQ closed the channel")
+        return left > 0 or any(self.buffers.values())
+
+    def _consume(self) -> None:
+        for priority in self.order:
+            name = self.queues[priority]
+            tag = self.consumer_tag if self.single else f"{self.consumer_tag}.{priority}"
+            self.channel.basic_consume(name, self._on_message(priority, name), consumer_tag=tag)
+            self.consumers.append(tag)
+
+    def _on_message(self, priority: int, name: str) -> Callable[[Any, Any, Any, bytes], None]:
+        buffer, channel = self.buffers[priority], self.channel
+
+        def on_message(_channel: Any, method: Any, _properties: Any, body: bytes) -> None:
+            buffer.append(Received(body, priority, _Tag(channel, method.delivery_tag, name)))
+
+        return on_message
+
+    def _on_cancel(self, _frame: Any) -> None:
+        self.cancelled_by_broker = True
+
+    def _cancel_consumers(self) -> None:
+        for tag in self.consumers:
+            self.channel.basic_cancel(tag)
+        self.consumers.clear()
+
+    def give_back(self) -> None:
+        """Stop consuming and requeue what was delivered but not handed out."""
+        self._cancel_consumers()
+        for buffer in self.buffers.values():
+            while buffer:
+                self.channel.basic_nack(buffer.popleft().token.delivery_tag, requeue=True)
+
+    def close(self) -> None:
+        close_quietly(self.connection)
+        for buffer in self.buffers.values():
+            buffer.clear()
