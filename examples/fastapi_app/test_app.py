@@ -22,4 +22,4 @@ def test_a_signup_request_queues_a_welcome_email_that_a_worker_sends(
         job = response.json()["queued"]
         sent = eventually(queue.outbox, "the worker to send the welcome email", WORKER_S)
         assert sent == [{"to": "ana@example.com", "subject": "Welcome, Ana!", "job": job}]
-        assert worker.finished().endswith("received 1, handled 1, failed 0, retried 0")
+        assert worker.finished().endswith("received 1, handled 1, failed 0, retried 0, gave up 0")

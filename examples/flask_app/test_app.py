@@ -24,6 +24,8 @@ def test_a_signup_request_queues_a_welcome_email_that_a_worker_sends(
             job = response.get_json()["queued"]
             sent = eventually(queue.outbox, "the worker to send the welcome email", WORKER_S)
             assert sent == [{"to": "bo@example.com", "subject": "Welcome, Bo!", "job": job}]
-            assert worker.finished().endswith("received 1, handled 1, failed 0, retried 0")
+            assert worker.finished().endswith(
+                "received 1, handled 1, failed 0, retried 0, gave up 0"
+            )
     finally:
         app.extensions["hermes"].driver.close()
