@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hermes.drivers.rabbitmq._delay import (
+    EVERY_BUCKET_MS,
     EXPIRY_MARGIN_MS,
     MAX_BUCKET_MS,
     bucket_ms,
@@ -53,3 +54,13 @@ def test_a_delay_queue_dead_letters_to_its_work_queue_and_outlives_its_ttl() -> 
     assert arguments["x-message-ttl"] == 1900
     assert arguments["x-expires"] == 1900 + EXPIRY_MARGIN_MS
     assert delay_queue_arguments("jobs", MAX_BUCKET_MS)["x-expires"] < 2**31
+
+
+def test_every_bucket_lists_each_ttl_a_delay_can_get_once_in_order() -> None:
+    assert list(EVERY_BUCKET_MS) == sorted(set(EVERY_BUCKET_MS))
+    assert (EVERY_BUCKET_MS[0], EVERY_BUCKET_MS[-1]) == (1, MAX_BUCKET_MS)
+    every = set(EVERY_BUCKET_MS)
+    for exponent in range(-3, 7):
+        for mantissa in range(100, 1000, 7):
+            assert bucket_ms(mantissa * 10.0**exponent / 100) in every | {0}
+    assert {bucket_ms(ms / 1000) for ms in range(1, 1000)} <= every

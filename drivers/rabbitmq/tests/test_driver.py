@@ -21,6 +21,7 @@ from hermes.core import (
     DeliveryError,
     Dispatcher,
     Message,
+    QueueStats,
     UnknownPriorityError,
     connect,
 )
@@ -371,6 +372,132 @@ def test_purge_deletes_the_work_queues_and_the_delay_queues(
             assert info.value.reply_code == 404, name
         finally:
             connection.close()
+
+
+def _rows(driver: LazyRabbitMqDriver) -> dict[int, QueueStats]:
+    return {row.priority: row for row in driver.queue_stats()}
+
+
+def test_stats_name_each_queue_highest_first_and_count_a_queue_not_declared_yet_as_empty(
+    make_driver: MakeDriver, queue: str
+) -> None:
+    driver = make_driver()
+    driver.setup_priority_queue("high", 200)
+    assert driver.queue_stats() == [
+        QueueStats(200, f"{queue}.high", ready=0, scheduled=0, in_flight=None, set_aside=None),
+        QueueStats(100, queue, ready=0, scheduled=0, in_flight=None, set_aside=None),
+    ]
+    # The broker closed a channel for each missing queue; sending still works.
+    driver.send(Message("t"), 200)
+    assert _rows(driver)[200].ready == 1
+
+
+def test_with_delay_the_scheduled_count_is_unknown_not_zero(make_driver: MakeDriver) -> None:
+    driver = make_driver("delay=true")
+    driver.send(Message("t", execute_at=time.time() + 60))
+    assert _rows(driver)[100].scheduled is None
+
+
+def test_clear_of_one_priority_deletes_its_ready_and_delayed_messages_sent_by_another_driver(
+    make_driver: MakeDriver, queue: str, raw_channel: Any
+) -> None:
+    sender = make_driver("delay=true")
+    sender.setup_priority_queue("high", 200)
+    later = time.time() + 60
+    for priority in (100, 100, 200):
+        sender.send(Message("t"), priority)
+        sender.send(Message("t", execute_at=later), priority)
+    operator = make_driver("delay=true")
+    operator.setup_priority_queue("high", 200)
+
+    assert operator.clear(200) == 2
+    rows = _rows(operator)
+    assert (rows[200].ready, rows[100].ready) == (0, 2)
+    # The delay queue that held a message is still there for the sender, empty.
+    (high_delay,) = (name for name in sender._delay_queues if name.startswith(f"{queue}.high."))
+    assert raw_channel.queue_declare(high_delay, passive=True).method.message_count == 0
+    sender.send(Message("t", execute_at=later), 200)
+
+    assert operator.clear() == 5
+    assert [row.ready for row in operator.queue_stats()] == [0, 0]
+
+
+def test_a_sender_finds_again_an_empty_delay_queue_clear_deleted(
+    make_driver: MakeDriver, raw_channel: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    sender = make_driver("delay=true")
+    later = time.time() + 159.5  # the 150 s bucket for the next 9.5 s
+    sender.send(Message("t", execute_at=later))
+    (delay_queue,) = sender._delay_queues
+    raw_channel.queue_purge(delay_queue)
+    assert make_driver("delay=true").clear() == 0
+    with caplog.at_level(logging.WARNING, logger="hermes"):
+        sender.send(Message("t", execute_at=later))  # declared by it moments ago
+    assert "declaring it again" in caplog.text
+    assert raw_channel.queue_declare(delay_queue, passive=True).method.message_count == 1
+
+
+def test_clear_leaves_a_message_a_worker_holds(make_driver: MakeDriver, worker: Any) -> None:
+    driver = make_driver()
+    for n in range(3):
+        driver.send(Message("t", {"v": n}))
+    started, release = threading.Event(), threading.Event()
+    handled: list[int] = []
+
+    def block(message: Message, priority: int) -> bool:
+        started.set()
+        release.wait(10)
+        handled.append(message.payload["v"])
+        return True
+
+    consumer = make_driver()
+    consumer.set_max_process_items(1)
+    with worker(consumer, block):
+        assert started.wait(10), "the worker never started the handler"
+        try:
+            assert driver.clear() == 2
+        finally:
+            release.set()
+    assert handled == [0]
+    assert _rows(driver)[100].ready == 0
+
+
+def test_clear_of_an_unknown_priority_raises_and_deletes_nothing(make_driver: MakeDriver) -> None:
+    driver = make_driver()
+    driver.send(Message("t"))
+    with pytest.raises(UnknownPriorityError, match="priority 300"):
+        driver.clear(300)
+    assert _rows(driver)[100].ready == 1
+
+
+def test_set_aside_counts_the_dead_letter_queue_on_the_default_row_and_clear_keeps_it(
+    make_driver: MakeDriver, queue: str, raw_channel: Any, collector: Any
+) -> None:
+    dead = f"{queue}.dead"
+    raw_channel.queue_declare(dead, durable=True)
+    try:
+        driver = make_driver(f"x-dead-letter-exchange=&x-dead-letter-routing-key={dead}")
+        driver.setup_priority_queue("high", 200)
+        driver.send_raw(b"\xff not json")
+        driver.send(Message("good"))
+        driver.set_max_process_items(1)
+        driver.wait(collector)
+        deadline = time.monotonic() + 10
+        while (rows := _rows(driver))[100].set_aside != 1:
+            assert time.monotonic() < deadline, f"set_aside never reached 1: {rows}"
+            time.sleep(0.05)
+        assert rows[200].set_aside is None
+        assert driver.clear() == 0
+        assert _rows(driver)[100].set_aside == 1
+    finally:
+        raw_channel.queue_delete(dead)
+
+
+def test_set_aside_is_unknown_when_dead_letters_go_to_a_named_exchange(
+    make_driver: MakeDriver,
+) -> None:
+    driver = make_driver("x-dead-letter-exchange=dlx")
+    assert _rows(driver)[100].set_aside is None
 
 
 def test_ignored_delay_delivers_at_once_and_keeps_execute_at(

@@ -38,6 +38,20 @@ def bucket_ms(delay_s: float) -> int:
     return ms // step * step
 
 
+def _every_bucket_ms() -> tuple[int, ...]:
+    buckets: list[int] = []
+    ms = 1
+    while ms < MAX_BUCKET_MS:
+        buckets.append(ms)
+        ms += 10 ** max(0, len(str(ms)) - 2)
+    return (*buckets, MAX_BUCKET_MS)
+
+
+#: Every TTL :func:`bucket_ms` can return, shortest first (740): the names of
+#: a work queue's delay queues, which AMQP cannot list, derive from these.
+EVERY_BUCKET_MS = _every_bucket_ms()
+
+
 def delay_queue_name(work_queue: str, ttl_ms: int) -> str:
     return f"{work_queue}.delay.{ttl_ms}"
 

@@ -22,17 +22,19 @@ from hermes.core import (
     Driver,
     Message,
     PerProcess,
+    QueueStats,
 )
 from hermes.drivers.rabbitmq._capabilities import CAPABILITIES
 from hermes.drivers.rabbitmq._consumer import RabbitMqConsumer
 from hermes.drivers.rabbitmq._delay import (
     DELAY_SUFFIX_LEN,
+    EVERY_BUCKET_MS,
     EXPIRY_MARGIN_MS,
     bucket_ms,
     delay_queue_arguments,
     delay_queue_name,
 )
-from hermes.drivers.rabbitmq._errors import close_quietly, describe, translate
+from hermes.drivers.rabbitmq._errors import NOT_FOUND, close_quietly, describe, translate
 
 logger = logging.getLogger("hermes.drivers.rabbitmq")
 
@@ -378,6 +380,109 @@ class LazyRabbitMqDriver(Driver):
         order = self.check_priorities(self._queues, priorities)
         return RabbitMqConsumer(self, order, concurrency)
 
+    # Counting and clearing ---------------------------------------------------
+
+    def queue_stats(self) -> list[QueueStats]:
+        """Counts from a passive ``queue_declare`` of each queue, on the publishing connection.
+
+        * ready: the work queue's message count, which RabbitMQ gives for
+          ready messages only (a queue not declared yet: 0).
+        * in_flight: None. AMQP has no count of unacknowledged messages; only
+          the management plugin's HTTP API has one.
+        * scheduled: 0 without ``delay`` (a message is delivered at once).
+          With it None: the delay queues of a work queue are one per delay
+          bucket, up to 740, and AMQP can neither list queues nor ask about
+          one that does not exist without the broker closing the channel
+          and logging an error. A driver object knows only those it
+          declared itself, which would give a number too low.
+        * set_aside: the dead-letter queue's count, on the default priority's
+          row (every work queue dead-letters into it), when
+          ``x-dead-letter-routing-key`` names it through the default exchange
+          (``x-dead-letter-exchange=""``); else None: the queues bound to a
+          named exchange are not known to the driver.
+        """
+        rows = sorted(self._queues.items(), reverse=True)
+        dead_letters = self._dead_letter_queue()
+        names = [name for _, name in rows]
+        if dead_letters is not None:
+            names.append(dead_letters)
+        counts: dict[str, int] = {}
+
+        def count(publisher: _Publisher) -> None:
+            counts.update(
+                _on_each_queue(
+                    publisher.connection,
+                    names,
+                    lambda channel, name: channel.queue_declare(name, passive=True),
+                )
+            )
+
+        self._with_publisher(count, f"counting the messages in {names}")
+        return [
+            QueueStats(
+                priority,
+                name,
+                ready=counts[name],
+                scheduled=None if self.delay else 0,
+                in_flight=None,
+                set_aside=(
+                    counts[dead_letters]
+                    if dead_letters is not None and priority == DEFAULT_PRIORITY
+                    else None
+                ),
+            )
+            for priority, name in rows
+        ]
+
+    def clear(self, priority: int | None = None) -> int:
+        """Delete the messages waiting for ``priority`` (every priority: None); how many.
+
+        Deletes the work queue's delay queues, then purges the work queue
+        (messages a worker holds unacknowledged stay: ``queue_purge`` leaves
+        them). AMQP cannot list queues, so the delay queues are looked for
+        under every name a delay bucket can have, whether or not ``delay``
+        is on here (a sender may use it); RabbitMQ deletes one that does not
+        exist without complaint. One that held messages is declared again at
+        once, for senders that declared it a moment ago and would not again.
+        """
+        priorities = sorted(self._queues, reverse=True) if priority is None else [priority]
+        works = [self._work_queue(p) for p in priorities]
+        removed = 0
+
+        def delete_and_purge(publisher: _Publisher) -> None:
+            nonlocal removed
+            for work in works:
+                delayed = {
+                    ttl_ms: publisher.channel.queue_delete(
+                        delay_queue_name(work.name, ttl_ms)
+                    ).method.message_count
+                    for ttl_ms in EVERY_BUCKET_MS
+                }
+                publisher.declared.clear()
+                removed += sum(delayed.values())
+                for ttl_ms, count in delayed.items():
+                    if count:
+                        self._declare(publisher, self._delay_queue(work, ttl_ms))
+                purged = _on_each_queue(
+                    publisher.connection,
+                    [work.name],
+                    lambda channel, name: channel.queue_purge(name),
+                )
+                removed += purged[work.name]
+
+        self._with_publisher(
+            delete_and_purge, f"clearing {[work.name for work in works]} and their delay queues"
+        )
+        return removed
+
+    def _dead_letter_queue(self) -> str | None:
+        """The queue that rejected messages go to, when the queue arguments name one."""
+        exchange = self.queue_arguments.get("x-dead-letter-exchange")
+        routing_key = self.queue_arguments.get("x-dead-letter-routing-key")
+        if exchange == "" and routing_key:
+            return str(routing_key)
+        return None
+
     # Cleaning up -------------------------------------------------------------
 
     def purge(self) -> None:
@@ -401,6 +506,32 @@ class LazyRabbitMqDriver(Driver):
 
     def __repr__(self) -> str:
         return f"<LazyRabbitMqDriver {self._where} queue={self.queue!r}>"
+
+
+def _on_each_queue(
+    connection: Any, names: Sequence[str], operation: Callable[[Any, str], Any]
+) -> dict[str, int]:
+    """``operation(channel, name)`` on each queue, on a channel of its own: message counts.
+
+    A queue that does not exist holds 0 messages. The broker closes the
+    channel when it says so, so the next queue gets a new one; the
+    publisher's channel is not the one closed.
+    """
+    counts: dict[str, int] = {}
+    channel = connection.channel()
+    try:
+        for name in names:
+            try:
+                counts[name] = operation(channel, name).method.message_count
+            except pika_exc.ChannelClosedByBroker as exc:
+                if exc.reply_code != NOT_FOUND:
+                    raise
+                counts[name] = 0
+                channel = connection.channel()
+    finally:
+        if channel.is_open:
+            channel.close()
+    return counts
 
 
 def _check_queue_name(name: str, what: str) -> None:

@@ -22,6 +22,9 @@ logger = logging.getLogger("hermes.drivers.rabbitmq")
 #: match the queue that exists (or an argument is invalid).
 PRECONDITION_FAILED = 406
 
+#: Reply code of a channel the broker closed because a queue does not exist.
+NOT_FOUND = 404
+
 
 @contextlib.contextmanager
 def translate(doing: str, where: str, *, consuming: bool = False) -> Iterator[None]:
