@@ -62,6 +62,9 @@ RECHECK_HIGHER_S = 0.5
 #: seconds, and a poll of 0 s (what rounding down would mostly give) never blocks.
 LONG_POLL_SLACK_S = 0.25
 
+#: How long ``clear`` hides a message between receiving and deleting it: a purge
+#: cut short leaves them visible again soon, whatever the workers' timeout.
+CLEAR_VISIBILITY_S = 30
 #: The counts of a queue that ``hermes stats`` and ``hermes purge`` read, in one call.
 _READY = "ApproximateNumberOfMessages"
 _DELAYED = "ApproximateNumberOfMessagesDelayed"
@@ -676,7 +679,7 @@ class AmazonSqsDriver(Driver):
                     QueueUrl=url,
                     MaxNumberOfMessages=BATCH_LIMIT,
                     WaitTimeSeconds=1,
-                    VisibilityTimeout=self.visibility_timeout_s,
+                    VisibilityTimeout=CLEAR_VISIBILITY_S,
                     MessageSystemAttributeNames=["SentTimestamp"],
                 ).get("Messages", [])
             if not messages:
@@ -692,7 +695,7 @@ class AmazonSqsDriver(Driver):
                 cleared.left.append(
                     f"SQS queue {name!r} refused to delete a message ({failed.get('Code')}: "
                     f"{failed.get('Message', '')}); it is visible again after "
-                    f"{self.visibility_timeout_s} s"
+                    f"{CLEAR_VISIBILITY_S} s"
                 )
             sent = [int(raw.get("Attributes", {}).get("SentTimestamp", 0)) for raw in messages]
             if min(sent) >= before_ms:
