@@ -22,13 +22,17 @@ from hermes.core import (
     Consumer,
     Delay,
     Delivery,
+    DriverError,
     Message,
     MessageSerializer,
     NotSupportedError,
+    QueueStats,
     Received,
     UnknownPriorityError,
 )
+from hermes.core.cli import main
 from hermes.drivers.sqs import AmazonSqsDriver, SqsDelivery, current_delivery
+from hermes.drivers.sqs import _driver as driver_module
 
 MakeDriver = Callable[..., AmazonSqsDriver]
 Handled = list[tuple[Message, int, SqsDelivery | None]]
@@ -758,3 +762,267 @@ def test_purge_deletes_every_queue_of_the_driver(
 
     names = [url.rsplit("/", 1)[1] for url in sqs.list_queues().get("QueueUrls", [])]
     assert not {queue_name, f"{queue_name}-high", f"{queue_name}-dlq"} & set(names)
+
+
+# Counting and clearing -------------------------------------------------------------
+
+
+def calls_to(driver: AmazonSqsDriver, operation: str) -> list[str]:
+    """The queue URLs (or names) of every ``operation`` call ``driver`` makes from now on."""
+    calls: list[str] = []
+    driver._client.get().meta.events.register(
+        f"before-parameter-build.sqs.{operation}",
+        lambda params, **kwargs: calls.append(params.get("QueueUrl") or params["QueueName"]),
+    )
+    return calls
+
+
+def test_stats_count_ready_delayed_and_in_flight_per_queue_highest_first(
+    make_driver: MakeDriver, sqs_url: str, queue_name: str
+) -> None:
+    emitter = make_driver(sqs_url + "&delay=true")
+    emitter.setup_priority_queue("high", 200)
+    emitter.send_batch([Message("now") for _ in range(4)])
+    emitter.send_batch([Message("later", execute_at=time.time() + 600) for _ in range(2)])
+    emitter.send(Message("urgent"), 200)
+    worker = make_driver(sqs_url + "&delay=true", batch_size=1)
+    counter = make_driver(sqs_url + "&delay=true")
+    counter.setup_priority_queue("high", 200)
+    attribute_calls = calls_to(counter, "GetQueueAttributes")
+
+    with worker.consumer([100]) as consumer:
+        held = receive_within(consumer)
+        rows = counter.queue_stats()
+        consumer.ack(held)
+
+    assert rows == [
+        QueueStats(200, f"{queue_name}-high", ready=1, scheduled=0, in_flight=0),
+        QueueStats(100, queue_name, ready=3, scheduled=2, in_flight=1),
+    ]
+    assert len(attribute_calls) == 2  # one call per queue
+    assert counter.queue_stats()[1].in_flight == 0  # acknowledged: deleted
+
+
+def test_stats_of_a_queue_nothing_was_sent_to_are_zero_and_create_no_queue(
+    make_driver: MakeDriver, sqs: Any, queue_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    driver = make_driver()
+    driver.setup_priority_queue("high", 200)
+
+    with caplog.at_level(logging.WARNING, logger="hermes.drivers.sqs"):
+        first = driver.queue_stats()
+        second = driver.queue_stats()
+
+    assert (
+        first
+        == second
+        == [
+            QueueStats(200, f"{queue_name}-high", ready=0, scheduled=0, in_flight=0),
+            QueueStats(100, queue_name, ready=0, scheduled=0, in_flight=0),
+        ]
+    )
+    names = [url.rsplit("/", 1)[1] for url in sqs.list_queues().get("QueueUrls", [])]
+    assert not {queue_name, f"{queue_name}-high"} & set(names)
+    # Once per queue, not once per refresh of hermes stats --watch.
+    assert caplog.text.count(f"SQS queue {queue_name!r} does not exist") == 1
+
+
+def test_stats_count_the_dead_letter_queue_once_on_the_default_priority_row(
+    make_driver: MakeDriver, sqs_url: str, sqs: Any, queue_name: str
+) -> None:
+    dead = f"{queue_name}-dlq"
+    driver = make_driver(sqs_url + f"&dead_letter_queue={dead}")
+    driver.setup_priority_queue("high", 200)
+    driver.send(Message("x"), 200)
+    driver.send(Message("y"))
+    dead_url = sqs.get_queue_url(QueueName=dead)["QueueUrl"]
+    for n in range(3):
+        sqs.send_message(QueueUrl=dead_url, MessageBody=f"dead {n}")
+    # Someone looks at one of them (the AWS console receives it): still set aside.
+    assert sqs.receive_message(QueueUrl=dead_url, VisibilityTimeout=60).get("Messages")
+    counter = make_driver(sqs_url + f"&dead_letter_queue={dead}")
+    counter.setup_priority_queue("high", 200)
+    attribute_calls = calls_to(counter, "GetQueueAttributes")
+
+    rows = counter.queue_stats()
+
+    assert [(row.priority, row.set_aside) for row in rows] == [(200, None), (100, 3)]
+    assert len(attribute_calls) == 3  # two queues, and their dead-letter queue once
+
+
+def test_stats_say_set_aside_is_unknown_without_a_redrive_policy(
+    make_driver: MakeDriver,
+) -> None:
+    driver = make_driver()
+    driver.send(Message("x"))
+    assert [row.set_aside for row in driver.queue_stats()] == [None]
+
+
+def test_stats_of_a_redrive_policy_whose_dead_letter_queue_is_gone_say_unknown(
+    make_driver: MakeDriver,
+    sqs_url: str,
+    sqs: Any,
+    queue_name: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    dead = f"{queue_name}-dlq"
+    driver = make_driver(sqs_url + f"&dead_letter_queue={dead}")
+    driver.send(Message("x"))
+    sqs.delete_queue(QueueUrl=sqs.get_queue_url(QueueName=dead)["QueueUrl"])
+
+    with caplog.at_level(logging.WARNING, logger="hermes.drivers.sqs"):
+        (row,) = driver.queue_stats()
+
+    assert (row.ready, row.set_aside) == (1, None)
+    assert f"SQS queue {dead!r} does not exist" in caplog.text
+
+
+def test_in_delay_mode_a_message_hidden_until_due_counts_as_in_flight(
+    make_driver: MakeDriver, sqs_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    driver = make_driver(sqs_url + "&delay=true")
+    far = Message("far", execute_at=time.time() + 3600)
+    # As SQS shows it once its 15 minutes of DelaySeconds are over: visible, not due.
+    driver.send_raw(MessageSerializer().serialize(far).encode())
+    with caplog.at_level(logging.DEBUG, logger="hermes.drivers.sqs"):
+        driver.set_shutdown(StopWhen(lambda: "hid message" in caplog.text, timeout_s=15))
+        driver.wait(recorder([]))
+
+    (row,) = driver.queue_stats()
+
+    assert (row.ready, row.scheduled, row.in_flight) == (0, 0, 1)
+
+
+def test_clear_of_one_priority_deletes_only_its_queue_and_counts_exactly(
+    make_driver: MakeDriver, sqs: Any, queue_name: str
+) -> None:
+    driver = make_driver()
+    driver.setup_priority_queue("high", 200)
+    driver.send_batch([Message("high") for _ in range(23)], 200)
+    driver.send_batch([Message("normal") for _ in range(4)])
+
+    assert driver.clear(200) == 23
+
+    assert queue_counts(sqs, f"{queue_name}-high") == (0, 0, 0)
+    assert queue_counts(sqs, queue_name) == (4, 0, 0)
+    assert driver.clear() == 4
+    assert queue_counts(sqs, queue_name) == (0, 0, 0)
+
+
+def test_clear_of_an_unknown_priority_raises_and_deletes_nothing(
+    make_driver: MakeDriver, sqs: Any
+) -> None:
+    driver = make_driver()
+    driver.send(Message("x"))
+
+    with pytest.raises(UnknownPriorityError) as caught:
+        driver.clear(300)
+
+    assert caught.value.priority == 300
+    assert queue_counts(sqs, driver.queue_name) == (1, 0, 0)
+
+
+def test_clear_of_a_queue_nothing_was_sent_to_deletes_nothing_and_creates_nothing(
+    make_driver: MakeDriver, sqs: Any, queue_name: str
+) -> None:
+    driver = make_driver()
+    creates = calls_to(driver, "CreateQueue")
+
+    assert driver.clear() == 0
+
+    assert creates == []
+    names = [url.rsplit("/", 1)[1] for url in sqs.list_queues().get("QueueUrls", [])]
+    assert queue_name not in names
+
+
+def test_clear_leaves_a_message_in_flight_to_its_worker(make_driver: MakeDriver, sqs: Any) -> None:
+    driver = make_driver()
+    driver.send(Message("held"))
+    worker = make_driver(batch_size=1)
+
+    with worker.consumer([]) as consumer:
+        held = receive_within(consumer)
+        driver.send_batch([Message("waiting") for _ in range(5)])
+        assert driver.clear() == 5
+        assert queue_counts(sqs, driver.queue_name) == (0, 1, 0)
+        consumer.ack(held)
+
+    eventually(lambda: queue_counts(sqs, driver.queue_name) == (0, 0, 0), "the ack's delete")
+
+
+def test_clear_stops_at_a_receive_that_brings_only_messages_sent_after_it_began(
+    make_driver: MakeDriver, sqs: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # With SQS's clock at 0 every message looks sent after clear() began, as
+    # with an emitter sending faster than clear deletes: the first batch ends it.
+    monkeypatch.setattr(driver_module, "_server_time_ms", lambda response: 0)
+    driver = make_driver()
+    driver.send_batch([Message("x") for _ in range(25)])
+
+    deleted = driver.clear()
+
+    assert 1 <= deleted <= 10
+    assert queue_counts(sqs, driver.queue_name) == (25 - deleted, 0, 0)
+
+
+def test_clear_purges_delayed_messages_when_none_are_in_flight_once_a_minute(
+    make_driver: MakeDriver, sqs_url: str, sqs: Any
+) -> None:
+    driver = make_driver(sqs_url + "&delay=true")
+    driver.send_batch([Message("now") for _ in range(3)])
+    driver.send_batch([Message("later", execute_at=time.time() + 600) for _ in range(2)])
+
+    assert driver.clear() == 5
+    assert queue_counts(sqs, driver.queue_name) == (0, 0, 0)
+
+    # SQS (and the local server) allow one PurgeQueue per queue every 60 s.
+    driver.send(Message("now"))
+    driver.send(Message("later", execute_at=time.time() + 600))
+    with pytest.raises(DriverError) as caught:
+        driver.clear()
+
+    text = str(caught.value)
+    assert text.startswith("deleted 1 waiting message(s), but not all: ")
+    assert "still holds about 1 delayed message(s)" in text
+    assert "one PurgeQueue per queue every 60 s" in text
+    assert queue_counts(sqs, driver.queue_name) == (0, 0, 1)
+
+
+def test_clear_leaves_delayed_messages_while_some_are_in_flight_and_says_so(
+    make_driver: MakeDriver, sqs_url: str, sqs: Any
+) -> None:
+    driver = make_driver(sqs_url + "&delay=true")
+    driver.send(Message("held"))
+    worker = make_driver(sqs_url + "&delay=true", batch_size=1)
+
+    with worker.consumer([]) as consumer:
+        held = receive_within(consumer)
+        driver.send_batch([Message("now") for _ in range(2)])
+        driver.send_batch([Message("later", execute_at=time.time() + 600) for _ in range(3)])
+        with pytest.raises(DriverError) as caught:
+            driver.clear()
+        assert queue_counts(sqs, driver.queue_name) == (0, 1, 3)
+        consumer.ack(held)
+
+    text = str(caught.value)
+    assert text.startswith("deleted 2 waiting message(s), but not all: ")
+    assert "about 3 delayed message(s)" in text
+    assert "also delete the 1 message(s) in flight (in delay mode" in text
+    assert "aws sqs purge-queue --queue-url http" in text
+
+
+def test_hermes_purge_prints_what_it_deleted_and_what_it_could_not(
+    make_driver: MakeDriver, sqs_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    driver = make_driver(sqs_url + "&delay=true")
+    driver.send_batch([Message("now") for _ in range(2)])
+    driver.send(Message("later", execute_at=time.time() + 600))
+
+    assert main(["purge", "--url", sqs_url + "&delay=true", "--yes"]) == 0
+    assert capsys.readouterr().out == "Deleted 3 waiting messages (every queue)\n"
+
+    driver.send(Message("later", execute_at=time.time() + 600))
+    assert main(["purge", "--url", sqs_url + "&delay=true", "--yes"]) != 0
+    error = capsys.readouterr().err
+    assert error.startswith("hermes: error: broker error: deleted 0 waiting message(s), but not")
+    assert "purge again in a minute" in error

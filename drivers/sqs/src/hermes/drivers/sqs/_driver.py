@@ -11,7 +11,8 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 from botocore.exceptions import ClientError
@@ -23,9 +24,11 @@ from hermes.core import (
     Delay,
     DeliveryError,
     Driver,
+    DriverError,
     Message,
     NotSupportedError,
     PerProcess,
+    QueueStats,
     Received,
     SerializeError,
     current_received,
@@ -58,6 +61,18 @@ RECHECK_HIGHER_S = 0.5
 #: A long poll may end this much after receive's ``timeout_s``: SQS waits whole
 #: seconds, and a poll of 0 s (what rounding down would mostly give) never blocks.
 LONG_POLL_SLACK_S = 0.25
+
+#: How long ``clear`` hides a message between receiving and deleting it: a purge
+#: cut short leaves them visible again soon, whatever the workers' timeout.
+CLEAR_VISIBILITY_S = 30
+#: The counts of a queue that ``hermes stats`` and ``hermes purge`` read, in one call.
+_READY = "ApproximateNumberOfMessages"
+_DELAYED = "ApproximateNumberOfMessagesDelayed"
+_NOT_VISIBLE = "ApproximateNumberOfMessagesNotVisible"
+_COUNTS = (_READY, _DELAYED, _NOT_VISIBLE)
+_PURGE_IN_PROGRESS = frozenset(
+    {"PurgeQueueInProgress", "AWS.SimpleQueueService.PurgeQueueInProgress"}
+)
 
 _QUEUE_NAME = re.compile(r"^[A-Za-z0-9_-]{1,80}$")
 # Characters an SQS body may not contain (outside XML 1.0's character range).
@@ -121,6 +136,39 @@ def _redrive_max(policy: str | None) -> int | None:
     except (ValueError, KeyError, TypeError):
         logger.warning("Ignoring an SQS RedrivePolicy that cannot be read: %r", policy)
         return None
+
+
+def _dead_letter_target(policy: str | None) -> str | None:
+    """The ARN of the dead-letter queue a ``RedrivePolicy`` names, else None."""
+    if not policy:
+        return None
+    try:
+        arn = json.loads(policy)["deadLetterTargetArn"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return arn if isinstance(arn, str) else None
+
+
+def _count(attributes: Mapping[str, str], name: str) -> int | None:
+    value = attributes.get(name)
+    return None if value is None else int(value)
+
+
+def _server_time_ms(response: Mapping[str, Any]) -> int:
+    """SQS's clock when it answered (its ``Date`` header, whole seconds), else this machine's."""
+    date = response.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
+    try:
+        return int(parsedate_to_datetime(date).timestamp() * 1000)
+    except (TypeError, ValueError):
+        return int(time.time() * 1000)
+
+
+@dataclass
+class _Cleared:
+    """What ``clear`` did so far: messages deleted, and what it had to leave, with why."""
+
+    deleted: int = 0
+    left: list[str] = field(default_factory=list)
 
 
 def _same_attribute(name: str, current: str | None, wanted: str) -> bool:
@@ -275,6 +323,10 @@ class AmazonSqsDriver(Driver):
         self._setup_lock = threading.Lock()
         #: The dead-letter queue's ARN, found once under ``_setup_lock`` (reset by ``purge``).
         self._dead_letter_arn: str | None = None
+        #: URLs of queues looked up (never created) by ``queue_stats`` and ``clear``.
+        self._urls: dict[str, str] = {}
+        #: Queues found missing by ``queue_stats`` or ``clear``, logged once each.
+        self._missing: set[str] = set()
 
     def _make_client(self) -> Any:
         if os.getpid() == self._given_pid:
@@ -465,6 +517,233 @@ class AmazonSqsDriver(Driver):
     def consumer(self, priorities: Sequence[int], *, concurrency: int = 1) -> Consumer:
         return _SqsConsumer(self, self.check_priorities(self._names, priorities))
 
+    # Counting and clearing ---------------------------------------------------
+
+    def queue_stats(self) -> list[QueueStats]:
+        """Counts from one GetQueueAttributes call per queue; approximate, as SQS's are.
+
+        ready: ``ApproximateNumberOfMessages``; scheduled:
+        ``ApproximateNumberOfMessagesDelayed``; in flight:
+        ``ApproximateNumberOfMessagesNotVisible`` -- in delay mode that
+        includes messages due more than 15 minutes from now which a worker
+        hid again until they are due. set aside: every message in the
+        dead-letter queue of the queue's redrive policy (one more call per
+        dead-letter queue), shown on one row only -- the default priority's
+        if its queue has that dead-letter queue, else the highest priority's
+        that has -- and None on the other rows and on queues without a
+        redrive policy. A queue that does not exist yet (nothing was sent to
+        it) counts as empty and is not created.
+        """
+        order = sorted(self._names, reverse=True)
+        found: dict[str, Mapping[str, str] | None] = {}
+        for priority in order:
+            name = self._names[priority]
+            if name not in found:
+                answer = self._attributes(name, [*_COUNTS, "RedrivePolicy"])
+                found[name] = None if answer is None else answer[1].get("Attributes", {})
+        targets = {
+            priority: _dead_letter_target((found[self._names[priority]] or {}).get("RedrivePolicy"))
+            for priority in order
+        }
+        # A dead-letter queue shared by several priorities is counted once.
+        owners: dict[str, int] = {}
+        for priority in sorted(order, key=lambda p: p != DEFAULT_PRIORITY):
+            target = targets[priority]
+            if target is not None:
+                owners.setdefault(target, priority)
+        dead_letters = {target: self._dead_letter_count(target) for target in owners}
+        rows = []
+        for priority in order:
+            name = self._names[priority]
+            attributes = found[name]
+            if attributes is None:
+                rows.append(QueueStats(priority, name, ready=0, scheduled=0, in_flight=0))
+                continue
+            target = targets[priority]
+            rows.append(
+                QueueStats(
+                    priority,
+                    name,
+                    ready=_count(attributes, _READY),
+                    scheduled=_count(attributes, _DELAYED),
+                    in_flight=_count(attributes, _NOT_VISIBLE),
+                    set_aside=(
+                        dead_letters[target]
+                        if target is not None and owners[target] == priority
+                        else None
+                    ),
+                )
+            )
+        return rows
+
+    def _dead_letter_count(self, arn: str) -> int | None:
+        """Every message in the dead-letter queue ``arn``: visible, delayed and being read.
+
+        A message someone is looking at (in the AWS console, say) is still set aside.
+        """
+        parts = arn.split(":")
+        if len(parts) != 6:
+            logger.warning("SQS redrive policy names %r, which is not a queue's ARN", arn)
+            return None
+        answer = self._attributes(parts[5], list(_COUNTS), account=parts[4])
+        if answer is None:
+            return None
+        counts = [_count(answer[1].get("Attributes", {}), name) for name in _COUNTS]
+        return None if None in counts else sum(c for c in counts if c is not None)
+
+    def clear(self, priority: int | None = None) -> int:
+        """Delete what waits in the queue of ``priority`` (every queue: None); how many.
+
+        Visible messages are received ten at a time and deleted, and counted
+        exactly; messages in flight are left alone. Messages sent once this
+        started may go too; it stops at a receive that brings none sent
+        before. Delayed messages can only be deleted with PurgeQueue, which
+        deletes every message of the queue, those in flight too: it is used
+        only when SQS counted none in flight just before, and its share of
+        the count is SQS's approximate count of delayed messages read then.
+
+        When delayed messages have to stay (some are in flight, or SQS's
+        limit of one PurgeQueue per queue every 60 s), it raises
+        :class:`DriverError` saying how many it deleted and what is left and why.
+        """
+        priorities = self.check_priorities(self._names, () if priority is None else [priority])
+        cleared = _Cleared()
+        for name in dict.fromkeys(self._names[p] for p in priorities):
+            try:
+                self._clear_queue(name, cleared)
+            except DriverError as exc:
+                raise type(exc)(
+                    f"{exc} (after deleting {cleared.deleted} waiting message(s))"
+                ) from exc
+        if cleared.left:
+            raise DriverError(
+                f"deleted {cleared.deleted} waiting message(s), but not all: "
+                + "; ".join(cleared.left)
+            )
+        return cleared.deleted
+
+    def _clear_queue(self, name: str, cleared: _Cleared) -> None:
+        answer = self._attributes(name, list(_COUNTS))
+        if answer is None:
+            return  # nothing was ever sent there
+        url, response = answer
+        attributes = response.get("Attributes", {})
+        delayed, in_flight = _count(attributes, _DELAYED), _count(attributes, _NOT_VISIBLE)
+        # Date is whole seconds: one more keeps every message sent before it.
+        self._delete_visible(name, url, _server_time_ms(response) + 1000, cleared)
+        if delayed == 0:
+            return
+        if delayed is None:
+            cleared.left.append(
+                f"SQS did not say how many delayed messages queue {name!r} holds, so "
+                "PurgeQueue, which would delete them, was not tried"
+            )
+            return
+        about = f"SQS queue {name!r} still holds about {delayed} delayed message(s)"
+        if in_flight != 0:
+            hidden = " (in delay mode, also messages hidden until due)" if self.delay else ""
+            cleared.left.append(
+                f"{about}: SQS deletes those only with PurgeQueue, which would also delete "
+                f"the {'uncounted' if in_flight is None else in_flight} message(s) in "
+                f"flight{hidden}; stop the workers and purge again, or delete every "
+                f"message of the queue with: aws sqs purge-queue --queue-url {url}"
+            )
+            return
+        client = self._client.get()
+        with translate_errors("PurgeQueue", name):
+            try:
+                client.purge_queue(QueueUrl=url)
+            except ClientError as exc:
+                error = exc.response.get("Error", {})
+                if not {error.get("Code"), error.get("QueryErrorCode")} & _PURGE_IN_PROGRESS:
+                    raise
+                cleared.left.append(
+                    f"{about}: SQS allows one PurgeQueue per queue every 60 s and one ran "
+                    "less than 60 s ago; purge again in a minute"
+                )
+                return
+        cleared.deleted += delayed
+        logger.info(
+            "SQS queue %r: PurgeQueue for %d delayed message(s) (SQS's approximate count)",
+            name,
+            delayed,
+        )
+
+    def _delete_visible(self, name: str, url: str, before_ms: int, cleared: _Cleared) -> None:
+        """Receive and delete until a receive brings nothing sent before ``before_ms``."""
+        client = self._client.get()
+        while True:
+            with translate_errors("ReceiveMessage", name):
+                # A long poll asks every SQS server: an empty answer means empty.
+                messages = client.receive_message(
+                    QueueUrl=url,
+                    MaxNumberOfMessages=BATCH_LIMIT,
+                    WaitTimeSeconds=1,
+                    VisibilityTimeout=CLEAR_VISIBILITY_S,
+                    MessageSystemAttributeNames=["SentTimestamp"],
+                ).get("Messages", [])
+            if not messages:
+                return
+            entries = [
+                {"Id": str(n), "ReceiptHandle": raw["ReceiptHandle"]}
+                for n, raw in enumerate(messages)
+            ]
+            with translate_errors("DeleteMessageBatch", name):
+                response = client.delete_message_batch(QueueUrl=url, Entries=entries)
+            cleared.deleted += len(response.get("Successful", []))
+            for failed in response.get("Failed", []):
+                cleared.left.append(
+                    f"SQS queue {name!r} refused to delete a message ({failed.get('Code')}: "
+                    f"{failed.get('Message', '')}); it is visible again after "
+                    f"{CLEAR_VISIBILITY_S} s"
+                )
+            sent = [int(raw.get("Attributes", {}).get("SentTimestamp", 0)) for raw in messages]
+            if min(sent) >= before_ms:
+                return  # only messages sent since clear() began: what waited is gone
+
+    def _attributes(
+        self, name: str, attributes: list[str], *, account: str | None = None
+    ) -> tuple[str, Mapping[str, Any]] | None:
+        """The URL of queue ``name`` and SQS's answer to GetQueueAttributes for ``attributes``.
+
+        None (logged once) if the queue does not exist; it is never created here.
+        """
+        key = f"{account}:{name}" if account else name
+        known = self._queues.get(name) if account is None else None
+        url = known.url if known is not None else self._urls.get(key)
+        client = self._client.get()
+        if url is None:
+            extra = {"QueueOwnerAWSAccountId": account} if account else {}
+            with translate_errors("GetQueueUrl", name):
+                try:
+                    url = str(client.get_queue_url(QueueName=name, **extra)["QueueUrl"])
+                except ClientError as exc:
+                    if not is_missing_queue(exc):
+                        raise
+                    self._gone(key, name)
+                    return None
+            self._urls[key] = url
+        with translate_errors("GetQueueAttributes", name):
+            try:
+                response = client.get_queue_attributes(QueueUrl=url, AttributeNames=attributes)
+            except ClientError as exc:
+                if not is_missing_queue(exc):
+                    raise
+                self._gone(key, name)
+                return None
+        self._missing.discard(key)
+        return url, response
+
+    def _gone(self, key: str, name: str) -> None:
+        self._urls.pop(key, None)
+        if key not in self._missing:
+            self._missing.add(key)
+            logger.warning(
+                "SQS queue %r does not exist (nothing was sent to it yet, it was deleted, "
+                "or the name is wrong): nothing to count or delete there",
+                name,
+            )
+
     # Cleaning up -------------------------------------------------------------
 
     def purge(self) -> None:
@@ -475,6 +754,7 @@ class AmazonSqsDriver(Driver):
         client = self._client.get()
         with self._setup_lock:
             self._dead_letter_arn = None
+            self._urls.clear()
             for name in names:
                 known = self._queues.pop(name, None)
                 with translate_errors("DeleteQueue", name):
