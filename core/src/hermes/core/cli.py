@@ -332,6 +332,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="refresh every SECONDS (in place on a terminal) until Ctrl-C",
     )
     stats.add_argument("--json", action="store_true", help="one JSON document per refresh")
+    _verbosity(stats)
     stats.set_defaults(run=_stats.run_stats)
 
     purge = commands.add_parser(
@@ -343,6 +344,7 @@ def build_parser() -> argparse.ArgumentParser:
     purge.add_argument("--url", help=_URL_HELP)
     purge.add_argument("--priority", type=int, metavar="P", help="only the queue of priority P")
     purge.add_argument("--yes", action="store_true", help="do not ask (needed off a terminal)")
+    _verbosity(purge)
     purge.set_defaults(run=_stats.run_purge)
 
     demo = commands.add_parser(

@@ -5,11 +5,18 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import sys
 import time
 from collections.abc import Sequence
 
-from hermes.core._cli._common import CliError, clock, default_url, setup_priorities
+from hermes.core._cli._common import (
+    CliError,
+    clock,
+    configure_logging,
+    default_url,
+    setup_priorities,
+)
 from hermes.core._driver import Driver, QueueStats, SupportsClear, SupportsStats
 from hermes.core._registry import connect
 from hermes.core._url import redact_url
@@ -56,6 +63,7 @@ def table(rows: Sequence[QueueStats]) -> str:
 
 def run_stats(args: argparse.Namespace) -> int:
     url: str = args.url or default_url()
+    configure_logging(args.verbose - args.quiet, default_level=logging.WARNING)
     with connect(url) as driver:
         setup_priorities(driver, args.priority)
         while True:
@@ -86,6 +94,7 @@ def run_stats(args: argparse.Namespace) -> int:
 
 def run_purge(args: argparse.Namespace) -> int:
     url: str = args.url or default_url()
+    configure_logging(args.verbose - args.quiet)
     with connect(url) as driver:
         setup_priorities(driver, [args.priority] if args.priority is not None else [])
         if not isinstance(driver, SupportsClear):
