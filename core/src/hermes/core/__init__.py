@@ -44,12 +44,13 @@ from hermes.core._registry import (
 )
 from hermes.core._retry import RetryableHandler, RetryMixin
 from hermes.core._serializer import MessageSerializer, Serializer
-from hermes.core._shutdown import SharedFileShutdown, Shutdown
+from hermes.core._shutdown import SHUTDOWN_CHECK_INTERVAL_S, SharedFileShutdown, Shutdown
 from hermes.core._url import DriverUrl, redact_url
 
 __all__ = [
     "DEFAULT_PRIORITY",
     "NOTICE",
+    "SHUTDOWN_CHECK_INTERVAL_S",
     "BrokerUnavailableError",
     "Callback",
     "Capabilities",
