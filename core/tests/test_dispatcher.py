@@ -17,6 +17,8 @@ from hermes.core import (
     Emitter,
     MemoryDriver,
     Message,
+    RetryableHandler,
+    RetryMixin,
     SharedFileShutdown,
 )
 
@@ -350,6 +352,28 @@ def test_a_handled_message_logs_start_and_end(
         (logging.INFO, f"Start handle message #{message.id} (mail) priority:300"),
         (logging.INFO, f"End handle message #{message.id} (mail)"),
     ]
+
+
+def test_without_log_each_message_failures_and_retries_are_still_logged(
+    driver: MemoryDriver, hermes_log: pytest.LogCaptureFixture
+) -> None:
+    class Flaky(RetryMixin, RetryableHandler):
+        def handle(self, message: Message) -> bool:
+            raise ValueError("no SMTP")
+
+    dispatcher = Dispatcher(driver).register_handler("mail", Recorder([], "h"))
+    dispatcher.register_handler("job", Flaky())
+    dispatcher.log_each_message = False
+
+    dispatcher.handle_message(Message("mail"), 300)
+    dispatcher.handle_message(Message("job"), DEFAULT_PRIORITY)
+
+    assert not any("handle message" in m for m in messages(hermes_log))
+    [error, retry] = hermes_log.records
+    assert error.levelno == logging.ERROR
+    assert retry.levelno == logging.INFO
+    assert "scheduled for retry 1" in retry.getMessage()
+    assert (dispatcher.stats.handled, dispatcher.stats.retried) == (1, 1)
 
 
 def test_a_handler_exception_is_logged_as_error_with_the_class_text_and_traceback(

@@ -71,6 +71,10 @@ class Dispatcher:
         self.shutdown = shutdown
         self.randomizer = randomizer if randomizer is not None else default_randomizer()
         self.stats = DispatcherStats()
+        #: Log the INFO lines ``Start handle message`` / ``End handle message`` for every
+        #: message. ``hermes worker`` turns them off unless ``-v``: at thousands of
+        #: messages a second two log lines cost more than the broker's round trip.
+        self.log_each_message = True
         self._handlers: dict[str, list[Handler]] = {}
         self._hooks = plugin_manager().hook
 
@@ -162,7 +166,7 @@ class Dispatcher:
     def handle_message(self, message: Message, priority: int) -> bool:
         """The driver's callback: run every handler of ``message.type``; True if all succeeded."""
         self.stats.received += 1
-        info = self.logger.isEnabledFor(logging.INFO)
+        info = self.log_each_message and self.logger.isEnabledFor(logging.INFO)
         if info:
             self.logger.info(
                 "Start handle message #%s (%s) priority:%s", message.id, message.type, priority

@@ -49,11 +49,9 @@ def _count(minimum: int) -> Callable[[str], int]:
     return parse
 
 
-def _verbosity(parser: argparse.ArgumentParser) -> None:
+def _verbosity(parser: argparse.ArgumentParser, more: str = "debug lines, tracebacks") -> None:
     group = parser.add_mutually_exclusive_group()
-    group.add_argument(
-        "-v", "--verbose", action="count", default=0, help="more detail: debug lines, tracebacks"
-    )
+    group.add_argument("-v", "--verbose", action="count", default=0, help=f"more detail: {more}")
     group.add_argument("-q", "--quiet", action="count", default=0, help="only warnings and errors")
 
 
@@ -99,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="F",
         help="stop when F is touched after the worker started (hermes shutdown --file F)",
     )
-    _verbosity(worker)
+    _verbosity(worker, "a line as each message starts and ends, debug lines, tracebacks")
     worker.set_defaults(run=_worker.run)
 
     emit = commands.add_parser(

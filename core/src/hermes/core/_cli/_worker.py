@@ -153,7 +153,8 @@ def run(args: argparse.Namespace) -> int:
     url: str = args.url or default_url()
     spec: str = args.handlers
     target = load_object(spec)
-    configure_logging(args.verbose - args.quiet)
+    verbosity = args.verbose - args.quiet
+    configure_logging(verbosity)
     priorities: list[int] = sorted(set(args.priority), reverse=True)
 
     with connect(url) as driver:
@@ -168,6 +169,7 @@ def run(args: argparse.Namespace) -> int:
             shutdowns.append(broker_shutdown(driver))
         shutdown = AnyShutdown(shutdowns) if shutdowns else None
         dispatcher = Dispatcher(driver, logger, shutdown=shutdown)
+        dispatcher.log_each_message = verbosity > 0
         register_handlers(dispatcher, target, spec)
         registered = dispatcher.registered()
         if not registered:
