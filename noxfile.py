@@ -78,6 +78,7 @@ BENCH_DEPS = [
     "rq>=2",
     "dramatiq[redis,rabbitmq]>=1.17",
     "matplotlib",
+    "pyinstrument>=5",
     "redis",
     "pika",
 ]
@@ -85,7 +86,10 @@ BENCH_DEPS = [
 
 @nox.session(python="3.11")
 def bench(session: nox.Session) -> None:
-    """Benchmarks: Hermes vs raw clients vs Celery/RQ/Dramatiq (``-- --quick`` for a smoke run)."""
+    """Benchmarks: hermes worker vs raw clients vs Celery/RQ/Dramatiq; writes the READMEs' figures.
+
+    ``-- --quick`` is a smoke run (small counts, no README written).
+    """
     install_all(session, *TEST_DEPS, *BENCH_DEPS)
     session.run("python", "-m", "bench.run", *session.posargs)
 
