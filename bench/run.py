@@ -1,6 +1,7 @@
 """Hermes as users run it, against the raw clients and Celery, RQ and Dramatiq, in one run.
 
     python -m bench.run [--quick] [--only redis,rabbitmq,...] [--jobs noop,incr,sleep]
+    python -m bench.run --render    # the reports of bench/results/latest.json, measuring nothing
 
 Every system runs the same jobs (``bench/jobs.py``: a no-op, one Redis INCR,
 a 20 ms sleep) in one worker process against the same broker. Hermes runs as
@@ -126,7 +127,9 @@ class Run:
                 "started": self.started,
                 "load": self.load,
                 "rows": [asdict(row) for row in self.rows],
-                "samples": [[*key, values] for key, values in self.samples.items()],
+                "samples": [
+                    [*key, values, *self.meta[key]] for key, values in self.samples.items()
+                ],
                 "sizes": [[*key, *size] for key, size in self.sizes.items()],
                 "targets": [asdict(t) for t in targets(self)],
                 "profiles": self.profiles,
@@ -134,6 +137,25 @@ class Run:
             },
             indent=2,
         )
+
+
+def load_run(path: Path) -> Run:
+    """The run a ``latest.json`` holds, to render its reports again."""
+    data = json.loads(path.read_text())
+    run = Run(
+        data["quick"], data["n"], data["n_sleep"], data["rounds"], data["machine"],
+        data["started"], data["load"],
+    )  # fmt: skip
+    notes = {(r["broker"], r["system"], r["metric"]): (r["unit"], r["note"]) for r in data["rows"]}
+    for broker, system, metric, values, *meta in data["samples"]:
+        key = (broker, system, metric)
+        run.samples[key] = values
+        unit, note = meta or notes[key]
+        run.meta[key] = (unit, re.sub(r"(; )?median of \d+$", "", note))
+    run.sizes = {(b, s): (n, r) for b, s, n, r in data["sizes"]}
+    run.profiles = {flags: [tuple(p) for p in split] for flags, split in data["profiles"].items()}
+    run.errors = data["errors"]
+    return run
 
 
 def machine() -> str:
@@ -1170,7 +1192,7 @@ def summary(run: Run) -> str:
 def driver_summary(run: Run, broker: str) -> str:
     """A driver README's section: its own rows of the same run."""
     lines = [
-        f"From `./run test -s bench` ({header(run)}); every driver and the peers in the "
+        f"From `./run test -s bench`: {header(run)} Every driver and the peers: the "
         "top-level README and `bench/results/latest.md`.",
         "",
         driver_table(run, (broker,)),
@@ -1226,7 +1248,14 @@ def main() -> int:
     parser.add_argument("-n", type=int, default=0, help="messages per throughput row")
     parser.add_argument("--rounds", type=int, default=0, help="rounds (median)")
     parser.add_argument("--no-peers", action="store_true", help="Hermes and raw rows only")
+    parser.add_argument(
+        "--render", action="store_true", help="measure nothing: write the reports of latest.json"
+    )
     args = parser.parse_args()
+    if args.render:
+        run = load_run(Path(args.out) / "latest.json")
+        write_reports(run, Path(args.out), readmes=not run.quick and not run.errors)
+        return 0
     n = args.n or (200 if args.quick else 5_000)
     n_sleep = min(n, 20 if args.quick else 500)
     # Every system takes one turn per round, so a burst of noise on this shared
@@ -1238,7 +1267,6 @@ def main() -> int:
     jobs = [job for job in JOBS if job in args.jobs.split(",")]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    prefix = "quick" if args.quick else "latest"
     redis_url = services.ensure_redis()
     env = Env(redis_url, f"bench-incr-{uuid.uuid4().hex[:8]}")
     io_args = io_concurrency_args()
@@ -1331,14 +1359,21 @@ def main() -> int:
         redis.Redis.from_url(redis_url).delete(env.incr_key)
     run.load.append(load_average())
 
+    # Only a full run without errors replaces the READMEs' figures: a failed
+    # section would otherwise turn its rows into dashes.
+    complete = not (args.quick or only or args.no_peers or jobs != list(JOBS))
+    write_reports(run, out, readmes=complete and not run.errors)
+    return 1 if run.errors else 0
+
+
+def write_reports(run: Run, out: Path, readmes: bool) -> None:
+    """The chart, Markdown and JSON of ``run`` (and, with ``readmes``, the READMEs' sections)."""
+    prefix = "quick" if run.quick else "latest"
     try:
         chart(run, out / f"{prefix}.png")
     except ImportError as exc:
         run.errors.append(f"chart: matplotlib is needed for the PNG ({exc})")
-    # Only a full run without errors replaces the READMEs' figures: a failed
-    # section would otherwise turn its rows into dashes.
-    complete = not (args.quick or only or args.no_peers or jobs != list(JOBS))
-    if complete and not run.errors:
+    if readmes:
         for readme, text in [(ROOT / "README.md", summary(run))] + [
             (ROOT / "drivers" / broker / "README.md", driver_summary(run, broker))
             for broker in HERMES_SETTINGS
@@ -1352,7 +1387,6 @@ def main() -> int:
     print()
     print(md)
     print(summary(run))
-    return 1 if run.errors else 0
 
 
 if __name__ == "__main__":
