@@ -72,8 +72,8 @@ class Dispatcher:
         self.randomizer = randomizer if randomizer is not None else default_randomizer()
         self.stats = DispatcherStats()
         #: Log the INFO lines ``Start handle message`` / ``End handle message`` for every
-        #: message. ``hermes worker`` turns them off unless ``-v``: at thousands of
-        #: messages a second two log lines cost more than the broker's round trip.
+        #: message. ``hermes worker`` turns them off unless ``-v``: two log lines per
+        #: message take a large share of a busy worker's time.
         self.log_each_message = True
         self._handlers: dict[str, list[Handler]] = {}
         self._hooks = plugin_manager().hook
