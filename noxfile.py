@@ -98,6 +98,7 @@ BENCH_DEPS = [
     "rq>=2",
     "dramatiq[redis,rabbitmq]>=1.17",
     "matplotlib",
+    "pyinstrument>=5",
     "redis",
     "pika",
 ]
@@ -105,9 +106,10 @@ BENCH_DEPS = [
 
 @nox.session(python="3.11")
 def bench(session: nox.Session) -> None:
-    """Benchmarks: Hermes vs raw clients vs Celery/RQ/Dramatiq (``-- --quick`` for a smoke run).
+    """Benchmarks: hermes worker vs raw clients vs Celery/RQ/Dramatiq; writes the READMEs' figures.
 
-    Without the observer plugins: the rows measure a worker nobody observes.
+    ``-- --quick`` is a smoke run (small counts, no README written). Without the
+    observer plugins: the rows measure a worker nobody observes.
     """
     install_all(session, *TEST_DEPS, *BENCH_DEPS, plugins=False)
     session.run("python", "-m", "bench.run", *session.posargs)

@@ -1,10 +1,14 @@
-"""A Hermes worker process for the benchmark: ``python -m bench.hermes_worker URL N``."""
+"""A bare Dispatcher for the benchmark: ``python -m bench.hermes_worker URL N``.
+
+No CLI, no logging set up and no Shutdown to watch: the floor under what
+``hermes worker`` adds.
+"""
 
 from __future__ import annotations
 
 import sys
 
-from bench.jobs import NoopHandler
+from bench.jobs import BenchHandler
 from hermes.core import Dispatcher, connect
 
 
@@ -13,7 +17,7 @@ def main() -> None:
     driver = connect(url)
     driver.set_max_process_items(count)
     dispatcher = Dispatcher(driver)
-    dispatcher.register_handler("bench", NoopHandler())
+    dispatcher.register_handler("bench", BenchHandler())
     print("ready", flush=True)
     dispatcher.handle()
     driver.close()

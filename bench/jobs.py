@@ -1,10 +1,19 @@
-"""The no-op job every system under test runs, and the counter that times it.
+"""The jobs every system under test runs, and the counter that times them.
+
+``HERMES_BENCH_JOB`` picks the job, the same for Hermes, Celery, RQ and Dramatiq:
+
+- ``noop``: nothing;
+- ``incr``: one Redis ``INCR`` of ``HERMES_BENCH_INCR_KEY`` on a connection of
+  the worker's own to ``HERMES_BENCH_REDIS`` (a tiny realistic job: one round
+  trip to a service that is not the broker);
+- ``sleep``: ``time.sleep(0.02)``, an I/O-bound job.
 
 Each worker process counts the jobs it ran. When it reaches ``HERMES_BENCH_N``
 it writes the time of the first and the last job (and, for latency runs, each
-job's emit-to-start delay) as JSON to ``HERMES_BENCH_OUT``. Every system --
-Hermes, Celery, RQ, Dramatiq -- runs this same function, so the cost of
-counting is the same for all.
+job's emit-to-start delay) as JSON to ``HERMES_BENCH_OUT``. A worker that
+forks a process per job (RQ's default) cannot count in memory: with
+``HERMES_BENCH_TALLY`` set, each job appends its start time to that file
+instead, and the benchmark counts the lines.
 """
 
 from __future__ import annotations
@@ -13,19 +22,48 @@ import json
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
+
+#: How long the I/O-bound job waits.
+SLEEP_S = 0.02
 
 _N = int(os.environ.get("HERMES_BENCH_N", "0"))
 _OUT = os.environ.get("HERMES_BENCH_OUT", "")
+_TALLY = os.environ.get("HERMES_BENCH_TALLY", "")
 _lock = threading.Lock()
 _count = 0
 _first = 0.0
 _latencies: list[float] = []
 
 
-def noop(sent: float | None = None) -> None:
+def _work_for(name: str) -> Callable[[], object]:
+    if name == "noop":
+        return lambda: None
+    if name == "sleep":
+        return lambda: time.sleep(SLEEP_S)
+    if name == "incr":
+        import redis
+
+        client = redis.Redis.from_url(os.environ["HERMES_BENCH_REDIS"])
+        client.ping()  # connected before the first job, in every system alike
+        key = os.environ["HERMES_BENCH_INCR_KEY"]
+        return lambda: client.incr(key)
+    raise ValueError(f"HERMES_BENCH_JOB must be noop, incr or sleep, not {name!r}")
+
+
+_work = _work_for(os.environ.get("HERMES_BENCH_JOB", "noop"))
+
+
+def job(sent: float | None = None) -> None:
+    """Run the job, and count it (``sent``: when it was emitted, for latency runs)."""
     global _count, _first
     now = time.time()
+    _work()
+    if _TALLY:
+        with open(_TALLY, "a") as fh:  # one short append: atomic between processes
+            fh.write(f"{now!r}\n")
+        return
     with _lock:
         _count += 1
         if _count == 1:
@@ -40,10 +78,15 @@ def noop(sent: float | None = None) -> None:
             os.replace(tmp, _OUT)
 
 
-class NoopHandler:
-    """The Hermes handler: the same no-op job."""
+class BenchHandler:
+    """The Hermes handler: the same job."""
 
     def handle(self, message: Any) -> bool:
         payload = message.payload
-        noop(payload.get("sent") if isinstance(payload, dict) else None)
+        job(payload.get("sent") if isinstance(payload, dict) else None)
         return True
+
+
+def register(dispatcher: Any) -> None:
+    """``hermes worker --handlers bench.jobs:register``."""
+    dispatcher.register_handler("bench", BenchHandler())

@@ -1,4 +1,8 @@
-"""The no-op job as a Dramatiq actor; broker from ``HERMES_BENCH_BROKER``."""
+"""The benchmark job as a Dramatiq actor; broker from ``HERMES_BENCH_BROKER``.
+
+Threads come from ``dramatiq --threads``; the prefetch from Dramatiq's own
+``dramatiq_queue_prefetch`` environment variable (default: 2 per thread).
+"""
 
 from __future__ import annotations
 
@@ -20,5 +24,5 @@ else:
 
 
 @dramatiq.actor(queue_name=os.environ.get("HERMES_BENCH_QUEUE", "bench"), max_retries=0)
-def noop() -> None:
-    jobs.noop()
+def job() -> None:
+    jobs.job()

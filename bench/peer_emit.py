@@ -1,4 +1,4 @@
-"""Enqueue ``HERMES_BENCH_N`` no-op jobs with a peer's own client; print jobs/s.
+"""Enqueue ``HERMES_BENCH_N`` benchmark jobs with a peer's own client; print jobs/s.
 
 python -m bench.peer_emit celery|dramatiq|rq
 """
@@ -14,12 +14,12 @@ def main() -> None:
     system, n = sys.argv[1], int(os.environ["HERMES_BENCH_N"])
     started = time.perf_counter()
     if system == "celery":
-        from bench.peer_celery import noop as task
+        from bench.peer_celery import job as task
 
         for _ in range(n):
             task.delay()
     elif system == "dramatiq":
-        from bench.peer_dramatiq import noop as actor
+        from bench.peer_dramatiq import job as actor
 
         for _ in range(n):
             actor.send()
@@ -27,12 +27,12 @@ def main() -> None:
         from redis import Redis
         from rq import Queue
 
-        from bench.jobs import noop
+        from bench.jobs import job
 
         connection = Redis.from_url(os.environ["HERMES_BENCH_BROKER"])
         queue = Queue(os.environ["HERMES_BENCH_QUEUE"], connection=connection)
         for _ in range(n):
-            queue.enqueue(noop)
+            queue.enqueue(job)
     else:
         raise SystemExit(f"unknown system {system!r}")
     print(n / (time.perf_counter() - started))

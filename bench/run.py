@@ -1,12 +1,19 @@
-"""Hermes against the raw clients and against Celery, RQ and Dramatiq, in one run.
+"""Hermes as users run it, against the raw clients and Celery, RQ and Dramatiq, in one run.
 
-    python -m bench.run [--quick] [--only filesystem,redis,...] [--out bench/results]
+    python -m bench.run [--quick] [--only redis,rabbitmq,...] [--jobs noop,incr,sleep]
+    python -m bench.run --render    # the reports of bench/results/latest.json, measuring nothing
 
-Every system runs the same no-op job (``bench/jobs.py``) in one worker
-process against the same broker. Figures are written as Markdown, JSON and a
-PNG chart under ``bench/results/`` (``latest.*`` and a timestamped copy).
-Nothing here asserts a time: ``--quick`` is a smoke run that proves every
-row can be measured.
+Every system runs the same jobs (``bench/jobs.py``: a no-op, one Redis INCR,
+a 20 ms sleep) in one worker process against the same broker. Hermes runs as
+``hermes worker`` (with what it watches by default: on Redis the shutdown
+key); on Redis a bare Dispatcher runs beside it. Each peer runs a small grid
+of documented settings; the fastest is reported with the setting that won,
+and the defaults beside it. Figures go to ``bench/results/`` as Markdown,
+JSON, a PNG chart and a profile of ``hermes worker``; a full run also writes
+the generated sections of README.md and of each driver's README.
+
+Nothing here asserts a time: ``--quick`` is a smoke run that proves every row
+can be measured.
 """
 
 from __future__ import annotations
@@ -43,6 +50,20 @@ from hermes.core import (  # noqa: E402
     isolated_url,
 )
 
+JOBS = ("noop", "incr", "sleep")
+JOB_LABELS = {"noop": "no-op", "incr": "INCR", "sleep": "sleep 20 ms"}
+#: Threads (or ``hermes worker --concurrency``) for the I/O-bound job, where a system has them.
+IO_CONCURRENCY = 8
+BARE = "hermes Dispatcher (bare)"
+WORKER = "hermes worker"
+
+
+def handle_metric(job: str) -> str:
+    return f"handle {JOB_LABELS[job]}"
+
+
+# The run ------------------------------------------------------------------------
+
 
 @dataclass
 class Row:
@@ -60,11 +81,17 @@ class Run:
 
     quick: bool
     n: int
+    n_sleep: int
     rounds: int
     machine: str
     started: str
+    load: list[str] = field(default_factory=list)
     samples: dict[tuple[str, str, str], list[float]] = field(default_factory=dict)
     meta: dict[tuple[str, str, str], tuple[str, str]] = field(default_factory=dict)
+    #: (broker, system) -> (messages per sample, rounds) where they differ from the run's.
+    sizes: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
+    #: ``hermes worker`` arguments ("" or "-v") -> (part, share of the time) of its profile.
+    profiles: dict[str, list[tuple[str, float]]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
 
     def add(
@@ -73,7 +100,7 @@ class Run:
         key = (broker, system, metric)
         self.samples.setdefault(key, []).append(value)
         self.meta.setdefault(key, (unit, note))
-        print(f"  {broker:<10} {system:<34} {metric:<22} {value:>12,.1f} {unit} {note}", flush=True)
+        print(f"  {broker:<10} {system:<44} {metric:<20} {value:>10,.1f} {unit} {note}", flush=True)
 
     @property
     def rows(self) -> list[Row]:
@@ -94,16 +121,41 @@ class Run:
             {
                 "quick": self.quick,
                 "n": self.n,
+                "n_sleep": self.n_sleep,
                 "rounds": self.rounds,
                 "machine": self.machine,
                 "started": self.started,
+                "load": self.load,
                 "rows": [asdict(row) for row in self.rows],
-                "samples": [[*key, values] for key, values in self.samples.items()],
-                "ratios": ratios(self),
+                "samples": [
+                    [*key, values, *self.meta[key]] for key, values in self.samples.items()
+                ],
+                "sizes": [[*key, *size] for key, size in self.sizes.items()],
+                "targets": [asdict(t) for t in targets(self)],
+                "profiles": self.profiles,
                 "errors": self.errors,
             },
             indent=2,
         )
+
+
+def load_run(path: Path) -> Run:
+    """The run a ``latest.json`` holds, to render its reports again."""
+    data = json.loads(path.read_text())
+    run = Run(
+        data["quick"], data["n"], data["n_sleep"], data["rounds"], data["machine"],
+        data["started"], data["load"],
+    )  # fmt: skip
+    notes = {(r["broker"], r["system"], r["metric"]): (r["unit"], r["note"]) for r in data["rows"]}
+    for broker, system, metric, values, *meta in data["samples"]:
+        key = (broker, system, metric)
+        run.samples[key] = values
+        unit, note = meta or notes[key]
+        run.meta[key] = (unit, re.sub(r"(; )?median of \d+$", "", note))
+    run.sizes = {(b, s): (n, r) for b, s, n, r in data["sizes"]}
+    run.profiles = {flags: [tuple(p) for p in split] for flags, split in data["profiles"].items()}
+    run.errors = data["errors"]
+    return run
 
 
 def machine() -> str:
@@ -116,31 +168,76 @@ def machine() -> str:
     return f"{os.cpu_count()} cores, {cpu}, Python {platform.python_version()}, {platform.system()}"
 
 
-# Worker processes -----------------------------------------------------------
+def load_average() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"{one:.2f} / {five:.2f} / {fifteen:.2f}"
 
 
-def _env(n: int, out: Path, **extra: str) -> dict[str, str]:
-    env = {**os.environ, "HERMES_BENCH_N": str(n), "HERMES_BENCH_OUT": str(out), **extra}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    return env
+# Worker processes -----------------------------------------------------------------
 
 
-def wait_result(out: Path, proc: subprocess.Popen[bytes], timeout_s: float) -> dict[str, Any]:
+@dataclass
+class Env:
+    """What every worker and emitter process of one run is told."""
+
+    redis_url: str
+    incr_key: str
+
+    def make(self, n: int, out: Path, job: str, **extra: str) -> dict[str, str]:
+        env = {
+            **os.environ,
+            "HERMES_BENCH_N": str(n),
+            "HERMES_BENCH_OUT": str(out),
+            "HERMES_BENCH_JOB": job,
+            "HERMES_BENCH_REDIS": self.redis_url,
+            "HERMES_BENCH_INCR_KEY": self.incr_key,
+            **extra,
+        }
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+        return env
+
+
+def wait_result(
+    out: Path, proc: subprocess.Popen[bytes], timeout_s: float, log: Path | None = None
+) -> dict[str, Any]:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if out.exists():
             return dict(json.loads(out.read_text()))
         if proc.poll() is not None and not out.exists():
-            raise RuntimeError(f"worker exited with {proc.returncode} before finishing")
+            raise RuntimeError(f"worker exited with {proc.returncode} before finishing{tail(log)}")
         time.sleep(0.05)
+    raise RuntimeError(f"worker did not finish within {timeout_s:.0f} s{tail(log)}")
+
+
+def wait_tally(
+    tally: Path, n: int, proc: subprocess.Popen[bytes], timeout_s: float
+) -> dict[str, Any]:
+    """The result of a worker whose jobs append their start times to ``tally``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        times = [float(x) for x in tally.read_text().split()] if tally.exists() else []
+        if len(times) >= n:
+            return {"first": min(times), "last": max(times), "count": len(times)}
+        if proc.poll() is not None:
+            raise RuntimeError(f"worker exited with {proc.returncode} after {len(times)} of {n}")
+        time.sleep(0.1)
     raise RuntimeError(f"worker did not finish within {timeout_s:.0f} s")
 
 
+def tail(log: Path | None) -> str:
+    if log is None or not log.exists():
+        return ""
+    lines = log.read_text(errors="replace").splitlines()[-5:]
+    return "; its output ends: " + " | ".join(lines) if lines else ""
+
+
 @contextlib.contextmanager
-def worker(argv: list[str], env: dict[str, str]) -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen(
-        argv, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
-    )
+def worker(argv: list[str], env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    # Output goes to a file, as a process manager would keep it: a pipe nobody
+    # reads would stall a worker that logs.
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
     try:
         yield proc
     finally:
@@ -165,81 +262,171 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
-# Hermes ---------------------------------------------------------------------
+# Hermes -------------------------------------------------------------------------
 
 
-def bench_hermes(run: Run, broker: str, system: str, base_url: str, n: int) -> None:
-    url = isolated_url(base_url, f"bench-{uuid.uuid4().hex[:8]}")
-    driver = connect(url)
-    try:
-        emitter = Emitter(driver)
-        started = time.perf_counter()
-        for i in range(n):
-            emitter.emit(Message("bench", {"i": i}))
-        run.add(broker, system, "emit", n / (time.perf_counter() - started), "msgs/s", "one by one")
-        handle(run, broker, system, url, n)
-        if isinstance(driver, SupportsBatchSend):
+def hermes_command() -> list[str]:
+    """``hermes``, the console script users run (from this interpreter's environment)."""
+    script = Path(sys.executable).parent / "hermes"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "hermes.core.cli"]
+
+
+def io_concurrency_args() -> list[str]:
+    """``--concurrency 8`` for the I/O-bound job once ``hermes worker`` offers it."""
+    help_text = subprocess.run(
+        [*hermes_command(), "worker", "--help"], capture_output=True, text=True, check=True
+    ).stdout
+    return ["--concurrency", str(IO_CONCURRENCY)] if "--concurrency" in help_text else []
+
+
+@dataclass(frozen=True)
+class HermesSetting:
+    """One Hermes configuration of a broker: a label and the URL options it adds."""
+
+    label: str
+    options: str = ""
+
+    def system(self, bare: bool = False) -> str:
+        base = BARE if bare else WORKER
+        return f"{base} {self.label}".strip()
+
+    def url(self, base_url: str) -> str:
+        url = isolated_url(base_url, f"bench-{uuid.uuid4().hex[:8]}")
+        if self.options:
+            url += ("&" if "?" in url else "?") + self.options
+        return url
+
+
+class Hermes:
+    """The Hermes rows of one broker."""
+
+    def __init__(self, run: Run, env: Env, io_args: list[str]) -> None:
+        self.run = run
+        self.env = env
+        self.io_args = io_args
+        #: Messages per latency row, and how long an idle worker settles first.
+        self.latency_count, self.settle_s = (20, 0.5) if run.quick else (200, 1.5)
+
+    def handle(
+        self,
+        broker: str,
+        setting: HermesSetting,
+        base_url: str,
+        job: str,
+        n: int,
+        *,
+        bare: bool = False,
+        measure_emit: bool = False,
+    ) -> None:
+        """Fill a fresh queue with ``n`` messages, then time one worker draining it."""
+        url = setting.url(base_url)
+        system = setting.system(bare)
+        driver = connect(url)
+        try:
             started = time.perf_counter()
+            if measure_emit:
+                emitter = Emitter(driver)
+                for i in range(n):
+                    emitter.emit(Message("bench", {"i": i}))
+                elapsed = time.perf_counter() - started
+                self.run.add(broker, system, "emit", n / elapsed, "msgs/s", "one by one")
+            else:
+                fill(driver, n)
+            with tempfile.TemporaryDirectory() as tmp:
+                out, log = Path(tmp) / "result.json", Path(tmp) / "worker.log"
+                if bare:
+                    argv = [sys.executable, "-m", "bench.hermes_worker", url, str(n)]
+                    note = "no CLI, no logging set up, no shutdown watch"
+                else:
+                    argv = [*hermes_command(), "worker", "--url", url]
+                    argv += ["--handlers", "bench.jobs:register", "--max-items", str(n)]
+                    note = "as users run it"
+                    if job == "sleep" and self.io_args:
+                        argv += self.io_args
+                        note += f", {' '.join(self.io_args)}"
+                with worker(argv, self.env.make(n, out, job), log) as proc:
+                    result = wait_result(out, proc, 600, log)
+            self.run.add(broker, system, handle_metric(job), rate(result), "msgs/s", note)
+        finally:
+            purge_and_close(driver)
+
+    def emit_batched(self, broker: str, setting: HermesSetting, base_url: str, n: int) -> None:
+        driver = connect(setting.url(base_url))
+        try:
+            if not isinstance(driver, SupportsBatchSend):
+                return
             batch = [Message("bench", {"i": i}) for i in range(n)]
+            started = time.perf_counter()
             for i in range(0, n, 100):
                 driver.send_batch(batch[i : i + 100])
-            run.add(
-                broker,
-                system,
-                "emit batched",
-                n / (time.perf_counter() - started),
-                "msgs/s",
-                "batches of 100",
+            elapsed = time.perf_counter() - started
+            self.run.add(
+                broker, setting.system(), "emit batched", n / elapsed, "msgs/s", "batches of 100"
             )
-            handle(run, broker, system + " (batch-emitted)", url, n, record=False)
-        latency(run, broker, system, url, driver)
-    finally:
+        finally:
+            purge_and_close(driver)
+
+    def latency(self, broker: str, setting: HermesSetting, base_url: str) -> None:
+        """Emit->handle of an idle ``hermes worker`` at light load, and its idle RSS."""
+        url = setting.url(base_url)
+        system = setting.system()
+        count = self.latency_count
+        driver = connect(url)
+        try:
+            with tempfile.TemporaryDirectory() as tmp:
+                out, log = Path(tmp) / "result.json", Path(tmp) / "worker.log"
+                argv = [*hermes_command(), "worker", "--url", url]
+                argv += ["--handlers", "bench.jobs:register", "--max-items", str(count)]
+                with worker(argv, self.env.make(count, out, "noop"), log) as proc:
+                    wait_until_logged(log, "Reading priorit", proc, 120)
+                    time.sleep(self.settle_s)  # let it settle into its idle wait
+                    self.run.add(broker, system, "idle worker RSS", rss_mb(proc.pid), "MB")
+                    emitter = Emitter(driver)
+                    for _ in range(count):
+                        emitter.emit(Message("bench", {"sent": time.time()}))
+                        time.sleep(0.01)  # light load: 100 msgs/s at most
+                    result = wait_result(out, proc, 120, log)
+        finally:
+            purge_and_close(driver)
+        lat = sorted(result["latencies"])
+        note = "emit -> handler start, 100 msgs/s"
+        self.run.add(broker, system, "latency p50", 1000 * statistics.median(lat), "ms", note)
+        p99 = 1000 * lat[int(0.99 * (len(lat) - 1))]
+        self.run.add(broker, system, "latency p99", p99, "ms", note)
+
+
+def fill(driver: Any, n: int) -> None:
+    batch = [Message("bench", {"i": i}) for i in range(n)]
+    if isinstance(driver, SupportsBatchSend):
+        for i in range(0, n, 500):
+            driver.send_batch(batch[i : i + 500])
+    else:
+        emitter = Emitter(driver)
+        for message in batch:
+            emitter.emit(message)
+
+
+def purge_and_close(driver: Any) -> None:
+    try:
         if isinstance(driver, SupportsPurge):
             driver.purge()
+    finally:
         driver.close()
 
 
-def handle(run: Run, broker: str, system: str, url: str, n: int, record: bool = True) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "result.json"
-        argv = [sys.executable, "-m", "bench.hermes_worker", url, str(n)]
-        with worker(argv, _env(n, out)) as proc:
-            result = wait_result(out, proc, 300)
-        if record:
-            run.add(broker, system, "handle", rate(result), "msgs/s", "one worker process")
-
-
-def latency(run: Run, broker: str, system: str, url: str, driver: Any, count: int = 200) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "result.json"
-        argv = [sys.executable, "-m", "bench.hermes_worker", url, str(count)]
-        with worker(argv, _env(count, out)) as proc:
-            assert proc.stdout is not None
-            proc.stdout.readline()  # "ready": the worker is about to wait
-            time.sleep(1.5)  # let it settle into its idle wait
-            run.add(broker, system, "idle worker RSS", rss_mb(proc.pid), "MB")
-            emitter = Emitter(driver)
-            for _ in range(count):
-                emitter.emit(Message("bench", {"sent": time.time()}))
-                time.sleep(0.01)  # light load: 100 msgs/s at most
-            result = wait_result(out, proc, 120)
-        lat = sorted(result["latencies"])
-        run.add(
-            broker,
-            system,
-            "latency p50",
-            1000 * statistics.median(lat),
-            "ms",
-            "emit -> handler start",
-        )
-        run.add(
-            broker,
-            system,
-            "latency p99",
-            1000 * lat[int(0.99 * (len(lat) - 1))],
-            "ms",
-            "emit -> handler start",
-        )
+def wait_until_logged(
+    log: Path, text: str, proc: subprocess.Popen[bytes], timeout_s: float
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if log.exists() and text in log.read_text(errors="replace"):
+            return
+        if proc.poll() is not None:
+            raise RuntimeError(
+                f"worker exited with {proc.returncode} before it was ready{tail(log)}"
+            )
+        time.sleep(0.05)
+    raise RuntimeError(f"worker did not log {text!r} within {timeout_s:.0f} s{tail(log)}")
 
 
 def import_time(run: Run) -> None:
@@ -259,17 +446,121 @@ def import_time(run: Run) -> None:
         match = re.search(r"\|\s+(\d+) \| hermes\.core$", out, re.MULTILINE)
         if match:
             samples.append(int(match.group(1)) / 1000)
-    run.add(
-        "-",
-        "hermes",
-        "import hermes.core",
-        min(samples),
-        "ms",
-        "best of 7, -X importtime, bytecode cached",
+    note = "best of 7, -X importtime, bytecode cached"
+    run.add("-", "hermes", "import hermes.core", min(samples), "ms", note)
+
+
+#: What each driver's client library costs on its own: the statement that loads it.
+CLIENT_IMPORTS = {
+    "redis": "import redis",
+    "rabbitmq": "import pika",
+    "sqs": "import boto3; boto3.client('sqs', region_name='us-east-1')",
+    "kafka": "import confluent_kafka",
+}
+
+
+def client_rss(run: Run) -> None:
+    """RSS of an interpreter that only loads each driver's client library."""
+    for broker, statement in CLIENT_IMPORTS.items():
+        code = (
+            f"{statement}\n"
+            "for line in open('/proc/self/status'):\n"
+            "    if line.startswith('VmRSS:'): print(int(line.split()[1]) / 1024)"
+        )
+        try:
+            out = subprocess.run(
+                [sys.executable, "-c", code], capture_output=True, text=True, check=True
+            ).stdout
+        except subprocess.CalledProcessError as exc:
+            run.errors.append(f"client RSS {broker}: {exc.stderr.strip()[-300:]}")
+            continue
+        run.add(broker, "client library alone", "RSS", float(out), "MB", statement)
+
+
+# Profile ------------------------------------------------------------------------
+
+#: Where a frame's time goes: the first (outermost) frame in a stack whose file
+#: matches decides; frames under none of them are Hermes's own loop.
+PROFILE_PARTS = [
+    ("the job (its INCR)", re.compile(r"bench/jobs\.py$")),
+    ("the shutdown check", re.compile(r"_shutdown\.py$")),
+    ("logging", re.compile(r"logging/__init__\.py$")),
+    ("decoding the message", re.compile(r"hermes/core/_serializer\.py$|json/")),
+    ("broker round trip (redis-py, socket)", re.compile(r"site-packages/redis/")),
+]
+LOOP_PART = "Hermes's loop, Dispatcher and driver"
+
+
+def profile_file(run: Run, verbose: bool) -> str:
+    prefix = "quick" if run.quick else "latest"
+    return f"{prefix}-profile-redis-incr{'-verbose' if verbose else ''}.txt"
+
+
+def profile_worker(
+    run: Run, env: Env, base_url: str, n: int, out_dir: Path, verbose: bool = False
+) -> None:
+    """pyinstrument of ``hermes worker`` on Redis with the INCR job; the split into parts."""
+    from pyinstrument.renderers import ConsoleRenderer
+    from pyinstrument.session import Session
+
+    flags = ["-v"] if verbose else []
+    url = HermesSetting("").url(base_url)
+    driver = connect(url)
+    try:
+        fill(driver, n)
+        with tempfile.TemporaryDirectory() as tmp:
+            out, log, saved = Path(tmp) / "r.json", Path(tmp) / "w.log", Path(tmp) / "s"
+            argv = [sys.executable, "-m", "pyinstrument", "-r", "session", "-o", str(saved)]
+            argv += [*hermes_command(), "worker", "--url", url, *flags]
+            argv += ["--handlers", "bench.jobs:register", "--max-items", str(n)]
+            with worker(argv, env.make(n, out, "incr"), log) as proc:
+                wait_result(out, proc, 600, log)
+                proc.wait(60)
+            session = Session.load(str(saved))
+    finally:
+        purge_and_close(driver)
+    root = session.root_frame()
+    if root is None:
+        raise RuntimeError("pyinstrument recorded nothing")
+    loop = find_frame(root, "handle", "_dispatcher.py") or root
+    parts: dict[str, float] = {}
+    for part, self_time in frame_parts(loop, None):
+        parts[part] = parts.get(part, 0.0) + self_time
+    total = sum(parts.values()) or 1.0
+    split = sorted(((p, t / total) for p, t in parts.items()), key=lambda x: -x[1])
+    run.profiles[" ".join(flags)] = split
+    text = ConsoleRenderer(unicode=True, time="percent_of_total").render(session)
+    text = text.replace(str(ROOT) + "/", "").replace(str(Path(sys.executable).parent) + "/", "")
+    header = (
+        f"pyinstrument of `hermes worker{' -v' if verbose else ''}` on Redis, INCR job, "
+        f"{n} messages ({run.started}; {run.machine}).\n"
+        "Dispatcher.handle split by where the time went: "
+        + ", ".join(f"{p} {share:.0%}" for p, share in split)
+        + "\n\n"
     )
+    (out_dir / profile_file(run, verbose)).write_text(header + text)
 
 
-# Raw clients ------------------------------------------------------------------
+def find_frame(frame: Any, function: str, file_suffix: str) -> Any:
+    if frame.function == function and (frame.file_path or "").endswith(file_suffix):
+        return frame
+    for child in frame.children:
+        found = find_frame(child, function, file_suffix)
+        if found is not None:
+            return found
+    return None
+
+
+def frame_parts(frame: Any, part: str | None) -> Iterator[tuple[str, float]]:
+    path = frame.file_path or ""
+    if part is None:
+        part = next((name for name, pattern in PROFILE_PARTS if pattern.search(path)), None)
+    yield part or LOOP_PART, frame.time - sum(child.time for child in frame.children)
+    for child in frame.children:
+        yield from frame_parts(child, part)
+
+
+# Raw clients --------------------------------------------------------------------
 
 
 def timed(n: int, fn: Callable[[], None]) -> float:
@@ -300,13 +591,9 @@ def raw_filesystem(run: Run, n: int) -> None:
 
         run.add("filesystem", "raw (write+rename)", "emit", timed(n, emit), "msgs/s", "no fsync")
         run.add(
-            "filesystem",
-            "raw (rename+read+unlink)",
-            "handle",
-            timed(n, consume),
-            "msgs/s",
+            "filesystem", "raw (rename+read+unlink)", "handle no-op", timed(n, consume), "msgs/s",
             "no fsync",
-        )
+        )  # fmt: skip
 
 
 def raw_redis(run: Run, url: str, n: int) -> None:
@@ -314,7 +601,7 @@ def raw_redis(run: Run, url: str, n: int) -> None:
 
     client = redis.Redis.from_url(url)
     key = f"bench-raw-{uuid.uuid4().hex[:8]}"
-    body = Message("bench", {}).__repr__().encode()
+    body = repr(Message("bench", {})).encode()
 
     def emit() -> None:
         for i in range(n):
@@ -325,8 +612,9 @@ def raw_redis(run: Run, url: str, n: int) -> None:
             pass
 
     run.add("redis", "raw redis-py", "emit", timed(n, emit), "msgs/s", "SADD")
-    run.add("redis", "raw redis-py", "handle", timed(n, consume), "msgs/s", "SPOP loop")
+    run.add("redis", "raw redis-py", "handle no-op", timed(n, consume), "msgs/s", "SPOP loop")
     client.delete(key)
+    client.close()
 
 
 def raw_rabbitmq(run: Run, url: str, n: int, prefetch: int) -> None:
@@ -360,14 +648,8 @@ def raw_rabbitmq(run: Run, url: str, n: int, prefetch: int) -> None:
         run.add("rabbitmq", "raw pika", "emit", timed(n, emit), "msgs/s", "persistent, confirms")
     else:
         emit()
-    run.add(
-        "rabbitmq",
-        f"raw pika prefetch={prefetch}",
-        "handle",
-        timed(n, consume),
-        "msgs/s",
-        "consume+ack",
-    )
+    system = f"raw pika prefetch={prefetch}"
+    run.add("rabbitmq", system, "handle no-op", timed(n, consume), "msgs/s", "consume+ack")
     channel.queue_delete(queue)
     connection.close()
 
@@ -402,7 +684,8 @@ def raw_sqs(run: Run, endpoint: str, n: int) -> None:
             got += len(messages)
 
     run.add("sqs", "raw boto3", "emit", timed(n, emit), "msgs/s", "SendMessage")
-    run.add("sqs", "raw boto3", "handle", timed(n, consume), "msgs/s", "receive 10 + delete batch")
+    note = "receive 10 + delete batch"
+    run.add("sqs", "raw boto3", "handle no-op", timed(n, consume), "msgs/s", note)
     client.delete_queue(QueueUrl=queue_url)
 
 
@@ -417,14 +700,8 @@ def raw_kafka(run: Run, bootstrap: str, n: int) -> None:
             producer.produce(topic, b'{"i":%d}' % i)
             producer.flush()
 
-    run.add(
-        "kafka",
-        "raw confluent-kafka",
-        "emit",
-        timed(n, emit),
-        "msgs/s",
-        "produce + wait for report",
-    )
+    note = "produce + wait for report"
+    run.add("kafka", "raw confluent-kafka", "emit", timed(n, emit), "msgs/s", note)
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -438,7 +715,7 @@ def raw_kafka(run: Run, bootstrap: str, n: int) -> None:
     consumer.subscribe([topic])
     first = consumer.poll(30)  # the group join is not part of the rate
     assert first is not None and first.error() is None, first
-    consumer.commit(first, asynchronous=False)
+    consumer.commit(message=first, asynchronous=False)
 
     def consume() -> None:
         got = 1
@@ -449,134 +726,336 @@ def raw_kafka(run: Run, bootstrap: str, n: int) -> None:
             if record.error():
                 continue
             json.loads(record.value())
-            consumer.commit(record, asynchronous=False)
+            consumer.commit(message=record, asynchronous=False)
             got += 1
 
-    run.add(
-        "kafka",
-        "raw confluent-kafka",
-        "handle",
-        timed(n - 1, consume),
-        "msgs/s",
-        "poll + sync commit each",
-    )
+    note = "poll + sync commit each"
+    run.add("kafka", "raw confluent-kafka", "handle no-op", timed(n - 1, consume), "msgs/s", note)
     consumer.close()
 
 
-# Peers -----------------------------------------------------------------------
+# Peers --------------------------------------------------------------------------
+
+_NO_CHATTER = ("--without-mingle", "--without-gossip", "--without-heartbeat")
 
 
-def bench_peer(run: Run, broker: str, system: str, url: str, n: int, tuned: bool) -> None:
+@dataclass(frozen=True)
+class PeerSetting:
+    """One documented way to run a peer's worker (always one worker process)."""
+
+    system: str
+    label: str
+    argv: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    default: bool = False
+    #: Runs jobs one at a time: pointless for the I/O-bound job.
+    serial: bool = False
+    #: Fewer messages for a worker this slow (RQ's fork per job).
+    max_n: int | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.system}: {self.label}"
+
+
+PEER_SETTINGS = [
+    PeerSetting("celery", "defaults (prefork, 1 child)", ("--concurrency=1",), default=True),
+    PeerSetting("celery", "solo", ("--pool=solo", *_NO_CHATTER), serial=True),
+    PeerSetting(
+        "celery", "solo, prefetch x128", ("--pool=solo", *_NO_CHATTER),
+        (("HERMES_BENCH_CELERY_PREFETCH", "128"),), serial=True,
+    ),
+    PeerSetting("celery", "8 threads", ("--pool=threads", "--concurrency=8", *_NO_CHATTER)),
+    PeerSetting(
+        "celery", "8 threads, prefetch x128", ("--pool=threads", "--concurrency=8", *_NO_CHATTER),
+        (("HERMES_BENCH_CELERY_PREFETCH", "128"),),
+    ),
+    PeerSetting("dramatiq", "defaults (8 threads, prefetch 16)", ("--threads", "8"), default=True),
+    PeerSetting(
+        "dramatiq", "8 threads, prefetch 100", ("--threads", "8"),
+        (("dramatiq_queue_prefetch", "100"),),
+    ),
+    PeerSetting("dramatiq", "1 thread, prefetch 2", ("--threads", "1"), serial=True),
+    PeerSetting(
+        "dramatiq", "1 thread, prefetch 100", ("--threads", "1"),
+        (("dramatiq_queue_prefetch", "100"),), serial=True,
+    ),
+    PeerSetting(
+        "rq", "defaults (Worker: a process per job)", (), (("HERMES_BENCH_RQ_WORKER", "fork"),),
+        default=True, max_n=500,
+    ),
+    PeerSetting("rq", "SimpleWorker", (), (("HERMES_BENCH_RQ_WORKER", "simple"),), serial=True),
+]  # fmt: skip
+PEERS = ("celery", "rq", "dramatiq")
+#: The peers that support each broker.
+PEERS_ON = {"redis": ("celery", "rq", "dramatiq"), "rabbitmq": ("celery", "dramatiq")}
+
+
+def peer_settings(broker: str, job: str, quick: bool) -> list[PeerSetting]:
+    """The grid for one broker and job: every setting, less the pointless ones.
+
+    One-at-a-time settings are left out of the I/O-bound job (their rate is
+    1 / 20 ms); a quick run tries the whole grid once (Redis, no-op) and
+    the defaults elsewhere.
+    """
+    chosen = []
+    for setting in PEER_SETTINGS:
+        if setting.system not in PEERS_ON[broker]:
+            continue
+        if job == "sleep" and setting.serial and not setting.default:
+            continue
+        if quick and (broker, job) != ("redis", "noop") and not setting.default:
+            continue
+        chosen.append(setting)
+    return chosen
+
+
+def bench_peer(
+    run: Run, env: Env, broker: str, url: str, setting: PeerSetting, job: str, n: int
+) -> None:
+    n = min(n, setting.max_n) if setting.max_n else n
     queue = f"bench-{uuid.uuid4().hex[:8]}"
-    extra = {"HERMES_BENCH_BROKER": url, "HERMES_BENCH_QUEUE": queue}
-    label = f"{system} {'tuned' if tuned else 'defaults'}"
-    if tuned:
-        extra["HERMES_BENCH_TUNED"] = "1"
-        extra["dramatiq_queue_prefetch"] = "256"
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "result.json"
-        env = _env(n, out, **extra)
-        emitted = subprocess.run(
-            [sys.executable, "-m", "bench.peer_emit", system],
-            env={**env, "HERMES_BENCH_OUT": ""},
-            capture_output=True,
-            text=True,
-            check=True,
-            cwd=ROOT,
-        )
-        run.add(broker, label, "emit", float(emitted.stdout.strip()), "msgs/s", "one by one")
-        if system == "celery":
-            argv = [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "bench.peer_celery",
-                "worker",
-                "-Q",
-                queue,
-                "--loglevel=WARNING",
-            ]
-            argv += (
-                ["--pool=solo", "--without-mingle", "--without-gossip", "--without-heartbeat"]
-                if tuned
-                else ["--concurrency=1"]
+    extra = {"HERMES_BENCH_BROKER": url, "HERMES_BENCH_QUEUE": queue, **dict(setting.env)}
+    system = setting.system
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            out, log, tally = Path(tmp) / "result.json", Path(tmp) / "worker.log", None
+            if setting.max_n:  # a process per job: count through a file
+                tally = Path(tmp) / "tally"
+                extra["HERMES_BENCH_TALLY"] = str(tally)
+            worker_env = env.make(n, out, job, **extra)
+            emitted = subprocess.run(
+                [sys.executable, "-m", "bench.peer_emit", system],
+                env={**worker_env, "HERMES_BENCH_OUT": "", "HERMES_BENCH_TALLY": ""},
+                capture_output=True,
+                text=True,
+                cwd=ROOT,
             )
-        elif system == "dramatiq":
-            argv = [sys.executable, "-m", "dramatiq", "bench.peer_dramatiq", "--processes", "1"]
-        else:
-            argv = [sys.executable, "-m", "bench.peer_rq"]
-        with worker(argv, env) as proc:
-            result = wait_result(out, proc, 600)
-        note = {
-            ("celery", False): "prefork, concurrency 1",
-            ("celery", True): "solo pool, prefetch x128, no mingle/gossip/heartbeat",
-            ("dramatiq", False): "1 process, 8 threads",
-            ("dramatiq", True): "1 process, 8 threads, dramatiq_queue_prefetch=256",
-            ("rq", False): "SimpleWorker, burst",
-        }[(system, tuned)]
-        run.add(broker, label, "handle", rate(result), "msgs/s", note)
+            if emitted.returncode != 0:
+                raise RuntimeError(f"{system} emit failed: {emitted.stderr.strip()[-500:]}")
+            if job == "noop":
+                rate_ = float(emitted.stdout.strip())
+                run.add(broker, setting.name, "emit", rate_, "msgs/s", "one by one")
+            if system == "celery":
+                argv = [sys.executable, "-m", "celery", "-A", "bench.peer_celery", "worker"]
+                argv += ["-Q", queue, "--loglevel=WARNING", *setting.argv]
+            elif system == "dramatiq":
+                argv = [sys.executable, "-m", "dramatiq", "bench.peer_dramatiq"]
+                argv += ["--processes", "1", *setting.argv]
+            else:
+                argv = [sys.executable, "-m", "bench.peer_rq"]
+            with worker(argv, worker_env, log) as proc:
+                if tally is not None:
+                    result = wait_tally(tally, n, proc, 600)
+                else:
+                    result = wait_result(out, proc, 600, log)
+        note = f"n = {n}" if n != run.n and job != "sleep" else ""
+        run.add(broker, setting.name, handle_metric(job), rate(result), "msgs/s", note)
+        if n != run.n and job != "sleep":
+            run.sizes[(broker, setting.name)] = (n, run.rounds)
+    finally:
+        clean_peer_queue(url, queue)
+
+
+def clean_peer_queue(url: str, queue: str) -> None:
+    """Delete what a peer left on the shared broker under ``queue``."""
     if url.startswith("redis"):
         import redis
 
         client = redis.Redis.from_url(url)
         for key in client.scan_iter(f"*{queue}*"):
             client.delete(key)
+        client.close()
+        return
+    import pika
+    from pika.exceptions import ChannelClosedByBroker
+
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        for name in (queue, f"{queue}.DQ", f"{queue}.XQ"):
+            channel = connection.channel()
+            with contextlib.suppress(ChannelClosedByBroker):
+                channel.queue_delete(name)
+            if channel.is_open:
+                with contextlib.suppress(ChannelClosedByBroker):
+                    channel.exchange_delete(name)
+            if channel.is_open:
+                channel.close()
+    finally:
+        connection.close()
 
 
-# Report ----------------------------------------------------------------------
+# Report -------------------------------------------------------------------------
 
-#: Hermes beside the raw client doing the same broker operations (its limit).
-PAIRS = [
-    # broker, Hermes system, raw system, target for Hermes/raw
-    ("filesystem", "hermes fsync=false", "raw (rename+read+unlink)", ""),
-    ("redis", "hermes", "raw redis-py", ">= 0.7x raw SPOP loop"),
-    ("rabbitmq", "hermes prefetch=1", "raw pika prefetch=1", ">= 0.7x raw pika"),
-    ("rabbitmq", "hermes prefetch=50", "raw pika prefetch=50", ">= 0.7x raw pika"),
-    ("sqs", "hermes", "raw boto3", ""),
-    ("kafka", "hermes", "raw confluent-kafka", ">= 0.7x raw"),
-]
-PEERS = ("celery", "rq", "dramatiq")
-#: Brokers the peers run on, with the target for best Hermes / fastest peer.
-PEER_TARGETS = {"redis": ">= 2x fastest peer", "rabbitmq": ""}
+#: Each broker's Hermes settings; the first is what a URL without options gives.
+HERMES_SETTINGS = {
+    "filesystem": [HermesSetting("fsync=true", ""), HermesSetting("fsync=false", "fsync=false")],
+    "redis": [HermesSetting("")],
+    "rabbitmq": [
+        HermesSetting("prefetch=1", "prefetch=1"), HermesSetting("prefetch=50", "prefetch=50")
+    ],
+    "sqs": [HermesSetting("")],
+    "kafka": [HermesSetting("")],
+}  # fmt: skip
+#: The raw client row beside each broker's Hermes settings (the no-op's limit).
+RAW = {
+    ("filesystem", "fsync=false"): "raw (rename+read+unlink)",
+    ("redis", ""): "raw redis-py",
+    ("rabbitmq", "prefetch=1"): "raw pika prefetch=1",
+    ("rabbitmq", "prefetch=50"): "raw pika prefetch=50",
+    ("sqs", ""): "raw boto3",
+    ("kafka", ""): "raw confluent-kafka",
+}
 
 
-def handle_rates(run: Run, broker: str, systems: tuple[str, ...]) -> list[tuple[float, str]]:
-    """(msgs/s, system) of the handle rows on ``broker`` whose system begins with ``systems``."""
+@dataclass
+class Target:
+    what: str
+    value: float | None
+    #: The bound, in ``unit``; ``at_most`` makes it an upper bound.
+    bound: float
+    unit: str
+    compared: str
+    at_most: bool = False
+
+    @property
+    def held(self) -> str:
+        if self.value is None:
+            return "not measured"
+        ok = self.value <= self.bound if self.at_most else self.value >= self.bound
+        return "held" if ok else "missed"
+
+    def cells(self) -> tuple[str, str]:
+        """(measured, target) as table cells."""
+        spec = ".2f" if self.unit == "x" else ".1f" if self.unit == "ms" else ",.0f"
+        sign = "<=" if self.at_most else ">="
+        unit = self.unit if self.unit == "x" else f" {self.unit}"
+        bound = f"{self.bound:.1f}" if self.unit == "x" else f"{self.bound:,.0f}"
+        return fmt(self.value, spec, unit), f"{sign} {bound}{unit}"
+
+
+def best_hermes(run: Run, broker: str, job: str) -> tuple[float, str] | None:
+    found = [
+        (value, setting.system())
+        for setting in HERMES_SETTINGS[broker]
+        if (value := run.value(broker, setting.system(), handle_metric(job))) is not None
+    ]
+    return max(found, default=None)
+
+
+def peer_rates(
+    run: Run, broker: str, job: str, system: str | None = None
+) -> list[tuple[float, str]]:
+    """(msgs/s, setting name) of every peer setting measured on ``broker`` for ``job``."""
     return [
-        (value, system)
-        for (b, system, metric) in run.samples
-        if b == broker
-        and metric == "handle"
-        and system.split()[0] in systems
-        and (value := run.value(b, system, metric)) is not None
+        (value, setting.name)
+        for setting in PEER_SETTINGS
+        if (system is None or setting.system == system)
+        and (value := run.value(broker, setting.name, handle_metric(job))) is not None
     ]
 
 
-def fastest_peer(run: Run, broker: str) -> tuple[float, str] | None:
-    return max(handle_rates(run, broker, PEERS), default=None)
+def fastest_peer(run: Run, broker: str, job: str) -> tuple[float, str] | None:
+    return max(peer_rates(run, broker, job), default=None)
 
 
-def ratios(run: Run) -> list[tuple[str, float, str]]:
+#: broker, job -> the least ``hermes worker`` / fastest peer setting.
+PEER_TARGETS = {
+    ("redis", "noop"): 2.0,
+    ("redis", "incr"): 1.4,
+    ("rabbitmq", "noop"): 1.2,
+    ("rabbitmq", "incr"): 1.0,
+}
+
+
+def targets(run: Run) -> list[Target]:
     found = []
-    for broker, ours, raw, target in PAIRS:
-        mine, limit = run.value(broker, ours, "handle"), run.value(broker, raw, "handle")
-        if mine and limit:
-            found.append((f"{broker}: {ours} / {raw} (handle)", mine / limit, target))
-    for broker, target in PEER_TARGETS.items():
-        best = max(handle_rates(run, broker, ("hermes",)), default=None)
-        peer = fastest_peer(run, broker)
-        if best and peer:
-            name = f"{broker}: best hermes / fastest peer ({peer[1]})"
-            found.append((name, best[0] / peer[0], target))
+    for (broker, job), least in PEER_TARGETS.items():
+        ours, peer = best_hermes(run, broker, job), fastest_peer(run, broker, job)
+        found.append(
+            Target(
+                f"{broker}, {JOB_LABELS[job]}: `hermes worker` / fastest peer",
+                ours[0] / peer[0] if ours and peer else None,
+                least,
+                "x",
+                f"{ours[1] if ours else '-'} / {peer[1] if peer else '-'}",
+            )
+        )
+    for job in ("noop", "incr"):
+        cli = run.value("redis", WORKER, handle_metric(job))
+        bare = run.value("redis", BARE, handle_metric(job))
+        found.append(
+            Target(
+                f"redis, {JOB_LABELS[job]}: `hermes worker` / bare Dispatcher",
+                cli / bare if cli and bare else None,
+                0.9,
+                "x",
+                f"{WORKER} / {BARE}",
+            )
+        )
+    for (broker, label), raw in RAW.items():
+        if broker in ("filesystem", "sqs"):
+            continue  # no target: the raw loop there does less than a driver must
+        system = HermesSetting(label).system()
+        mine = run.value(broker, system, "handle no-op")
+        limit = run.value(broker, raw, "handle no-op")
+        found.append(
+            Target(
+                f"{broker}, no-op: `{system}` / raw client",
+                mine / limit if mine and limit else None,
+                0.7,
+                "x",
+                f"{system} / {raw}",
+            )
+        )
+    fs = "hermes worker fsync=false"
+    found.append(
+        Target(
+            "filesystem (fsync=false), no-op handled",
+            run.value("filesystem", fs, "handle no-op"),
+            3000,
+            "msgs/s",
+            fs,
+        )
+    )
+    p50 = run.value("redis", WORKER, "latency p50")
+    found.append(Target("redis: emit->handle p50", p50, 2, "ms", WORKER, at_most=True))
+    for broker, settings in HERMES_SETTINGS.items():
+        system = settings[0].system()
+        rss = run.value(broker, system, "idle worker RSS")
+        found.append(Target(f"{broker}: idle worker RSS", rss, 40, "MB", system, at_most=True))
+    imported = run.value("-", "hermes", "import hermes.core")
+    found.append(Target("`import hermes.core`", imported, 50, "ms", "hermes", at_most=True))
     return found
+
+
+def fmt(value: float | None, spec: str = ",.0f", suffix: str = "") -> str:
+    return "-" if value is None else format(value, spec) + suffix
+
+
+def size_note(run: Run) -> str:
+    lines = [
+        f"{run.n:,} messages per throughput row ({run.n_sleep:,} for sleep 20 ms), "
+        f"the median of {run.rounds} round{'s' if run.rounds != 1 else ''}"
+    ]
+    for (broker, system), (n, rounds) in sorted(run.sizes.items()):
+        lines.append(
+            f"{broker} {system}: {n:,} messages, {rounds} round{'s' if rounds != 1 else ''}"
+        )
+    return "; ".join(lines)
+
+
+def header(run: Run) -> str:
+    return (
+        f"{run.machine}; {run.started}; {'quick' if run.quick else 'full'} run: "
+        f"{size_note(run)}. Load average (1/5/15 min) {' -> '.join(run.load)} "
+        "(the machine is shared)."
+    )
 
 
 def markdown(run: Run) -> str:
     lines = [
-        f"Machine: {run.machine}. Run: {run.started}, {'quick' if run.quick else 'full'}, "
-        f"n = {run.n} messages per throughput row, Hermes and raw rows the median of "
-        f"{run.rounds} alternating rounds.",
+        header(run),
         "",
         "| broker | system | metric | value | unit | note |",
         "|---|---|---|---:|---|---|",
@@ -585,41 +1064,145 @@ def markdown(run: Run) -> str:
         lines.append(
             f"| {r.broker} | {r.system} | {r.metric} | {r.value:,.1f} | {r.unit} | {r.note} |"
         )
-    lines += ["", "| ratio | value | target |", "|---|---:|---|"]
-    lines += [f"| {name} | {value:.2f}x | {target} |" for name, value, target in ratios(run)]
+    lines += ["", targets_table(run)]
+    if run.profiles:
+        lines += ["", profile_line(run)]
     if run.errors:
         lines += ["", "Rows that could not be measured:", ""] + [f"- {e}" for e in run.errors]
     return "\n".join(lines) + "\n"
 
 
-def summary(run: Run) -> str:
-    """The README's table: one row per driver, Hermes beside its limit and its peers."""
+def targets_table(run: Run) -> str:
+    lines = ["| target | measured | bound | result | rows |", "|---|---:|---:|---|---|"]
+    for t in targets(run):
+        measured, bound = t.cells()
+        lines.append(f"| {t.what} | {measured} | {bound} | {t.held} | {t.compared} |")
+    return "\n".join(lines)
 
-    def fmt(value: float | None, spec: str = ",.0f") -> str:
-        return "-" if value is None else format(value, spec)
 
-    lines = [
-        f"{run.machine}; {run.started}; n = {run.n}, median of {run.rounds} alternating "
-        "Hermes/raw rounds (`./run test -s bench`, full table in `bench/results/latest.md`).",
-        "",
-        "| driver | handle msgs/s | raw client | Hermes/raw | fastest peer | Hermes/peer "
-        "| emit->handle p50 / p99 | idle RSS |",
-        "|---|---:|---:|---:|---|---:|---:|---:|",
-    ]
-    for broker, ours, raw, _ in PAIRS:
-        mine, limit = run.value(broker, ours, "handle"), run.value(broker, raw, "handle")
-        best = fastest_peer(run, broker)
-        p50, p99 = run.value(broker, ours, "latency p50"), run.value(broker, ours, "latency p99")
+def profile_line(run: Run) -> str:
+    lines = []
+    for flags, split in sorted(run.profiles.items()):
+        parts = ", ".join(f"{part} {share:.0%}" for part, share in split)
         lines.append(
-            f"| {broker} ({ours.removeprefix('hermes').strip() or 'default'}) | {fmt(mine)} "
-            f"| {fmt(limit)} | {fmt(mine / limit if mine and limit else None, '.2f')}x "
-            f"| {f'{best[1]} {best[0]:,.0f}' if best else '-'} "
-            f"| {fmt(mine / best[0] if mine and best else None, '.2f')}{'x' if best else ''} "
-            f"| {fmt(p50, '.1f')} / {fmt(p99, '.1f')} ms "
-            f"| {fmt(run.value(broker, ours, 'idle worker RSS'), '.0f')} MB |"
+            f"Where `hermes worker{' ' + flags if flags else ''}` spends its time on Redis with "
+            f"the INCR job (pyinstrument, {run.n:,} messages; the tree is in "
+            f"`bench/results/{profile_file(run, bool(flags))}`): {parts}."
         )
+    return "\n\n".join(lines)
+
+
+def peers_table(run: Run, brokers: tuple[str, ...]) -> str:
+    lines = [
+        "| broker | job | `hermes worker` msgs/s | fastest peer (its winning setting) | msgs/s "
+        "| Hermes/peer |",
+        "|---|---|---:|---|---:|---:|",
+    ]
+    for broker in brokers:
+        for job in JOBS:
+            ours, peer = best_hermes(run, broker, job), fastest_peer(run, broker, job)
+            if ours is None and peer is None:
+                continue
+            setting = ours[1].removeprefix(WORKER).strip() if ours else ""
+            lines.append(
+                f"| {broker} | {JOB_LABELS[job]} "
+                f"| {fmt(ours[0] if ours else None)}{f' ({setting})' if setting else ''} "
+                f"| {peer[1] if peer else '-'} | {fmt(peer[0] if peer else None)} "
+                f"| {fmt(ours[0] / peer[0] if ours and peer else None, '.2f', 'x')} |"
+            )
+    lines += [
+        "",
+        "| broker | job | peer | defaults msgs/s | best msgs/s | best setting |",
+        "|---|---|---|---:|---:|---|",
+    ]
+    for broker in brokers:
+        for job in JOBS:
+            for system in PEERS_ON.get(broker, ()):
+                rates = peer_rates(run, broker, job, system)
+                if not rates:
+                    continue
+                default = next(s for s in PEER_SETTINGS if s.system == system and s.default)
+                best = max(rates)
+                lines.append(
+                    f"| {broker} | {JOB_LABELS[job]} | {system} "
+                    f"| {fmt(run.value(broker, default.name, handle_metric(job)))} "
+                    f"| {fmt(best[0])} | {best[1].split(': ', 1)[1]} |"
+                )
+    return "\n".join(lines)
+
+
+def driver_table(run: Run, brokers: tuple[str, ...]) -> str:
+    lines = [
+        "| driver (setting) | no-op msgs/s | INCR | sleep 20 ms | raw client no-op | Hermes/raw "
+        "| emit one by one | emit batched | emit->handle p50 / p99 | idle RSS "
+        "| client library alone |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for broker in brokers:
+        for setting in HERMES_SETTINGS[broker]:
+            system = setting.system()
+
+            def value(metric: str, b: str = broker, s: str = system) -> float | None:
+                return run.value(b, s, metric)
+
+            raw_name = RAW.get((broker, setting.label))
+            raw = run.value(broker, raw_name, "handle no-op") if raw_name else None
+            mine = value("handle no-op")
+            if mine is None:
+                continue
+            lines.append(
+                f"| {broker}{f' ({setting.label})' if setting.label else ''} | {fmt(mine)} "
+                f"| {fmt(value('handle INCR'))} | {fmt(value('handle sleep 20 ms'))} "
+                f"| {fmt(raw)} | {fmt(mine / raw if raw else None, '.2f', 'x')} "
+                f"| {fmt(value('emit'))} | {fmt(value('emit batched'))} "
+                f"| {fmt(value('latency p50'), '.1f')} / {fmt(value('latency p99'), '.1f')} ms "
+                f"| {fmt(value('idle worker RSS'), '.0f')} MB "
+                f"| {fmt(run.value(broker, 'client library alone', 'RSS'), '.0f', ' MB')} |"
+            )
+    bare = run.value("redis", BARE, "handle no-op")
+    if "redis" in brokers and bare is not None:
+        lines += [
+            "",
+            f"Bare Dispatcher on Redis (no CLI, no logging set up, no shutdown watch): no-op "
+            f"{fmt(bare)} msgs/s, INCR {fmt(run.value('redis', BARE, 'handle INCR'))} msgs/s.",
+        ]
+    return "\n".join(lines)
+
+
+def summary(run: Run) -> str:
+    """README.md's section: Hermes against its peers and its raw clients, and the targets."""
     imported = run.value("-", "hermes", "import hermes.core")
-    lines += ["", f"`import hermes.core`: {fmt(imported, '.0f')} ms (best of 7, bytecode cached)."]
+    lines = [
+        header(run) + " Full table: `bench/results/latest.md`.",
+        "",
+        peers_table(run, ("redis", "rabbitmq")),
+        "",
+        driver_table(run, tuple(HERMES_SETTINGS)),
+        "",
+        f"`import hermes.core`: {fmt(imported, '.0f')} ms (best of 7, `-X importtime`, "
+        "bytecode cached, taken while nothing else of the benchmark runs).",
+        "",
+        targets_table(run),
+    ]
+    if run.profiles:
+        lines += ["", profile_line(run)]
+    return "\n".join(lines) + "\n"
+
+
+def driver_summary(run: Run, broker: str) -> str:
+    """A driver README's section: its own rows of the same run."""
+    lines = [
+        f"From `./run test -s bench`: {header(run)} Every driver and the peers: the "
+        "top-level README and `bench/results/latest.md`.",
+        "",
+        driver_table(run, (broker,)),
+    ]
+    if broker in PEERS_ON:
+        lines += ["", peers_table(run, (broker,))]
+    wanted = [t for t in targets(run) if t.what.startswith(f"{broker},")]
+    if wanted:
+        lines += ["", "| target | measured | bound | result |", "|---|---:|---:|---|"]
+        lines += [f"| {t.what} | {' | '.join(t.cells())} | {t.held} |" for t in wanted]
     return "\n".join(lines) + "\n"
 
 
@@ -629,41 +1212,65 @@ def chart(run: Run, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [r for r in run.rows if r.metric == "handle"]
-    labels = [f"{r.broker}: {r.system}" for r in rows]
-    colors = [
-        "#2b6cb0"
-        if r.system.startswith("hermes")
-        else "#a0aec0"
-        if r.system.startswith("raw")
-        else "#dd6b20"
-        for r in rows
-    ]
-    fig, ax = plt.subplots(figsize=(10, 0.32 * len(rows) + 1.5))
-    ax.barh(labels, [r.value for r in rows], color=colors)
+    bars: list[tuple[str, float, str]] = []
+    for broker in ("redis", "rabbitmq"):
+        for job in JOBS:
+            ours = best_hermes(run, broker, job)
+            if ours:
+                bars.append((f"{broker} {JOB_LABELS[job]}: {ours[1]}", ours[0], "#2b6cb0"))
+            for system in PEERS_ON[broker]:
+                rates = peer_rates(run, broker, job, system)
+                if rates:
+                    best = max(rates)
+                    bars.append((f"{broker} {JOB_LABELS[job]}: {best[1]}", best[0], "#dd6b20"))
+    if not bars:
+        return
+    fig, ax = plt.subplots(figsize=(10, 0.32 * len(bars) + 1.5))
+    ax.barh([b[0] for b in bars], [b[1] for b in bars], color=[b[2] for b in bars])
     ax.set_xscale("log")
     ax.invert_yaxis()
-    ax.set_xlabel("handled msgs/s, one worker process (log scale)")
-    ax.set_title("Hermes (blue) vs raw client (grey) vs peers (orange)")
+    ax.set_xlabel("jobs/s, one worker process (log scale)")
+    ax.set_title("hermes worker (blue) vs each peer's fastest setting (orange)")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
+# Main ---------------------------------------------------------------------------
+
+
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small counts: a smoke run")
     parser.add_argument("--only", default="", help="comma-separated brokers (default: all)")
+    parser.add_argument("--jobs", default=",".join(JOBS), help="comma-separated jobs")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
     parser.add_argument("-n", type=int, default=0, help="messages per throughput row")
-    parser.add_argument("--rounds", type=int, default=0, help="Hermes/raw rounds (median)")
+    parser.add_argument("--rounds", type=int, default=0, help="rounds (median)")
+    parser.add_argument("--no-peers", action="store_true", help="Hermes and raw rows only")
+    parser.add_argument(
+        "--render", action="store_true", help="measure nothing: write the reports of latest.json"
+    )
     args = parser.parse_args()
-    n = args.n or (300 if args.quick else 10_000)
-    # Hermes and the raw client take turns, so a burst of noise on this shared
-    # machine hits both; the peers run once each.
+    if args.render:
+        run = load_run(Path(args.out) / "latest.json")
+        write_reports(run, Path(args.out), readmes=not run.quick and not run.errors)
+        return 0
+    n = args.n or (200 if args.quick else 5_000)
+    n_sleep = min(n, 20 if args.quick else 500)
+    # Every system takes one turn per round, so a burst of noise on this shared
+    # machine hits them alike; each row is the median of its rounds.
     rounds = args.rounds or (1 if args.quick else 3)
-    run = Run(args.quick, n, rounds, machine(), time.strftime("%Y-%m-%d %H:%M:%S %Z"))
+    started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    run = Run(args.quick, n, n_sleep, rounds, machine(), started, [load_average()])
     only = set(filter(None, args.only.split(",")))
+    jobs = [job for job in JOBS if job in args.jobs.split(",")]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    redis_url = services.ensure_redis()
+    env = Env(redis_url, f"bench-incr-{uuid.uuid4().hex[:8]}")
+    io_args = io_concurrency_args()
+    hermes = Hermes(run, env, io_args)
 
     def section(name: str, fn: Callable[[], None]) -> None:
         if only and name not in only:
@@ -675,91 +1282,111 @@ def main() -> int:
             run.errors.append(f"{name}: {type(exc).__name__}: {exc}")
             print(f"  !! {name}: {exc}", flush=True)
 
-    def filesystem() -> None:
+    def hermes_rounds(broker: str, url: str, n: int, raw: Callable[[], None] | None) -> None:
         for _ in range(rounds):
-            with tempfile.TemporaryDirectory() as tmp:
-                bench_hermes(run, "filesystem", "hermes fsync=true", f"file://{tmp}/q1", n)
-                bench_hermes(
-                    run, "filesystem", "hermes fsync=false", f"file://{tmp}/q2?fsync=false", n
-                )
-            raw_filesystem(run, n)
+            for job in jobs:
+                size = n_sleep if job == "sleep" else n
+                for setting in HERMES_SETTINGS[broker]:
+                    noop = job == "noop"
+                    hermes.handle(broker, setting, url, job, size, measure_emit=noop)
+                    if noop:
+                        hermes.emit_batched(broker, setting, url, size)
+                if broker == "redis":
+                    hermes.handle(broker, HERMES_SETTINGS[broker][0], url, job, size, bare=True)
+                if job == "noop" and raw is not None:
+                    raw()
+                grid = broker in PEERS_ON and not args.no_peers
+                for peer in peer_settings(broker, job, args.quick) if grid else ():
+                    bench_peer(run, env, broker, url, peer, job, size)
+            if "noop" in jobs:
+                for setting in HERMES_SETTINGS[broker]:
+                    hermes.latency(broker, setting, url)
+
+    def filesystem() -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            hermes_rounds("filesystem", f"file://{tmp}/q", n, lambda: raw_filesystem(run, n))
 
     def redis_section() -> None:
-        url = services.ensure_redis()
-        for _ in range(rounds):
-            bench_hermes(run, "redis", "hermes", url, n)
-            raw_redis(run, url, n)
-        for system, tuned in (
-            ("celery", False),
-            ("celery", True),
-            ("rq", False),
-            ("dramatiq", False),
-            ("dramatiq", True),
-        ):
-            bench_peer(run, "redis", system, url, n, tuned)
+        hermes_rounds("redis", redis_url, n, lambda: raw_redis(run, redis_url, n))
 
     def rabbitmq() -> None:
         url = services.ensure_rabbitmq()
-        for prefetch in (1, 50) * rounds:
-            bench_hermes(
-                run,
-                "rabbitmq",
-                f"hermes prefetch={prefetch}",
-                f"{url}?queue=bench&prefetch={prefetch}",
-                n,
-            )
-            raw_rabbitmq(run, url, n, prefetch)
-        for system, tuned in (
-            ("celery", False),
-            ("celery", True),
-            ("dramatiq", False),
-            ("dramatiq", True),
-        ):
-            bench_peer(run, "rabbitmq", system, url, n, tuned)
+
+        def raw() -> None:
+            for prefetch in (1, 50):
+                raw_rabbitmq(run, url, n, prefetch)
+
+        hermes_rounds("rabbitmq", url, n, raw)
 
     def sqs() -> None:
         with services.service_url("sqs") as url:
             endpoint = DriverUrl.parse(url).options["endpoint_url"]
-            # One round of 1,000: the local SQS server, not Hermes, sets this pace.
-            bench_hermes(run, "sqs", "hermes", url, min(n, 1000))
-            raw_sqs(run, endpoint, min(n, 1000))
+            # One round of at most 1,000: the local SQS server, not Hermes, sets this pace.
+            small = min(n, 1000)
+            setting = HERMES_SETTINGS["sqs"][0]
+            for job in jobs:
+                size = n_sleep if job == "sleep" else small
+                hermes.handle("sqs", setting, url, job, size, measure_emit=job == "noop")
+                if job == "noop":
+                    hermes.emit_batched("sqs", setting, url, size)
+                    raw_sqs(run, endpoint, size)
+            if "noop" in jobs:
+                hermes.latency("sqs", setting, url)
+            for system in (HermesSetting("").system(), "raw boto3"):
+                run.sizes[("sqs", system)] = (small, 1)
 
     def kafka() -> None:
         with services.service_url("kafka") as url:
-            for _ in range(rounds):
-                bench_hermes(run, "kafka", "hermes", url, n)
-                raw_kafka(run, url.split("//", 1)[1].split("/", 1)[0], n)
+            bootstrap = url.split("//", 1)[1].split("/", 1)[0]
+            hermes_rounds("kafka", url, n, lambda: raw_kafka(run, bootstrap, n))
+
+    def profile() -> None:
+        profile_worker(run, env, redis_url, n, out)
+        profile_worker(run, env, redis_url, n, out, verbose=True)
 
     section("import", lambda: import_time(run))
+    section("import", lambda: client_rss(run))
     section("filesystem", filesystem)
     section("redis", redis_section)
     section("rabbitmq", rabbitmq)
     section("sqs", sqs)
     section("kafka", kafka)
+    if "incr" in jobs:
+        section("profile", profile)
+    with contextlib.suppress(Exception):
+        import redis
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    prefix = "quick" if args.quick else "latest"
+        redis.Redis.from_url(redis_url).delete(env.incr_key)
+    run.load.append(load_average())
+
+    # Only a full run without errors replaces the READMEs' figures: a failed
+    # section would otherwise turn its rows into dashes.
+    complete = not (args.quick or only or args.no_peers or jobs != list(JOBS))
+    write_reports(run, out, readmes=complete and not run.errors)
+    return 1 if run.errors else 0
+
+
+def write_reports(run: Run, out: Path, readmes: bool) -> None:
+    """The chart, Markdown and JSON of ``run`` (and, with ``readmes``, the READMEs' sections)."""
+    prefix = "quick" if run.quick else "latest"
     try:
         chart(run, out / f"{prefix}.png")
     except ImportError as exc:
         run.errors.append(f"chart: matplotlib is needed for the PNG ({exc})")
-    # Only a full run without errors replaces the README's figures: a failed
-    # section would otherwise turn its row into dashes.
-    if not args.quick and not only and not run.errors:
-        problem = replace_section(ROOT / "README.md", "bench", summary(run))
-        if problem:
-            run.errors.append(problem)
+    if readmes:
+        for readme, text in [(ROOT / "README.md", summary(run))] + [
+            (ROOT / "drivers" / broker / "README.md", driver_summary(run, broker))
+            for broker in HERMES_SETTINGS
+        ]:
+            problem = replace_section(readme, "bench", text)
+            if problem:
+                run.errors.append(problem)
     md = markdown(run)  # last: it lists every error above
-    names = [prefix] if args.quick else [prefix, stamp]
-    for name in names:
-        (out / f"{name}.md").write_text(md)
-        (out / f"{name}.json").write_text(run.to_json())
+    (out / f"{prefix}.md").write_text(md)
+    (out / f"{prefix}.json").write_text(run.to_json())
     print()
     print(md)
     print(summary(run))
-    return 1 if run.errors else 0
 
 
 if __name__ == "__main__":

@@ -256,6 +256,21 @@ def test_every_event_of_the_worker_is_one_timestamped_line(project: Path, queue_
     assert log_lines, worker.stderr
     for line in log_lines:
         assert re.match(r"\d\d:\d\d:\d\d (INFO|NOTICE|WARNING|ERROR) +\S", line), line
+    assert not any("handle message" in x for x in log_lines), worker.stdout
+
+
+def test_a_verbose_worker_logs_each_message_as_it_starts_and_ends(
+    project: Path, queue_url: str
+) -> None:
+    seed(queue_url, ("job", None, 100))
+
+    worker = hermes(
+        "worker", "--url", queue_url, "--handlers", "jobs:HANDLERS", "--max-items", "1", "-v",
+        cwd=project,
+    )  # fmt: skip
+
+    assert worker.returncode == 0, worker.stdout + worker.stderr
+    log_lines = worker.stderr.splitlines()
     assert any(re.search(r"Start handle message #\S+ \(job\) priority:100$", x) for x in log_lines)
     assert any(re.search(r"End handle message #\S+ \(job\)$", x) for x in log_lines)
 

@@ -359,6 +359,28 @@ def test_a_handled_message_logs_start_and_end(
     ]
 
 
+def test_without_log_each_message_failures_and_retries_are_still_logged(
+    driver: MemoryDriver, hermes_log: pytest.LogCaptureFixture
+) -> None:
+    class Flaky(RetryMixin, RetryableHandler):
+        def handle(self, message: Message) -> bool:
+            raise ValueError("no SMTP")
+
+    dispatcher = Dispatcher(driver).register_handler("mail", Recorder([], "h"))
+    dispatcher.register_handler("job", Flaky())
+    dispatcher.log_each_message = False
+
+    dispatcher.handle_message(Message("mail"), 300)
+    dispatcher.handle_message(Message("job"), DEFAULT_PRIORITY)
+
+    assert not any("handle message" in m for m in messages(hermes_log))
+    [error, retry] = hermes_log.records
+    assert error.levelno == logging.ERROR
+    assert retry.levelno == logging.WARNING
+    assert "failed in Flaky, retry 1 of 25" in retry.getMessage()
+    assert (dispatcher.stats.handled, dispatcher.stats.retried) == (1, 1)
+
+
 def test_a_handler_exception_is_logged_as_error_with_the_class_text_and_traceback(
     driver: MemoryDriver, hermes_log: pytest.LogCaptureFixture
 ) -> None:

@@ -72,6 +72,54 @@ def test_shutdown_creates_the_missing_directories_of_its_file(tmp_path: Path) ->
     assert (tmp_path / "a" / "b" / "stop").is_file()
 
 
+def test_a_request_from_elsewhere_is_seen_within_the_check_interval(
+    tmp_path: Path, eventually: Any
+) -> None:
+    watched = SharedFileShutdown(tmp_path / "stop")
+    started = time.time() - 1
+    assert watched.should_shutdown(started) is False
+
+    SharedFileShutdown(tmp_path / "stop").shutdown()
+
+    eventually(lambda: watched.should_shutdown(started), "the request", timeout_s=2.0)
+
+
+def test_between_looks_the_file_is_not_read_again(tmp_path: Path) -> None:
+    watched = SharedFileShutdown(tmp_path / "stop", check_interval_s=3600)
+    started = time.time() - 1
+    assert watched.should_shutdown(started) is False
+
+    SharedFileShutdown(tmp_path / "stop").shutdown()
+
+    assert watched.should_shutdown(started) is False
+
+
+def test_a_check_interval_of_zero_looks_at_every_check(tmp_path: Path) -> None:
+    watched = SharedFileShutdown(tmp_path / "stop", check_interval_s=0)
+    started = time.time() - 1
+    assert watched.should_shutdown(started) is False
+
+    SharedFileShutdown(tmp_path / "stop").shutdown()
+
+    assert watched.should_shutdown(started) is True
+
+
+def test_its_own_request_is_seen_at_once_whatever_the_interval(tmp_path: Path) -> None:
+    shutdown = SharedFileShutdown(tmp_path / "stop", check_interval_s=3600)
+    started = time.time() - 1
+    assert shutdown.should_shutdown(started) is False
+
+    shutdown.shutdown()
+
+    assert shutdown.should_shutdown(started) is True
+
+
+@pytest.mark.parametrize("interval", [-1, True, float("nan")])
+def test_a_check_interval_that_is_not_seconds_is_refused(tmp_path: Path, interval: Any) -> None:
+    with pytest.raises(ValueError, match="check_interval_s must be a number of seconds"):
+        SharedFileShutdown(tmp_path / "stop", check_interval_s=interval)
+
+
 def test_a_request_older_than_the_worker_does_not_stop_handle(
     driver: MemoryDriver, tmp_path: Path
 ) -> None:

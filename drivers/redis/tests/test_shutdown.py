@@ -86,3 +86,90 @@ def test_a_dispatcher_with_redis_shutdown_exits_when_asked(driver, shutdown, cap
     thread.join(10)
     assert not thread.is_alive()
     assert "Exiting hermes dispatcher - shutdown" in caplog.text
+
+
+class CountingClient:
+    """A client that counts GETs, answering from a dict."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, bytes] = {}
+        self.gets = 0
+
+    def get(self, key):
+        self.gets += 1
+        return self.values.get(key)
+
+    def set(self, key, value):
+        self.values[key] = str(value).encode()
+
+
+def test_a_busy_worker_reads_the_key_once_per_interval_not_once_per_check():
+    client = CountingClient()
+    shutdown = RedisShutdown(client, check_interval_s=3600)
+
+    for _ in range(1000):
+        assert shutdown.should_shutdown(time.time()) is False
+
+    assert client.gets == 1
+
+
+def test_a_check_interval_of_zero_reads_at_every_check():
+    client = CountingClient()
+    shutdown = RedisShutdown(client, check_interval_s=0)
+
+    for _ in range(3):
+        shutdown.should_shutdown(time.time())
+
+    assert client.gets == 3
+
+
+def test_a_request_from_elsewhere_is_seen_within_the_check_interval(client, namespace, eventually):
+    watched = RedisShutdown(client, key=f"{namespace}_shutdown")
+    start = time.time() - 10
+    assert watched.should_shutdown(start) is False
+
+    RedisShutdown(client, key=f"{namespace}_shutdown").shutdown()
+
+    eventually(lambda: watched.should_shutdown(start), "the request", timeout_s=2.0)
+
+
+def test_its_own_request_is_seen_at_once_whatever_the_interval(client, namespace):
+    shutdown = RedisShutdown(client, key=f"{namespace}_shutdown", check_interval_s=3600)
+    start = time.time() - 10
+    assert shutdown.should_shutdown(start) is False
+
+    shutdown.shutdown()
+
+    assert shutdown.should_shutdown(start) is True
+
+
+def test_a_future_request_read_once_stops_the_worker_when_it_comes():
+    client = CountingClient()
+    shutdown = RedisShutdown(client, check_interval_s=3600)
+    start = time.time() - 10
+    client.set("hermes_shutdown", int(time.time()) + 1)
+
+    assert shutdown.should_shutdown(start) is False
+    deadline = time.monotonic() + 5
+    while not shutdown.should_shutdown(start) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+    assert shutdown.should_shutdown(start) is True
+    assert client.gets == 1
+
+
+def test_the_same_garbage_is_logged_once(caplog):
+    client = CountingClient()
+    client.values["hermes_shutdown"] = b"soon"
+    shutdown = RedisShutdown(client, check_interval_s=0)
+
+    for _ in range(3):
+        assert shutdown.should_shutdown(0) is False
+
+    assert caplog.text.count("not a UNIX timestamp") == 1
+
+
+@pytest.mark.parametrize("interval", [-1, True, float("nan")])
+def test_a_check_interval_that_is_not_seconds_is_refused(interval):
+    with pytest.raises(ValueError, match="check_interval_s must be a number of seconds"):
+        RedisShutdown(CountingClient(), check_interval_s=interval)

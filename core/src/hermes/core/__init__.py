@@ -61,7 +61,7 @@ from hermes.core._registry import (
 )
 from hermes.core._retry import RetryableHandler, RetryMixin
 from hermes.core._serializer import MessageSerializer, Serializer
-from hermes.core._shutdown import SharedFileShutdown, Shutdown
+from hermes.core._shutdown import SHUTDOWN_CHECK_INTERVAL_S, SharedFileShutdown, Shutdown
 from hermes.core._url import DriverUrl, redact_url
 
 if TYPE_CHECKING:
@@ -76,6 +76,7 @@ __all__ = [
     "DEFAULT_PRIORITY",
     "IDLE_WAIT_S",
     "NOTICE",
+    "SHUTDOWN_CHECK_INTERVAL_S",
     "Backoff",
     "BrokerUnavailableError",
     "Callback",

@@ -132,6 +132,10 @@ class Dispatcher:
         #: Where messages given up on are kept; None (the default) keeps none.
         self.failed = _failed_store(failed, driver) if failed is not None else None
         self.stats = DispatcherStats()
+        #: Log the INFO lines ``Start handle message`` / ``End handle message`` for every
+        #: message. ``hermes worker`` turns them off unless ``-v``: two log lines per
+        #: message take a large share of a busy worker's time.
+        self.log_each_message = True
         self._handlers: dict[str, list[Handler]] = {}
         self._hooks = plugin_manager().hook
 
@@ -308,7 +312,7 @@ class Dispatcher:
 
     def _run_handlers(self, message: Message, priority: int) -> bool:
         self._count("received")
-        info = self.logger.isEnabledFor(logging.INFO)
+        info = self.log_each_message and self.logger.isEnabledFor(logging.INFO)
         if info:
             self.logger.info(
                 "Start handle message #%s (%s) priority:%s", message.id, message.type, priority

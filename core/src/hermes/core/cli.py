@@ -83,14 +83,14 @@ def _env_default(name: str, parse: Callable[[str], T], fallback: T) -> T:
         raise SystemExit(f"hermes: error: ${name}: {exc}") from None
 
 
-def _verbosity(parser: argparse.ArgumentParser, default: object = 0) -> None:
+def _verbosity(
+    parser: argparse.ArgumentParser,
+    default: object = 0,
+    more: str = "-v debug lines, -vv also full tracebacks",
+) -> None:
     group = parser.add_mutually_exclusive_group()
     group.add_argument(
-        "-v",
-        "--verbose",
-        action="count",
-        default=default,
-        help="more detail: -v debug lines, -vv also full tracebacks",
+        "-v", "--verbose", action="count", default=default, help=f"more detail: {more}"
     )
     group.add_argument(
         "-q", "--quiet", action="count", default=default, help="only warnings and errors"
@@ -195,7 +195,10 @@ def build_parser() -> argparse.ArgumentParser:
         "redis://localhost:6379/0?prefix=failed: ; read them with hermes failed "
         f"(default: ${_failed.FAILED_URL_ENV}; unset: they are dropped after their log line)",
     )
-    _verbosity(worker)
+    _verbosity(
+        worker,
+        more="-v a line as each message starts and ends, and debug lines; -vv also full tracebacks",
+    )
     worker.set_defaults(run=_worker.run)
 
     emit = commands.add_parser(

@@ -201,7 +201,8 @@ def run(args: argparse.Namespace) -> int:
     failed_url: str | None = args.failed_url or os.environ.get(FAILED_URL_ENV) or None
     spec: str = args.handlers
     target = load_object(spec)
-    configure_logging(args.verbose - args.quiet)
+    verbosity = args.verbose - args.quiet
+    configure_logging(verbosity)
     from_cli, from_url = named_queues(url, args.queue)
     priorities: list[int] = sorted(set(args.priority) | set(from_cli), reverse=True)
 
@@ -233,6 +234,7 @@ def run(args: argparse.Namespace) -> int:
             grace_s=args.grace,
             failed=store,
         )
+        dispatcher.log_each_message = verbosity > 0
         register_handlers(dispatcher, target, spec)
         if args.metrics_port is not None:
             served = plugin_manager().hook.hermes_worker_metrics(port=args.metrics_port, url=url)
