@@ -27,6 +27,7 @@ from hermes.core import (
     Driver,
     DriverError,
     Message,
+    QueueStats,
     Received,
 )
 from hermes.drivers.redis import _scripts
@@ -322,6 +323,63 @@ class RedisSetDriver(Driver):
         return _RedisConsumer(self, order)
 
     # Housekeeping --------------------------------------------------------------
+
+    def queue_stats(self) -> list[QueueStats]:
+        """Counts in one pipelined round trip: ``SCARD`` of each set, ``ZCARD`` of the
+        schedule, ``LLEN`` of each rejected list, ``ZCARD`` of each lease set.
+
+        The schedule holds the delayed messages of every priority, and they all
+        land on the default priority when due: its count is on the
+        default-priority row (None on the others). In flight is None for an
+        at-most-once driver: a popped message is nowhere in Redis.
+        """
+        leasing = self.delivery is Delivery.AT_LEAST_ONCE
+        order = sorted(self._queues.items(), reverse=True)
+        try:
+            with self.client.pipeline(transaction=False) as pipe:
+                pipe.zcard(self.schedule_key)
+                for _, queue in order:
+                    pipe.scard(queue)
+                    pipe.llen(rejected_key(queue))
+                    if leasing:
+                        pipe.zcard(inflight_key(queue))
+                replies = iter(pipe.execute())
+        except redis.RedisError as exc:
+            raise translate_error(exc, f"counting the queues of {self!r}", DriverError) from exc
+        scheduled = int(next(replies))
+        rows = []
+        for priority, queue in order:
+            ready, set_aside = int(next(replies)), int(next(replies))
+            rows.append(
+                QueueStats(
+                    priority,
+                    queue,
+                    ready=ready,
+                    scheduled=scheduled if priority == DEFAULT_PRIORITY else None,
+                    in_flight=int(next(replies)) if leasing else None,
+                    set_aside=set_aside,
+                )
+            )
+        return rows
+
+    def clear(self, priority: int | None = None) -> int:
+        """Delete the waiting messages of ``priority`` (every priority: None); how many.
+
+        One script call, so nothing is half deleted: the set of each priority,
+        and the schedule along with the default priority (where its messages
+        land). Leases and rejected lists stay.
+        """
+        if priority is None:
+            keys, schedule = list(self._queues.values()), True
+        else:
+            keys, schedule = [self._queue_key(priority)], priority == DEFAULT_PRIORITY
+        if schedule:
+            keys.append(self.schedule_key)
+        try:
+            removed = _scripts.CLEAR(self._execute, keys, ("1" if schedule else "0",))
+        except redis.RedisError as exc:
+            raise translate_error(exc, f"clearing {self!r}", DriverError) from exc
+        return int(removed)
 
     def purge(self) -> None:
         """Delete every key this driver uses: sets, schedule, leases, wake and rejected lists."""

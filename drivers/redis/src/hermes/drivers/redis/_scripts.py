@@ -325,6 +325,26 @@ return {#due, first[2] or false, recovered}
 """
 )
 
+#: Delete what waits in sets and, optionally, a schedule; how many members that was.
+#:
+#: KEYS: the sets, then the schedule sorted set if ARGV[1] is '1'.
+CLEAR = LuaScript(
+    """
+local removed = 0
+local sets = #KEYS
+if ARGV[1] == '1' then
+    sets = sets - 1
+    removed = redis.call('ZCARD', KEYS[#KEYS])
+    redis.call('DEL', KEYS[#KEYS])
+end
+for i = 1, sets do
+    removed = removed + redis.call('SCARD', KEYS[i])
+    redis.call('DEL', KEYS[i])
+end
+return removed
+"""
+)
+
 
 def _bulk(value: bytes) -> bytes:
     return b"$%d\r\n%s\r\n" % (len(value), value)
