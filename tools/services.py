@@ -175,6 +175,9 @@ def service_url(name: str) -> Iterator[str]:
             yield f"file://{path}"
     elif name == "redis":
         yield ensure_redis()
+    elif name == "redis-at-least-once":
+        # A short lease brings a killed worker's message back quickly.
+        yield ensure_redis() + "?delivery=at-least-once&lease_timeout=5"
     elif name == "rabbitmq":
         yield ensure_rabbitmq() + "?queue=hermes"
     elif name == "rabbitmq-delay":
