@@ -2,21 +2,33 @@
 
     python drivers/redis/benchmarks/throughput.py [URL] [--messages N] [--rounds R]
 
-handle: a Dispatcher with a no-op handler draining N queued messages, vs a
-raw ``SPOP`` loop (no decoding) over the same set. emit: ``Emitter.emit`` vs
-a raw ``SADD`` of the same serialized strings. The best of R rounds each.
+handle: a Dispatcher with a no-op handler draining N queued messages, in
+each delivery mode (at-most-once: ``SPOP``; at-least-once: a lease per
+message), vs a raw ``SPOP`` loop (no decoding) over the same set. emit:
+``Emitter.emit`` vs a raw ``SADD`` of the same serialized strings. The rows
+take turns within each round, so noise on a shared machine hits them alike;
+each figure is the median of R rounds, and the ratios are taken per round.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import time
 from collections.abc import Callable
 
 import redis
 
-from hermes.core import Dispatcher, Emitter, Message, MessageSerializer, connect, isolated_url
+from hermes.core import (
+    Dispatcher,
+    DriverUrl,
+    Emitter,
+    Message,
+    MessageSerializer,
+    connect,
+    isolated_url,
+)
 from hermes.drivers.redis import RedisSetDriver
 
 
@@ -29,32 +41,36 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("url", nargs="?", default="redis://127.0.0.1:6379/0")
     parser.add_argument("--messages", type=int, default=20000)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     n = args.messages
+    parsed = DriverUrl.parse(args.url)
+    if "delivery" in parsed.options:
+        parser.error("the URL must not choose a delivery mode: both modes are measured")
     url = isolated_url(args.url, f"hermes-bench-throughput-{os.getpid()}")
+    leasing_url = DriverUrl.parse(url).with_options(delivery="at-least-once")
     probe = connect(url)
     assert isinstance(probe, RedisSetDriver)
     key = probe.key
-    client = redis.Redis.from_url(args.url)
+    client = redis.Redis.from_url(args.url.split("?")[0])
     serializer = MessageSerializer()
 
     def fill() -> None:
-        driver = connect(url)
-        assert isinstance(driver, RedisSetDriver)
-        driver.purge()
-        driver.send_batch([Message("noop", {"i": i}) for i in range(n)])
-        driver.close()
+        probe.purge()
+        probe.send_batch([Message("noop", {"i": i}) for i in range(n)])
 
     def raw_spop() -> None:
         while client.spop(key) is not None:
             pass
 
-    def hermes_handle() -> None:
-        driver = connect(url)
-        driver.set_max_process_items(n)
-        Dispatcher(driver).register_handler("noop", Noop()).handle()
-        driver.close()
+    def hermes_handle(worker_url: str) -> Callable[[], None]:
+        def run() -> None:
+            driver = connect(worker_url)
+            driver.set_max_process_items(n)
+            Dispatcher(driver).register_handler("noop", Noop()).handle()
+            driver.close()
+
+        return run
 
     bodies = [serializer.serialize(Message("noop", {"i": i})) for i in range(n)]
 
@@ -69,31 +85,42 @@ def main() -> None:
             emitter.emit(Message("noop", {"i": i}))
         driver.close()
 
-    def best(run: Callable[[], None], prepare: Callable[[], None]) -> float:
-        rates: list[float] = []
-        for _ in range(args.rounds):
-            prepare()
-            start = time.perf_counter()
-            run()
-            rates.append(n / (time.perf_counter() - start))
-        return max(rates)
+    def timed(run: Callable[[], None], prepare: Callable[[], None]) -> float:
+        prepare()
+        start = time.perf_counter()
+        run()
+        return n / (time.perf_counter() - start)
 
-    def empty() -> None:
-        probe.purge()
-
-    figures = {
-        "handle raw SPOP": best(raw_spop, fill),
-        "handle Hermes": best(hermes_handle, fill),
-        "emit raw SADD": best(raw_sadd, empty),
-        "emit Hermes": best(hermes_emit, empty),
+    rows: dict[str, tuple[Callable[[], None], Callable[[], None]]] = {
+        "handle raw SPOP": (raw_spop, fill),
+        "handle Hermes at-most-once": (hermes_handle(url), fill),
+        "handle Hermes at-least-once": (hermes_handle(leasing_url), fill),
+        "emit raw SADD": (raw_sadd, probe.purge),
+        "emit Hermes": (hermes_emit, probe.purge),
     }
-    empty()
+    rates: dict[str, list[float]] = {name: [] for name in rows}
+    for _ in range(args.rounds):
+        for name, (run, prepare) in rows.items():
+            rates[name].append(timed(run, prepare))
+    probe.purge()
     probe.close()
-    for name, rate in figures.items():
-        print(f"{name:16s} {rate:8.0f} msg/s")
-    handle = figures["handle Hermes"] / figures["handle raw SPOP"]
-    emit = figures["emit Hermes"] / figures["emit raw SADD"]
-    print(f"Hermes/raw: handle {handle:.2f}x, emit {emit:.2f}x")
+    for name, values in rates.items():
+        print(
+            f"{name:28s} {statistics.median(values):8.0f} msg/s  (rounds: "
+            + ", ".join(f"{v:.0f}" for v in values)
+            + ")"
+        )
+
+    def ratio(ours: str, raw: str) -> str:
+        per_round = [a / b for a, b in zip(rates[ours], rates[raw], strict=True)]
+        return f"{statistics.median(per_round):.2f}x (min {min(per_round):.2f}x)"
+
+    for label, ours, raw in (
+        ("handle, at-most-once", "handle Hermes at-most-once", "handle raw SPOP"),
+        ("handle, at-least-once", "handle Hermes at-least-once", "handle raw SPOP"),
+        ("emit", "emit Hermes", "emit raw SADD"),
+    ):
+        print(f"Hermes/raw {label + ':':23s} {ratio(ours, raw)}")
 
 
 if __name__ == "__main__":
