@@ -29,6 +29,9 @@ from urllib.parse import quote
 
 REDIS_PORT = 6379
 AMQP_PORT = 5672
+#: The options of the redis-at-least-once target: a short lease brings a killed
+#: worker's message back within seconds.
+REDIS_AT_LEAST_ONCE = "delivery=at-least-once&lease_timeout=5"
 
 
 def listening(port: int, host: str = "127.0.0.1") -> bool:
@@ -176,8 +179,7 @@ def service_url(name: str) -> Iterator[str]:
     elif name == "redis":
         yield ensure_redis()
     elif name == "redis-at-least-once":
-        # A short lease brings a killed worker's message back quickly.
-        yield ensure_redis() + "?delivery=at-least-once&lease_timeout=5"
+        yield f"{ensure_redis()}?{REDIS_AT_LEAST_ONCE}"
     elif name == "rabbitmq":
         yield ensure_rabbitmq() + "?queue=hermes"
     elif name == "rabbitmq-delay":
