@@ -531,6 +531,7 @@ PAIRS = [
     # broker, Hermes system, raw system, target for Hermes/raw
     ("filesystem", "hermes fsync=false", "raw (rename+read+unlink)", ""),
     ("redis", "hermes", "raw redis-py", ">= 0.7x raw SPOP loop"),
+    ("redis", "hermes at-least-once", "raw redis-py", ">= 0.8x raw SPOP loop"),
     ("rabbitmq", "hermes prefetch=1", "raw pika prefetch=1", ">= 0.7x raw pika"),
     ("rabbitmq", "hermes prefetch=50", "raw pika prefetch=50", ">= 0.7x raw pika"),
     ("sqs", "hermes", "raw boto3", ""),
@@ -688,6 +689,7 @@ def main() -> int:
         url = services.ensure_redis()
         for _ in range(rounds):
             bench_hermes(run, "redis", "hermes", url, n)
+            bench_hermes(run, "redis", "hermes at-least-once", f"{url}?delivery=at-least-once", n)
             raw_redis(run, url, n)
         for system, tuned in (
             ("celery", False),
