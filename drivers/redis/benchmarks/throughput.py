@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import redis
 
@@ -29,7 +32,11 @@ from hermes.core import (
     connect,
     isolated_url,
 )
+from hermes.core._registry import installed_plugins
 from hermes.drivers.redis import RedisSetDriver
+
+#: Where the last run's table goes (the README's figures cite it).
+RESULTS = Path(__file__).with_name("results") / "throughput.md"
 
 
 class Noop:
@@ -42,6 +49,9 @@ def main() -> None:
     parser.add_argument("url", nargs="?", default="redis://127.0.0.1:6379/0")
     parser.add_argument("--messages", type=int, default=20000)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--out", default=str(RESULTS), help="write the table here ('' to only print it)"
+    )
     args = parser.parse_args()
     n = args.messages
     parsed = DriverUrl.parse(args.url)
@@ -104,23 +114,39 @@ def main() -> None:
             rates[name].append(timed(run, prepare))
     probe.purge()
     probe.close()
-    for name, values in rates.items():
-        print(
-            f"{name:28s} {statistics.median(values):8.0f} msg/s  (rounds: "
-            + ", ".join(f"{v:.0f}" for v in values)
-            + ")"
-        )
 
     def ratio(ours: str, raw: str) -> str:
         per_round = [a / b for a, b in zip(rates[ours], rates[raw], strict=True)]
         return f"{statistics.median(per_round):.2f}x (min {min(per_round):.2f}x)"
 
+    observers = [p.name for p in installed_plugins() if set(p.hooks) - {"hermes_drivers"}]
+    plugins = ", ".join(observers) or "none"
+    lines = [
+        "`" + " ".join(["python drivers/redis/benchmarks/throughput.py", *sys.argv[1:]]) + "`",
+        f"{time.strftime('%Y-%m-%d %H:%M %Z')}; {os.cpu_count()} cores, Python "
+        f"{platform.python_version()}, redis-py {redis.__version__}, observer plugins: {plugins}; "
+        f"n = {n} messages per row, {args.rounds} rounds, the rows taking turns in each.",
+        "",
+        "| row | median msgs/s | each round |",
+        "|---|---:|---|",
+    ]
+    for name, values in rates.items():
+        each = ", ".join(f"{v:,.0f}" for v in values)
+        lines.append(f"| {name} | {statistics.median(values):,.0f} | {each} |")
+    lines += ["", "| Hermes / raw, per round | median (min) |", "|---|---|"]
     for label, ours, raw in (
         ("handle, at-most-once", "handle Hermes at-most-once", "handle raw SPOP"),
         ("handle, at-least-once", "handle Hermes at-least-once", "handle raw SPOP"),
         ("emit", "emit Hermes", "emit raw SADD"),
     ):
-        print(f"Hermes/raw {label + ':':23s} {ratio(ours, raw)}")
+        lines.append(f"| {label} | {ratio(ours, raw)} |")
+    report = "\n".join(lines) + "\n"
+    print(report)
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(report)
+        print(f"written to {out}")
 
 
 if __name__ == "__main__":
