@@ -40,6 +40,8 @@ WAKE_LIST_CAP = 32
 #: Bodies a rejected list keeps, newest first: enough to see what a broken
 #: producer sends, bounded so that it cannot fill Redis.
 REJECTED_CAP = 1000
+#: How long closing a consumer waits for a lease renewal in progress.
+_RENEWER_JOIN_S = 5.0
 #: Redis wakes blocked clients on its ``hz`` tick (100 ms by default); a shorter
 #: wait for a scheduled message is a plain sleep instead.
 _SHORT_WAIT_S = 0.1
@@ -649,7 +651,8 @@ class _LeasingConsumer(_RedisConsumer):
     def close(self) -> None:
         self.stopping.set()
         if self.renewer is not None:
-            self.renewer.join()
+            # At most one renewal is in progress; one stuck on a dead server is not waited for.
+            self.renewer.join(_RENEWER_JOIN_S)
         try:
             if self.acks:
                 self._claim(b"")  # an empty token: acknowledge, take nothing
@@ -681,7 +684,7 @@ class _LeasingConsumer(_RedisConsumer):
         except NoScriptError:  # a new or restarted server: send the script itself
             args: list[int | bytes] = [self.lease_ms, token, count, *acks]
             reply = _scripts.CLAIM(self._execute, self.claim_keys, args, raw=True)
-        acks.clear()  # done, or lost with the reply: the leases run out either way
+        acks.clear()  # sent; after an error they stay, to go with the next take
         return reply
 
     def _pop(self) -> Received | None:
