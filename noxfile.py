@@ -18,7 +18,7 @@ CONFORMANCE = "conformance"
 #: Driver directory -> the names ``tools/services.py`` knows its brokers by.
 DRIVERS = {
     "filesystem": ["filesystem"],
-    "redis": ["redis"],
+    "redis": ["redis", "redis-at-least-once"],
     "rabbitmq": ["rabbitmq", "rabbitmq-delay"],
     "sqs": ["sqs", "sqs-delay"],
     "kafka": ["kafka", "kafka-delay"],

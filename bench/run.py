@@ -890,7 +890,7 @@ def clean_peer_queue(url: str, queue: str) -> None:
 #: Each broker's Hermes settings; the first is what a URL without options gives.
 HERMES_SETTINGS = {
     "filesystem": [HermesSetting("fsync=true", ""), HermesSetting("fsync=false", "fsync=false")],
-    "redis": [HermesSetting("")],
+    "redis": [HermesSetting(""), HermesSetting("at-least-once", "delivery=at-least-once")],
     "rabbitmq": [
         HermesSetting("prefetch=1", "prefetch=1"), HermesSetting("prefetch=50", "prefetch=50")
     ],
@@ -901,6 +901,7 @@ HERMES_SETTINGS = {
 RAW = {
     ("filesystem", "fsync=false"): "raw (rename+read+unlink)",
     ("redis", ""): "raw redis-py",
+    ("redis", "at-least-once"): "raw redis-py",
     ("rabbitmq", "prefetch=1"): "raw pika prefetch=1",
     ("rabbitmq", "prefetch=50"): "raw pika prefetch=50",
     ("sqs", ""): "raw boto3",

@@ -29,6 +29,9 @@ from urllib.parse import quote
 
 REDIS_PORT = 6379
 AMQP_PORT = 5672
+#: The options of the redis-at-least-once target: a short lease brings a killed
+#: worker's message back within seconds.
+REDIS_AT_LEAST_ONCE = "delivery=at-least-once&lease_timeout=5"
 
 
 def listening(port: int, host: str = "127.0.0.1") -> bool:
@@ -175,6 +178,8 @@ def service_url(name: str) -> Iterator[str]:
             yield f"file://{path}"
     elif name == "redis":
         yield ensure_redis()
+    elif name == "redis-at-least-once":
+        yield f"{ensure_redis()}?{REDIS_AT_LEAST_ONCE}"
     elif name == "rabbitmq":
         yield ensure_rabbitmq() + "?queue=hermes"
     elif name == "rabbitmq-delay":

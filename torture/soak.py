@@ -14,11 +14,15 @@ Each driver runs twice: workers with one handler at a time, and workers
 running 4 handlers at once (``Dispatcher(concurrency=4)``), so a kill lands
 on several messages in flight.
 
-Rules: at-least-once drivers lose nothing; Redis (at-most-once) loses at
+Redis runs in both delivery modes: ``redis`` (at-most-once, the default) and
+``redis-at-least-once`` (leases that run out after 5 s).
+
+Rules: at-least-once drivers lose nothing; Redis at-most-once loses at
 most one message per kill and handler thread (the ones the killed worker had
-popped); nothing is ever unexpected. Broker-restart runs (Redis, RabbitMQ) restart the server
-mid-run while an emitter keeps emitting: every ``emit`` either raised or its
-message is eventually handled. Exit status 1 if any rule is broken.
+popped); nothing is ever unexpected. Broker-restart runs (Redis in both modes,
+RabbitMQ) restart the server mid-run while an emitter keeps emitting: every
+``emit`` either raised or its message is eventually handled. Exit status 1 if
+any rule is broken.
 """
 
 from __future__ import annotations
@@ -352,20 +356,25 @@ def main() -> int:
 
         return go
 
-    def redis_restart() -> Outcome:
-        with private_redis() as (url, restart):
-            return soak("redis + restart", url, count // 2, kill_phase, restart)
+    def redis_restart(target: str, options: str = "") -> Callable[[], Outcome]:
+        def go() -> Outcome:
+            with private_redis() as (url, restart):
+                return soak(f"{target} + restart", url + options, count // 2, kill_phase, restart)
+
+        return go
 
     def rabbitmq_restart() -> Outcome:
         url = services.ensure_rabbitmq() + "?queue=hermes"
         return soak("rabbitmq + restart", url, count // 2, kill_phase, restart_rabbitmq)
 
-    for name in ("filesystem", "redis", "rabbitmq", "sqs", "kafka"):
-        if (ROOT / "drivers" / name / "pyproject.toml").exists():
+    for name in ("filesystem", "redis", "redis-at-least-once", "rabbitmq", "sqs", "kafka"):
+        if (ROOT / "drivers" / name.split("-")[0] / "pyproject.toml").exists():
             run(name, with_service(name))
             run(f"{name} x{CONCURRENCY}", with_service(name, CONCURRENCY))
     if (ROOT / "drivers" / "redis" / "pyproject.toml").exists():
-        run("redis + restart", redis_restart)
+        run("redis + restart", redis_restart("redis"))
+        leases = f"?{services.REDIS_AT_LEAST_ONCE}"
+        run("redis-at-least-once + restart", redis_restart("redis-at-least-once", leases))
     if (ROOT / "drivers" / "rabbitmq" / "pyproject.toml").exists():
         run("rabbitmq + restart", rabbitmq_restart)
     print()

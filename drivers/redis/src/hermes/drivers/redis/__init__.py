@@ -11,10 +11,23 @@ from typing import TYPE_CHECKING
 from hermes.core import lazy_exports
 
 if TYPE_CHECKING:
-    from hermes.drivers.redis._driver import RedisSetDriver, rejected_key, wake_key
+    from hermes.drivers.redis._driver import (
+        RedisSetDriver,
+        inflight_bodies_key,
+        inflight_key,
+        rejected_key,
+        wake_key,
+    )
     from hermes.drivers.redis._shutdown import RedisShutdown
 
-__all__ = ["RedisSetDriver", "RedisShutdown", "rejected_key", "wake_key"]
+__all__ = [
+    "RedisSetDriver",
+    "RedisShutdown",
+    "inflight_bodies_key",
+    "inflight_key",
+    "rejected_key",
+    "wake_key",
+]
 
 # Loading the plugin imports this package; redis-py is imported on first use of a
 # name instead, so a process that never uses this broker does not pay for it.
@@ -23,6 +36,8 @@ if not TYPE_CHECKING:  # type checkers read the imports above, and still flag ty
         __name__,
         {
             "RedisSetDriver": "._driver",
+            "inflight_bodies_key": "._driver",
+            "inflight_key": "._driver",
             "rejected_key": "._driver",
             "wake_key": "._driver",
             "RedisShutdown": "._shutdown",

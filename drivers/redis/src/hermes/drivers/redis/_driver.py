@@ -2,23 +2,32 @@
 
 from __future__ import annotations
 
+import itertools
+import logging
+import os
+import secrets
+import socket
+import threading
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import redis
 from redis.connection import Connection
-from redis.exceptions import AuthenticationError, AuthorizationError
+from redis.exceptions import AuthenticationError, AuthorizationError, NoScriptError
 
 from hermes.core import (
     DEFAULT_PRIORITY,
     BrokerUnavailableError,
     ConfigurationError,
     Consumer,
+    Delivery,
     DeliveryError,
     Driver,
     DriverError,
     Message,
+    QueueStats,
     Received,
 )
 from hermes.drivers.redis import _scripts
@@ -31,9 +40,18 @@ WAKE_LIST_CAP = 32
 #: Bodies a rejected list keeps, newest first: enough to see what a broken
 #: producer sends, bounded so that it cannot fill Redis.
 REJECTED_CAP = 1000
+#: How long closing a consumer waits for a lease renewal in progress.
+_RENEWER_JOIN_S = 5.0
 #: Redis wakes blocked clients on its ``hz`` tick (100 ms by default); a shorter
 #: wait for a scheduled message is a plain sleep instead.
 _SHORT_WAIT_S = 0.1
+
+#: At-least-once: how long a lease lasts unless renewed, by default.
+LEASE_TIMEOUT_S = 30.0
+#: A lease is renewed this many times per lease timeout while its handler runs.
+RENEWALS_PER_LEASE = 3
+
+logger = logging.getLogger("hermes.drivers.redis")
 
 #: Errors after which a new connection may work.
 _RECONNECTABLE = (redis.ConnectionError, redis.TimeoutError)
@@ -58,6 +76,21 @@ def rejected_key(queue_key: str) -> str:
     why each was rejected.
     """
     return f"{queue_key}_rejected"
+
+
+def inflight_key(queue_key: str) -> str:
+    """At-least-once: the sorted set of the leases on messages taken from ``queue_key``.
+
+    Each member is a lease token (``<host>:<pid>:<random>:<n>``, naming the
+    worker that holds it), its score the lease deadline in milliseconds of
+    the Redis server's clock. The bodies are in :func:`inflight_bodies_key`.
+    """
+    return f"{queue_key}_inflight"
+
+
+def inflight_bodies_key(queue_key: str) -> str:
+    """At-least-once: the hash of lease token -> body of the messages taken from ``queue_key``."""
+    return f"{queue_key}_inflight_bodies"
 
 
 def translate_error(exc: redis.RedisError, doing: str, failed: type[DriverError]) -> DriverError:
@@ -85,11 +118,20 @@ class RedisSetDriver(Driver):
       is in the future goes to the sorted set ``schedule_key`` (score =
       ``execute_at``) and is moved to the default-priority set when due, by one
       Lua script, so several workers never move one message twice or lose it.
-    * A worker ``SPOP``\\ s a message *before* the callback: delivery is
-      at-most-once; a worker that dies mid-handler, or whose callback raises,
-      loses that message. Sets are read from the highest priority down. A body
-      that is not a Hermes message is pushed to ``<queue>_rejected``
-      (:func:`rejected_key`, the newest :data:`REJECTED_CAP` kept).
+    * By default (``delivery="at-most-once"``, PHP's way) a worker ``SPOP``\\ s
+      a message *before* the callback: a worker that dies mid-handler, or
+      whose callback raises, loses that message.
+    * ``delivery="at-least-once"``: a worker moves the message, in the same
+      script call, from its set to a lease (:func:`inflight_key`,
+      :func:`inflight_bodies_key`) that its worker renews while the handler
+      runs; acknowledging deletes the lease, releasing puts the body back at
+      once. A lease whose worker died runs out after ``lease_timeout_s`` and
+      any worker on that set puts the body back, so it is delivered again
+      within :attr:`Capabilities.redelivery_timeout_s`. Emitters are the same
+      in both modes; a PHP worker on the same set still pops at most once.
+    * Sets are read from the highest priority down. A body that is not a
+      Hermes message is pushed to ``<queue>_rejected`` (:func:`rejected_key`,
+      the newest :data:`REJECTED_CAP` kept).
     * Wake-up: ``send`` also pushes a token to ``<queue>_wakeup`` (capped at
       :data:`WAKE_LIST_CAP`) in the same script call; an idle worker blocks on
       those lists, so it starts a Python-emitted message within a round trip.
@@ -128,8 +170,33 @@ class RedisSetDriver(Driver):
         *,
         prefix: str = "",
         close_client: bool = False,
+        delivery: Delivery | str = Delivery.AT_MOST_ONCE,
+        lease_timeout_s: float | None = None,
     ) -> None:
         super().__init__()
+        try:
+            delivery = Delivery(delivery)
+        except ValueError:
+            raise ConfigurationError(
+                f"RedisSetDriver delivery must be 'at-most-once' or 'at-least-once', "
+                f"got {delivery!r}"
+            ) from None
+        if lease_timeout_s is not None and delivery is not Delivery.AT_LEAST_ONCE:
+            raise ConfigurationError(
+                f"RedisSetDriver lease_timeout_s={lease_timeout_s!r} needs "
+                "delivery='at-least-once': an at-most-once worker holds no lease"
+            )
+        if lease_timeout_s is None:
+            lease_timeout_s = LEASE_TIMEOUT_S
+        if (
+            isinstance(lease_timeout_s, bool)
+            or not isinstance(lease_timeout_s, int | float)
+            or not 1 <= lease_timeout_s <= 86400
+        ):
+            raise ConfigurationError(
+                f"RedisSetDriver lease_timeout_s must be a number of seconds from 1 to 86400, "
+                f"got {lease_timeout_s!r}"
+            )
         if not isinstance(key, str) or not key:
             raise ConfigurationError(f"RedisSetDriver key must be a non-empty string, got {key!r}")
         if not isinstance(schedule_key, str) or not schedule_key:
@@ -155,6 +222,18 @@ class RedisSetDriver(Driver):
         #: The Redis key of the schedule sorted set (with the prefix).
         self.schedule_key = prefix + schedule_key
         self.refresh_interval = float(refresh_interval)
+        #: When a message leaves Redis: on receive (at-most-once) or on acknowledgement.
+        self.delivery = delivery
+        #: At-least-once: how long a lease lasts unless its worker renews it.
+        self.lease_timeout_s = float(lease_timeout_s)
+        if delivery is Delivery.AT_LEAST_ONCE:
+            # A run-out lease is put back by the next look at the schedule: at
+            # most a second later on an idle worker (core caps each receive at it).
+            self.capabilities = replace(
+                type(self).capabilities,
+                delivery=delivery,
+                redelivery_timeout_s=self.lease_timeout_s + 1.0,
+            )
         self._close_client = close_client
         self._execute = _scripts.on_pool(client)
         #: priority -> set key
@@ -241,15 +320,75 @@ class RedisSetDriver(Driver):
 
     def consumer(self, priorities: Sequence[int], *, concurrency: int = 1) -> Consumer:
         order = self.check_priorities(self._queues, priorities)
+        if self.delivery is Delivery.AT_LEAST_ONCE:
+            return _LeasingConsumer(self, order)
         return _RedisConsumer(self, order)
 
     # Housekeeping --------------------------------------------------------------
 
+    def queue_stats(self) -> list[QueueStats]:
+        """Counts in one pipelined round trip: ``SCARD`` of each set, ``ZCARD`` of the
+        schedule, ``LLEN`` of each rejected list, ``ZCARD`` of each lease set.
+
+        The schedule holds the delayed messages of every priority, and they all
+        land on the default priority when due: its count is on the
+        default-priority row (None on the others). In flight is None for an
+        at-most-once driver: a popped message is nowhere in Redis.
+        """
+        leasing = self.delivery is Delivery.AT_LEAST_ONCE
+        order = sorted(self._queues.items(), reverse=True)
+        try:
+            with self.client.pipeline(transaction=False) as pipe:
+                pipe.zcard(self.schedule_key)
+                for _, queue in order:
+                    pipe.scard(queue)
+                    pipe.llen(rejected_key(queue))
+                    if leasing:
+                        pipe.zcard(inflight_key(queue))
+                replies = iter(pipe.execute())
+        except redis.RedisError as exc:
+            raise translate_error(exc, f"counting the queues of {self!r}", DriverError) from exc
+        scheduled = int(next(replies))
+        rows = []
+        for priority, queue in order:
+            ready, set_aside = int(next(replies)), int(next(replies))
+            rows.append(
+                QueueStats(
+                    priority,
+                    queue,
+                    ready=ready,
+                    scheduled=scheduled if priority == DEFAULT_PRIORITY else None,
+                    in_flight=int(next(replies)) if leasing else None,
+                    set_aside=set_aside,
+                )
+            )
+        return rows
+
+    def clear(self, priority: int | None = None) -> int:
+        """Delete the waiting messages of ``priority`` (every priority: None); how many.
+
+        One script call, so nothing is half deleted: the set of each priority,
+        and the schedule along with the default priority (where its messages
+        land). Leases and rejected lists stay.
+        """
+        if priority is None:
+            keys, schedule = list(self._queues.values()), True
+        else:
+            keys, schedule = [self._queue_key(priority)], priority == DEFAULT_PRIORITY
+        if schedule:
+            keys.append(self.schedule_key)
+        try:
+            removed = _scripts.CLEAR(self._execute, keys, ("1" if schedule else "0",))
+        except redis.RedisError as exc:
+            raise translate_error(exc, f"clearing {self!r}", DriverError) from exc
+        return int(removed)
+
     def purge(self) -> None:
-        """Delete every key this driver uses: sets, schedule, wake and rejected lists."""
+        """Delete every key this driver uses: sets, schedule, leases, wake and rejected lists."""
         keys = {self.schedule_key}
         for queue in self._queues.values():
             keys |= {queue, wake_key(queue), rejected_key(queue)}
+            keys |= {inflight_key(queue), inflight_bodies_key(queue)}
         try:
             self.client.delete(*sorted(keys))
         except redis.RedisError as exc:
@@ -266,7 +405,9 @@ class RedisSetDriver(Driver):
         where = f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
         if "path" in kwargs:
             where = f"unix:{kwargs['path']}"
-        return f"<RedisSetDriver {scheme}://{where}/{kwargs.get('db', 0)} key={self.key!r}>"
+        mode = " at-least-once" if self.delivery is Delivery.AT_LEAST_ONCE else ""
+        db = kwargs.get("db", 0)
+        return f"<RedisSetDriver {scheme}://{where}/{db} key={self.key!r}{mode}>"
 
 
 class _RedisConsumer(Consumer):
@@ -307,7 +448,11 @@ class _RedisConsumer(Consumer):
         self.keys = [driver._queues[p] for p in self.priorities]
         self.wake_keys = list(dict.fromkeys(wake_key(k) for k in self.keys))
         default_key = driver._queues[DEFAULT_PRIORITY]
-        self.move_keys = (driver.schedule_key, default_key, wake_key(default_key))
+        self.move_keys: tuple[str, ...] = (
+            driver.schedule_key,
+            default_key,
+            wake_key(default_key),
+        )
         #: ``time.monotonic()`` after which the next receive first moves due messages.
         self.move_at = 0.0
         #: ``execute_at`` of the earliest scheduled message, as of the last move.
@@ -342,12 +487,17 @@ class _RedisConsumer(Consumer):
             self.pool.release(self.connection)
             self.connection = None
 
-    def _execute(self, command: Sequence[Any], raw: bool) -> Any:
+    def _execute(self, command: Sequence[Any] | bytes, raw: bool) -> Any:
+        """Run ``command`` (words, or bytes packed already) on the held connection."""
         connection = self.connection
         if connection is None:
             connection = self.connection = self.pool.get_connection()
         try:
-            connection.send_command(*command)
+            if type(command) is bytes:
+                # A list of chunks: redis-py iterates what it is given (types-redis says str).
+                connection.send_packed_command([command])  # type: ignore[list-item]
+            else:
+                connection.send_command(*command)
             return connection.read_response(disable_decoding=raw)
         except redis.ResponseError:
             raise  # Redis answered: the connection is in step
@@ -394,3 +544,222 @@ class _RedisConsumer(Consumer):
             time.sleep(timeout)
             return False
         return self._execute(("BLPOP", *self.wake_keys, round(timeout, 3)), True) is not None
+
+
+class _LeasingConsumer(_RedisConsumer):
+    """At-least-once: each message taken is held under a lease until it is settled.
+
+    * :meth:`receive` takes a body with one script call that moves it from its
+      set to a lease (token -> body in ``<set>_inflight_bodies``, token ->
+      deadline on the server's clock in ``<set>_inflight``) and, in the same
+      call, acknowledges what this thread acknowledged since the last one: a
+      serial worker pays one round trip per message, as the ``SPOP`` loop does.
+      Its look at the schedule (every :data:`MOVE_INTERVAL_S` while busy,
+      before every idle wait) also puts back the bodies of its sets' leases
+      that ran out, whichever worker held them: a script does it, so only one
+      worker puts a body back, and the set hands it to one worker.
+    * A daemon thread renews every lease this consumer holds
+      :data:`RENEWALS_PER_LEASE` times per lease timeout (one script call for
+      all of them), so a handler that runs longer than the lease keeps its
+      message. A worker that dies stops renewing; its leases run out.
+    * :meth:`ack` on the thread that receives is deferred to the next
+      :meth:`receive` (or :meth:`close`); from any other thread (handlers run
+      concurrently) it is one script call on a connection from the pool.
+      :meth:`release` puts the body back at once; :meth:`reject` moves it
+      from its lease to ``rejected_key(set)``. All three may be called from any
+      thread: only :meth:`receive` and :meth:`close` use the held connection.
+    * :meth:`close` sends the deferred acknowledgements and stops renewing.
+      Leases still held then (handlers that outlived the worker's grace
+      period) run out and are delivered again, rather than handed to another
+      worker while their handler may still be running.
+
+    ``Received.token`` is ``(index of the set, lease token)``.
+    """
+
+    def __init__(self, driver: RedisSetDriver, priorities: Sequence[int]) -> None:
+        super().__init__(driver, priorities)
+        self.lease_ms = round(driver.lease_timeout_s * 1000)
+        self.claim_keys = [
+            *self.keys,
+            *(inflight_key(k) for k in self.keys),
+            *(inflight_bodies_key(k) for k in self.keys),
+        ]
+        self.claim = _scripts.PackedCall(_scripts.CLAIM, self.claim_keys, [self.lease_ms])
+        self.move_keys = (
+            *self.move_keys,
+            *(
+                key
+                for queue in self.keys
+                for key in (queue, inflight_key(queue), inflight_bodies_key(queue), wake_key(queue))
+            ),
+        )
+        #: Lease token -> index (1-based) of its set: the leases this consumer holds.
+        self.held: dict[bytes, int] = {}
+        self.lock = threading.Lock()
+        #: ``[index, token, ...]`` acknowledged on the receiving thread, not yet sent.
+        self.acks: list[bytes] = []
+        #: The thread that receives (:func:`threading.get_ident`), set on the first receive.
+        self.receiver: int | None = None
+        #: ``<host>:<pid>:<random>:``, the start of this consumer's lease tokens.
+        self.owner = b""
+        self.counter = itertools.count(1)
+        self.stopping = threading.Event()
+        self.renewer: threading.Thread | None = None
+        self.renew_failing = False
+
+    def receive(self, timeout_s: float) -> Received | None:
+        if self.renewer is None:
+            self._start()
+        return super().receive(timeout_s)
+
+    def ack(self, received: Received) -> None:
+        index, token = received.token
+        with self.lock:
+            self.held.pop(token, None)
+        if threading.get_ident() == self.receiver:
+            self.acks += (b"%d" % index, token)  # sent with the next claim
+            return
+        queue = self.keys[index - 1]
+        keys = (inflight_key(queue), inflight_bodies_key(queue))
+        try:
+            _scripts.ACK(self.driver._execute, keys, (token,))
+        except redis.RedisError as exc:
+            raise translate_error(exc, f"acknowledging on {queue!r}", DriverError) from exc
+
+    def release(self, received: Received) -> None:
+        index, token = received.token
+        queue = self.keys[index - 1]
+        with self.lock:
+            self.held.pop(token, None)
+        keys = (queue, inflight_key(queue), inflight_bodies_key(queue), wake_key(queue))
+        try:
+            _scripts.RELEASE(self.driver._execute, keys, (token, WAKE_LIST_CAP))
+        except redis.RedisError as exc:
+            raise translate_error(exc, f"releasing to {queue!r}", DriverError) from exc
+
+    def reject(self, received: Received, reason: str) -> None:
+        index, token = received.token
+        queue = self.keys[index - 1]
+        with self.lock:
+            self.held.pop(token, None)
+        keys = (rejected_key(queue), inflight_key(queue), inflight_bodies_key(queue))
+        try:
+            _scripts.SET_ASIDE_LEASED(self.driver._execute, keys, (REJECTED_CAP, token))
+        except redis.RedisError as exc:
+            raise translate_error(exc, f"setting a body aside from {queue!r}", DriverError) from exc
+
+    def close(self) -> None:
+        self.stopping.set()
+        if self.renewer is not None:
+            # At most one renewal is in progress; one stuck on a dead server is not waited for.
+            self.renewer.join(_RENEWER_JOIN_S)
+        try:
+            if self.acks:
+                self._claim(b"")  # an empty token: acknowledge, take nothing
+        except redis.RedisError as exc:
+            logger.warning(
+                "%r: could not acknowledge %d message(s), which are delivered again once "
+                "their leases run out - %s",
+                self.driver,
+                len(self.acks) // 2,
+                translate_error(exc, "acknowledging", DriverError),
+            )
+        finally:
+            super().close()
+
+    def _start(self) -> None:
+        self.receiver = threading.get_ident()
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}:".encode()
+        self.renewer = threading.Thread(
+            target=self._renew_loop, name="hermes-redis-leases", daemon=True
+        )
+        self.renewer.start()
+
+    def _claim(self, token: bytes) -> Any:
+        """Acknowledge the deferred acknowledgements and, with a token, take a body."""
+        acks = self.acks
+        count = b"%d" % (len(acks) // 2)
+        try:
+            reply = self._execute(self.claim.pack(token, count, *acks), True)
+        except NoScriptError:  # a new or restarted server: send the script itself
+            args: list[int | bytes] = [self.lease_ms, token, count, *acks]
+            reply = _scripts.CLAIM(self._execute, self.claim_keys, args, raw=True)
+        acks.clear()  # sent; after an error they stay, to go with the next take
+        return reply
+
+    def _pop(self) -> Received | None:
+        token = b"%s%d" % (self.owner, next(self.counter))
+        reply = self._claim(token)
+        if reply is None:
+            return None
+        if len(self.keys) == 1:
+            index, body = 1, reply
+        else:
+            index, body = int(reply[0]), reply[1]
+        with self.lock:
+            self.held[token] = index
+        return Received(body, self.priorities[index - 1], (index, token))
+
+    def _move_due(self) -> int:
+        moved, first, recovered = _scripts.MOVE_DUE_AND_RECOVER(
+            self._execute,
+            self.move_keys,
+            (repr(time.time()), _scripts.MAX_SCRIPT_VALUES, WAKE_LIST_CAP),
+            raw=True,
+        )
+        self.next_due = None if first is None else float(first)
+        if recovered:
+            logger.warning(
+                "%r: put back %d message(s) whose lease ran out (their worker died or "
+                "stalled); they are delivered again",
+                self.driver,
+                recovered,
+            )
+        if max(moved, recovered) >= _scripts.MAX_SCRIPT_VALUES:
+            self.move_at = 0.0  # more than one call moves: come back at once
+        else:
+            self.move_at = time.monotonic() + MOVE_INTERVAL_S
+        return int(moved) + int(recovered)
+
+    def _renew_loop(self) -> None:
+        interval = self.driver.lease_timeout_s / RENEWALS_PER_LEASE
+        while not self.stopping.wait(interval):
+            self._renew()
+
+    def _renew(self) -> None:
+        """Extend every lease held; log (once per outage) when Redis cannot be reached."""
+        with self.lock:
+            by_set: dict[int, list[bytes]] = {}
+            for token, index in self.held.items():
+                by_set.setdefault(index, []).append(token)
+        if not by_set:
+            return
+        keys: list[str] = []
+        args: list[int | bytes] = [self.lease_ms]
+        for index, tokens in by_set.items():
+            keys.append(inflight_key(self.keys[index - 1]))
+            args += [len(tokens), *tokens]
+        try:
+            lost = _scripts.RENEW(self.driver._execute, keys, args, raw=True)
+        except redis.RedisError as exc:
+            if not self.renew_failing:
+                logger.warning(
+                    "%r: could not renew %d lease(s), trying again every %.1f s - %s",
+                    self.driver,
+                    len(args) - 1 - len(keys),
+                    self.driver.lease_timeout_s / RENEWALS_PER_LEASE,
+                    translate_error(exc, "renewing leases", DriverError),
+                )
+            self.renew_failing = True
+            return
+        if self.renew_failing:
+            logger.info("%r: renews its leases again", self.driver)
+        self.renew_failing = False
+        if lost:
+            logger.warning(
+                "%r: %d lease(s) ran out before they were renewed (%s): another worker "
+                "may get those messages while their handlers still run",
+                self.driver,
+                len(lost),
+                ", ".join(token.decode(errors="replace") for token in lost),
+            )

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from hermes.core import QueueBrowser
     from hermes.drivers.redis._driver import RedisSetDriver
 
-_DRIVER_OPTIONS = ("key", "schedule_key", "refresh_interval", "prefix")
+_DRIVER_OPTIONS = ("key", "schedule_key", "refresh_interval", "prefix", "delivery", "lease_timeout")
 _TLS_OPTIONS = ("ssl_cert_reqs", "ssl_ca_certs")
 _CLIENT_OPTIONS = ("socket_connect_timeout", *_TLS_OPTIONS)
 
@@ -90,6 +90,10 @@ def _from_url(url: DriverUrl, **options: Any) -> RedisSetDriver:
         schedule_key=url.get_str("schedule_key", "hermes_schedule"),
         prefix=url.get_str("prefix", ""),
         close_client=owned,
+        delivery=url.get_str("delivery", "at-most-once"),
+        lease_timeout_s=(
+            url.get_float("lease_timeout", 0.0) if "lease_timeout" in url.options else None
+        ),
     )
 
 

@@ -1,0 +1,364 @@
+"""delivery=at-least-once: leases that are renewed, acknowledged, released, and run out."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from typing import Any
+
+import pytest
+import redis
+from hermes_test_support import DEADLINE_S
+
+from hermes.core import (
+    ConfigurationError,
+    Delivery,
+    Dispatcher,
+    Message,
+    Received,
+    connect,
+)
+from hermes.drivers.redis import (
+    RedisSetDriver,
+    _scripts,
+    inflight_bodies_key,
+    inflight_key,
+    rejected_key,
+    wake_key,
+)
+
+HIGH = 200
+
+
+def leasing(
+    client: redis.Redis[Any], namespace: str, lease_timeout_s: float = 30
+) -> RedisSetDriver:
+    return RedisSetDriver(
+        client,
+        key=namespace,
+        schedule_key=f"{namespace}_schedule",
+        refresh_interval=0.2,
+        delivery="at-least-once",
+        lease_timeout_s=lease_timeout_s,
+    )
+
+
+@pytest.fixture
+def driver(client, namespace) -> RedisSetDriver:
+    return leasing(client, namespace)
+
+
+def leases(client: redis.Redis[Any], queue: str) -> dict[bytes, bytes]:
+    """Lease token -> body, checking the sorted set and the hash agree."""
+    bodies = client.hgetall(inflight_bodies_key(queue))
+    assert set(client.zrange(inflight_key(queue), 0, -1)) == set(bodies)
+    return bodies
+
+
+def server_ms(client: redis.Redis[Any]) -> float:
+    seconds, micros = client.time()
+    return seconds * 1000 + micros / 1000
+
+
+def test_a_url_chooses_the_delivery_and_the_lease_and_the_capabilities_follow():
+    plain = connect("redis://127.0.0.1:6390/0")
+    assert plain.capabilities.delivery is Delivery.AT_MOST_ONCE
+    assert plain.capabilities.redelivery_timeout_s == 0
+    leased = connect("redis://127.0.0.1:6390/0?delivery=at-least-once&lease_timeout=12")
+    assert isinstance(leased, RedisSetDriver)
+    assert leased.capabilities.delivery is Delivery.AT_LEAST_ONCE
+    assert leased.lease_timeout_s == 12
+    assert leased.capabilities.redelivery_timeout_s == 13
+    assert "at-least-once" in repr(leased)
+    default = connect("redis://127.0.0.1:6390/0?delivery=at-least-once")
+    assert default.capabilities.redelivery_timeout_s == 31
+    for driver in (plain, leased, default):
+        driver.close()
+
+
+@pytest.mark.parametrize(
+    ("url", "complaint"),
+    [
+        ("redis://localhost/0?delivery=at_least_once", "'at-most-once' or 'at-least-once'"),
+        ("redis://localhost/0?lease_timeout=10", "needs delivery='at-least-once'"),
+        ("redis://localhost/0?delivery=at-least-once&lease_timeout=0.5", "from 1 to 86400"),
+        ("redis://localhost/0?delivery=at-least-once&lease_timeout=long", "lease_timeout"),
+    ],
+)
+def test_a_bad_delivery_option_fails_at_connect_naming_the_problem(url, complaint):
+    with pytest.raises(ConfigurationError, match=complaint):
+        connect(url)
+
+
+def test_a_received_message_is_held_under_a_lease_naming_its_worker(driver, client, namespace):
+    message = Message("held")
+    driver.send(message)
+    body = driver.serializer.serialize(message).encode()
+    with driver.consumer([]) as consumer:
+        before = server_ms(client)
+        received = consumer.receive(1)
+        assert received is not None and received.body == body
+        assert client.scard(namespace) == 0
+        [(token, deadline)] = client.zrange(inflight_key(namespace), 0, -1, withscores=True)
+        assert leases(client, namespace) == {token: body}
+        host, pid, _, n = token.decode().rsplit(":", 3)
+        assert host == socket.gethostname()
+        assert (int(pid), n) == (os.getpid(), "1")
+        assert before + 29_000 < deadline < server_ms(client) + 30_000 + 1
+        consumer.ack(received)
+    assert leases(client, namespace) == {}
+    assert client.scard(namespace) == 0
+
+
+def test_an_ack_on_the_receiving_thread_is_sent_with_the_next_receive(driver, client, namespace):
+    driver.send_batch([Message("a"), Message("b")])
+    with driver.consumer([]) as consumer:
+        first = consumer.receive(1)
+        consumer.ack(first)
+        assert len(leases(client, namespace)) == 1  # not sent yet
+        second = consumer.receive(1)
+        assert list(leases(client, namespace)) == [second.token[1]]
+        consumer.ack(second)
+        assert consumer.receive(0.2) is None
+        assert leases(client, namespace) == {}
+
+
+def test_an_ack_from_another_thread_is_sent_at_once(driver, client, namespace):
+    driver.send(Message("a"))
+    with driver.consumer([]) as consumer:
+        received = consumer.receive(1)
+        thread = threading.Thread(target=consumer.ack, args=(received,))
+        thread.start()
+        thread.join(DEADLINE_S)
+        assert leases(client, namespace) == {}
+
+
+def test_release_puts_the_body_back_at_once_and_wakes_a_worker(driver, client, namespace):
+    message = Message("again")
+    driver.send(message)
+    client.delete(wake_key(namespace))
+    with driver.consumer([]) as consumer:
+        received = consumer.receive(1)
+        consumer.release(received)
+        assert leases(client, namespace) == {}
+        assert client.smembers(namespace) == {received.body}
+        assert client.llen(wake_key(namespace)) == 1
+        again = consumer.receive(1)
+        assert again is not None and again.body == received.body
+        assert again.token != received.token
+        consumer.ack(again)
+
+
+def test_a_callback_that_raises_puts_its_message_back(driver, client, namespace):
+    class Boom(Exception):
+        pass
+
+    def explode(message: Message, priority: int) -> bool:
+        raise Boom(message.id)
+
+    message = Message("x")
+    driver.send(message)
+    with pytest.raises(Boom):
+        driver.wait(explode)
+    assert client.smembers(namespace) == {driver.serializer.serialize(message).encode()}
+    assert leases(client, namespace) == {}
+
+
+def test_a_lease_that_runs_out_is_put_back_and_delivered_to_another_worker(
+    client, namespace, caplog, eventually
+):
+    caplog.set_level(logging.WARNING, logger="hermes")
+    driver = leasing(client, namespace, lease_timeout_s=1)
+    message = Message("orphan")
+    driver.send(message)
+    dead = driver.consumer([])
+    taken = dead.receive(1)
+    assert taken is not None
+    dead.stopping.set()  # the worker "dies": no more renewals, no acknowledgement
+    with driver.consumer([]) as live:
+        got = eventually(lambda: live.receive(0.2), "the run-out lease to be delivered again")
+        assert got.body == taken.body and got.token != taken.token
+        live.ack(got)
+    assert "put back 1 message(s) whose lease ran out" in caplog.text
+    assert leases(client, namespace) == {}
+    dead.close()
+
+
+def test_a_handler_longer_than_the_lease_keeps_its_message(client, namespace, eventually):
+    driver = leasing(client, namespace, lease_timeout_s=1)
+    driver.send(Message("slow"))
+    other_got: list[Received] = []
+    stop = threading.Event()
+
+    def compete() -> None:  # another worker, looking at the leases all the while
+        with leasing(client, namespace, lease_timeout_s=1).consumer([]) as other:
+            while not stop.is_set():
+                received = other.receive(0.2)
+                if received is not None:
+                    other_got.append(received)
+
+    with driver.consumer([]) as consumer:
+        received = consumer.receive(1)
+        assert received is not None
+        competitor = threading.Thread(target=compete, daemon=True)
+        competitor.start()
+        time.sleep(2.5)  # the "handler": 2.5 leases long
+        consumer.ack(received)
+        stop.set()
+        competitor.join(DEADLINE_S)
+    assert other_got == []
+    assert leases(client, namespace) == {}
+    assert client.scard(namespace) == 0
+
+
+def test_a_renewal_that_finds_its_lease_gone_says_so(driver, client, namespace, caplog):
+    caplog.set_level(logging.WARNING, logger="hermes")
+    driver.send(Message("x"))
+    with driver.consumer([]) as consumer:
+        received = consumer.receive(1)
+        client.delete(inflight_key(namespace))  # as if it ran out and was put back
+        consumer._renew()
+        consumer.ack(received)
+    assert "1 lease(s) ran out before they were renewed" in caplog.text
+
+
+def test_the_same_body_taken_twice_is_held_twice_and_each_lease_settles_alone(
+    client, namespace, eventually
+):
+    driver = leasing(client, namespace, lease_timeout_s=1)
+    message = Message("twin")
+    driver.send(message)
+    with driver.consumer([]) as one, driver.consumer([]) as two:
+        first = one.receive(1)
+        driver.send(message)  # the very same body again, while the first is held
+        second = two.receive(1)
+        assert first.body == second.body
+        assert len(leases(client, namespace)) == 2
+        for _ in range(2):  # from a handler thread (sent at once), twice: harmless
+            thread = threading.Thread(target=one.ack, args=(first,))
+            thread.start()
+            thread.join(DEADLINE_S)
+        assert list(leases(client, namespace)) == [second.token[1]]
+        two.stopping.set()  # the second worker dies: its lease runs out
+        got = eventually(lambda: one.receive(0.2), "the second lease to be put back")
+        assert got.body == second.body
+        one.ack(got)
+    assert leases(client, namespace) == {}
+
+
+def test_a_body_that_is_not_a_message_goes_from_its_lease_to_the_rejected_list(
+    driver, client, namespace
+):
+    driver.send_raw(b"not json")
+    with driver.consumer([]) as consumer:
+        received = consumer.receive(1)
+        consumer.reject(received, "not a message")
+        assert leases(client, namespace) == {}
+        assert client.lrange(rejected_key(namespace), 0, -1) == [b"not json"]
+        consumer.reject(received, "not a message")  # twice: listed once
+    assert client.lrange(rejected_key(namespace), 0, -1) == [b"not json"]
+
+
+def test_priorities_are_read_highest_first_and_settle_on_their_own_sets(
+    driver, client, namespace, eventually
+):
+    high = f"{namespace}-high"
+    driver.setup_priority_queue(high, HIGH)
+    driver.send(Message("low"))
+    driver.send(Message("high"), HIGH)
+    with driver.consumer([]) as consumer:
+        first, second = consumer.receive(1), consumer.receive(1)
+        assert (first.priority, second.priority) == (HIGH, 100)
+        assert len(leases(client, high)) == 1 and len(leases(client, namespace)) == 1
+        consumer.release(first)
+        assert client.scard(high) == 1
+        consumer.ack(second)
+    assert leases(client, high) == {} and leases(client, namespace) == {}
+
+
+def test_a_run_out_lease_goes_back_to_the_set_it_came_from(client, namespace, eventually):
+    driver = leasing(client, namespace, lease_timeout_s=1)
+    high = f"{namespace}-high"
+    driver.setup_priority_queue(high, HIGH)
+    driver.send(Message("high"), HIGH)
+    dead = driver.consumer([])
+    assert dead.receive(1) is not None
+    dead.stopping.set()
+    with driver.consumer([]) as live:
+        got = eventually(lambda: live.receive(0.2), "the high-priority message again")
+        assert got.priority == HIGH
+        live.ack(got)
+    dead.close()
+
+
+def test_max_items_returns_with_every_handled_message_acknowledged(driver, client, namespace):
+    driver.send_batch([Message("m", {"i": i}) for i in range(5)])
+    driver.set_max_process_items(3)
+    handled: list[Message] = []
+    driver.wait(lambda message, priority: handled.append(message) is None)
+    assert len(handled) == 3
+    assert client.scard(namespace) == 2
+    assert leases(client, namespace) == {}
+
+
+def test_several_handlers_at_once_hold_several_leases_and_acknowledge_each(
+    driver, client, namespace, eventually
+):
+    driver.send_batch([Message("c", {"i": i}) for i in range(40)])
+    started, gate = threading.Semaphore(0), threading.Event()
+    handled: list[int] = []
+    lock = threading.Lock()
+
+    class Handler:
+        def handle(self, message: Message) -> bool:
+            started.release()
+            gate.wait(DEADLINE_S)
+            with lock:
+                handled.append(message.payload["i"])
+            return True
+
+    driver.set_max_process_items(40)
+    dispatcher = Dispatcher(driver, concurrency=4)
+    dispatcher.register_handler("c", Handler())
+    thread = threading.Thread(target=dispatcher.handle, daemon=True)
+    thread.start()
+    for _ in range(4):
+        assert started.acquire(timeout=DEADLINE_S)
+    assert len(leases(client, namespace)) == 4  # one per handler thread
+    gate.set()
+    thread.join(DEADLINE_S * 3)
+    assert not thread.is_alive()
+    assert sorted(handled) == list(range(40))
+    assert leases(client, namespace) == {}
+
+
+def test_the_take_works_on_a_server_that_does_not_know_the_script_yet(
+    driver, client, namespace, monkeypatch
+):
+    # A script of its own (another SHA1): the first packed EVALSHA meets NOSCRIPT.
+    fresh = _scripts.LuaScript(_scripts.CLAIM.source + f"\n-- {namespace}\n")
+    monkeypatch.setattr(_scripts, "CLAIM", fresh)
+    driver.send_batch([Message("a"), Message("b")])
+    with driver.consumer([]) as consumer:
+        first = consumer.receive(1)
+        consumer.ack(first)
+        assert len(leases(client, namespace)) == 1
+        second = consumer.receive(1)  # the packed call again, now that the server has it
+        assert second is not None and second.body != first.body
+        assert list(leases(client, namespace)) == [second.token[1]]
+        consumer.ack(second)
+    assert leases(client, namespace) == {}
+
+
+def test_purge_deletes_the_leases_too(driver, client, namespace):
+    driver.send(Message("a"))
+    consumer = driver.consumer([])
+    assert consumer.receive(1) is not None
+    consumer.stopping.set()
+    assert client.exists(inflight_key(namespace), inflight_bodies_key(namespace)) == 2
+    driver.purge()
+    assert client.exists(inflight_key(namespace), inflight_bodies_key(namespace)) == 0
+    consumer.close()

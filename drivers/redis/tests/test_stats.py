@@ -1,0 +1,109 @@
+"""queue_stats() and clear(): what hermes stats and hermes purge show and do on Redis."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from hermes.core import (
+    Message,
+    QueueStats,
+    SupportsClear,
+    SupportsStats,
+    UnknownPriorityError,
+)
+from hermes.core.cli import main
+from hermes.drivers.redis import RedisSetDriver, rejected_key
+
+HIGH, LOW = 200, 50
+
+
+@pytest.fixture
+def queues(driver: RedisSetDriver, namespace: str) -> RedisSetDriver:
+    """The driver with three priorities: 3 high, 2 default and 4 scheduled, 1 low."""
+    driver.setup_priority_queue(f"{namespace}-high", HIGH)
+    driver.setup_priority_queue(f"{namespace}-low", LOW)
+    driver.send_batch([Message("h", {"i": i}) for i in range(3)], HIGH)
+    driver.send_batch([Message("d", {"i": i}) for i in range(2)])
+    later = time.time() + 600
+    driver.send_batch([Message("s", {"i": i}, execute_at=later) for i in range(3)])
+    driver.send(Message("s-high", execute_at=later), HIGH)  # lands on 100 when due
+    driver.send(Message("l"), LOW)
+    return driver
+
+
+def test_each_priority_counts_its_set_and_the_schedule_is_on_the_default_row(
+    queues, client, namespace
+):
+    client.lpush(rejected_key(f"{namespace}-low"), b"bad 1", b"bad 2")
+    assert isinstance(queues, SupportsStats)
+    assert queues.queue_stats() == [
+        QueueStats(HIGH, f"{namespace}-high", ready=3, scheduled=None, set_aside=0),
+        QueueStats(100, namespace, ready=2, scheduled=4, set_aside=0),
+        QueueStats(LOW, f"{namespace}-low", ready=1, scheduled=None, set_aside=2),
+    ]
+
+
+def test_an_at_least_once_driver_counts_its_leases_as_in_flight(client, namespace):
+    driver = RedisSetDriver(
+        client, key=namespace, schedule_key=f"{namespace}_schedule", delivery="at-least-once"
+    )
+    driver.send_batch([Message("m", {"i": i}) for i in range(3)])
+    with driver.consumer([]) as consumer:
+        received = consumer.receive(1)
+        assert received is not None
+        [row] = driver.queue_stats()
+        assert (row.ready, row.in_flight, row.scheduled, row.set_aside) == (2, 1, 0, 0)
+        consumer.release(received)
+    [row] = driver.queue_stats()
+    assert (row.ready, row.in_flight) == (3, 0)
+
+
+def test_clear_deletes_every_set_and_the_schedule_and_says_how_many(queues, client, namespace):
+    assert isinstance(queues, SupportsClear)
+    client.lpush(rejected_key(namespace), b"bad")
+    assert queues.clear() == 3 + 2 + 4 + 1
+    assert [(r.ready, r.scheduled) for r in queues.queue_stats()] == [
+        (0, None),
+        (0, 0),
+        (0, None),
+    ]
+    assert client.llen(rejected_key(namespace)) == 1  # set aside stays
+    assert queues.clear() == 0
+
+
+def test_clearing_one_priority_leaves_the_others_and_the_schedule_goes_with_the_default(
+    queues, client, namespace
+):
+    assert queues.clear(HIGH) == 3
+    assert client.scard(f"{namespace}-high") == 0
+    assert client.scard(namespace) == 2 and client.zcard(f"{namespace}_schedule") == 4
+    assert queues.clear(100) == 2 + 4
+    assert client.scard(f"{namespace}-low") == 1
+    with pytest.raises(UnknownPriorityError, match="priority 7"):
+        queues.clear(7)
+    assert client.scard(f"{namespace}-low") == 1
+
+
+def test_hermes_stats_and_purge_on_a_redis_url(redis_url, client, namespace, capsys):
+    url = f"{redis_url}?prefix={namespace}:&delivery=at-least-once"
+    emitter_queue = f"{namespace}:hermes"
+    client.sadd(emitter_queue, b"one", b"two")
+    assert main(["stats", "--url", url, "--json"]) == 0
+    [row] = json.loads(capsys.readouterr().out)["queues"]
+    assert row == {
+        "priority": 100,
+        "name": emitter_queue,
+        "ready": 2,
+        "scheduled": 0,
+        "in_flight": 0,
+        "set_aside": 0,
+    }
+    assert main(["stats", "--url", url.replace("&delivery=at-least-once", "")]) == 0
+    table = capsys.readouterr().out
+    assert "?: this broker cannot say" in table  # in flight, at most once
+    assert main(["purge", "--url", url, "--yes"]) == 0
+    assert "Deleted 2 waiting messages" in capsys.readouterr().out
+    assert client.exists(emitter_queue) == 0
