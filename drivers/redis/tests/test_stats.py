@@ -107,3 +107,19 @@ def test_hermes_stats_and_purge_on_a_redis_url(redis_url, client, namespace, cap
     assert main(["purge", "--url", url, "--yes"]) == 0
     assert "Deleted 2 waiting messages" in capsys.readouterr().out
     assert client.exists(emitter_queue) == 0
+
+
+def test_stats_and_purge_of_a_priority_use_the_name_the_url_gives_it(
+    redis_url, client, namespace, capsys
+):
+    url = f"{redis_url}?prefix={namespace}:&priority_queues=php_high:{HIGH}"
+    client.sadd(f"{namespace}:php_high", b"one")
+
+    assert main(["stats", "--url", url, "--priority", str(HIGH), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["queues"]
+    assert [(r["name"], r["ready"]) for r in rows if r["priority"] == HIGH] == [
+        (f"{namespace}:php_high", 1)
+    ]
+    assert main(["purge", "--url", url, "--priority", str(HIGH), "--yes"]) == 0
+    assert "Deleted 1 waiting message (priority 200)" in capsys.readouterr().out
+    assert client.exists(f"{namespace}:php_high") == 0

@@ -15,6 +15,7 @@ from hermes.core._cli._common import (
     clock,
     configure_logging,
     default_url,
+    named_queues,
     setup_priorities,
 )
 from hermes.core._driver import Driver, QueueStats, SupportsClear, SupportsStats
@@ -64,8 +65,9 @@ def table(rows: Sequence[QueueStats]) -> str:
 def run_stats(args: argparse.Namespace) -> int:
     url: str = args.url or default_url()
     configure_logging(args.verbose - args.quiet, default_level=logging.WARNING)
+    _, from_url = named_queues(url, [])
     with connect(url) as driver:
-        setup_priorities(driver, args.priority)
+        setup_priorities(driver, args.priority, preset=from_url)
         while True:
             rows = _stats(driver, url)
             now = time.time()
@@ -95,8 +97,10 @@ def run_stats(args: argparse.Namespace) -> int:
 def run_purge(args: argparse.Namespace) -> int:
     url: str = args.url or default_url()
     configure_logging(args.verbose - args.quiet)
+    _, from_url = named_queues(url, [])
     with connect(url) as driver:
-        setup_priorities(driver, [args.priority] if args.priority is not None else [])
+        wanted = [args.priority] if args.priority is not None else []
+        setup_priorities(driver, wanted, preset=from_url)
         if not isinstance(driver, SupportsClear):
             raise CliError(
                 f"{type(driver).__name__} ({redact_url(url)}) cannot delete waiting messages: "
