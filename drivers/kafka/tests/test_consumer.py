@@ -1,0 +1,170 @@
+"""The Kafka consumer on a real broker: settles from any thread, commits, releases that rewind."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import Consumer, TopicPartition
+
+from hermes.core import Consumer as HermesConsumer
+from hermes.core import Message, Received
+from hermes.drivers.kafka import KafkaDriver
+
+MakeDriver = Callable[..., KafkaDriver]
+#: Generous: the first receive creates the topic and joins the group (about a second here).
+WAIT_S = 20.0
+
+
+def receive(consumer: HermesConsumer, timeout_s: float = WAIT_S) -> Received:
+    """The next record, polling to a deadline."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        received = consumer.receive(0.2)
+        if received is not None:
+            return received
+    raise AssertionError(f"nothing received within {timeout_s:g} s")
+
+
+def payload(received: Received, driver: KafkaDriver) -> Any:
+    return driver.serializer.unserialize(received.body).payload
+
+
+def one_partition_with_jobs(make_driver: MakeDriver, count: int) -> KafkaDriver:
+    """A driver on a one-partition topic holding jobs 0 .. count - 1, in that order."""
+    driver = make_driver("&partitions=1")
+    driver.send_batch([Message("job", i) for i in range(count)])
+    return driver
+
+
+def committed(driver: KafkaDriver, topic: str | None = None) -> list[int]:
+    """The group's committed offset per partition of ``topic`` (-1: none)."""
+    consumer = Consumer({"bootstrap.servers": driver.bootstrap, "group.id": driver.group_id})
+    try:
+        partitions = [TopicPartition(topic or driver.topic, p) for p in range(driver.partitions)]
+        return [max(tp.offset, -1) for tp in consumer.committed(partitions, timeout=10)]
+    finally:
+        consumer.close()
+
+
+def test_receive_returns_none_within_its_timeout_when_nothing_comes(
+    make_driver: MakeDriver,
+) -> None:
+    driver = make_driver()
+    with driver.consumer([]) as consumer:
+        assert consumer.receive(0.2) is None  # creates the topic and starts joining
+        started = time.monotonic()
+        assert consumer.receive(0.3) is None
+        assert time.monotonic() - started < 0.3 + 2.0
+
+
+def test_a_released_record_comes_back_before_the_records_after_it(
+    make_driver: MakeDriver,
+) -> None:
+    driver = one_partition_with_jobs(make_driver, 3)
+    with driver.consumer([]) as consumer:
+        first = receive(consumer)
+        consumer.ack(first)
+        second = receive(consumer)
+        assert [payload(first, driver), payload(second, driver)] == [0, 1]
+
+        consumer.release(second)
+        again = [receive(consumer) for _ in range(2)]
+
+        assert [payload(r, driver) for r in again] == [1, 2]
+        assert again[0].token.offset == second.token.offset
+        for received in again:
+            consumer.ack(received)
+    assert committed(driver) == [3]
+
+
+def test_records_after_a_released_one_that_are_still_running_are_not_handed_out_twice(
+    make_driver: MakeDriver,
+) -> None:
+    driver = one_partition_with_jobs(make_driver, 3)
+    with driver.consumer([]) as consumer:
+        running = [receive(consumer) for _ in range(2)]  # two handlers at once
+        consumer.release(running[0])
+
+        again = [receive(consumer) for _ in range(2)]
+        assert [payload(r, driver) for r in again] == [0, 2]
+        assert consumer.receive(0.5) is None  # 1 is still running: not read twice
+
+        for received in [running[1], *again]:
+            consumer.ack(received)
+    assert committed(driver) == [3]
+
+
+def test_commits_cover_only_the_finished_records_before_the_oldest_open_one(
+    make_driver: MakeDriver,
+) -> None:
+    driver = one_partition_with_jobs(make_driver, 4)
+    with driver.consumer([]) as consumer:
+        taken = [receive(consumer) for _ in range(4)]
+        for index in (0, 2, 3):  # 1 is still running
+            consumer.ack(taken[index])
+    # Closed with 1 open: the commit stops there, and the next worker gets 1, 2 and 3.
+    assert committed(driver) == [1]
+    with driver.consumer([]) as consumer:
+        assert [payload(receive(consumer), driver) for _ in range(3)] == [1, 2, 3]
+
+
+def test_acks_from_other_threads_in_any_order_are_all_committed(
+    make_driver: MakeDriver, eventually: Callable[..., Any]
+) -> None:
+    driver = one_partition_with_jobs(make_driver, 20)
+    with driver.consumer([]) as consumer:
+        taken = [receive(consumer) for _ in range(20)]
+        threads = [
+            threading.Thread(target=lambda part=part: [consumer.ack(r) for r in part])
+            for part in (taken[1::2][::-1], taken[0::2])
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+        # The receiving thread applies the acknowledgements between its polls.
+        eventually(
+            lambda: consumer.receive(0.2) is None and committed(driver) == [20],
+            "all 20 offsets committed",
+            WAIT_S,
+        )
+
+
+def test_a_release_drops_the_buffered_records_behind_it_so_they_come_in_order(
+    make_driver: MakeDriver,
+) -> None:
+    # Priority topics buffer what one poll brings: the records behind a released
+    # one come again after it, not before.
+    driver = make_driver("&priority_topics=true&partitions=1")
+    driver.setup_priority_queue("high", 200)
+    for i in range(3):
+        driver.send(Message("low", i))
+    with driver.consumer([]) as consumer:
+        first = receive(consumer)
+        assert payload(first, driver) == 0
+        consumer.release(first)
+
+        again = [receive(consumer) for _ in range(3)]
+
+        assert [payload(r, driver) for r in again] == [0, 1, 2]
+        for received in again:
+            consumer.ack(received)
+    assert committed(driver) == [3]
+
+
+def test_a_settle_after_close_is_logged_and_not_committed(
+    make_driver: MakeDriver, caplog: Any
+) -> None:
+    driver = one_partition_with_jobs(make_driver, 1)
+    consumer = driver.consumer([])
+    received = receive(consumer)
+    consumer.close()
+
+    consumer.ack(received)
+
+    assert any("after the consumer closed" in r.getMessage() for r in caplog.records)
+    assert committed(driver) == [-1]
