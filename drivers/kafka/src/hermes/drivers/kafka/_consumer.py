@@ -7,7 +7,6 @@ import itertools
 import logging
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from confluent_kafka import Consumer as Client
@@ -15,7 +14,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka import Message as Record
 
 from hermes.core import Consumer, DriverError, Received, SerializeError
-from hermes.drivers.kafka._errors import error_of, kafka_errors
+from hermes.drivers.kafka._errors import error_of, kafka_errors, translate
 from hermes.drivers.kafka._offsets import OffsetLedger, Partition, PartitionState
 
 if TYPE_CHECKING:
@@ -33,13 +32,15 @@ _DRAIN_BATCH = 500
 SETTLE_INTERVAL_S = 0.1
 
 
-@dataclass(frozen=True, slots=True, eq=False)
 class _Position:
     """A :class:`Received`'s token: which record it is, taken by which session."""
 
-    session: _Session
-    state: PartitionState
-    offset: int
+    __slots__ = ("offset", "session", "state")
+
+    def __init__(self, session: _Session, state: PartitionState, offset: int) -> None:
+        self.session = session
+        self.state = state
+        self.offset = offset
 
     def __str__(self) -> str:
         topic, number = self.state.partition
@@ -154,14 +155,21 @@ class _Session:
     # Taking records (the receiving thread) --------------------------------------
 
     def receive(self, timeout_s: float) -> Received | None:
+        # The common case (one record per call, nothing buffered) stays short:
+        # every step below is skipped by one check when it has nothing to do.
+        ledger, driver = self.ledger, self.driver
         deadline = time.monotonic() + timeout_s
         while True:
-            self._check_fatal()
-            self._apply_settles()
-            self._release_due()
-            received = self._next_ready()
-            if received is not None:
-                return received
+            if driver.fatal_error is not None:
+                self._raise_fatal()
+            if ledger.finished_since_commit or ledger.rewinds_due:
+                self._apply_settles()
+            if self.held:
+                self._release_due()
+            if self.ready:
+                received = self._next_ready()
+                if received is not None:
+                    return received
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
@@ -169,7 +177,7 @@ class _Session:
             if received is not None:
                 return received
 
-    def _check_fatal(self) -> None:
+    def _raise_fatal(self) -> None:
         driver = self.driver
         if driver.fatal_error is not None:
             # Raised once; the next worker run starts with a fresh consumer.
@@ -188,7 +196,7 @@ class _Session:
 
     def _poll(self, timeout_s: float) -> Received | None:
         """Poll once; a record to hand out now (nothing buffered before it), else None."""
-        with kafka_errors(f"polling {sorted(self.topics)}"):
+        try:
             record = self.client.poll(timeout_s)
             if record is None:
                 return None
@@ -202,6 +210,8 @@ class _Session:
                     received = self._take(record)
                     if received is not None:
                         self._queue(received)
+        except KafkaException as exc:
+            raise translate(exc, f"polling {sorted(self.topics)}", DriverError) from exc
         return None
 
     def _queue(self, received: Received) -> None:
@@ -221,7 +231,8 @@ class _Session:
         if state is None:
             logger.debug("Kafka: %s[%d]@%d read again after a rewind; skipped", *partition, offset)
             return None
-        self.at_end.discard(partition)
+        if self.strict_priorities:
+            self.at_end.discard(partition)
         body = record.value() or b""
         received = Received(body, self.topics[topic], _Position(self, state, offset))
         if self.driver.delay:
