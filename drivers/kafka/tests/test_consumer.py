@@ -7,10 +7,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from confluent_kafka import Consumer, TopicPartition
 
+from hermes.core import BrokerUnavailableError, Message, Received, connect
 from hermes.core import Consumer as HermesConsumer
-from hermes.core import Message, Received
 from hermes.drivers.kafka import KafkaDriver
 
 MakeDriver = Callable[..., KafkaDriver]
@@ -58,6 +59,18 @@ def test_receive_returns_none_within_its_timeout_when_nothing_comes(
         started = time.monotonic()
         assert consumer.receive(0.3) is None
         assert time.monotonic() - started < 0.3 + 2.0
+
+
+def test_a_first_receive_the_broker_does_not_answer_is_unavailable_within_its_timeout() -> None:
+    driver = connect("kafka://127.0.0.1:9/nowhere?message.timeout.ms=500")
+    try:
+        with driver.consumer([]) as consumer:
+            started = time.monotonic()
+            with pytest.raises(BrokerUnavailableError, match="creation of topic 'nowhere'"):
+                consumer.receive(0.3)  # the worker backs off and calls again
+            assert time.monotonic() - started < 0.3 + 5.0
+    finally:
+        driver.close()
 
 
 def test_a_released_record_comes_back_before_the_records_after_it(

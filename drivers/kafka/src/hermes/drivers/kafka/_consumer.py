@@ -90,7 +90,14 @@ class _KafkaConsumer(Consumer):
     def receive(self, timeout_s: float) -> Received | None:
         if self._closed:
             raise DriverError(f"{self.driver!r}: this consumer is closed")
-        return self._sessions.get().receive(timeout_s)
+        session = self._sessions.peek()
+        if session is None:
+            # Missing topics are created before joining, waiting no longer than
+            # this receive may: a broker that does not answer is unavailable.
+            topics = [*self.topics, self.driver.dead_letter_topic]
+            self.driver.ensure_topics([topic for topic in topics if topic], timeout_s)
+            session = self._sessions.get()
+        return session.receive(timeout_s)
 
     def ack(self, received: Received) -> None:
         position: _Position = received.token
@@ -134,8 +141,6 @@ class _Session:
         self.last_commit = time.monotonic()
         self.settle_deadline: float | None = None
         self.closed = False
-        dead_letters = [driver.dead_letter_topic] if driver.dead_letter_topic else []
-        driver.ensure_topics([*topics, *dead_letters])
         config = dict(driver.consumer_config)
         if self.strict_priorities:
             config["enable.partition.eof"] = True

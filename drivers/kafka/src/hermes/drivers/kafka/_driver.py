@@ -317,22 +317,33 @@ class KafkaDriver(Driver):
     def _admin(self) -> AdminClient:
         return self._admins.get()
 
-    def ensure_topics(self, topics: Sequence[str]) -> None:
-        """Create those of ``topics`` that do not exist yet (``partitions`` each)."""
+    def ensure_topics(self, topics: Sequence[str], timeout_s: float | None = None) -> None:
+        """Create those of ``topics`` that do not exist yet (``partitions`` each).
+
+        Waits at most ``timeout_s`` (default ``admin_timeout_s``) for the broker;
+        no answer by then raises :class:`BrokerUnavailableError`.
+        """
         missing = [topic for topic in dict.fromkeys(topics) if topic not in self.ready_topics]
         if not missing or not self.create_topics:
             return
+        wait_s = self.admin_timeout_s if timeout_s is None else min(timeout_s, self.admin_timeout_s)
+        deadline = time.monotonic() + wait_s
         admin = self._admin()
         new = [NewTopic(topic, num_partitions=self.partitions) for topic in missing]
         futures = admin.create_topics(new, request_timeout=self.admin_timeout_s)
         refused: dict[str, KafkaException] = {}
         for topic, future in futures.items():
-            error = self._settle(future, f"the creation of topic {topic!r}")
-            if error is not None and error_of(error).code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                refused[topic] = error
+            what = f"the creation of topic {topic!r}"
+            error = self._settle(future, what, max(0.0, deadline - time.monotonic()))
+            if error is None or error_of(error).code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                continue
+            unavailable = translate(error, what, DriverError)
+            if isinstance(unavailable, BrokerUnavailableError):
+                raise unavailable from error
+            refused[topic] = error
         if refused:
             # Not allowed to create topics is fine when they exist already.
-            existing = self._existing_topics(admin)
+            existing = self._existing_topics(admin, max(0.1, deadline - time.monotonic()))
             for topic, refusal in refused.items():
                 if topic not in existing:
                     raise DriverError(
@@ -341,21 +352,24 @@ class KafkaDriver(Driver):
                     ) from refusal
         self.ready_topics.update(missing)
 
-    def _settle(self, future: Future[Any], what: str) -> KafkaException | None:
+    def _settle(
+        self, future: Future[Any], what: str, timeout_s: float | None = None
+    ) -> KafkaException | None:
         """Wait for an admin request: its refusal, or None when it succeeded."""
+        timeout_s = self.admin_timeout_s if timeout_s is None else timeout_s
         try:
-            future.result(timeout=self.admin_timeout_s)
+            future.result(timeout=timeout_s)
         except KafkaException as exc:
             return exc
         except TimeoutError as exc:
             raise BrokerUnavailableError(
-                f"Kafka {self.bootstrap} did not answer {what} within {self.admin_timeout_s:.0f} s"
+                f"Kafka {self.bootstrap} did not answer {what} within {timeout_s:.1f} s"
             ) from exc
         return None
 
-    def _existing_topics(self, admin: AdminClient) -> set[str]:
+    def _existing_topics(self, admin: AdminClient, timeout_s: float) -> set[str]:
         with kafka_errors(f"listing the topics of {self.bootstrap}"):
-            return set(admin.list_topics(timeout=self.admin_timeout_s).topics)
+            return set(admin.list_topics(timeout=timeout_s).topics)
 
     # Sending ------------------------------------------------------------------
 
