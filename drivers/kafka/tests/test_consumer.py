@@ -8,11 +8,11 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from hermes.core import BrokerUnavailableError, Message, Received, connect
 from hermes.core import Consumer as HermesConsumer
-from hermes.drivers.kafka import KafkaDriver
+from hermes.drivers.kafka import KafkaDriver, _consumer
 
 MakeDriver = Callable[..., KafkaDriver]
 #: Generous: the first receive creates the topic and joins the group (about a second here).
@@ -181,3 +181,97 @@ def test_a_settle_after_close_is_logged_and_not_committed(
 
     assert any("after the consumer closed" in r.getMessage() for r in caplog.records)
     assert committed(driver) == [-1]
+
+
+# A broker that stops answering commits ------------------------------------------
+# Killing the session's broker would break every other test, so a stand-in
+# librdkafka consumer plays the broker that goes away and comes back.
+
+
+class _Record:
+    def __init__(self, topic: str, offset: int, value: bytes) -> None:
+        self._topic, self._offset, self._value = topic, offset, value
+
+    def error(self) -> None:
+        return None
+
+    def topic(self) -> str:
+        return self._topic
+
+    def partition(self) -> int:
+        return 0
+
+    def offset(self) -> int:
+        return self._offset
+
+    def value(self) -> bytes:
+        return self._value
+
+
+class _GoneBroker:
+    """A stand-in librdkafka consumer whose broker stops answering, then answers again."""
+
+    answering = True
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.records: list[_Record] = []
+        self.commits: list[list[tuple[int, bool]]] = []
+        self.probes = 0
+
+    def subscribe(self, topics: list[str], **callbacks: Any) -> None:
+        self.topic = topics[0]
+
+    def poll(self, timeout: float) -> _Record | None:
+        if self.records:
+            return self.records.pop(0)
+        time.sleep(timeout)
+        return None
+
+    def commit(self, offsets: list[TopicPartition], asynchronous: bool) -> list[TopicPartition]:
+        self.commits.append([(tp.offset, asynchronous) for tp in offsets])
+        if not self.answering:
+            error = KafkaError(KafkaError._WAIT_COORD, "Waiting for coordinator")
+            raise KafkaException(error)
+        return offsets
+
+    def committed(self, partitions: list[TopicPartition], timeout: float) -> list[TopicPartition]:
+        self.probes += 1
+        if not self.answering:
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "Timed out"))
+        return partitions
+
+    def close(self) -> None:
+        pass
+
+
+def test_once_a_commit_goes_unanswered_none_is_sent_until_a_probe_is_answered(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_consumer, "Client", _GoneBroker)
+    monkeypatch.setattr(_consumer, "_PROBE_INTERVAL_S", 0.0)
+    driver = connect("kafka://127.0.0.1:9/jobs?create_topics=false")
+    assert isinstance(driver, KafkaDriver)
+    body = driver.serializer.serialize(Message("job")).encode()
+    try:
+        consumer = driver.consumer([])
+        consumer.receive(0.01)  # joins: the stand-in client exists now
+        client = consumer._sessions.get().client
+        client.records = [_Record("jobs", offset, body) for offset in range(3)]
+
+        # Each acknowledgement is committed by the next receive.
+        consumer.ack(receive(consumer))
+        second = receive(consumer)
+        client.answering = False
+        consumer.ack(second)
+        third = receive(consumer)  # its commit goes unanswered
+        consumer.ack(third)
+        consumer.receive(0.05)  # this one is not even sent: the broker is asked instead
+        assert client.commits == [[(1, False)], [(2, False)]]
+        assert client.probes >= 1
+
+        client.answering = True
+        consumer.receive(0.05)
+        assert client.commits == [[(1, False)], [(2, False)], [(3, False)]]
+        consumer.close()
+    finally:
+        driver.close()

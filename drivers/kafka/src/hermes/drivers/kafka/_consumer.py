@@ -13,7 +13,7 @@ from confluent_kafka import Consumer as Client
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka import Message as Record
 
-from hermes.core import Consumer, DriverError, Received, SerializeError
+from hermes.core import BrokerUnavailableError, Consumer, DriverError, Received, SerializeError
 from hermes.drivers.kafka._errors import error_of, kafka_errors, translate
 from hermes.drivers.kafka._offsets import OffsetLedger, Partition, PartitionState
 
@@ -30,6 +30,9 @@ _DRAIN_BATCH = 500
 #: The longest one poll blocks: what handler threads settled meanwhile is
 #: committed (or rewound) between polls, so at most this late.
 SETTLE_INTERVAL_S = 0.1
+#: While the broker does not answer commits: how often, and how long, to ask whether it is back.
+_PROBE_INTERVAL_S = 1.0
+_PROBE_TIMEOUT_S = 0.2
 
 
 class _Position:
@@ -141,9 +144,15 @@ class _Session:
         self.last_commit = time.monotonic()
         self.settle_deadline: float | None = None
         self.closed = False
+        #: The broker stopped answering commits: none is sent (a commit nobody
+        #: answers blocks for the session timeout) until a bounded probe is answered.
+        self.commits_unanswered = False
+        self.last_probe = 0.0
         config = dict(driver.consumer_config)
         if self.strict_priorities:
             config["enable.partition.eof"] = True
+        self._their_error_cb = config.get("error_cb")
+        config["error_cb"] = self._on_client_error
         with kafka_errors(f"joining group {driver.group_id!r}"):
             self.client = Client(config)
             try:
@@ -413,7 +422,12 @@ class _Session:
         offsets = [
             TopicPartition(topic, number, offset) for (topic, number), offset in points.items()
         ]
+        if self.commits_unanswered and not self._coordinator_answers(offsets):
+            return  # kept: committed once the broker answers, or redelivered after a crash
         try:
+            # librdkafka gives a synchronous commit no timeout: one the broker
+            # cannot answer waits for the group coordinator up to
+            # session.timeout.ms (45 s by default) before it fails.
             results = self.client.commit(offsets=offsets, asynchronous=False)
         except KafkaException as exc:
             error = error_of(exc)
@@ -428,6 +442,8 @@ class _Session:
                 _describe(points),
                 error.str(),
             )
+            if isinstance(translate(exc, "committing", DriverError), BrokerUnavailableError):
+                self._stop_waiting_for_commits(error.str())
             return
         failed = {
             (result.topic, result.partition) for result in results or () if result.error is not None
@@ -440,13 +456,53 @@ class _Session:
             )
         self.ledger.mark_committed({k: v for k, v in points.items() if k not in failed}, finished)
 
+    def _stop_waiting_for_commits(self, why: str) -> None:
+        if not self.commits_unanswered:
+            self.commits_unanswered = True
+            logger.warning(
+                "Kafka group %s: the broker does not answer (%s); finished records are "
+                "committed once it does",
+                self.driver.group_id,
+                why,
+            )
+
+    def _coordinator_answers(self, offsets: list[TopicPartition]) -> bool:
+        """Ask, waiting briefly and at most once per probe interval, whether commits work again."""
+        now = time.monotonic()
+        if now - self.last_probe < _PROBE_INTERVAL_S:
+            return False
+        self.last_probe = now
+        try:
+            # Reads committed offsets from the group coordinator, which takes commits.
+            self.client.committed(offsets[:1], timeout=_PROBE_TIMEOUT_S)
+        except KafkaException as exc:
+            logger.debug("Kafka group %s: still no answer - %s", self.driver.group_id, exc)
+            return False
+        self.commits_unanswered = False
+        logger.info("Kafka group %s: the broker answers again; committing", self.driver.group_id)
+        return True
+
+    def _on_client_error(self, error: KafkaError) -> None:
+        # Seen in a poll before the next commit: that commit need not wait for nobody.
+        if error.code() == KafkaError._ALL_BROKERS_DOWN:
+            self._stop_waiting_for_commits(error.str())
+        if self._their_error_cb is not None:
+            self._their_error_cb(error)
+
     def close(self) -> None:
         """Commit what is finished and leave the group; records still open go to the next owner."""
         self.closed = True
+        self.last_probe = 0.0  # one more chance to commit if the broker is back
         try:
             self._commit()
         except (KafkaException, RuntimeError) as exc:
             logger.warning("Kafka group %s: final commit failed - %s", self.driver.group_id, exc)
+        if self.commits_unanswered and self.ledger.to_commit():
+            logger.warning(
+                "Kafka group %s: leaving while the broker does not answer; records finished "
+                "since the last commit are delivered again",
+                self.driver.group_id,
+            )
         try:
             self.client.close()
         except (KafkaException, RuntimeError) as exc:
