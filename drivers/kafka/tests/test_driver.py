@@ -145,6 +145,26 @@ def test_a_driver_created_before_fork_sends_from_the_child(
     ]
 
 
+def test_a_driver_created_before_fork_works_as_a_worker_in_the_child(
+    make_driver: MakeDriver, handle: Handle
+) -> None:
+    driver = make_driver()
+    driver.send(Message("job"))  # the parent's producer and admin client exist now
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through its exit code
+        code = 1
+        try:
+            received = handle(driver, 1)
+            code = 0 if [m.type for m in received.messages] == ["job"] else 3
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+
+    assert os.waitstatus_to_exitcode(status) == 0
+    driver.send(Message("parent.again"))  # the parent's clients were left alone
+    assert [m.type for m in handle(driver, 1).messages] == ["parent.again"]
+
+
 def test_an_oversized_message_raises_delivery_error_chained_to_the_kafka_error(
     make_driver: MakeDriver,
 ) -> None:
@@ -232,16 +252,22 @@ def test_a_record_that_is_not_a_message_is_logged_set_aside_and_copied_to_dead_l
     driver.send_raw(b'{"message": {"type": "no id"}}')
     driver.send(Message("after"))
 
-    with caplog.at_level(logging.ERROR, logger="hermes.drivers.kafka"):
+    with caplog.at_level(logging.WARNING, logger="hermes"):
         received = handle(driver, 2)
         eventually(lambda: committed_total(driver) == 4, "4 offsets committed", 20.0)
 
     assert sorted(m.type for m in received.messages) == ["after", "before"]
+    # The worker logs why; the driver logs where the record was and where it went.
     errors = [r.getMessage() for r in caplog.records if "not a Hermes message" in r.getMessage()]
     assert len(errors) == 2
-    assert all(f"{driver.topic}[" in text and "]@" in text for text in errors)
     assert any("Cannot unserialize" in text for text in errors)
     assert any("Invalid message format" in text for text in errors)
+    set_aside = [r.getMessage() for r in caplog.records if "set aside (" in r.getMessage()]
+    assert sorted(set_aside) == [
+        f"Kafka record {driver.topic}[0]@{offset} set aside "
+        f"(copied to dead-letter topic {dead_letters}) and committed past"
+        for offset in (1, 2)
+    ]
     copies = read_topic(kafka_bootstrap, dead_letters, 2)
     assert sorted(value for value, _ in copies) == sorted(
         [b"\xff not json", b'{"message": {"type": "no id"}}']

@@ -2,37 +2,44 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka import Consumer as Client
+from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic  # what confluent_kafka.admin re-exports
 
 from hermes.core import (
     DEFAULT_PRIORITY,
     BrokerUnavailableError,
-    Callback,
     ConfigurationError,
+    Consumer,
     Delay,
     DeliveryError,
     Driver,
     DriverError,
     Message,
     NotSupportedError,
+    PerProcess,
 )
 from hermes.drivers.kafka import _settings
 from hermes.drivers.kafka._capabilities import (
     CAPABILITIES,
     DEFAULT_SESSION_TIMEOUT_MS,
 )
+from hermes.drivers.kafka._consumer import _KafkaConsumer
+from hermes.drivers.kafka._errors import error_of, kafka_errors, translate
+
+T = TypeVar("T")
 
 logger = logging.getLogger("hermes.drivers.kafka")
 
@@ -54,29 +61,35 @@ _client_logger = logging.getLogger("hermes.drivers.kafka.librdkafka")
 #: The same client error is logged as a warning at most once per this many seconds.
 _REPEAT_LOG_INTERVAL_S = 30.0
 
-# A driver created before fork() must not touch its parent's librdkafka handles
-# in the child; _fork_lock guards the swap to fresh ones and is itself renewed.
-_fork_lock = threading.Lock()
 
+class _Handles:
+    """Every librdkafka handle a driver made, by the process that made it, until closed there.
 
-def _renew_fork_lock() -> None:
-    global _fork_lock
-    _fork_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_renew_fork_lock)
-
-
-class _Clients:
-    """The librdkafka handles of one process; never used across a fork."""
+    :class:`~hermes.core.PerProcess` makes a new client in a forked child and
+    drops its reference to the parent's. A dropped librdkafka handle is
+    destroyed, and destroying one in the child waits for threads that only run
+    in the parent (a second per handle, measured). Kept here, the parent's
+    handles are never destroyed in the child.
+    """
 
     def __init__(self) -> None:
-        self.pid = os.getpid()
-        self.lock = threading.Lock()
-        self.producer: Producer | None = None
-        self.admin: AdminClient | None = None
-        #: Topics known to exist (created or found) in this process.
-        self.ready_topics: set[str] = set()
+        self._by_pid: dict[int, list[object]] = {}
+
+    def per_process(
+        self, make: Callable[[], T], close: Callable[[T], None] | None = None
+    ) -> PerProcess[T]:
+        def factory() -> T:
+            handle = make()
+            self._by_pid.setdefault(os.getpid(), []).append(handle)
+            return handle
+
+        def forget(handle: T) -> None:
+            with contextlib.suppress(ValueError):  # librdkafka handles compare by identity
+                self._by_pid.get(os.getpid(), []).remove(handle)
+            if close is not None:
+                close(handle)
+
+        return PerProcess(factory, forget)
 
 
 class _DeliveryReport:
@@ -121,7 +134,7 @@ class KafkaDriver(Driver):
     always, and ``auto.offset.reset=earliest`` unless given (a new group starts
     at the oldest record). Missing topics are created with ``partitions``
     partitions and the broker's default replication before the first send or
-    wait (``create_topics=False``: never; existing topics are not altered).
+    receive (``create_topics=False``: never; existing topics are not altered).
 
     * ``send`` produces one record (value = the serialized message, no key,
       so records spread over the partitions) and returns once the broker
@@ -129,21 +142,24 @@ class KafkaDriver(Driver):
       raises :class:`DeliveryError`, an unreachable broker at topic creation
       :class:`BrokerUnavailableError`. Thread-safe; a driver created before
       ``fork()`` builds new clients in the child.
-    * ``wait`` subscribes as ``group_id`` (a group join: seconds, see
-      ``session.timeout.ms``), and per record: deserialize, callback, then
-      commit the offset after it, synchronously. ``commit_every=N`` commits
-      after every N records, ``commit_interval_s=T`` at least every T seconds
+    * The worker's consumer (:meth:`consumer`) joins ``group_id`` on
+      its first receive (a group join: seconds, see ``session.timeout.ms``)
+      and hands out one record at a time; after the callback, the record's
+      offset is committed, synchronously: ``commit_every=N`` commits after
+      every N records, ``commit_interval_s=T`` at least every T seconds
       (``commit_every=0`` with T: by time only); both trade redelivery after
-      a crash for speed. Finished records are committed before a rebalance
-      takes their partitions away and when ``wait`` returns. The consumer
-      leaves the group when ``wait`` returns.
-    * A callback that raises leaves its record uncommitted: the next consumer
-      of the group (this worker's next ``wait`` or another worker) gets it.
+      a crash for speed. A commit never passes a record still open, however
+      records finish. Finished records are committed before a rebalance
+      takes their partitions away and when the worker stops; then the
+      consumer leaves the group.
+    * A callback that raises releases its record: the partition is sought
+      back to it, and it stays uncommitted, so the next consumer of the group
+      (this worker's next ``wait`` or another worker) gets it.
     * Competing consumers: Kafka gives each partition to one member of the
       group, so at most ``partitions`` workers of a group get work.
-    * A record that is not a Hermes message is logged with its topic,
-      partition and offset, produced to ``dead_letter_topic`` if one is set,
-      and committed past.
+    * A record that is not a Hermes message (the worker logs why) is logged
+      with its topic, partition and offset, produced to ``dead_letter_topic``
+      if one is set, and committed past.
     * ``delay=True``: a record whose ``execute_at`` is in the future is held
       in memory, uncommitted, until due; later records keep flowing, and held
       ones are delivered in ``execute_at`` order. At most ``max_held`` records
@@ -209,7 +225,7 @@ class KafkaDriver(Driver):
         #: Partitions of a topic the driver creates.
         self.partitions = partitions
         self.max_held = max_held
-        #: Create missing topics (``partitions`` each) before the first send or wait.
+        #: Create missing topics (``partitions`` each) before the first send or receive.
         self.create_topics = create_topics
         #: priority -> topic.
         self.topics: dict[int, str] = {DEFAULT_PRIORITY: self.topic}
@@ -228,12 +244,17 @@ class KafkaDriver(Driver):
         self.producer_config = producer
         self.consumer_config = consumer
         self.admin_config = admin
-        #: A fatal client error seen by ``error_cb``; ``wait`` raises it.
+        #: A fatal client error seen by ``error_cb``; the consumer's ``receive`` raises it.
         self.fatal_error: KafkaError | None = None
         #: Client error text -> when it was last logged as a warning.
         self._client_errors_logged: dict[str, float] = {}
-        self._clients = _Clients()
-        self._clients.producer = self._check_config()
+        self._handles = _Handles()
+        self._producers = self.per_process(lambda: Producer(self.producer_config))
+        self._admins = self.per_process(lambda: AdminClient(self.admin_config))
+        #: Topics known to exist (created or found).
+        self.ready_topics: set[str] = set()
+        self._closed = False
+        self._check_config()
         # librdkafka accepted the settings, so the numbers below are numbers.
         timeout_ms = producer.get("message.timeout.ms", producer.get("delivery.timeout.ms"))
         #: How long ``send`` waits for the broker before raising DeliveryError.
@@ -246,25 +267,20 @@ class KafkaDriver(Driver):
             priorities=priority_topics,
             redelivery_timeout_s=2 * session_ms / 1000 + 2,
         )
-        # Handles of the parent process after a fork: kept referenced, never
-        # used, so their destructor (which joins threads that do not exist in
-        # the child) never runs here.
-        self._forked_off: list[_Clients] = []
-        self._closed = False
 
-    def _check_config(self) -> Producer:
-        """Let librdkafka reject bad settings now, at ``connect()``; returns the producer."""
+    def _check_config(self) -> None:
+        """Let librdkafka reject bad settings now, at ``connect()``; makes the producer."""
         try:
-            Consumer(self.consumer_config).close()
+            Client(self.consumer_config).close()
         except KafkaException as exc:
             raise ConfigurationError(
-                f"librdkafka rejects the Kafka consumer settings: {exc.args[0].str()}"
+                f"librdkafka rejects the Kafka consumer settings: {error_of(exc).str()}"
             ) from exc
         try:
-            return Producer(self.producer_config)
+            self._producers.get()
         except KafkaException as exc:
             raise ConfigurationError(
-                f"librdkafka rejects the Kafka producer settings: {exc.args[0].str()}"
+                f"librdkafka rejects the Kafka producer settings: {error_of(exc).str()}"
             ) from exc
 
     def log_client_error(self, error: KafkaError) -> None:
@@ -287,79 +303,73 @@ class KafkaDriver(Driver):
 
     # Clients ------------------------------------------------------------------
 
-    def _process_clients(self) -> _Clients:
-        clients = self._clients
-        if clients.pid != os.getpid():
-            with _fork_lock:
-                clients = self._clients
-                if clients.pid != os.getpid():
-                    self._forked_off.append(clients)
-                    clients = self._clients = _Clients()
-        return clients
+    def per_process(
+        self, make: Callable[[], T], close: Callable[[T], None] | None = None
+    ) -> PerProcess[T]:
+        """A :class:`~hermes.core.PerProcess` holder for a librdkafka handle of this driver."""
+        return self._handles.per_process(make, close)
 
     def _producer(self) -> Producer:
         if self._closed:
             raise DriverError(f"{self!r} is closed")
-        clients = self._process_clients()
-        producer = clients.producer
-        if producer is None:
-            with clients.lock:
-                if clients.producer is None:
-                    clients.producer = Producer(self.producer_config)
-                producer = clients.producer
-        return producer
+        return self._producers.get()
 
     def _admin(self) -> AdminClient:
-        clients = self._process_clients()
-        with clients.lock:
-            if clients.admin is None:
-                clients.admin = AdminClient(self.admin_config)
-            return clients.admin
+        return self._admins.get()
 
-    def ensure_topics(self, topics: Sequence[str]) -> None:
-        """Create those of ``topics`` that do not exist yet (``partitions`` each)."""
-        clients = self._process_clients()
-        missing = [topic for topic in dict.fromkeys(topics) if topic not in clients.ready_topics]
+    def ensure_topics(self, topics: Sequence[str], timeout_s: float | None = None) -> None:
+        """Create those of ``topics`` that do not exist yet (``partitions`` each).
+
+        Waits at most ``timeout_s`` (default ``admin_timeout_s``) for the broker;
+        no answer by then raises :class:`BrokerUnavailableError`.
+        """
+        missing = [topic for topic in dict.fromkeys(topics) if topic not in self.ready_topics]
         if not missing or not self.create_topics:
             return
+        wait_s = self.admin_timeout_s if timeout_s is None else min(timeout_s, self.admin_timeout_s)
+        deadline = time.monotonic() + wait_s
         admin = self._admin()
         new = [NewTopic(topic, num_partitions=self.partitions) for topic in missing]
         futures = admin.create_topics(new, request_timeout=self.admin_timeout_s)
         refused: dict[str, KafkaException] = {}
         for topic, future in futures.items():
-            error = self._settle(future, f"the creation of topic {topic!r}")
-            if error is not None and error.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                refused[topic] = error
+            what = f"the creation of topic {topic!r}"
+            error = self._settle(future, what, max(0.0, deadline - time.monotonic()))
+            if error is None or error_of(error).code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                continue
+            unavailable = translate(error, what, DriverError)
+            if isinstance(unavailable, BrokerUnavailableError):
+                raise unavailable from error
+            refused[topic] = error
         if refused:
             # Not allowed to create topics is fine when they exist already.
-            existing = self._existing_topics(admin)
+            existing = self._existing_topics(admin, max(0.1, deadline - time.monotonic()))
             for topic, refusal in refused.items():
                 if topic not in existing:
                     raise DriverError(
                         f"Kafka {self.bootstrap} has no topic {topic!r} and refused to "
-                        f"create it: {refusal.args[0].str()}"
+                        f"create it: {error_of(refusal).str()}"
                     ) from refusal
-        clients.ready_topics.update(missing)
+        self.ready_topics.update(missing)
 
-    def _settle(self, future: Future[Any], what: str) -> KafkaException | None:
+    def _settle(
+        self, future: Future[Any], what: str, timeout_s: float | None = None
+    ) -> KafkaException | None:
         """Wait for an admin request: its refusal, or None when it succeeded."""
+        timeout_s = self.admin_timeout_s if timeout_s is None else timeout_s
         try:
-            future.result(timeout=self.admin_timeout_s)
+            future.result(timeout=timeout_s)
         except KafkaException as exc:
             return exc
         except TimeoutError as exc:
             raise BrokerUnavailableError(
-                f"Kafka {self.bootstrap} did not answer {what} within {self.admin_timeout_s:.0f} s"
+                f"Kafka {self.bootstrap} did not answer {what} within {timeout_s:.1f} s"
             ) from exc
         return None
 
-    def _existing_topics(self, admin: AdminClient) -> set[str]:
-        try:
-            return set(admin.list_topics(timeout=self.admin_timeout_s).topics)
-        except KafkaException as exc:
-            raise BrokerUnavailableError(
-                f"Kafka {self.bootstrap} did not list its topics: {exc.args[0].str()}"
-            ) from exc
+    def _existing_topics(self, admin: AdminClient, timeout_s: float) -> set[str]:
+        with kafka_errors(f"listing the topics of {self.bootstrap}"):
+            return set(admin.list_topics(timeout=timeout_s).topics)
 
     # Sending ------------------------------------------------------------------
 
@@ -419,11 +429,11 @@ class KafkaDriver(Driver):
                         ) from exc
                     producer.poll(0.1)
                 except KafkaException as exc:
-                    raise DeliveryError(
-                        f"Kafka refused a message for topic {topic!r} "
-                        f"({index} of {len(bodies)} handed over before it): "
-                        f"{exc.args[0].str()}"
-                    ) from exc
+                    doing = (
+                        f"sending to topic {topic!r} "
+                        f"({index} of {len(bodies)} message(s) handed over before)"
+                    )
+                    raise translate(exc, doing, DeliveryError) from exc
         # Wakes the broker threads to send now rather than after linger.ms
         # (best effort); returns at once.
         producer.flush(0)
@@ -451,10 +461,8 @@ class KafkaDriver(Driver):
             ) from KafkaException(errors[0])
 
     def _drop_producer(self, producer: Producer) -> None:
-        clients = self._process_clients()
-        with clients.lock:
-            if clients.producer is producer:
-                clients.producer = None
+        if self._producers.peek() is producer:
+            self._producers.discard()
 
     # Priorities ---------------------------------------------------------------
 
@@ -468,19 +476,17 @@ class KafkaDriver(Driver):
         topic = self.topic if priority == DEFAULT_PRIORITY else f"{self.topic}.{name}"
         self.topics[priority] = _check_topic(topic, "priority topic")
 
-    # Waiting ------------------------------------------------------------------
+    # Consuming ----------------------------------------------------------------
 
-    def wait(self, callback: Callback, priorities: Sequence[int] = ()) -> None:
-        from hermes.drivers.kafka._worker import ConsumerLoop
+    def consumer(self, priorities: Sequence[int]) -> Consumer:
+        """A consumer of the topics of ``priorities`` (all when empty), as group ``group_id``.
 
-        order = self.check_priorities(self.topics, priorities)
-        if self.should_stop():
-            return
+        No broker I/O here: the first ``receive`` creates missing topics and joins the group.
+        """
         if self._closed:
             raise DriverError(f"{self!r} is closed")
-        topics = {self.topics[priority]: priority for priority in order}
-        self.ensure_topics([*topics, *([self.dead_letter_topic] if self.dead_letter_topic else [])])
-        ConsumerLoop(self, callback, topics).run()
+        order = self.check_priorities(self.topics, priorities)
+        return _KafkaConsumer(self, {self.topics[priority]: priority for priority in order})
 
     # Cleaning up --------------------------------------------------------------
 
@@ -493,10 +499,10 @@ class KafkaDriver(Driver):
         futures = admin.delete_topics(topics, request_timeout=self.admin_timeout_s)
         for topic, future in futures.items():
             error = self._settle(future, f"the deletion of topic {topic!r}")
-            if error is not None and error.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+            if error is not None and error_of(error).code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
                 raise DriverError(
                     f"Kafka {self.bootstrap} refused to delete topic {topic!r}: "
-                    f"{error.args[0].str()}"
+                    f"{error_of(error).str()}"
                 ) from error
         groups = admin.delete_consumer_groups([self.group_id], request_timeout=self.admin_timeout_s)
         for group, future in groups.items():
@@ -504,19 +510,20 @@ class KafkaDriver(Driver):
             if error is not None:
                 # A group that never committed, or still has members: its offsets
                 # point past the deleted records, and a new topic resets them.
-                logger.debug("Kafka: group %s not deleted - %s", group, error.args[0].str())
-        self._process_clients().ready_topics.difference_update(topics)
+                logger.debug("Kafka: group %s not deleted - %s", group, error_of(error).str())
+        self.ready_topics.difference_update(topics)
 
     def close(self) -> None:
-        """Deliver what the producer holds (up to ``send_timeout_s``); drop the clients."""
+        """Deliver what this process's producer holds (up to ``send_timeout_s``); drop the clients.
+
+        A driver created before ``fork()`` leaves the parent's clients alone in the child.
+        """
         if self._closed:
             return
         self._closed = True
-        clients = self._clients
-        if clients.pid != os.getpid():
-            return
-        with clients.lock:
-            producer, clients.producer, clients.admin = clients.producer, None, None
+        producer = self._producers.peek()
+        self._producers.discard()
+        self._admins.discard()
         if producer is not None:
             left = producer.flush(self.send_timeout_s)
             if left:
