@@ -30,13 +30,13 @@ def receive(consumer: HermesConsumer, timeout_s: float = WAIT_S) -> Received:
 
 
 def payload(received: Received, driver: KafkaDriver) -> Any:
-    return driver.serializer.unserialize(received.body).payload
+    return driver.serializer.unserialize(received.body).payload["n"]
 
 
 def one_partition_with_jobs(make_driver: MakeDriver, count: int) -> KafkaDriver:
     """A driver on a one-partition topic holding jobs 0 .. count - 1, in that order."""
     driver = make_driver("&partitions=1")
-    driver.send_batch([Message("job", i) for i in range(count)])
+    driver.send_batch([Message("job", {"n": i}) for i in range(count)])
     return driver
 
 
@@ -155,7 +155,7 @@ def test_a_release_drops_the_buffered_records_behind_it_so_they_come_in_order(
     driver = make_driver("&priority_topics=true&partitions=1")
     driver.setup_priority_queue("high", 200)
     for i in range(3):
-        driver.send(Message("low", i))
+        driver.send(Message("low", {"n": i}))
     with driver.consumer([]) as consumer:
         first = receive(consumer)
         assert payload(first, driver) == 0

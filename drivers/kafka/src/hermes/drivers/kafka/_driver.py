@@ -478,7 +478,7 @@ class KafkaDriver(Driver):
 
     # Consuming ----------------------------------------------------------------
 
-    def consumer(self, priorities: Sequence[int]) -> Consumer:
+    def consumer(self, priorities: Sequence[int], *, concurrency: int = 1) -> Consumer:
         """A consumer of the topics of ``priorities`` (all when empty), as group ``group_id``.
 
         No broker I/O here: the first ``receive`` creates missing topics and joins the group.
