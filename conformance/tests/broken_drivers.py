@@ -46,6 +46,14 @@ from hermes.core import (
     isolated_url,
 )
 
+
+def _should_stop(driver: Driver) -> bool:
+    """What a driver that runs its own loop checks: max items reached, or shutdown asked."""
+    if driver.max_process_items and driver.processed_items >= driver.max_process_items:
+        return True
+    return driver.shutdown is not None and driver.shutdown.should_shutdown(driver.start_time)
+
+
 # Memory subclasses ---------------------------------------------------------------
 
 
@@ -120,7 +128,7 @@ class WaitsBehindTheHead(_BrokenMemory):
 
     def wait(self, callback: Callback, priorities: Sequence[int] = (), **options: Any) -> None:
         def when_due(message: Message, priority: int) -> bool:
-            while message.execute_at is not None and not self.should_stop():
+            while message.execute_at is not None and not _should_stop(self):
                 left = message.execute_at - time.time()
                 if left <= 0:
                     break
@@ -379,7 +387,7 @@ class AcksBeforeTheCallback(_Wrapper):
 
         self.inner.set_shutdown(self.shutdown)
         self.inner.start_time = self.start_time
-        while not self.should_stop():
+        while not _should_stop(self):
             self.inner.set_max_process_items(self.inner.processed_items + 1)
             self.inner.wait(take, priorities, **options)
             while taken:

@@ -23,6 +23,7 @@ from hermes.core import (
     connect,
     isolated_url,
 )
+from hermes.core._consumer import Run
 
 
 class Collect:
@@ -145,16 +146,15 @@ def test_an_unknown_priority_error_names_the_driver_the_known_priorities_and_the
     )
 
 
-def test_pause_sleeps_its_time_unless_the_driver_must_stop(driver: MemoryDriver) -> None:
+def test_a_runs_pause_sleeps_its_time_unless_the_run_must_stop() -> None:
     started = time.monotonic()
-    driver.pause(0.2, step_s=0.05)
+    Run(0, None, time.time()).pause(0.2, step_s=0.05)
     assert time.monotonic() - started >= 0.2
 
     stop = StopWhen()
     stop.shutdown()
-    driver.set_shutdown(stop)
     started = time.monotonic()
-    driver.pause(60, step_s=0.05)
+    Run(0, stop, time.time()).pause(60, step_s=0.05)
     assert time.monotonic() - started < 30  # returned at once, not after 60 s
 
 

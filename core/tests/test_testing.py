@@ -10,7 +10,7 @@ import pytest
 
 from hermes.core import (
     DEFAULT_PRIORITY,
-    Callback,
+    Consumer,
     Dispatcher,
     Driver,
     Emitter,
@@ -130,7 +130,7 @@ class Elsewhere(Driver):
     def send(self, message: Message, priority: int = DEFAULT_PRIORITY) -> None:
         raise AssertionError("not used")
 
-    def wait(self, callback: Callback, priorities: Sequence[int] = ()) -> None:
+    def consumer(self, priorities: Sequence[int], *, concurrency: int = 1) -> Consumer:
         raise AssertionError("not used")
 
 

@@ -125,6 +125,7 @@ class Driver(ABC):
     def send(self, message: Message, priority: int = DEFAULT_PRIORITY) -> None:
         """Put ``message`` on the queue of ``priority``; see the class contract."""
 
+    @abstractmethod
     def consumer(self, priorities: Sequence[int], *, concurrency: int = 1) -> Consumer:
         """A :class:`Consumer` reading ``priorities`` (all queues when empty), highest first.
 
@@ -134,7 +135,6 @@ class Driver(ABC):
         messages the worker will have in its handlers at once: a broker that
         limits unacknowledged deliveries (a prefetch) must allow at least that many.
         """
-        raise NotImplementedError(f"{type(self).__name__} does not implement consumer()")
 
     def wait(
         self,
@@ -181,24 +181,6 @@ class Driver(ABC):
         self.serializer = serializer
 
     # Helpers for implementations -------------------------------------------
-
-    def should_stop(self) -> bool:
-        """True when ``wait()`` must return now: max items reached or shutdown asked."""
-        if self.max_process_items and self.processed_items >= self.max_process_items:
-            return True
-        return self.shutdown is not None and self.shutdown.should_shutdown(self.start_time)
-
-    def pause(self, seconds: float, step_s: float = 0.5) -> None:
-        """Sleep ``seconds`` (a backoff, say), returning early once :meth:`should_stop`.
-
-        Shutdown is checked every ``step_s``, so no wait outlives it by more.
-        """
-        deadline = time.monotonic() + seconds
-        while not self.should_stop():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return
-            time.sleep(min(left, step_s))
 
     def unknown_priority(
         self,
