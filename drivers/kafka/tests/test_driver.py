@@ -395,3 +395,24 @@ def test_a_worker_on_an_unreachable_broker_logs_it_and_still_stops_on_shutdown(
     warnings = [r.getMessage() for r in caplog.records if r.name == "hermes.drivers.kafka"]
     assert any("127.0.0.1:9" in text for text in warnings)
     assert len(warnings) == len(set(warnings)), "a repeated complaint was logged twice"
+
+
+def test_queue_stats_is_the_groups_lag_and_clear_skips_it(make_driver) -> None:
+    from hermes.core import UnknownPriorityError
+
+    driver = make_driver("&priority_topics=true&partitions=2")
+    driver.setup_priority_queue("high", 200)
+    for n in range(3):  # one by one: Tansu (the test broker) counts a batch as one offset
+        driver.send(Message("job", {"n": n}))
+    driver.send(Message("job", {"n": 9}), 200)
+
+    rows = {row.priority: row for row in driver.queue_stats()}
+    assert [rows[200].ready, rows[100].ready] == [1, 3]
+    assert rows[100].in_flight is None  # the lag cannot tell held from waiting
+    assert rows[100].scheduled == 0  # delivered at once: nothing is ever held
+
+    with pytest.raises(UnknownPriorityError):
+        driver.clear(300)
+    assert driver.clear(100) == 3
+    rows = {row.priority: row for row in driver.queue_stats()}
+    assert [rows[200].ready, rows[100].ready] == [1, 0]

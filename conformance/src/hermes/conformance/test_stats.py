@@ -81,13 +81,20 @@ def test_queue_stats_count_ready_scheduled_and_in_flight_and_clear_deletes_what_
     later = time.time() + _LATER_S
     for n in range(_SCHEDULED):
         hermes_kit.emit(hermes_kit.message(_READY + n, execute_at=later))
+    in_ready = 0  # scheduled messages a broker counts as ready (it cannot tell them apart)
     if caps.delay is Delay.NATIVE:
         if _row(driver).scheduled is None:
             unknown.append("scheduled")
+            ready = _row(driver).ready
+            assert ready in (_READY, _READY + _SCHEDULED), (
+                f"{_SCHEDULED} messages due later and scheduled unknown: ready={ready}, not "
+                f"{_READY} (held apart) or {_READY + _SCHEDULED} (counted as waiting)"
+            )
+            in_ready = (ready or 0) - _READY
         else:
             ok, seen = _settles(driver, "scheduled", _SCHEDULED)
             assert ok, f"{_SCHEDULED} messages due in {_LATER_S:.0f} s: scheduled={seen}"
-        waiting_ready = _READY
+        waiting_ready = _READY + in_ready
     else:
         ok, seen = _settles(driver, "ready", _READY + _SCHEDULED)
         assert ok, (
@@ -103,18 +110,26 @@ def test_queue_stats_count_ready_scheduled_and_in_flight_and_clear_deletes_what_
     try:
         assert blocker.started.wait(DELIVERY_S), "the worker never started a handler"
         if _row(driver).in_flight is None:
+            # A broker that cannot tell in flight from waiting (Kafka's lag counts
+            # every record not committed) may still count it as ready.
             unknown.append("in flight")
+            ready = _row(driver).ready
+            assert ready in (waiting_ready - 1, waiting_ready), (
+                f"with one message in a handler and in flight unknown, ready={ready}, not "
+                f"{waiting_ready - 1} or {waiting_ready}"
+            )
         else:
             ok, seen = _settles(driver, "in_flight", 1)
             assert ok, f"a worker blocked inside its handler: in_flight={seen}, not 1"
-        ok, seen = _settles(driver, "ready", waiting_ready - 1)
-        assert ok, f"with one message in a handler, ready={seen}, not {waiting_ready - 1}"
+            ok, seen = _settles(driver, "ready", waiting_ready - 1)
+            assert ok, f"with one message in a handler, ready={seen}, not {waiting_ready - 1}"
     finally:
         blocker.release.set()
     assert worker.join(STOP_S), "the worker with max items 1 did not return"
     worker.check()
 
-    waiting = waiting_ready - 1 + (_SCHEDULED if caps.delay is Delay.NATIVE else 0)
+    held_apart = _SCHEDULED if caps.delay is Delay.NATIVE and not in_ready else 0
+    waiting = waiting_ready - 1 + held_apart
     removed = driver.clear()
     assert removed == waiting, f"clear() deleted {removed} messages; {waiting} were waiting"
     ok, seen = _settles(driver, "ready", 0)

@@ -8,13 +8,13 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import replace
 from typing import Any, TypeVar
 
 from confluent_kafka import Consumer as Client
-from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic  # what confluent_kafka.admin re-exports
 
@@ -30,6 +30,7 @@ from hermes.core import (
     Message,
     NotSupportedError,
     PerProcess,
+    QueueStats,
 )
 from hermes.drivers.kafka import _settings
 from hermes.drivers.kafka._capabilities import (
@@ -489,6 +490,87 @@ class KafkaDriver(Driver):
         return _KafkaConsumer(self, {self.topics[priority]: priority for priority in order})
 
     # Cleaning up --------------------------------------------------------------
+
+    # Counting and clearing ------------------------------------------------------
+
+    def queue_stats(self) -> list[QueueStats]:
+        """Per priority topic: ready is the group's lag, summed over the topic's partitions.
+
+        The lag (records past the group's committed offset) includes records a
+        worker holds and has not committed, so in flight is unknown; so is
+        scheduled in delay mode (held in the workers' memory, not on the broker).
+        Set aside is the dead-letter topic's size, on the default priority's row.
+        """
+        with self._inspector() as client:
+            rows = []
+            for priority in sorted(self.topics, reverse=True):
+                topic = self.topics[priority]
+                lag = sum(high - offset for _, offset, high in self._positions(client, topic))
+                dead = None
+                if priority == DEFAULT_PRIORITY and self.dead_letter_topic:
+                    spans = self._positions(client, self.dead_letter_topic, committed=False)
+                    dead = sum(high - low for _, low, high in spans)
+                rows.append(
+                    QueueStats(
+                        priority,
+                        topic,
+                        ready=lag,
+                        scheduled=None if self.delay else 0,
+                        in_flight=None,
+                        set_aside=dead,
+                    )
+                )
+            return rows
+
+    def clear(self, priority: int | None = None) -> int:
+        """Move the group's committed offsets to the end of the topic(s); how many it skipped.
+
+        Kafka cannot delete single records: the group skips them instead. A group
+        with running workers refuses offsets committed from outside it: stop the
+        workers first.
+        """
+        if priority is not None and priority not in self.topics:
+            raise self.unknown_priority(priority, self.topics)
+        topics = [self.topics[priority]] if priority is not None else [*self.topics.values()]
+        skipped = 0
+        with self._inspector() as client:
+            ends = []
+            for topic in dict.fromkeys(topics):
+                for partition, offset, high in self._positions(client, topic):
+                    skipped += high - offset
+                    ends.append(TopicPartition(topic, partition, high))
+            if ends and skipped:
+                with kafka_errors(f"committing the end of {topics} for group {self.group_id!r}"):
+                    client.commit(offsets=ends, asynchronous=False)
+        return skipped
+
+    @contextlib.contextmanager
+    def _inspector(self) -> Iterator[Client]:
+        """A consumer of the group that never joins it: it only reads and commits offsets."""
+        with kafka_errors(f"connecting to {self.bootstrap}", BrokerUnavailableError):
+            client = Client({**self.consumer_config, "enable.auto.commit": False})
+        try:
+            yield client
+        finally:
+            client.close()
+
+    def _positions(
+        self, client: Client, topic: str, *, committed: bool = True
+    ) -> list[tuple[int, int, int]]:
+        """``(partition, offset, high)``; offset: the group's committed one, else the low mark."""
+        timeout = self.admin_timeout_s
+        with kafka_errors(f"reading the offsets of {topic!r}", BrokerUnavailableError):
+            meta = client.list_topics(topic, timeout=timeout).topics.get(topic)
+            if meta is None or meta.error is not None or not meta.partitions:
+                return []  # nothing sent there yet
+            parts = [TopicPartition(topic, p) for p in sorted(meta.partitions)]
+            done = client.committed(parts, timeout=timeout) if committed else parts
+            positions = []
+            for part, mark in zip(parts, done, strict=True):
+                low, high = client.get_watermark_offsets(part, timeout=timeout)
+                offset = mark.offset if committed and mark.offset >= 0 else low
+                positions.append((part.partition, max(offset, low), high))
+            return positions
 
     def purge(self) -> None:
         """Delete this driver's topics (and dead-letter topic) and its group's offsets."""
