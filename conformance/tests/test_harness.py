@@ -1,4 +1,4 @@
-"""The kit's machinery on its own: names, counts, time."""
+"""The kit's machinery on its own: names, counts, time, failure texts."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pytest
 
 from hermes.conformance._harness import TotalQueue, namespace_for, scaled, time_scale, wait_until
 from hermes.conformance._worker import Record, read_records
+from hermes.conformance.plugin import cause
 
 
 @pytest.mark.parametrize(
@@ -70,3 +71,20 @@ def test_a_record_file_keeps_only_complete_lines(tmp_path: Path) -> None:
 
     assert read_records(path) == [Record("id-1", 42, "7"), Record("#ready", 43, "-")]
     assert read_records(tmp_path / "missing.tsv") == []
+
+
+def test_a_summary_quotes_the_reason_and_cuts_it_at_a_word_boundary() -> None:
+    crash = "AssertionError: a busy worker started 190 more " + "messages " * 40 + "END\nassert 1"
+
+    quoted = cause(crash)
+
+    assert quoted.startswith("a busy worker started 190 more messages messages"), quoted
+    assert quoted.endswith(" messages ..."), quoted
+    assert len(quoted) <= 210 and "END" not in quoted, quoted
+
+
+def test_a_summary_keeps_the_type_of_an_error_that_is_not_an_assertion() -> None:
+    assert cause("UnknownPriorityError: no queue for priority 7\nmore") == (
+        "UnknownPriorityError: no queue for priority 7"
+    )
+    assert cause("") == "see the report above"
