@@ -291,6 +291,38 @@ class SharesItsConnectionAcrossFork(_BrokenMemory):
         super().wait(callback, priorities, **options)
 
 
+_used: set[str] = set()
+
+
+class HangsInClose(_BrokenMemory):
+    """Once it has sent, ``close()`` waits for a flush that never ends."""
+
+    scheme = "hangs-close"
+
+    def send(self, message: Message, priority: int = DEFAULT_PRIORITY) -> None:
+        super().send(message, priority)
+        _used.add(f"close {id(self)}")
+
+    def close(self) -> None:
+        if f"close {id(self)}" in _used:
+            threading.Event().wait()
+
+
+class HangsInPurge(_BrokenMemory):
+    """Once messages were sent on its queues, ``purge()`` waits for a reply that never comes."""
+
+    scheme = "hangs-purge"
+
+    def send(self, message: Message, priority: int = DEFAULT_PRIORITY) -> None:
+        super().send(message, priority)
+        _used.add(f"purge {self.name}")
+
+    def purge(self) -> None:
+        if f"purge {self.name}" in _used:
+            threading.Event().wait()
+        super().purge()
+
+
 _MEMORY_VARIANTS: list[type[_BrokenMemory]] = [
     IgnoresExecuteAt,
     ReadsInRegistrationOrder,
@@ -308,6 +340,8 @@ _MEMORY_VARIANTS: list[type[_BrokenMemory]] = [
     WritesBeforeSerializing,
     ThreadUnsafeSend,
     SharesItsConnectionAcrossFork,
+    HangsInClose,
+    HangsInPurge,
 ]
 
 

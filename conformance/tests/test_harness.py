@@ -1,13 +1,21 @@
-"""The kit's machinery on its own: names, counts, time, failure texts."""
+"""The kit's machinery on its own: names, counts, time, hung calls, failure texts."""
 
 from __future__ import annotations
 
 import re
+import threading
 from pathlib import Path
 
 import pytest
 
-from hermes.conformance._harness import TotalQueue, namespace_for, scaled, time_scale, wait_until
+from hermes.conformance._harness import (
+    TotalQueue,
+    call_within,
+    namespace_for,
+    scaled,
+    time_scale,
+    wait_until,
+)
 from hermes.conformance._worker import Record, read_records
 from hermes.conformance.plugin import cause
 
@@ -71,6 +79,28 @@ def test_a_record_file_keeps_only_complete_lines(tmp_path: Path) -> None:
 
     assert read_records(path) == [Record("id-1", 42, "7"), Record("#ready", 43, "-")]
     assert read_records(tmp_path / "missing.tsv") == []
+
+
+def _hang() -> None:
+    threading.Event().wait()
+
+
+def test_a_call_that_hangs_fails_naming_the_call_and_the_line_it_is_stuck_on() -> None:
+    with pytest.raises(AssertionError) as caught:
+        call_within("close()", _hang, 0.05, "a driver")
+
+    text = str(caught.value)
+    assert text.startswith("close() did not return within 0.1 s (scaled); it is stuck in "), text
+    assert re.search(r"test_harness\.py:\d+ _hang\(\), waiting in threading\.py:\d+ wait\(\)", text)
+    assert text.endswith(" (a driver)"), text
+
+
+def test_a_call_that_raises_raises_on_the_callers_thread() -> None:
+    def fail() -> None:
+        raise ValueError("refused")
+
+    with pytest.raises(ValueError, match="refused"):
+        call_within("purge()", fail, 5.0)
 
 
 def test_a_summary_quotes_the_reason_and_cuts_it_at_a_word_boundary() -> None:

@@ -95,6 +95,12 @@ BROKEN = {
     "slow-shutdown+file://{dir}": ([SHUTDOWN_PROCESS], "after SharedFileShutdown asked"),
 }
 
+#: URL -> (a kit test to run, what its teardown error says): close() or purge() hangs.
+HANGS = {
+    "hangs-close://x": (UNKNOWN_PRIORITY, "failed in teardown (close() did not return"),
+    "hangs-purge://x": (UNKNOWN_PRIORITY, "failed in teardown (purge() did not return"),
+}
+
 _HAS_FILESYSTEM = importlib.util.find_spec("hermes.drivers.filesystem") is not None
 _IN_PROCESS_ONLY = {
     SIGKILL,
@@ -175,6 +181,8 @@ def verdicts(
                 real_url = url.format(dir=tmp_path_factory.mktemp("queue")) + "?fsync=false"
                 scale = 0.5
             runs[url] = pool.submit(kit_runner.run, *_only(real_url, must_fail), scale=scale)
+        for url, (test, _) in HANGS.items():
+            runs[url] = pool.submit(kit_runner.run, *_only(url, [test]), scale=0.3)
         yield runs
         for future in runs.values():
             future.cancel()
@@ -214,6 +222,20 @@ def test_each_broken_driver_fails_the_kit_tests_that_catch_its_bug(
 
     assert run.with_outcome("failed") == sorted(must_fail), f"bug: {bug}\n{run.describe()}"
     assert reason in run.output, f"bug: {bug}; expected {reason!r}\n{run.describe()}"
+
+
+@pytest.mark.parametrize("url", list(HANGS))
+def test_a_close_or_purge_that_hangs_fails_teardown_within_its_bound_naming_the_call(
+    verdicts: dict[str, Future[Any]], url: str
+) -> None:
+    test, reason = HANGS[url]
+    bug = broken_drivers.describe(url.split(":")[0])
+
+    run = verdicts[url].result()
+
+    assert run.outcomes == {test: "error"}, f"bug: {bug}\n{run.describe()}"
+    assert reason in run.output, f"bug: {bug}; expected {reason!r}\n{run.describe()}"
+    assert "within 3.0 s (scaled); it is stuck in broken_drivers.py:" in run.output, run.describe()
 
 
 def test_every_required_kit_test_fails_on_some_broken_driver() -> None:
