@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import ast
 import re
 import threading
 from pathlib import Path
 
 import pytest
 
+from hermes import conformance
 from hermes.conformance._harness import (
     TotalQueue,
     call_within,
@@ -118,3 +120,14 @@ def test_a_summary_keeps_the_type_of_an_error_that_is_not_an_assertion() -> None
         "UnknownPriorityError: no queue for priority 7"
     )
     assert cause("") == "see the report above"
+
+
+def test_every_assertion_of_the_kit_says_what_failed() -> None:
+    """A bare assert reads "assert False" in the summary: each one carries a message."""
+    bare = []
+    for path in sorted(Path(conformance.__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Assert) and node.msg is None:
+                bare.append(f"{path.name}:{node.lineno}: assert {ast.unparse(node.test)}")
+
+    assert bare == [], "asserts without a message"

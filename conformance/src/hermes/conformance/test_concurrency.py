@@ -79,7 +79,7 @@ def test_eight_threads_sharing_one_driver_emit_800_messages_delivered_exactly_as
     check = TotalQueue.of(sent, ledger.ids())
     hermes_kit.report(check.summary())
     assert (len(check.lost), len(check.duplicated), len(check.unexpected)) == (0, 0, 0), (
-        check.summary()
+        f"what {_THREADS} threads sent through one driver: {check.summary()}"
     )
     changed = [
         e.message.id for e in ledger.entries() if fields(e.message) != fields(sent[e.message.id])
@@ -181,12 +181,19 @@ def test_a_driver_used_before_fork_emits_and_consumes_in_the_child(hermes_kit: K
         hermes_kit.claim("child emits and consumes, the parent goes on; nothing lost or doubled")
         left = {first.id, last.id} - set(child_seen)
         bound = DELIVERY_S + caps.redelivery_timeout_s
-        assert wait_until(lambda: left <= set(ledger.ids()), bound), "the parent lost messages"
+        assert wait_until(lambda: left <= set(ledger.ids()), bound), (
+            f"the parent's worker did not receive {len(left - set(ledger.ids()))} of the "
+            f"{len(left)} messages the child left within {bound} s (unscaled)"
+        )
         wait_quiet(lambda: len(ledger), QUIET_S / 2, DELIVERY_S)
         check = TotalQueue.of([first.id, in_child.id, last.id], child_seen + ledger.ids())
         assert (len(check.lost), len(check.duplicated), len(check.unexpected)) == (0, 0, 0), (
-            check.summary()
+            f"what the parent and a forked child sent: {check.summary()}"
         )
     else:
         hermes_kit.claim("child emits and consumes (on its copy of the broker), the parent goes on")
-        assert wait_until(lambda: {first.id, last.id} <= set(ledger.ids()), DELIVERY_S)
+        mine = {first.id, last.id}
+        assert wait_until(lambda: mine <= set(ledger.ids()), DELIVERY_S), (
+            f"the parent's worker did not receive {len(mine - set(ledger.ids()))} of the 2 "
+            f"messages the parent sent around the fork within {DELIVERY_S} s (scaled)"
+        )

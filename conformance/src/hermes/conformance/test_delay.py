@@ -31,7 +31,7 @@ _FAR_AHEAD_S = 3600.0
 
 def _on_time(kit: Kit, message: Message) -> None:
     """NATIVE: ``message`` arrived no earlier than ``execute_at`` and not too late."""
-    assert message.execute_at is not None
+    assert message.execute_at is not None, f"message {message.id} has no execute_at"
     deliveries = kit.ledger.of(message.id)
     assert deliveries, f"message {message.id} due at {message.execute_at:.3f} never arrived"
     early_by = message.execute_at - deliveries[0].at
@@ -43,7 +43,9 @@ def _on_time(kit: Kit, message: Message) -> None:
         f"delay=NATIVE: delivered {late_by:.3f} s after its execute_at "
         f"(at most {DELAY_LATE_S} s, scaled)"
     )
-    assert fields(deliveries[0].message) == fields(message)
+    assert fields(deliveries[0].message) == fields(message), (
+        f"message {message.id} changed on the broker"
+    )
 
 
 @pytest.mark.hermes_check("delay", "a message due later")
@@ -54,7 +56,10 @@ def test_a_message_due_later_follows_the_declared_delay(hermes_kit: Kit) -> None
     if hermes_kit.capabilities.delay is Delay.NATIVE:
         hermes_kit.claim("held until execute_at, then delivered")
         message = hermes_kit.emit(hermes_kit.message(1, execute_at=time.time() + scaled(_AHEAD_S)))
-        assert wait_until(lambda: ledger.has(message.id), _AHEAD_S + DELAY_LATE_S)
+        assert wait_until(lambda: ledger.has(message.id), _AHEAD_S + DELAY_LATE_S), (
+            f"delay=NATIVE: a message due in {scaled(_AHEAD_S):.1f} s did not arrive within "
+            f"{scaled(DELAY_LATE_S):.1f} s after that (scaled)"
+        )
         _on_time(hermes_kit, message)
     else:
         hermes_kit.claim("delivered at once, execute_at kept")
@@ -63,7 +68,9 @@ def test_a_message_due_later_follows_the_declared_delay(hermes_kit: Kit) -> None
             f"delay=IGNORED: a message due in {_FAR_AHEAD_S:.0f} s was not delivered "
             f"within {DELIVERY_S} s"
         )
-        assert fields(ledger.of(message.id)[0].message) == fields(message)
+        assert fields(ledger.of(message.id)[0].message) == fields(message), (
+            f"message {message.id} changed on the broker"
+        )
 
 
 @pytest.mark.hermes_check("delay", "several messages due later")
@@ -87,10 +94,19 @@ def test_delayed_messages_come_out_in_execute_at_order_after_due_ones(hermes_kit
         past = hermes_kit.emit(hermes_kit.message(1, execute_at=now - 5))
         plain = hermes_kit.emit(hermes_kit.message(0))
 
-        assert wait_until(lambda: ledger.has(later.id), 2 * _AHEAD_S + DELAY_LATE_S)
+        assert wait_until(lambda: ledger.has(later.id), 2 * _AHEAD_S + DELAY_LATE_S), (
+            f"delay=NATIVE: a message due in {scaled(2 * _AHEAD_S):.1f} s did not arrive within "
+            f"{scaled(DELAY_LATE_S):.1f} s after that (scaled)"
+        )
         order = [e.message.id for e in ledger.entries(after=start)]
-        assert sorted(order[:2]) == sorted([past.id, plain.id]), "due messages waited"
-        assert order[2:] == [sooner.id, later.id], "delayed messages out of execute_at order"
+        names = {past.id: "due", plain.id: "plain", sooner.id: "sooner", later.id: "later"}
+        came = [names.get(id_, id_) for id_ in order]
+        assert sorted(order[:2]) == sorted([past.id, plain.id]), (
+            f"due messages waited behind delayed ones: they came in the order {came}"
+        )
+        assert order[2:] == [sooner.id, later.id], (
+            f"delayed messages out of execute_at order: they came in the order {came}"
+        )
         _on_time(hermes_kit, sooner)
         _on_time(hermes_kit, later)
     else:
@@ -100,6 +116,11 @@ def test_delayed_messages_come_out_in_execute_at_order_after_due_ones(hermes_kit
             for n in range(3)
         ]
         hermes_kit.worker()
-        assert wait_until(lambda: all(ledger.has(m.id) for m in sent), DELIVERY_S)
+        assert wait_until(lambda: all(ledger.has(m.id) for m in sent), DELIVERY_S), (
+            f"delay=IGNORED: {sum(1 for m in sent if not ledger.has(m.id))} of 3 messages due "
+            f"in an hour were not delivered within {DELIVERY_S} s (scaled)"
+        )
         for message in sent:
-            assert fields(ledger.of(message.id)[0].message) == fields(message)
+            assert fields(ledger.of(message.id)[0].message) == fields(message), (
+                f"message {message.id} changed on the broker"
+            )

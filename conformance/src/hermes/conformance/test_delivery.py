@@ -56,13 +56,17 @@ def test_a_message_whose_worker_crashed_mid_handler_follows_the_declared_deliver
     message = hermes_kit.emit(hermes_kit.message(1))
     crashing = hermes_kit.worker(handlers={JOB: [_CrashOnce()]})
 
-    assert wait_until(lambda: ledger.has(message.id), DELIVERY_S), "the message never arrived"
+    assert wait_until(lambda: ledger.has(message.id), DELIVERY_S), (
+        f"message {message.id} was not delivered within {DELIVERY_S} s (scaled)"
+    )
     assert crashing.join(DELIVERY_S), (
         "an exception escaping the callback must propagate out of wait(); "
-        "the worker kept running instead"
+        f"the worker kept running {DELIVERY_S} s (scaled) later instead"
     )
     crashing.stop(expect=_WorkerCrash)
-    assert isinstance(crashing.error, _WorkerCrash)
+    assert isinstance(crashing.error, _WorkerCrash), (
+        f"wait() ended with {crashing.error!r}, not the crash the handler raised"
+    )
     crashing.driver.close()
 
     if caps.delivery is Delivery.AT_LEAST_ONCE:
@@ -74,13 +78,17 @@ def test_a_message_whose_worker_crashed_mid_handler_follows_the_declared_deliver
             f"redelivery_timeout_s + {DELIVERY_S} = {bound} s (unscaled)"
         )
         again = ledger.of(message.id)[1]
-        assert again.worker == fresh.name
-        assert fields(again.message) == fields(message)
+        assert again.worker == fresh.name, (
+            f"delivered again to {again.worker}, not to the fresh worker {fresh.name}"
+        )
+        assert fields(again.message) == fields(message), f"message {message.id} came back changed"
     else:
         hermes_kit.claim("handler crash (in-process): not delivered again")
         sentinel = hermes_kit.emit(hermes_kit.message(2))
         hermes_kit.worker()
-        assert wait_until(lambda: ledger.has(sentinel.id), DELIVERY_S)
+        assert wait_until(lambda: ledger.has(sentinel.id), DELIVERY_S), (
+            f"a message sent after the crash was not delivered within {DELIVERY_S} s (scaled)"
+        )
         assert stays_false(lambda: len(ledger.of(message.id)) > 1, QUIET_S), (
             "AT_MOST_ONCE: the message of a crashed worker was delivered again"
         )
@@ -131,14 +139,18 @@ def test_a_handled_message_is_never_delivered_again(hermes_kit: Kit) -> None:
     ledger = hermes_kit.ledger
     message = hermes_kit.emit(hermes_kit.message(1))
     first = hermes_kit.worker()
-    assert wait_until(lambda: ledger.has(message.id), DELIVERY_S)
+    assert wait_until(lambda: ledger.has(message.id), DELIVERY_S), (
+        f"message {message.id} was not delivered within {DELIVERY_S} s (scaled)"
+    )
     first.stop()
     first.driver.close()
 
     sentinel = hermes_kit.emit(hermes_kit.message(2))
     hermes_kit.worker()
 
-    assert wait_until(lambda: ledger.has(sentinel.id), DELIVERY_S)
+    assert wait_until(lambda: ledger.has(sentinel.id), DELIVERY_S), (
+        f"a message sent to a fresh worker was not delivered within {DELIVERY_S} s (scaled)"
+    )
     window = caps.redelivery_timeout_s + QUIET_S
     assert stays_false(lambda: len(ledger.of(message.id)) > 1, window), (
         f"a message whose handler returned True was delivered again: "

@@ -37,12 +37,17 @@ def test_a_worker_with_max_items_returns_after_that_many_messages(hermes_kit: Ki
     driver.set_max_process_items(_MAX_ITEMS)
     limited = hermes_kit.worker(driver=driver)
 
-    assert wait_until(lambda: len(ledger) >= _MAX_ITEMS, DELIVERY_S)
+    assert wait_until(lambda: len(ledger) >= _MAX_ITEMS, DELIVERY_S), (
+        f"{len(ledger)} of {_SENT} messages were delivered within {DELIVERY_S} s (scaled), "
+        f"not max items {_MAX_ITEMS}"
+    )
     assert limited.join(SHUTDOWN_S), (
         f"handle() did not return after max items ({_MAX_ITEMS}); it handled {len(ledger)} messages"
     )
     limited.check()
-    assert len(ledger) == _MAX_ITEMS
+    assert len(ledger) == _MAX_ITEMS, (
+        f"a worker with max items {_MAX_ITEMS} handled {len(ledger)} messages"
+    )
     driver.close()
 
     hermes_kit.worker()
@@ -51,7 +56,9 @@ def test_a_worker_with_max_items_returns_after_that_many_messages(hermes_kit: Ki
         "the messages a worker with max items left were not delivered to the next worker"
     )
     check = TotalQueue.of(sent, ledger.ids())
-    assert (check.lost, check.duplicated, check.unexpected) == (set(), {}, set())
+    assert (check.lost, check.duplicated, check.unexpected) == (set(), {}, set()), (
+        f"around a worker with max items: {check.summary()}"
+    )
 
 
 @pytest.mark.hermes_check("max items", "worker process")
@@ -69,8 +76,12 @@ def test_a_worker_process_with_max_items_exits_after_that_many_messages(hermes_k
         f"the worker with max items {_MAX_ITEMS} did not exit by itself (exit code {code})\n"
         f"{hermes_kit.process_output()}"
     )
-    assert len(hermes_kit.records()) == _MAX_ITEMS
-    assert hermes_kit.statuses(process.pid) == ["#ready", "#stopped"]
+    assert len(hermes_kit.records()) == _MAX_ITEMS, (
+        f"a worker process with max items {_MAX_ITEMS} handled {len(hermes_kit.records())}"
+    )
+    assert hermes_kit.statuses(process.pid) == ["#ready", "#stopped"], (
+        f"the worker process did not stop cleanly\n{hermes_kit.process_output()}"
+    )
 
 
 @pytest.mark.hermes_check("shutdown", "SharedFileShutdown, in-process")
@@ -78,8 +89,12 @@ def test_shared_file_shutdown_stops_an_idle_worker_within_two_seconds(hermes_kit
     shutdown = SharedFileShutdown(hermes_kit.tmp_path / "stop")
     worker = hermes_kit.worker(shutdown=shutdown)
     sentinel = hermes_kit.emit(hermes_kit.message(1))
-    assert wait_until(lambda: hermes_kit.ledger.has(sentinel.id), DELIVERY_S)
-    assert stays_false(lambda: not worker.running, QUIET_S / 2), "the worker stopped by itself"
+    assert wait_until(lambda: hermes_kit.ledger.has(sentinel.id), DELIVERY_S), (
+        f"a message sent to a running worker was not delivered within {DELIVERY_S} s (scaled)"
+    )
+    assert stays_false(lambda: not worker.running, QUIET_S / 2), (
+        f"the worker stopped by itself: {worker.error!r}"
+    )
 
     shutdown.shutdown()
 
@@ -108,4 +123,7 @@ def test_shared_file_shutdown_stops_an_idle_worker_process_within_two_seconds(
         f"an idle worker process still runs {SHUTDOWN_S} s (scaled) after "
         f"SharedFileShutdown asked\n{hermes_kit.process_output()}"
     )
-    assert process.wait_exit(STOP_S) == 0, hermes_kit.process_output()
+    code = process.wait_exit(STOP_S)
+    assert code == 0, (
+        f"the stopped worker process exited with code {code}\n{hermes_kit.process_output()}"
+    )

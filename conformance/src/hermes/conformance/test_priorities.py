@@ -34,8 +34,12 @@ def test_setting_up_a_priority_queue_follows_the_declared_capability(hermes_kit:
         hermes_kit.setup_priority_queue("kit-high", 200)
         message = hermes_kit.emit(hermes_kit.message(1), 200)
         hermes_kit.worker()
-        assert wait_until(lambda: hermes_kit.ledger.has(message.id), DELIVERY_S)
-        assert hermes_kit.ledger.of(message.id)[0].priority == 200
+        assert wait_until(lambda: hermes_kit.ledger.has(message.id), DELIVERY_S), (
+            f"a message sent to priority 200 was not delivered within {DELIVERY_S} s (scaled)"
+        )
+        assert hermes_kit.ledger.of(message.id)[0].priority == 200, (
+            "the callback got another priority than sent"
+        )
     else:
         hermes_kit.claim("setup_priority_queue raises NotSupportedError")
         with pytest.raises(NotSupportedError):
@@ -55,7 +59,9 @@ def test_sending_to_a_priority_without_a_queue_raises_unknown_priority_error(
 
     hermes_kit.emit(sentinel)
     hermes_kit.worker()
-    assert wait_until(lambda: hermes_kit.ledger.has(sentinel.id), DELIVERY_S)
+    assert wait_until(lambda: hermes_kit.ledger.has(sentinel.id), DELIVERY_S), (
+        f"a message sent to the default priority was not delivered within {DELIVERY_S} s"
+    )
     assert stays_false(lambda: len(hermes_kit.ledger) > 1, QUIET_S), (
         "a message sent to an unknown priority was delivered anyway"
     )
@@ -75,7 +81,9 @@ def test_messages_sent_before_the_worker_starts_come_out_highest_priority_first(
             sent.append(hermes_kit.emit(message, priority))
     hermes_kit.worker()
 
-    assert wait_until(lambda: len(hermes_kit.ledger) >= len(sent), DELIVERY_S)
+    assert wait_until(lambda: len(hermes_kit.ledger) >= len(sent), DELIVERY_S), (
+        f"{len(hermes_kit.ledger)} of {len(sent)} messages were delivered within {DELIVERY_S} s"
+    )
     entries = hermes_kit.ledger.entries()
     order = [e.message.payload["priority"] for e in entries]
     assert order == sorted(order, reverse=True), "not read highest priority first"
@@ -94,7 +102,10 @@ def test_a_worker_restricted_to_some_priorities_takes_only_those(hermes_kit: Kit
     }
     restricted = hermes_kit.worker(priorities=[300, 200])
 
-    assert wait_until(lambda: ledger.has(sent[300].id) and ledger.has(sent[200].id), DELIVERY_S)
+    assert wait_until(lambda: ledger.has(sent[300].id) and ledger.has(sent[200].id), DELIVERY_S), (
+        f"a worker restricted to [300, 200] took {[e.priority for e in ledger.entries()]} "
+        f"within {DELIVERY_S} s (scaled), not both"
+    )
     assert stays_false(lambda: ledger.has(sent[50].id) or ledger.has(sent[100].id), QUIET_S), (
         f"a worker restricted to [300, 200] took: {[e.priority for e in ledger.entries()]}"
     )
