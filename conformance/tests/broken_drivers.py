@@ -291,6 +291,29 @@ class SharesItsConnectionAcrossFork(_BrokenMemory):
         super().wait(callback, priorities, **options)
 
 
+class CapsDelays(_BrokenMemory):
+    """Holds a delayed message at most 2.5 s, however far its execute_at (a broker's cap)."""
+
+    scheme = "caps-delay"
+
+    def _put(self, data: str | bytes, priority: int, execute_at: float | None) -> None:
+        if execute_at is not None:
+            execute_at = min(execute_at, time.time() + 2.5)
+        super()._put(data, priority, execute_at)
+
+
+class StretchesDelays(_BrokenMemory):
+    """Holds a delayed message twice as long as its execute_at asks."""
+
+    scheme = "stretches-delay"
+
+    def _put(self, data: str | bytes, priority: int, execute_at: float | None) -> None:
+        now = time.time()
+        if execute_at is not None and execute_at > now:
+            execute_at = now + 2 * (execute_at - now)
+        super()._put(data, priority, execute_at)
+
+
 _used: set[str] = set()
 
 
@@ -340,6 +363,8 @@ _MEMORY_VARIANTS: list[type[_BrokenMemory]] = [
     WritesBeforeSerializing,
     ThreadUnsafeSend,
     SharesItsConnectionAcrossFork,
+    CapsDelays,
+    StretchesDelays,
     HangsInClose,
     HangsInPurge,
 ]

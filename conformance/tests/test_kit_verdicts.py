@@ -54,6 +54,9 @@ KILL_IN_FLIGHT = "test_a_worker_killed_with_four_handlers_in_flight_follows_the_
 PROCESSES_CONCURRENT = "test_three_worker_processes_at_concurrency_four_share_300_messages"
 MAX_ITEMS_CONCURRENT = "test_max_items_at_concurrency_four_starts_exactly_that_many"
 STATS = "test_queue_stats_count_ready_scheduled_and_in_flight_and_clear_deletes_what_waits"
+DELAY_FAR = (
+    "test_a_delay_of_a_minute_holds_while_200_short_ones_and_one_of_eight_seconds_are_on_time"
+)
 
 #: URL (``{dir}``: a fresh queue directory) -> (kit tests that must fail, text the output shows).
 BROKEN = {
@@ -83,6 +86,9 @@ BROKEN = {
         "did not return after max items",
     ),
     "slow-shutdown+memory://x": ([SHUTDOWN], "after SharedFileShutdown asked"),
+    # Promises kept at the easy point and broken a little further out.
+    "caps-delay://x": ([DELAY_FAR], "a message due in 18 s (scaled) arrived 2."),
+    "stretches-delay://x": ([DELAY_FAR], "did not arrive within 1.5 s (scaled) of their"),
     # Over the filesystem driver: the tests that need worker processes.
     "early-ack+file://{dir}": ([SIGKILL], "the message of a SIGKILLed worker was not delivered"),
     "claims-at-most-once+file://{dir}": ([SIGKILL], "AT_MOST_ONCE: the message of a SIGKILLed"),
@@ -206,7 +212,7 @@ def test_the_kit_passes_on_the_memory_driver_and_says_what_it_could_not_verify(
         "delivery AT_LEAST_ONCE: handler crash (in-process): delivered again verified; "
         "SIGKILL mid-handler not verified: driver is in-process" in run.output
     ), run.describe()
-    assert "21 verified, 6 not verified, 0 not applicable, 0 failed" in run.output
+    assert "22 verified, 6 not verified, 0 not applicable, 0 failed" in run.output
 
 
 @pytest.mark.parametrize("url", list(BROKEN))
