@@ -17,6 +17,7 @@ import os
 import tempfile
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -314,6 +315,148 @@ class StretchesDelays(_BrokenMemory):
         super()._put(data, priority, execute_at)
 
 
+class _StaleView(Consumer):
+    """Takes everything waiting when its view is empty, and hands that out first."""
+
+    def __init__(self, inner: Consumer) -> None:
+        self.inner = inner
+        self.view: deque[Received] = deque()
+
+    def receive(self, timeout_s: float) -> Received | None:
+        if not self.view:
+            first = self.inner.receive(timeout_s)
+            if first is None:
+                return None
+            self.view.append(first)
+            while (more := self.inner.receive(0)) is not None:
+                self.view.append(more)
+        return self.view.popleft()
+
+    def ack(self, received: Received) -> None:
+        self.inner.ack(received)
+
+    def release(self, received: Received) -> None:
+        self.inner.release(received)
+
+    def reject(self, received: Received, reason: str) -> None:
+        self.inner.reject(received, reason)
+
+    def close(self) -> None:
+        while self.view:  # the last taken goes back first: the queue keeps its order
+            self.inner.release(self.view.pop())
+        self.inner.close()
+
+
+class ReadsAStaleView(_BrokenMemory):
+    """Lists the queues only when it has handed out everything it listed last time."""
+
+    scheme = "stale-view"
+
+    def consumer(self, priorities: Sequence[int], *, concurrency: int = 1) -> Consumer:
+        return _StaleView(super().consumer(priorities, concurrency=concurrency))
+
+
+#: memory name -> the idle consumer that new messages are pushed to.
+_subscribers: dict[str, _Pushed] = {}
+
+
+class _Pushed(Consumer):
+    """Pulls while messages wait; once idle, subscribes, and takes arrivals in arrival order."""
+
+    def __init__(self, driver: PushesInArrivalOrder, inner: Consumer) -> None:
+        self.driver = driver
+        self.inner = inner
+        self.broker = driver._broker
+        #: Pushed to this consumer, not yet handed out: in arrival order.
+        self.inbox: deque[Received] = deque()
+        #: Pushed and handed out, not yet settled.
+        self.out: set[Received] = set()
+
+    def receive(self, timeout_s: float) -> Received | None:
+        with self.broker.condition:
+            if self.inbox:
+                return self._hand_out()
+        received = self.inner.receive(0)
+        if received is not None:
+            return received
+        with self.broker.condition:
+            _subscribers[self.driver.name] = self
+            self.broker.condition.wait_for(lambda: self.inbox, timeout_s)
+            return self._hand_out() if self.inbox else None
+
+    def _hand_out(self) -> Received:
+        received = self.inbox.popleft()
+        self.out.add(received)
+        return received
+
+    def ack(self, received: Received) -> None:
+        with self.broker.condition:
+            if received not in self.out:
+                self.inner.ack(received)
+                return
+            self.out.discard(received)
+            self.broker.in_flight[received.priority] -= 1
+
+    def release(self, received: Received) -> None:
+        with self.broker.condition:
+            if received not in self.out:
+                self.inner.release(received)
+                return
+            self.out.discard(received)
+            self.broker.in_flight[received.priority] -= 1
+            self.broker.queues[received.priority].appendleft(received.body)
+            self.broker.condition.notify_all()
+
+    def reject(self, received: Received, reason: str) -> None:
+        self.ack(received)
+
+    def close(self) -> None:
+        with self.broker.condition:
+            if _subscribers.get(self.driver.name) is self:
+                del _subscribers[self.driver.name]
+            pushed = list(self.inbox)
+            self.inbox.clear()
+            self.out.update(pushed)
+        for received in reversed(pushed):
+            self.release(received)
+        self.inner.close()
+
+
+class PushesInArrivalOrder(_BrokenMemory):
+    """Once a worker idles, pushes it every new message as it arrives; it hands them out
+    in arrival order, whatever their priority."""
+
+    scheme = "push-in-arrival-order"
+
+    def _put(self, data: str | bytes, priority: int, execute_at: float | None) -> None:
+        broker = self._broker
+        with broker.condition:
+            subscriber = _subscribers.get(self.name)
+            if (
+                subscriber is not None
+                and priority in broker.queues
+                and (execute_at is None or execute_at <= time.time())
+            ):
+                subscriber.inbox.append(Received(data, priority))
+                broker.in_flight[priority] += 1
+                broker.condition.notify_all()
+                return
+        super()._put(data, priority, execute_at)
+
+    def consumer(self, priorities: Sequence[int], *, concurrency: int = 1) -> Consumer:
+        return _Pushed(self, super().consumer(priorities, concurrency=concurrency))
+
+
+class ReadsEveryQueueForAnUnknownPriority(_BrokenMemory):
+    """``handle(priorities=[P])`` with no queue for P reads every queue instead of raising."""
+
+    scheme = "unknown-restriction"
+
+    def consumer(self, priorities: Sequence[int], *, concurrency: int = 1) -> Consumer:
+        known = [p for p in priorities if p in self._broker.queues]
+        return super().consumer(known, concurrency=concurrency)
+
+
 _used: set[str] = set()
 
 
@@ -365,6 +508,9 @@ _MEMORY_VARIANTS: list[type[_BrokenMemory]] = [
     SharesItsConnectionAcrossFork,
     CapsDelays,
     StretchesDelays,
+    ReadsAStaleView,
+    PushesInArrivalOrder,
+    ReadsEveryQueueForAnUnknownPriority,
     HangsInClose,
     HangsInPurge,
 ]

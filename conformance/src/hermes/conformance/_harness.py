@@ -74,6 +74,12 @@ DELAY_LATE_S = 5.0
 EARLY_TOLERANCE_S = 0.1
 #: A driver's ``close()`` and ``purge()`` return within this (the kit's teardown).
 CLOSE_S = 10.0
+#: A running worker's view of the queues is at most this old: a message sent
+#: this long ago is among those its next receive chooses from.
+FRESH_S = 1.0
+#: How many messages a consumer may hold taken ahead of its handler (an SQS
+#: receive batch): the slack of the priority checks on a running worker.
+TAKEN_AHEAD = 10
 
 _NAMESPACE_LENGTH = 48
 _POLL_S = 0.02
