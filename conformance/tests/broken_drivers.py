@@ -457,6 +457,33 @@ class ReadsEveryQueueForAnUnknownPriority(_BrokenMemory):
         return super().consumer(known, concurrency=concurrency)
 
 
+class _OnlyWhenIdle:
+    """A shutdown honoured only once no message waits."""
+
+    def __init__(self, shutdown: Shutdown, driver: MemoryDriver) -> None:
+        self.shutdown_ = shutdown
+        self.driver = driver
+
+    def should_shutdown(self, start_time: float) -> bool:
+        if not self.shutdown_.should_shutdown(start_time):
+            return False
+        broker = self.driver._broker
+        with broker.condition:
+            return not any(broker.queues.values())
+
+    def shutdown(self, at: float | None = None) -> bool:
+        return self.shutdown_.shutdown(at)
+
+
+class StopsOnlyWhenIdle(_BrokenMemory):
+    """Honours a shutdown request only once the queues are empty."""
+
+    scheme = "stops-when-idle"
+
+    def set_shutdown(self, shutdown: Shutdown | None) -> None:
+        super().set_shutdown(_OnlyWhenIdle(shutdown, self) if shutdown is not None else None)
+
+
 _used: set[str] = set()
 
 
@@ -511,6 +538,7 @@ _MEMORY_VARIANTS: list[type[_BrokenMemory]] = [
     ReadsAStaleView,
     PushesInArrivalOrder,
     ReadsEveryQueueForAnUnknownPriority,
+    StopsOnlyWhenIdle,
     HangsInClose,
     HangsInPurge,
 ]

@@ -5,10 +5,14 @@ messages it did not handle are left for the next worker. A
 ``SharedFileShutdown`` stops an idle worker within 2 s (the driver
 checks the shutdown at the top of every loop and before every idle wait, and
 no idle wait lasts longer than about a second). Both in-process and, for
-drivers that cross processes, in a worker process.
+drivers that cross processes, in a worker process. A busy worker -- a
+backlog of 200 waiting -- stops after the message in progress, starts no
+other, and leaves the rest to the next worker: none lost, none handled twice.
 """
 
 from __future__ import annotations
+
+import threading
 
 import pytest
 
@@ -21,12 +25,19 @@ from hermes.conformance._harness import (
     Kit,
     TotalQueue,
     stays_false,
+    wait_for_progress,
+    wait_quiet,
     wait_until,
 )
-from hermes.core import SharedFileShutdown
+from hermes.conformance._worker import JOB
+from hermes.core import Message, SharedFileShutdown
 
 _MAX_ITEMS = 3
 _SENT = 5
+#: The backlog a busy worker leaves when it is asked to stop.
+_BACKLOG = 200
+#: The message (1-based) in whose handler the stop request comes.
+_STOP_AT = 10
 
 
 @pytest.mark.hermes_check("max items", "in-process")
@@ -126,4 +137,62 @@ def test_shared_file_shutdown_stops_an_idle_worker_process_within_two_seconds(
     code = process.wait_exit(STOP_S)
     assert code == 0, (
         f"the stopped worker process exited with code {code}\n{hermes_kit.process_output()}"
+    )
+
+
+class _AskToStopAt:
+    """Holds the ``at``-th message in its handler until the test has asked the worker to stop."""
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+        self.count = 0
+        self.holding = threading.Event()
+        self.asked = threading.Event()
+
+    def handle(self, message: Message) -> bool:
+        self.count += 1
+        if self.count == self.at:
+            self.holding.set()
+            self.asked.wait(DELIVERY_S + STOP_S)
+        return True
+
+
+@pytest.mark.hermes_check("shutdown", "a busy worker")
+def test_a_busy_worker_stops_after_the_message_in_progress_and_leaves_the_backlog(
+    hermes_kit: Kit,
+) -> None:
+    hermes_kit.claim(
+        f"with {_BACKLOG} waiting: stops after the message in progress, starts no other; "
+        "the next worker gets the rest"
+    )
+    ledger = hermes_kit.ledger
+    sent = [hermes_kit.emit(hermes_kit.message(n)).id for n in range(_BACKLOG)]
+    shutdown = SharedFileShutdown(hermes_kit.tmp_path / "stop")
+    handler = _AskToStopAt(_STOP_AT)
+    worker = hermes_kit.worker(shutdown=shutdown, handlers={JOB: [handler]})
+    assert handler.holding.wait(DELIVERY_S), (
+        f"{_STOP_AT} of {_BACKLOG} messages did not arrive within {DELIVERY_S} s (scaled): "
+        f"{len(ledger)} did"
+    )
+
+    shutdown.shutdown()
+    handler.asked.set()
+
+    assert worker.join(SHUTDOWN_S), (
+        f"a busy worker still runs {SHUTDOWN_S} s (scaled) after SharedFileShutdown asked, "
+        f"having started {len(ledger) - _STOP_AT} more messages since"
+    )
+    worker.check()
+    assert len(ledger) == _STOP_AT, (
+        f"a busy worker asked to stop in the handler of message {_STOP_AT} started "
+        f"{len(ledger) - _STOP_AT} more of the {_BACKLOG} waiting before it stopped: the "
+        "loop must check the shutdown before every receive, not only when the queue is empty"
+    )
+    hermes_kit.worker()
+    bound = hermes_kit.capabilities.redelivery_timeout_s + DELIVERY_S
+    wait_for_progress(ledger.distinct, _BACKLOG, bound)
+    wait_quiet(lambda: len(ledger), QUIET_S / 2, DELIVERY_S)
+    check = TotalQueue.of(sent, ledger.ids())
+    assert (len(check.lost), len(check.duplicated), len(check.unexpected)) == (0, 0, 0), (
+        f"the backlog a stopped worker left did not reach the next worker intact: {check.summary()}"
     )
