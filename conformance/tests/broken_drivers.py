@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import tempfile
 import threading
@@ -731,6 +732,25 @@ class DeliversEachMessageTwice(_Wrapper):
         self.inner.wait(and_again, priorities, **options)
 
 
+logger = logging.getLogger("broken_drivers")
+
+
+class SwallowsCallbackErrors(_Wrapper):
+    """Its ``wait()`` logs an Exception from the callback and goes on; the message is gone."""
+
+    bug = "swallows-errors"
+
+    def wait(self, callback: Callback, priorities: Sequence[int] = (), **options: Any) -> None:
+        def logged(message: Message, priority: int) -> bool:
+            try:
+                return callback(message, priority)
+            except Exception:
+                logger.exception("callback failed for message #%s; going on", message.id)
+                return False
+
+        Driver.wait(self, logged, priorities, **options)
+
+
 _WRAPPERS: list[type[_Wrapper]] = [
     AcksBeforeTheCallback,
     AcksWhenTaken,
@@ -738,6 +758,7 @@ _WRAPPERS: list[type[_Wrapper]] = [
     IgnoresMaxItems,
     SlowShutdown,
     DeliversEachMessageTwice,
+    SwallowsCallbackErrors,
 ]
 _INNER_SCHEMES = ("memory", "file")
 

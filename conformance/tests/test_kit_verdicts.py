@@ -54,6 +54,7 @@ KILL_IN_FLIGHT = "test_a_worker_killed_with_four_handlers_in_flight_follows_the_
 PROCESSES_CONCURRENT = "test_three_worker_processes_at_concurrency_four_share_300_messages"
 MAX_ITEMS_CONCURRENT = "test_max_items_at_concurrency_four_starts_exactly_that_many"
 STATS = "test_queue_stats_count_ready_scheduled_and_in_flight_and_clear_deletes_what_waits"
+EXCEPTION = "test_an_exception_escaping_the_callback_ends_wait_and_follows_the_declared_delivery"
 DELAY_FAR = (
     "test_a_delay_of_a_minute_holds_while_200_short_ones_and_one_of_eight_seconds_are_on_time"
 )
@@ -99,6 +100,7 @@ BROKEN = {
     "push-in-arrival-order://x": ([BURST], "a burst sent to an idle worker did not come out"),
     "unknown-restriction://x": ([UNKNOWN_RESTRICTION], "handle(priorities=[12345]) still runs"),
     "stops-when-idle://x": ([BUSY_SHUTDOWN], "more of the 200 waiting before it stopped"),
+    "swallows-errors+memory://x": ([EXCEPTION], "the error was swallowed"),
     # Over the filesystem driver: the tests that need worker processes.
     "early-ack+file://{dir}": ([SIGKILL], "the message of a SIGKILLed worker was not delivered"),
     "claims-at-most-once+file://{dir}": ([SIGKILL], "AT_MOST_ONCE: the message of a SIGKILLed"),
@@ -220,9 +222,10 @@ def test_the_kit_passes_on_the_memory_driver_and_says_what_it_could_not_verify(
     assert set(run.with_outcome("passed")) == set(_kit_tests()) - _IN_PROCESS_ONLY
     assert (
         "delivery AT_LEAST_ONCE: handler crash (in-process): delivered again verified; "
+        "an Exception escaping the callback: raised, delivered again verified; "
         "SIGKILL mid-handler not verified: driver is in-process" in run.output
     ), run.describe()
-    assert "26 verified, 6 not verified, 0 not applicable, 0 failed" in run.output
+    assert "27 verified, 6 not verified, 0 not applicable, 0 failed" in run.output
 
 
 @pytest.mark.parametrize("url", list(BROKEN))
