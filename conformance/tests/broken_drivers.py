@@ -15,6 +15,7 @@ import hashlib
 import json
 import logging
 import os
+import select
 import tempfile
 import threading
 import time
@@ -751,6 +752,43 @@ class SwallowsCallbackErrors(_Wrapper):
         Driver.wait(self, logged, priorities, **options)
 
 
+class SharesItsSocketAcrossFork(_Wrapper):
+    """Opens its connection once; forked children use the parent's, and confirms go astray.
+
+    Every ``send()`` waits for the broker's confirm on the connection. One
+    process at a time gets its own confirm back; when forked children and the
+    parent send at once, a process may read another's confirm and report a
+    timeout, although its message was stored.
+    """
+
+    bug = "shared-socket"
+
+    def __init__(self, inner: Driver) -> None:
+        super().__init__(inner)
+        self._socket: tuple[int, int] | None = None
+        self._lock = threading.Lock()  # guards the connection within a process
+        self._lock_pid = os.getpid()
+
+    def send(self, message: Message, priority: int = DEFAULT_PRIORITY) -> None:
+        self.inner.send(message, priority)
+        if self._socket is None:
+            self._socket = os.pipe()
+        if self._lock_pid != os.getpid():
+            self._lock, self._lock_pid = threading.Lock(), os.getpid()
+        read_fd, write_fd = self._socket
+        mine = os.getpid().to_bytes(8, "big")
+        with self._lock:
+            os.write(write_fd, mine)  # the broker's confirm comes back on the stream ...
+            time.sleep(0.002)  # ... one round trip later
+            ready, _, _ = select.select([read_fd], [], [], 1.0)
+            confirm = os.read(read_fd, 8) if ready else b""
+        if confirm != mine:
+            raise BrokerUnavailableError(
+                f"{self!r}: no confirm for message #{message.id} within 1 s "
+                "(it went to another process on the same connection)"
+            )
+
+
 _WRAPPERS: list[type[_Wrapper]] = [
     AcksBeforeTheCallback,
     AcksWhenTaken,
@@ -759,6 +797,7 @@ _WRAPPERS: list[type[_Wrapper]] = [
     SlowShutdown,
     DeliversEachMessageTwice,
     SwallowsCallbackErrors,
+    SharesItsSocketAcrossFork,
 ]
 _INNER_SCHEMES = ("memory", "file")
 
