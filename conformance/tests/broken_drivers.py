@@ -295,13 +295,15 @@ class SharesItsConnectionAcrossFork(_BrokenMemory):
 
 
 class CapsDelays(_BrokenMemory):
-    """Holds a delayed message at most 2.5 s, however far its execute_at (a broker's cap)."""
+    """Holds a delayed message at most 10 s (times the kit's time scale), however far its
+    execute_at: what the kit's few-second delays cannot see."""
 
     scheme = "caps-delay"
 
     def _put(self, data: str | bytes, priority: int, execute_at: float | None) -> None:
         if execute_at is not None:
-            execute_at = min(execute_at, time.time() + 2.5)
+            scale = float(os.environ.get("HERMES_KIT_TIME_SCALE") or 1.0)
+            execute_at = min(execute_at, time.time() + 10.0 * scale)
         super()._put(data, priority, execute_at)
 
 
