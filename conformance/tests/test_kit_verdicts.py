@@ -124,6 +124,10 @@ HANGS = {
     "hangs-purge://x": (UNKNOWN_PRIORITY, "failed in teardown (purge() did not return"),
 }
 
+#: URLs whose bug shows only at full time: at 0.3 (0.5) the shutdown bound is shorter
+#: than a sound worker's idle receive, so a sound driver would fail there too.
+_FULL_TIME = {"slow-shutdown+memory://x", "slow-shutdown+file://{dir}"}
+
 _HAS_FILESYSTEM = importlib.util.find_spec("hermes.drivers.filesystem") is not None
 _IN_PROCESS_ONLY = {
     SIGKILL,
@@ -178,6 +182,29 @@ def _kit_args(url: str, *args: str, modules: Sequence[str] = ("hermes.conformanc
     ]
 
 
+def _scale(url: str) -> float:
+    """The time scale ``url`` runs at: 0.3 in memory, 0.5 over file://, 1 in _FULL_TIME."""
+    if url in _FULL_TIME:
+        return 1.0
+    return 0.5 if "{dir}" in url else 0.3
+
+
+def _controls() -> dict[tuple[str, float], set[str]]:
+    """(inner driver, scale) -> the tests broken drivers there must fail.
+
+    Each must pass on the sound driver at that scale, or its failure on a
+    broken one proves nothing. Memory at scale 1 is the full run's job.
+    """
+    controls: dict[tuple[str, float], set[str]] = {}
+    for url, (must_fail, _) in BROKEN.items():
+        key = ("file" if "{dir}" in url else "memory", _scale(url))
+        if key != ("memory", 1.0):
+            controls.setdefault(key, set()).update(must_fail)
+    for test, _ in HANGS.values():
+        controls.setdefault(("memory", 0.3), set()).add(test)
+    return controls
+
+
 def _only(url: str, tests: Sequence[str]) -> list[str]:
     """The kit on ``url``, running just ``tests`` (their modules only: it starts faster)."""
     kit = _kit_tests()
@@ -193,19 +220,31 @@ def verdicts(
 
     Broken drivers run with deadlines scaled down (they fail by waiting one
     out): 0.3 in memory, 0.5 over file:// where worker processes must start.
+    Each scale also gets a control: the sound driver on the same tests.
     """
+
+    def url_for(url: str) -> str:
+        if "{dir}" not in url:
+            return url
+        return url.format(dir=tmp_path_factory.mktemp("queue")) + "?fsync=false"
+
     with ThreadPoolExecutor(max_workers=6) as pool:
         runs = {"memory": pool.submit(kit_runner.run, *_kit_args("memory://selftest"))}
         for url, (must_fail, _) in BROKEN.items():
-            real_url, scale = url, 0.3
-            if "{dir}" in url:
-                if not _HAS_FILESYSTEM:
-                    continue
-                real_url = url.format(dir=tmp_path_factory.mktemp("queue")) + "?fsync=false"
-                scale = 0.5
-            runs[url] = pool.submit(kit_runner.run, *_only(real_url, must_fail), scale=scale)
+            if "{dir}" in url and not _HAS_FILESYSTEM:
+                continue
+            runs[url] = pool.submit(
+                kit_runner.run, *_only(url_for(url), must_fail), scale=_scale(url)
+            )
         for url, (test, _) in HANGS.items():
-            runs[url] = pool.submit(kit_runner.run, *_only(url, [test]), scale=0.3)
+            runs[url] = pool.submit(kit_runner.run, *_only(url, [test]), scale=_scale(url))
+        for (inner, scale), tests in _controls().items():
+            if inner == "file" and not _HAS_FILESYSTEM:
+                continue
+            sound = url_for("file://{dir}") if inner == "file" else "memory://control"
+            runs[f"control {inner} x{scale}"] = pool.submit(
+                kit_runner.run, *_only(sound, sorted(tests)), scale=scale
+            )
         yield runs
         for future in runs.values():
             future.cancel()
@@ -260,6 +299,22 @@ def test_a_close_or_purge_that_hangs_fails_teardown_within_its_bound_naming_the_
     assert run.outcomes == {test: "error"}, f"bug: {bug}\n{run.describe()}"
     assert reason in run.output, f"bug: {bug}; expected {reason!r}\n{run.describe()}"
     assert "within 3.0 s (scaled); it is stuck in broken_drivers.py:" in run.output, run.describe()
+
+
+@pytest.mark.parametrize("inner, scale", list(_controls()))
+def test_what_a_broken_driver_must_fail_passes_on_the_sound_driver_at_the_same_scale(
+    verdicts: dict[str, Future[Any]], inner: str, scale: float
+) -> None:
+    key = f"control {inner} x{scale}"
+    if key not in verdicts:
+        pytest.skip("needs hermes-filesystem: the worker-process tests run over file://")
+    tests = _controls()[(inner, scale)]
+
+    run = verdicts[key].result()
+
+    not_passed = {name: got for name, got in run.outcomes.items() if got != "passed"}
+    assert not_passed == {}, run.describe()
+    assert set(run.outcomes) == tests, run.describe()
 
 
 def test_every_required_kit_test_fails_on_some_broken_driver() -> None:
