@@ -11,15 +11,18 @@ import pytest
 
 from hermes import conformance
 from hermes.conformance._harness import (
+    Ledger,
     TotalQueue,
+    Worker,
     call_within,
     namespace_for,
     scaled,
     time_scale,
     wait_until,
 )
-from hermes.conformance._worker import Record, read_records
+from hermes.conformance._worker import JOB, Record, read_records
 from hermes.conformance.plugin import cause
+from hermes.core import Emitter, MemoryDriver, Message
 
 
 @pytest.mark.parametrize(
@@ -95,6 +98,35 @@ def test_a_call_that_hangs_fails_naming_the_call_and_the_line_it_is_stuck_on() -
     assert text.startswith("close() did not return within 0.1 s (scaled); it is stuck in "), text
     assert re.search(r"test_harness\.py:\d+ _hang\(\), waiting in threading\.py:\d+ wait\(\)", text)
     assert text.endswith(" (a driver)"), text
+
+
+class _Stuck:
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.leave = threading.Event()
+
+    def handle(self, message: Message) -> bool:
+        self.entered.set()
+        self.leave.wait(30)
+        return True
+
+
+def test_a_worker_that_does_not_stop_fails_naming_the_line_it_is_stuck_on() -> None:
+    driver = MemoryDriver(namespace_for("test_stuck_worker"))
+    stuck = _Stuck()
+    worker = Worker(driver, Ledger(), name="worker-1", handlers={JOB: [stuck]}).start()
+    Emitter(driver).emit(Message(JOB, {"n": 1}))
+    assert stuck.entered.wait(5), "the handler never started"
+    try:
+        with pytest.raises(AssertionError) as caught:
+            worker.stop(0.05)
+    finally:
+        stuck.leave.set()
+        worker.stop()
+
+    text = str(caught.value)
+    assert re.match(r"handle\(\) still runs 0\.\d s after a shutdown request; ", text), text
+    assert re.search(r"stuck in .*test_harness\.py:\d+ handle\(\), waiting in threading", text)
 
 
 def test_a_call_that_raises_raises_on_the_callers_thread() -> None:

@@ -397,6 +397,8 @@ class Worker:
         self.name = name
         self.priorities = tuple(priorities)
         self._stop = threading.Event()
+        #: ``time.monotonic()`` of the first request to stop.
+        self._stop_asked_at = 0.0
         self.dispatcher = dispatcher_class(
             driver, ledger, name, _StopOrUser(self._stop, shutdown), concurrency
         )
@@ -426,13 +428,19 @@ class Worker:
         self._thread.join(scaled(timeout_s))
         return not self._thread.is_alive()
 
+    def ask_to_stop(self) -> None:
+        """Ask ``handle()`` to return; do not wait."""
+        if not self._stop.is_set():
+            self._stop_asked_at = time.monotonic()
+            self._stop.set()
+
     def stop(self, timeout_s: float = STOP_S, *, expect: type[BaseException] | None = None) -> None:
         """Ask ``handle()`` to return, wait, and raise what escaped it (unless ``expect``-ed)."""
-        self._stop.set()
+        self.ask_to_stop()
         if self._thread.ident is not None and not self.join(timeout_s):
             raise AssertionError(
-                f"handle() still runs {scaled(timeout_s):.1f} s (scaled) after a shutdown "
-                f"request; it is stuck in {where(self._thread)} ({self.name} on "
+                f"handle() still runs {time.monotonic() - self._stop_asked_at:.1f} s after a "
+                f"shutdown request; it is stuck in {where(self._thread)} ({self.name} on "
                 f"{self.driver!r}): the loop must check the shutdown before every receive, "
                 "and no receive, ack, release or close may block longer than about a second"
             )
@@ -689,7 +697,7 @@ class Kit:
             return
         errors: list[str] = []
         for worker in self._workers:
-            worker._stop.set()
+            worker.ask_to_stop()
         deadline = time.monotonic() + scaled(STOP_S)
         for worker in self._workers:
             try:
