@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
+import select
 import tempfile
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -299,6 +302,232 @@ class SharesItsConnectionAcrossFork(_BrokenMemory):
         super().wait(callback, priorities, **options)
 
 
+class CapsDelays(_BrokenMemory):
+    """Holds a delayed message at most 10 s (times the kit's time scale), however far its
+    execute_at: what the kit's few-second delays cannot see."""
+
+    scheme = "caps-delay"
+
+    def _put(self, data: str | bytes, priority: int, execute_at: float | None) -> None:
+        if execute_at is not None:
+            scale = float(os.environ.get("HERMES_KIT_TIME_SCALE") or 1.0)
+            execute_at = min(execute_at, time.time() + 10.0 * scale)
+        super()._put(data, priority, execute_at)
+
+
+class StretchesDelays(_BrokenMemory):
+    """Holds a delayed message twice as long as its execute_at asks."""
+
+    scheme = "stretches-delay"
+
+    def _put(self, data: str | bytes, priority: int, execute_at: float | None) -> None:
+        now = time.time()
+        if execute_at is not None and execute_at > now:
+            execute_at = now + 2 * (execute_at - now)
+        super()._put(data, priority, execute_at)
+
+
+class _StaleView(Consumer):
+    """Takes everything waiting when its view is empty, and hands that out first."""
+
+    def __init__(self, inner: Consumer) -> None:
+        self.inner = inner
+        self.view: deque[Received] = deque()
+
+    def receive(self, timeout_s: float) -> Received | None:
+        if not self.view:
+            first = self.inner.receive(timeout_s)
+            if first is None:
+                return None
+            self.view.append(first)
+            while (more := self.inner.receive(0)) is not None:
+                self.view.append(more)
+        return self.view.popleft()
+
+    def ack(self, received: Received) -> None:
+        self.inner.ack(received)
+
+    def release(self, received: Received) -> None:
+        self.inner.release(received)
+
+    def reject(self, received: Received, reason: str) -> None:
+        self.inner.reject(received, reason)
+
+    def close(self) -> None:
+        while self.view:  # the last taken goes back first: the queue keeps its order
+            self.inner.release(self.view.pop())
+        self.inner.close()
+
+
+class ReadsAStaleView(_BrokenMemory):
+    """Lists the queues only when it has handed out everything it listed last time."""
+
+    scheme = "stale-view"
+
+    def consumer(self, priorities: Sequence[int], *, concurrency: int = 1) -> Consumer:
+        return _StaleView(super().consumer(priorities, concurrency=concurrency))
+
+
+#: memory name -> the idle consumer that new messages are pushed to.
+_subscribers: dict[str, _Pushed] = {}
+
+
+class _Pushed(Consumer):
+    """Pulls while messages wait; once idle, subscribes, and takes arrivals in arrival order."""
+
+    def __init__(self, driver: PushesInArrivalOrder, inner: Consumer) -> None:
+        self.driver = driver
+        self.inner = inner
+        self.broker = driver._broker
+        #: Pushed to this consumer, not yet handed out: in arrival order.
+        self.inbox: deque[Received] = deque()
+        #: Pushed and handed out, not yet settled.
+        self.out: set[Received] = set()
+
+    def receive(self, timeout_s: float) -> Received | None:
+        with self.broker.condition:
+            if self.inbox:
+                return self._hand_out()
+        received = self.inner.receive(0)
+        if received is not None:
+            return received
+        with self.broker.condition:
+            _subscribers[self.driver.name] = self
+            self.broker.condition.wait_for(lambda: self.inbox, timeout_s)
+            return self._hand_out() if self.inbox else None
+
+    def _hand_out(self) -> Received:
+        received = self.inbox.popleft()
+        self.out.add(received)
+        return received
+
+    def ack(self, received: Received) -> None:
+        with self.broker.condition:
+            if received not in self.out:
+                self.inner.ack(received)
+                return
+            self.out.discard(received)
+            self.broker.in_flight[received.priority] -= 1
+
+    def release(self, received: Received) -> None:
+        with self.broker.condition:
+            if received not in self.out:
+                self.inner.release(received)
+                return
+            self.out.discard(received)
+            self.broker.in_flight[received.priority] -= 1
+            self.broker.queues[received.priority].appendleft(received.body)
+            self.broker.condition.notify_all()
+
+    def reject(self, received: Received, reason: str) -> None:
+        self.ack(received)
+
+    def close(self) -> None:
+        with self.broker.condition:
+            if _subscribers.get(self.driver.name) is self:
+                del _subscribers[self.driver.name]
+            pushed = list(self.inbox)
+            self.inbox.clear()
+            self.out.update(pushed)
+        for received in reversed(pushed):
+            self.release(received)
+        self.inner.close()
+
+
+class PushesInArrivalOrder(_BrokenMemory):
+    """Once a worker idles, pushes it every new message as it arrives; it hands them out
+    in arrival order, whatever their priority."""
+
+    scheme = "push-in-arrival-order"
+
+    def _put(self, data: str | bytes, priority: int, execute_at: float | None) -> None:
+        broker = self._broker
+        with broker.condition:
+            subscriber = _subscribers.get(self.name)
+            if (
+                subscriber is not None
+                and priority in broker.queues
+                and (execute_at is None or execute_at <= time.time())
+            ):
+                subscriber.inbox.append(Received(data, priority))
+                broker.in_flight[priority] += 1
+                broker.condition.notify_all()
+                return
+        super()._put(data, priority, execute_at)
+
+    def consumer(self, priorities: Sequence[int], *, concurrency: int = 1) -> Consumer:
+        return _Pushed(self, super().consumer(priorities, concurrency=concurrency))
+
+
+class ReadsEveryQueueForAnUnknownPriority(_BrokenMemory):
+    """``handle(priorities=[P])`` with no queue for P reads every queue instead of raising."""
+
+    scheme = "unknown-restriction"
+
+    def consumer(self, priorities: Sequence[int], *, concurrency: int = 1) -> Consumer:
+        known = [p for p in priorities if p in self._broker.queues]
+        return super().consumer(known, concurrency=concurrency)
+
+
+class _OnlyWhenIdle:
+    """A shutdown honoured only once no message waits."""
+
+    def __init__(self, shutdown: Shutdown, driver: MemoryDriver) -> None:
+        self.shutdown_ = shutdown
+        self.driver = driver
+
+    def should_shutdown(self, start_time: float) -> bool:
+        if not self.shutdown_.should_shutdown(start_time):
+            return False
+        broker = self.driver._broker
+        with broker.condition:
+            return not any(broker.queues.values())
+
+    def shutdown(self, at: float | None = None) -> bool:
+        return self.shutdown_.shutdown(at)
+
+
+class StopsOnlyWhenIdle(_BrokenMemory):
+    """Honours a shutdown request only once the queues are empty."""
+
+    scheme = "stops-when-idle"
+
+    def set_shutdown(self, shutdown: Shutdown | None) -> None:
+        super().set_shutdown(_OnlyWhenIdle(shutdown, self) if shutdown is not None else None)
+
+
+_used: set[str] = set()
+
+
+class HangsInClose(_BrokenMemory):
+    """Once it has sent, ``close()`` waits for a flush that never ends."""
+
+    scheme = "hangs-close"
+
+    def send(self, message: Message, priority: int = DEFAULT_PRIORITY) -> None:
+        super().send(message, priority)
+        _used.add(f"close {id(self)}")
+
+    def close(self) -> None:
+        if f"close {id(self)}" in _used:
+            threading.Event().wait()
+
+
+class HangsInPurge(_BrokenMemory):
+    """Once messages were sent on its queues, ``purge()`` waits for a reply that never comes."""
+
+    scheme = "hangs-purge"
+
+    def send(self, message: Message, priority: int = DEFAULT_PRIORITY) -> None:
+        super().send(message, priority)
+        _used.add(f"purge {self.name}")
+
+    def purge(self) -> None:
+        if f"purge {self.name}" in _used:
+            threading.Event().wait()
+        super().purge()
+
+
 _MEMORY_VARIANTS: list[type[_BrokenMemory]] = [
     IgnoresExecuteAt,
     ReadsInRegistrationOrder,
@@ -316,6 +545,14 @@ _MEMORY_VARIANTS: list[type[_BrokenMemory]] = [
     WritesBeforeSerializing,
     ThreadUnsafeSend,
     SharesItsConnectionAcrossFork,
+    CapsDelays,
+    StretchesDelays,
+    ReadsAStaleView,
+    PushesInArrivalOrder,
+    ReadsEveryQueueForAnUnknownPriority,
+    StopsOnlyWhenIdle,
+    HangsInClose,
+    HangsInPurge,
 ]
 
 
@@ -506,6 +743,62 @@ class DeliversEachMessageTwice(_Wrapper):
         self.inner.wait(and_again, priorities, **options)
 
 
+logger = logging.getLogger("broken_drivers")
+
+
+class SwallowsCallbackErrors(_Wrapper):
+    """Its ``wait()`` logs an Exception from the callback and goes on; the message is gone."""
+
+    bug = "swallows-errors"
+
+    def wait(self, callback: Callback, priorities: Sequence[int] = (), **options: Any) -> None:
+        def logged(message: Message, priority: int) -> bool:
+            try:
+                return callback(message, priority)
+            except Exception:
+                logger.exception("callback failed for message #%s; going on", message.id)
+                return False
+
+        Driver.wait(self, logged, priorities, **options)
+
+
+class SharesItsSocketAcrossFork(_Wrapper):
+    """Opens its connection once; forked children use the parent's, and confirms go astray.
+
+    Every ``send()`` waits for the broker's confirm on the connection. One
+    process at a time gets its own confirm back; when forked children and the
+    parent send at once, a process may read another's confirm and report a
+    timeout, although its message was stored.
+    """
+
+    bug = "shared-socket"
+
+    def __init__(self, inner: Driver) -> None:
+        super().__init__(inner)
+        self._socket: tuple[int, int] | None = None
+        self._lock = threading.Lock()  # guards the connection within a process
+        self._lock_pid = os.getpid()
+
+    def send(self, message: Message, priority: int = DEFAULT_PRIORITY) -> None:
+        self.inner.send(message, priority)
+        if self._socket is None:
+            self._socket = os.pipe()
+        if self._lock_pid != os.getpid():
+            self._lock, self._lock_pid = threading.Lock(), os.getpid()
+        read_fd, write_fd = self._socket
+        mine = os.getpid().to_bytes(8, "big")
+        with self._lock:
+            os.write(write_fd, mine)  # the broker's confirm comes back on the stream ...
+            time.sleep(0.002)  # ... one round trip later
+            ready, _, _ = select.select([read_fd], [], [], 1.0)
+            confirm = os.read(read_fd, 8) if ready else b""
+        if confirm != mine:
+            raise BrokerUnavailableError(
+                f"{self!r}: no confirm for message #{message.id} within 1 s "
+                "(it went to another process on the same connection)"
+            )
+
+
 _WRAPPERS: list[type[_Wrapper]] = [
     AcksBeforeTheCallback,
     AcksWhenTaken,
@@ -513,6 +806,8 @@ _WRAPPERS: list[type[_Wrapper]] = [
     IgnoresMaxItems,
     SlowShutdown,
     DeliversEachMessageTwice,
+    SwallowsCallbackErrors,
+    SharesItsSocketAcrossFork,
 ]
 _INNER_SCHEMES = ("memory", "file")
 

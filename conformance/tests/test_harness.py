@@ -1,14 +1,28 @@
-"""The kit's machinery on its own: names, counts, time."""
+"""The kit's machinery on its own: names, counts, time, hung calls, failure texts."""
 
 from __future__ import annotations
 
+import ast
 import re
+import threading
 from pathlib import Path
 
 import pytest
 
-from hermes.conformance._harness import TotalQueue, namespace_for, scaled, time_scale, wait_until
-from hermes.conformance._worker import Record, read_records
+from hermes import conformance
+from hermes.conformance._harness import (
+    Ledger,
+    TotalQueue,
+    Worker,
+    call_within,
+    namespace_for,
+    scaled,
+    time_scale,
+    wait_until,
+)
+from hermes.conformance._worker import JOB, Record, read_records
+from hermes.conformance.plugin import cause
+from hermes.core import Emitter, MemoryDriver, Message
 
 
 @pytest.mark.parametrize(
@@ -70,3 +84,82 @@ def test_a_record_file_keeps_only_complete_lines(tmp_path: Path) -> None:
 
     assert read_records(path) == [Record("id-1", 42, "7"), Record("#ready", 43, "-")]
     assert read_records(tmp_path / "missing.tsv") == []
+
+
+def _hang() -> None:
+    threading.Event().wait()
+
+
+def test_a_call_that_hangs_fails_naming_the_call_and_the_line_it_is_stuck_on() -> None:
+    with pytest.raises(AssertionError) as caught:
+        call_within("close()", _hang, 0.05, "a driver")
+
+    text = str(caught.value)
+    assert text.startswith("close() did not return within 0.1 s (scaled); it is stuck in "), text
+    assert re.search(r"test_harness\.py:\d+ _hang\(\), waiting in threading\.py:\d+ wait\(\)", text)
+    assert text.endswith(" (a driver)"), text
+
+
+class _Stuck:
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.leave = threading.Event()
+
+    def handle(self, message: Message) -> bool:
+        self.entered.set()
+        self.leave.wait(30)
+        return True
+
+
+def test_a_worker_that_does_not_stop_fails_naming_the_line_it_is_stuck_on() -> None:
+    driver = MemoryDriver(namespace_for("test_stuck_worker"))
+    stuck = _Stuck()
+    worker = Worker(driver, Ledger(), name="worker-1", handlers={JOB: [stuck]}).start()
+    Emitter(driver).emit(Message(JOB, {"n": 1}))
+    assert stuck.entered.wait(5), "the handler never started"
+    try:
+        with pytest.raises(AssertionError) as caught:
+            worker.stop(0.05)
+    finally:
+        stuck.leave.set()
+        worker.stop()
+
+    text = str(caught.value)
+    assert re.match(r"handle\(\) still runs 0\.\d s after a shutdown request; ", text), text
+    assert re.search(r"stuck in .*test_harness\.py:\d+ handle\(\), waiting in threading", text)
+
+
+def test_a_call_that_raises_raises_on_the_callers_thread() -> None:
+    def fail() -> None:
+        raise ValueError("refused")
+
+    with pytest.raises(ValueError, match="refused"):
+        call_within("purge()", fail, 5.0)
+
+
+def test_a_summary_quotes_the_reason_and_cuts_it_at_a_word_boundary() -> None:
+    crash = "AssertionError: a busy worker started 190 more " + "messages " * 40 + "END\nassert 1"
+
+    quoted = cause(crash)
+
+    assert quoted.startswith("a busy worker started 190 more messages messages"), quoted
+    assert quoted.endswith(" messages ..."), quoted
+    assert len(quoted) <= 210 and "END" not in quoted, quoted
+
+
+def test_a_summary_keeps_the_type_of_an_error_that_is_not_an_assertion() -> None:
+    assert cause("UnknownPriorityError: no queue for priority 7\nmore") == (
+        "UnknownPriorityError: no queue for priority 7"
+    )
+    assert cause("") == "see the report above"
+
+
+def test_every_assertion_of_the_kit_says_what_failed() -> None:
+    """A bare assert reads "assert False" in the summary: each one carries a message."""
+    bare = []
+    for path in sorted(Path(conformance.__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Assert) and node.msg is None:
+                bare.append(f"{path.name}:{node.lineno}: assert {ast.unparse(node.test)}")
+
+    assert bare == [], "asserts without a message"

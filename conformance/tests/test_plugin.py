@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 UNRELATED_TESTS = """
@@ -23,6 +24,17 @@ def test_a_new_check_the_driver_does_not_pass_yet(hermes_kit):
 @pytest.mark.hermes_provisional(reason="new in 6.1")
 def test_a_new_check_the_driver_passes(hermes_driver):
     assert hermes_driver.capabilities.priorities is True
+"""
+
+
+LONG_FAILURE_TESTS = """
+import pytest
+
+
+@pytest.mark.hermes_check("retry", "a check with a long reason")
+def test_a_check_that_fails_with_a_long_reason(hermes_kit):
+    words = " ".join(f"word{n}" for n in range(60))
+    assert hermes_kit.capabilities.priorities is False, f"the reason comes first: {words} END"
 """
 
 
@@ -65,7 +77,9 @@ def test_a_failing_provisional_test_is_a_warning_not_a_failure(kit_runner: Any) 
 
 
 def test_python_m_hermes_conformance_runs_the_kit_on_a_url(kit_runner: Any) -> None:
-    run = kit_runner.run("memory://selftest", "-k", "unknown_priority", module="hermes.conformance")
+    run = kit_runner.run(
+        "memory://selftest", "-k", "sending_to_a_priority_without", module="hermes.conformance"
+    )
 
     assert run.returncode == 0, run.describe()
     assert run.outcomes == {
@@ -116,12 +130,32 @@ def test_the_summary_counts_a_driver_error_as_a_failure_not_a_pass(kit_runner: A
         "--hermes-plugin",
         "broken_drivers",
         "-k",
-        "fork",
+        "used_before_fork",
     )
 
     assert run.returncode == 1, run.describe()
-    assert (
-        "fork: a driver used before fork() failed (AssertionError: in the forked child:"
-        in run.output
-    ), run.describe()
+    assert "fork: a driver used before fork() failed (in the forked child:" in run.output, (
+        run.describe()
+    )
     assert "1 checks: 0 verified, 0 not verified, 0 not applicable, 1 failed" in run.output
+
+
+def test_a_summary_line_keeps_the_reason_cut_at_a_word_and_the_report_has_all_of_it(
+    kit_runner: Any,
+) -> None:
+    run = kit_runner.run(
+        "test_long.py",
+        "--hermes-url",
+        "memory://selftest",
+        files={"test_long.py": LONG_FAILURE_TESTS},
+    )
+
+    assert run.returncode == 1, run.describe()
+    line = next(line for line in run.output.splitlines() if line.startswith("retry: "))
+    assert line.startswith(
+        "retry: a check with a long reason failed (the reason comes first: word0 word1"
+    ), line
+    assert re.search(r" word\d+ \.\.\.\)$", line), line
+    assert "END" not in line, line
+    assert "E       AssertionError: the reason comes first: word0" in run.output
+    assert "word59 END" in run.output, run.describe()

@@ -5,7 +5,9 @@ namespace of its own on the broker -- ``isolated_url(URL, namespace)``, the
 driver plugin's ``isolate`` -- and everything the test creates there: driver
 objects (each one ``connect(kit.url)``), worker threads, worker processes. When
 the test ends it stops the workers, closes the drivers and calls ``purge()`` on
-a fresh driver object when the driver has it.
+a fresh driver object when the driver has it; each of those steps is bounded
+(STOP_S, CLOSE_S), and a call that outlives its bound fails the test naming
+the call and the line it is stuck on.
 
 Time: every bound below is in seconds and multiplied by ``HERMES_KIT_TIME_SCALE``
 (default 1.0) before use. The kit waits by polling to a deadline; the only
@@ -24,6 +26,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,6 +72,14 @@ DELAY_LATE_S = 5.0
 #: ``delay=NATIVE``: how early before ``execute_at`` a delivery is still on time
 #: (timestamps on the broker are often milliseconds). Not scaled.
 EARLY_TOLERANCE_S = 0.1
+#: A driver's ``close()`` and ``purge()`` return within this (the kit's teardown).
+CLOSE_S = 10.0
+#: A running worker's view of the queues is at most this old: a message sent
+#: this long ago is among those its next receive chooses from.
+FRESH_S = 1.0
+#: How many messages a consumer may hold taken ahead of its handler (an SQS
+#: receive batch): the slack of the priority checks on a running worker.
+TAKEN_AHEAD = 10
 
 _NAMESPACE_LENGTH = 48
 _POLL_S = 0.02
@@ -148,6 +159,67 @@ def wait_quiet(count: Callable[[], int], quiet_s: float, timeout_s: float) -> bo
         elif time.monotonic() - last_change >= quiet:
             return True
     return False
+
+
+# Calls that may hang ------------------------------------------------------------
+
+
+_PACKAGE_DIR = Path(__file__).resolve().parent
+_STDLIB_DIR = Path(threading.__file__).resolve().parent
+
+
+def where(thread: threading.Thread) -> str:
+    """The line ``thread`` is stuck on: its innermost frames outside the kit and the
+    standard library (up to three, innermost last), and the innermost frame of all."""
+    frame = sys._current_frames().get(thread.ident or -1)
+    if frame is None:
+        return "(the thread has ended)"
+    frames = traceback.extract_stack(frame)
+
+    def own(f: traceback.FrameSummary) -> bool:
+        path = Path(f.filename).resolve()
+        if path.is_relative_to(_PACKAGE_DIR):
+            return False
+        if "site-packages" in path.parts or "dist-packages" in path.parts:
+            return True
+        return not path.is_relative_to(_STDLIB_DIR)
+
+    def describe(f: traceback.FrameSummary) -> str:
+        return f"{Path(f.filename).name}:{f.lineno} {f.name}()"
+
+    kept = [f for f in frames if own(f)][-3:] or frames[-3:]
+    text = " -> ".join(describe(f) for f in kept)
+    if kept[-1] is not frames[-1]:
+        text += f", waiting in {describe(frames[-1])}"
+    return text
+
+
+def call_within(what: str, call: Callable[[], object], timeout_s: float, about: str = "") -> None:
+    """Run ``call`` on a daemon thread; raise if it raises, or is still running after
+    ``timeout_s`` (scaled) -- naming ``what``, the line it is stuck on, and ``about``
+    (the driver, say: last, as it can be long).
+
+    A call that never returns is left behind on its daemon thread: the kit
+    cannot stop it, only refuse to wait for it.
+    """
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            call()
+        except BaseException as exc:  # raised below, on the caller's thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, name=f"kit: {what}", daemon=True)
+    thread.start()
+    thread.join(scaled(timeout_s))
+    if thread.is_alive():
+        raise AssertionError(
+            f"{what} did not return within {scaled(timeout_s):.1f} s (scaled); it is stuck "
+            f"in {where(thread)}{f' ({about})' if about else ''}"
+        )
+    if errors:
+        raise errors[0]
 
 
 # Names -----------------------------------------------------------------------
@@ -325,6 +397,8 @@ class Worker:
         self.name = name
         self.priorities = tuple(priorities)
         self._stop = threading.Event()
+        #: ``time.monotonic()`` of the first request to stop.
+        self._stop_asked_at = 0.0
         self.dispatcher = dispatcher_class(
             driver, ledger, name, _StopOrUser(self._stop, shutdown), concurrency
         )
@@ -354,14 +428,21 @@ class Worker:
         self._thread.join(scaled(timeout_s))
         return not self._thread.is_alive()
 
+    def ask_to_stop(self) -> None:
+        """Ask ``handle()`` to return; do not wait."""
+        if not self._stop.is_set():
+            self._stop_asked_at = time.monotonic()
+            self._stop.set()
+
     def stop(self, timeout_s: float = STOP_S, *, expect: type[BaseException] | None = None) -> None:
         """Ask ``handle()`` to return, wait, and raise what escaped it (unless ``expect``-ed)."""
-        self._stop.set()
+        self.ask_to_stop()
         if self._thread.ident is not None and not self.join(timeout_s):
             raise AssertionError(
-                f"worker {self.name} on {self.driver!r} still runs {scaled(timeout_s):.1f} s "
-                "after a shutdown request: wait() must check the shutdown at the top of "
-                "every loop and before every idle wait"
+                f"handle() still runs {time.monotonic() - self._stop_asked_at:.1f} s after a "
+                f"shutdown request; it is stuck in {where(self._thread)} ({self.name} on "
+                f"{self.driver!r}): the loop must check the shutdown before every receive, "
+                "and no receive, ack, release or close may block longer than about a second"
             )
         self.check(expect)
 
@@ -373,7 +454,7 @@ class Worker:
         self._checked = True
         if not (expect is not None and isinstance(error, expect)):
             raise AssertionError(
-                f"worker {self.name} on {self.driver!r} failed: {error!r}"
+                f"handle() raised {error!r} ({self.name} on {self.driver!r})"
             ) from error
 
 
@@ -408,12 +489,10 @@ class WorkerProcess:
             os.kill(self.pid, signal.SIGKILL)
         self._proc.wait()
 
-    def terminate(self) -> None:
-        """SIGTERM (graceful), then SIGKILL if it does not exit within STOP_S."""
+    def ask_to_stop(self) -> None:
+        """SIGTERM: the worker finishes the message in progress and exits."""
         if self.alive:
             self._proc.terminate()
-            if self.wait_exit(STOP_S) is None:
-                self.kill()
 
     def output(self, limit: int = 3000) -> str:
         """The end of what the worker wrote to stdout and stderr."""
@@ -455,9 +534,9 @@ class Target:
         try:
             capabilities, driver_class = driver.capabilities, type(driver).__name__
             if isinstance(driver, SupportsPurge):
-                driver.purge()
+                call_within("purge()", driver.purge, CLOSE_S, f"probing {driver!r}")
         finally:
-            driver.close()
+            call_within("close()", driver.close, CLOSE_S, f"probing {driver!r}")
         return cls(url, plugin, capabilities, driver_class, plugins)
 
 
@@ -610,30 +689,58 @@ class Kit:
     # Cleanup
 
     def close(self) -> None:
-        """Stop workers, kill processes, close drivers, purge the namespace."""
+        """Stop workers, kill processes, close drivers, purge the namespace; each bounded.
+
+        Raises one AssertionError naming every step that failed or hung.
+        """
         if os.getpid() != self._pid:  # a forked child never cleans up the parent's things
             return
-        errors: list[BaseException] = []
+        errors: list[str] = []
         for worker in self._workers:
-            worker._stop.set()
+            worker.ask_to_stop()
+        deadline = time.monotonic() + scaled(STOP_S)
         for worker in self._workers:
             try:
-                worker.stop()
+                left = max(0.0, deadline - time.monotonic()) / time_scale()
+                worker.stop(left)
             except AssertionError as exc:
-                errors.append(exc)
+                errors.append(str(exc))
         for process in self._processes:
-            process.terminate()
+            process.ask_to_stop()
+        deadline = time.monotonic() + scaled(STOP_S)
+        for process in self._processes:
+            if process.wait_exit(max(0.0, deadline - time.monotonic()) / time_scale()) is None:
+                process.kill()
+        closing = []
         for driver in self._drivers:
-            try:
-                driver.close()
-            except Exception as exc:
-                errors.append(exc)
+            thread = threading.Thread(
+                target=self._close_one, args=(driver, errors), name="kit: close()", daemon=True
+            )
+            thread.start()
+            closing.append((driver, thread))
+        deadline = time.monotonic() + scaled(CLOSE_S)
+        for driver, thread in closing:
+            thread.join(max(0.0, deadline - time.monotonic()))
+            if thread.is_alive():
+                errors.append(
+                    f"close() did not return within {scaled(CLOSE_S):.1f} s (scaled); it is "
+                    f"stuck in {where(thread)} ({driver!r})"
+                )
         try:
-            self._purge()
+            call_within(
+                "purge()", self._purge, CLOSE_S, f"the test's namespace on {redact_url(self.url)}"
+            )
         except Exception as exc:
-            errors.append(exc)
+            errors.append(str(exc) if isinstance(exc, AssertionError) else repr(exc))
         if errors:
-            raise errors[0]
+            raise AssertionError("; ".join(errors))
+
+    @staticmethod
+    def _close_one(driver: Driver, errors: list[str]) -> None:
+        try:
+            driver.close()
+        except Exception as exc:
+            errors.append(f"close() raised {exc!r} ({driver!r})")
 
     def _purge(self) -> None:
         driver = connect(self.url)

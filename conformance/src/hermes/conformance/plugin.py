@@ -155,9 +155,8 @@ class KitSession:
                 outcome.status = "verified"
         elif report.failed:
             crash = getattr(getattr(report.longrepr, "reprcrash", None), "message", "")
-            why = crash.strip().splitlines()[0][:120] if crash.strip() else "see above"
             where = "" if report.when == "call" else f" in {report.when}"
-            outcome.status = f"failed{where} ({why})"
+            outcome.status = f"failed{where} ({cause(crash)})"
         elif report.skipped:
             longrepr = report.longrepr
             reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
@@ -216,6 +215,28 @@ class KitSession:
         scale = _harness.time_scale()
         if scale != 1.0:
             write(f"deadlines scaled by {TIME_SCALE_ENV}={scale:g}")
+
+
+#: The longest cause a summary line quotes; pytest's report above has the whole text.
+CAUSE_CHARS = 200
+
+
+def cause(crash: str, limit: int = CAUSE_CHARS) -> str:
+    """The first line of a failure, for a summary line: the reason, cut at a word boundary.
+
+    An assertion's own message is the reason, so its ``AssertionError:`` prefix
+    goes; other exceptions keep their type, which is part of the reason.
+    """
+    lines = crash.strip().splitlines()
+    if not lines:
+        return "see the report above"
+    text = lines[0].removeprefix("AssertionError: ").strip()
+    if len(text) <= limit:
+        return text
+    cut = text[: limit + 1].rsplit(" ", 1)[0].rstrip(" ,;:(-")
+    if len(cut) < limit // 2:  # one very long word: cut inside it rather than lose it all
+        cut = text[:limit]
+    return f"{cut} ..."
 
 
 #: The summary's rows, in this order (a test may name another row; it comes last).

@@ -83,7 +83,10 @@ def test_three_worker_processes_share_300_messages_without_loss_or_duplicates(
     # Dated a minute ahead: also stops a worker whose handle() started late.
     SharedFileShutdown(stop_file).shutdown(at=time.time() + 60)
     codes = [p.wait_exit(STOP_S) for p in processes]
-    assert codes == [0] * _WORKERS, f"worker exit codes {codes}\n{hermes_kit.process_output()}"
+    assert codes == [0] * _WORKERS, (
+        f"the worker processes did not stop cleanly: exit codes {codes}\n"
+        f"{hermes_kit.process_output()}"
+    )
 
     records = hermes_kit.records()
     per_worker = Counter(str(r.pid) for r in records)

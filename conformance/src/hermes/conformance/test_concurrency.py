@@ -4,7 +4,9 @@
 driver object and emit 100 messages each; every message is delivered exactly
 as sent, once. A driver object used before ``os.fork()`` (a pre-fork server's
 master) works in the child without sharing the parent's sockets: the child
-emits and consumes through it, and the parent keeps using it afterwards.
+emits and consumes through it, and the parent keeps using it afterwards. And
+as a pre-fork server runs it: three children and the parent send through it
+at the same time, 40 messages each, and no send fails.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ from hermes.core import Driver, Emitter, Message
 
 _THREADS = 8
 _PER_THREAD = 100
+_CHILDREN = 3
+_PER_PROCESS = 40
 
 
 @pytest.mark.hermes_check("concurrent send", "8 threads x 100 messages through one driver")
@@ -79,7 +83,7 @@ def test_eight_threads_sharing_one_driver_emit_800_messages_delivered_exactly_as
     check = TotalQueue.of(sent, ledger.ids())
     hermes_kit.report(check.summary())
     assert (len(check.lost), len(check.duplicated), len(check.unexpected)) == (0, 0, 0), (
-        check.summary()
+        f"what {_THREADS} threads sent through one driver: {check.summary()}"
     )
     changed = [
         e.message.id for e in ledger.entries() if fields(e.message) != fields(sent[e.message.id])
@@ -181,12 +185,134 @@ def test_a_driver_used_before_fork_emits_and_consumes_in_the_child(hermes_kit: K
         hermes_kit.claim("child emits and consumes, the parent goes on; nothing lost or doubled")
         left = {first.id, last.id} - set(child_seen)
         bound = DELIVERY_S + caps.redelivery_timeout_s
-        assert wait_until(lambda: left <= set(ledger.ids()), bound), "the parent lost messages"
+        assert wait_until(lambda: left <= set(ledger.ids()), bound), (
+            f"the parent's worker did not receive {len(left - set(ledger.ids()))} of the "
+            f"{len(left)} messages the child left within {bound} s (unscaled)"
+        )
         wait_quiet(lambda: len(ledger), QUIET_S / 2, DELIVERY_S)
         check = TotalQueue.of([first.id, in_child.id, last.id], child_seen + ledger.ids())
         assert (len(check.lost), len(check.duplicated), len(check.unexpected)) == (0, 0, 0), (
-            check.summary()
+            f"what the parent and a forked child sent: {check.summary()}"
         )
     else:
         hermes_kit.claim("child emits and consumes (on its copy of the broker), the parent goes on")
-        assert wait_until(lambda: {first.id, last.id} <= set(ledger.ids()), DELIVERY_S)
+        mine = {first.id, last.id}
+        assert wait_until(lambda: mine <= set(ledger.ids()), DELIVERY_S), (
+            f"the parent's worker did not receive {len(mine - set(ledger.ids()))} of the 2 "
+            f"messages the parent sent around the fork within {DELIVERY_S} s (scaled)"
+        )
+
+
+def _send_all(driver: Driver, messages: list[Message]) -> list[str]:
+    """Emit each of ``messages``; what each failed send raised."""
+    emitter = Emitter(driver)
+    errors = []
+    for message in messages:
+        try:
+            emitter.emit(message)
+        except Exception as exc:
+            errors.append(f"message {message.id}: {exc!r}")
+    return errors
+
+
+def _sending_child(
+    driver: Driver, messages: list[Message], go_fd: int, fd: int, consume: bool
+) -> NoReturn:
+    """Wait for the go, send ``messages`` through ``driver``; report on ``fd``; never return."""
+    code = 1
+    result: dict[str, Any] = {}
+    try:
+        os.read(go_fd, 1)
+        errors = _send_all(driver, messages)
+        seen: list[str] = []
+        if consume:  # an in-process broker: the child's copy holds what it sent
+            wanted = {m.id for m in messages}
+
+            def callback(received: Message, priority: int) -> bool:
+                seen.append(received.id)
+                return True
+
+            driver.set_shutdown(_Until(lambda: wanted <= set(seen), DELIVERY_S))
+            driver.wait(callback)
+        driver.close()
+        code, result = 0, {"errors": errors, "seen": seen}
+    except BaseException:
+        result = {"error": traceback.format_exc()[-30_000:]}
+    finally:
+        try:
+            os.write(fd, json.dumps(result).encode())
+        finally:
+            os._exit(code)
+
+
+@pytest.mark.hermes_check("fork", "3 children and the parent send at once")
+def test_children_forked_from_a_used_driver_send_at_once_with_the_parent(hermes_kit: Kit) -> None:
+    if not hasattr(os, "fork"):
+        pytest.skip("not verified: os.fork() is not available on this platform")
+    caps = hermes_kit.capabilities
+    ledger = hermes_kit.ledger
+    driver = hermes_kit.driver()
+    first = hermes_kit.message(0)
+    Emitter(driver).emit(first)  # the parent has used the driver: its connections exist
+    batches = [
+        [hermes_kit.message(1 + p * _PER_PROCESS + i) for i in range(_PER_PROCESS)]
+        for p in range(_CHILDREN + 1)
+    ]
+    go_read, go_write = os.pipe()
+    children: list[tuple[int, int]] = []
+    for batch in batches[1:]:
+        read_fd, write_fd = os.pipe()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+ warns when threads exist
+            pid = os.fork()
+        if pid == 0:
+            os.close(read_fd)
+            _sending_child(driver, batch, go_read, write_fd, consume=not caps.cross_process)
+        os.close(write_fd)
+        children.append((pid, read_fd))
+    os.close(go_read)
+    os.write(go_write, b"x" * _CHILDREN)  # the children start sending ...
+    os.close(go_write)
+    errors = {"the parent": _send_all(driver, batches[0])}  # ... and so does the parent
+
+    results = []
+    for n, (pid, read_fd) in enumerate(children, 1):
+        code, result = _child_result(pid, read_fd, DELIVERY_S + caps.redelivery_timeout_s)
+        assert "error" not in result, f"in forked child {n}:\n{result['error']}"
+        assert code == 0, f"forked child {n} did not finish in time (exit code {code})"
+        errors[f"child {n}"] = result["errors"]
+        results.append(result)
+    failed = {who: e for who, e in errors.items() if e}
+    assert not failed, (
+        f"{sum(len(e) for e in failed.values())} of {(_CHILDREN + 1) * _PER_PROCESS} sends "
+        f"failed while {_CHILDREN} forked children and the parent sent at once: "
+        + "; ".join(f"{who}: {e[0]}" for who, e in failed.items())
+    )
+
+    hermes_kit.worker(driver=driver)
+    if caps.cross_process:
+        hermes_kit.claim(
+            f"{_CHILDREN} children and the parent, {_PER_PROCESS} each at once: "
+            "none failed, each delivered once"
+        )
+        sent = [first.id] + [m.id for batch in batches for m in batch]
+        bound = DELIVERY_S + caps.redelivery_timeout_s
+        wait_for_progress(ledger.distinct, len(sent), bound)
+        wait_quiet(lambda: len(ledger), QUIET_S / 2, DELIVERY_S)
+        check = TotalQueue.of(sent, ledger.ids())
+        hermes_kit.report(f"sent at once after fork: {check.summary()}")
+        assert (len(check.lost), len(check.duplicated), len(check.unexpected)) == (0, 0, 0), (
+            f"what {_CHILDREN} forked children and the parent sent at once: {check.summary()}"
+        )
+    else:
+        hermes_kit.claim(
+            f"{_CHILDREN} children (on their copies of the broker) and the parent, "
+            f"{_PER_PROCESS} each at once: none failed"
+        )
+        for n, (result, batch) in enumerate(zip(results, batches[1:], strict=True), 1):
+            unseen = {m.id for m in batch} - set(result["seen"])
+            assert not unseen, f"forked child {n} did not receive {len(unseen)} it sent"
+        mine = {first.id} | {m.id for m in batches[0]}
+        assert wait_until(lambda: mine <= set(ledger.ids()), DELIVERY_S), (
+            f"the parent lost {len(mine - set(ledger.ids()))} of the {len(mine)} it sent"
+        )

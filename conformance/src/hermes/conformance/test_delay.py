@@ -3,8 +3,11 @@
 ``delay=NATIVE``: held back -- not delivered before ``execute_at`` (the lower
 bound, within EARLY_TOLERANCE_S) and delivered at most DELAY_LATE_S after it
 (the upper bound); several come out in ``execute_at`` order; a message that is
-due is not kept waiting behind them. ``delay=IGNORED``: delivered at once,
-``execute_at`` kept in the message.
+due is not kept waiting behind them. Away from those few seconds: a message
+due in a minute is still held after twelve seconds, one due in eight seconds
+arrives on time, and so do 200 sent one after another, each due two seconds
+after it was sent. ``delay=IGNORED``: delivered at once, ``execute_at`` kept in
+the message -- a message due in an hour, and 200 due in a minute.
 """
 
 from __future__ import annotations
@@ -20,6 +23,9 @@ from hermes.conformance._harness import (
     Kit,
     fields,
     scaled,
+    stays_false,
+    time_scale,
+    wait_for_progress,
     wait_until,
 )
 from hermes.core import Delay, Message
@@ -27,11 +33,19 @@ from hermes.core import Delay, Message
 #: How far in the future the kit schedules (unscaled seconds).
 _AHEAD_S = 1.5
 _FAR_AHEAD_S = 3600.0
+#: A delay far beyond the others, and how long it must hold (unscaled seconds).
+_MINUTE_S = 60.0
+_HOLD_S = 12.0
+#: Between the short delays and the hold: checked on time at both ends.
+_EIGHT_S = 8.0
+#: Many messages, each due this long after it was sent (unscaled seconds).
+_MANY = 200
+_SHORT_S = 2.0
 
 
 def _on_time(kit: Kit, message: Message) -> None:
     """NATIVE: ``message`` arrived no earlier than ``execute_at`` and not too late."""
-    assert message.execute_at is not None
+    assert message.execute_at is not None, f"message {message.id} has no execute_at"
     deliveries = kit.ledger.of(message.id)
     assert deliveries, f"message {message.id} due at {message.execute_at:.3f} never arrived"
     early_by = message.execute_at - deliveries[0].at
@@ -43,7 +57,20 @@ def _on_time(kit: Kit, message: Message) -> None:
         f"delay=NATIVE: delivered {late_by:.3f} s after its execute_at "
         f"(at most {DELAY_LATE_S} s, scaled)"
     )
-    assert fields(deliveries[0].message) == fields(message)
+    assert fields(deliveries[0].message) == fields(message), (
+        f"message {message.id} changed on the broker"
+    )
+
+
+def _lateness(kit: Kit, messages: list[Message]) -> dict[str, float]:
+    """Message id -> seconds its first delivery came after its ``execute_at`` (< 0: early)."""
+    late = {}
+    for message in messages:
+        assert message.execute_at is not None, f"message {message.id} has no execute_at"
+        deliveries = kit.ledger.of(message.id)
+        if deliveries:
+            late[message.id] = deliveries[0].at - message.execute_at
+    return late
 
 
 @pytest.mark.hermes_check("delay", "a message due later")
@@ -54,7 +81,10 @@ def test_a_message_due_later_follows_the_declared_delay(hermes_kit: Kit) -> None
     if hermes_kit.capabilities.delay is Delay.NATIVE:
         hermes_kit.claim("held until execute_at, then delivered")
         message = hermes_kit.emit(hermes_kit.message(1, execute_at=time.time() + scaled(_AHEAD_S)))
-        assert wait_until(lambda: ledger.has(message.id), _AHEAD_S + DELAY_LATE_S)
+        assert wait_until(lambda: ledger.has(message.id), _AHEAD_S + DELAY_LATE_S), (
+            f"delay=NATIVE: a message due in {scaled(_AHEAD_S):.1f} s did not arrive within "
+            f"{scaled(DELAY_LATE_S):.1f} s after that (scaled)"
+        )
         _on_time(hermes_kit, message)
     else:
         hermes_kit.claim("delivered at once, execute_at kept")
@@ -63,7 +93,9 @@ def test_a_message_due_later_follows_the_declared_delay(hermes_kit: Kit) -> None
             f"delay=IGNORED: a message due in {_FAR_AHEAD_S:.0f} s was not delivered "
             f"within {DELIVERY_S} s"
         )
-        assert fields(ledger.of(message.id)[0].message) == fields(message)
+        assert fields(ledger.of(message.id)[0].message) == fields(message), (
+            f"message {message.id} changed on the broker"
+        )
 
 
 @pytest.mark.hermes_check("delay", "several messages due later")
@@ -87,10 +119,19 @@ def test_delayed_messages_come_out_in_execute_at_order_after_due_ones(hermes_kit
         past = hermes_kit.emit(hermes_kit.message(1, execute_at=now - 5))
         plain = hermes_kit.emit(hermes_kit.message(0))
 
-        assert wait_until(lambda: ledger.has(later.id), 2 * _AHEAD_S + DELAY_LATE_S)
+        assert wait_until(lambda: ledger.has(later.id), 2 * _AHEAD_S + DELAY_LATE_S), (
+            f"delay=NATIVE: a message due in {scaled(2 * _AHEAD_S):.1f} s did not arrive within "
+            f"{scaled(DELAY_LATE_S):.1f} s after that (scaled)"
+        )
         order = [e.message.id for e in ledger.entries(after=start)]
-        assert sorted(order[:2]) == sorted([past.id, plain.id]), "due messages waited"
-        assert order[2:] == [sooner.id, later.id], "delayed messages out of execute_at order"
+        names = {past.id: "due", plain.id: "plain", sooner.id: "sooner", later.id: "later"}
+        came = [names.get(id_, id_) for id_ in order]
+        assert sorted(order[:2]) == sorted([past.id, plain.id]), (
+            f"due messages waited behind delayed ones: they came in the order {came}"
+        )
+        assert order[2:] == [sooner.id, later.id], (
+            f"delayed messages out of execute_at order: they came in the order {came}"
+        )
         _on_time(hermes_kit, sooner)
         _on_time(hermes_kit, later)
     else:
@@ -100,6 +141,99 @@ def test_delayed_messages_come_out_in_execute_at_order_after_due_ones(hermes_kit
             for n in range(3)
         ]
         hermes_kit.worker()
-        assert wait_until(lambda: all(ledger.has(m.id) for m in sent), DELIVERY_S)
+        assert wait_until(lambda: all(ledger.has(m.id) for m in sent), DELIVERY_S), (
+            f"delay=IGNORED: {sum(1 for m in sent if not ledger.has(m.id))} of 3 messages due "
+            f"in an hour were not delivered within {DELIVERY_S} s (scaled)"
+        )
         for message in sent:
-            assert fields(ledger.of(message.id)[0].message) == fields(message)
+            assert fields(ledger.of(message.id)[0].message) == fields(message), (
+                f"message {message.id} changed on the broker"
+            )
+
+
+@pytest.mark.hermes_check("delay", "a minute ahead, and 200 more")
+def test_a_delay_of_a_minute_holds_while_200_short_ones_and_one_of_eight_seconds_are_on_time(
+    hermes_kit: Kit,
+) -> None:
+    ledger = hermes_kit.ledger
+    if hermes_kit.capabilities.delay is not Delay.NATIVE:
+        hermes_kit.claim(f"a minute ahead and {_MANY} more: all at once, execute_at kept")
+        later = time.time() + _MINUTE_S
+        sent = [hermes_kit.emit(hermes_kit.message(n, execute_at=later)) for n in range(_MANY)]
+        hermes_kit.worker()
+        delivered = wait_for_progress(
+            lambda: sum(1 for m in sent if ledger.has(m.id)), _MANY, DELIVERY_S
+        )
+        missing = [m.id for m in sent if not ledger.has(m.id)]
+        assert delivered and not missing, (
+            f"delay=IGNORED: {len(missing)} of {_MANY} messages due in a minute were not "
+            f"delivered at once (none for {DELIVERY_S} s, scaled), e.g. {missing[:3]}"
+        )
+        changed = [m.id for m in sent if fields(ledger.of(m.id)[0].message) != fields(m)]
+        assert not changed, f"{len(changed)} messages changed on the broker, e.g. {changed[:3]}"
+        return
+
+    hermes_kit.claim(
+        f"held a minute (not there after {_HOLD_S:g} s), "
+        f"{_EIGHT_S:g} s and {_MANY} x {_SHORT_S:g} s on time"
+    )
+    # Held from its send on: the worker's start counts towards the window.
+    minute_sent = time.time()
+    minute = hermes_kit.emit(hermes_kit.message(0, execute_at=minute_sent + scaled(_MINUTE_S)))
+    # The worker is up before the clock of the others starts: their lateness
+    # measures the driver, not a broker letting a new consumer in.
+    hermes_kit.worker()
+    ready = hermes_kit.emit(hermes_kit.message(-1))
+    assert wait_until(lambda: ledger.has(ready.id), DELIVERY_S), (
+        f"a plain message was not delivered within {DELIVERY_S} s (scaled)"
+    )
+    start = time.time()
+    eight = hermes_kit.emit(hermes_kit.message(1, execute_at=start + scaled(_EIGHT_S)))
+    # Each due _SHORT_S after its own send: however slow sending is, every one is held.
+    short = [
+        hermes_kit.emit(hermes_kit.message(n, execute_at=time.time() + scaled(_SHORT_S)))
+        for n in range(2, _MANY + 2)
+    ]
+    sent_s = time.time() - start
+
+    def arrived() -> int:
+        return sum(1 for m in [eight, *short] if ledger.has(m.id))
+
+    # From now, the one of eight seconds is due within _EIGHT_S, the short ones sooner.
+    wait_until(lambda: arrived() == _MANY + 1, _EIGHT_S + DELAY_LATE_S)
+    late = _lateness(hermes_kit, [eight, *short])
+    missing = []
+    if eight.id not in late:
+        missing.append(f"the one due in {scaled(_EIGHT_S):g} s")
+    short_missing = sum(1 for m in short if m.id not in late)
+    if short_missing:
+        missing.append(
+            f"{short_missing} of the {_MANY} due {scaled(_SHORT_S):g} s after their send"
+        )
+    assert not missing, (
+        f"delay=NATIVE: delayed messages did not arrive within {scaled(DELAY_LATE_S):g} s "
+        f"(scaled) of their execute_at: {' and '.join(missing)} (all {_MANY + 1} were sent "
+        f"within {sent_s:.1f} s)"
+    )
+    earliest = min(late, key=lambda id_: late[id_])
+    assert late[earliest] >= -EARLY_TOLERANCE_S, (
+        f"delay=NATIVE: message {earliest} arrived {-late[earliest]:.3f} s before its execute_at; "
+        f"{sum(1 for v in late.values() if v < -EARLY_TOLERANCE_S)} of {len(late)} came early"
+    )
+    latest = max(late, key=lambda id_: late[id_])
+    assert late[latest] <= scaled(DELAY_LATE_S), (
+        f"delay=NATIVE: message {latest} arrived {late[latest]:.3f} s after its execute_at "
+        f"(at most {scaled(DELAY_LATE_S):.1f} s, scaled); "
+        f"{sum(1 for v in late.values() if v > scaled(DELAY_LATE_S))} of {len(late)} came late"
+    )
+    hermes_kit.report(
+        f"{_MANY + 1} delayed messages: {min(late.values()):+.3f} .. "
+        f"{max(late.values()):+.3f} s from execute_at; sending took {sent_s:.1f} s"
+    )
+
+    # Watched without a break from its send until _HOLD_S (scaled) after it.
+    hold_left_s = (minute_sent + scaled(_HOLD_S) - time.time()) / time_scale()
+    assert stays_false(lambda: ledger.has(minute.id), hold_left_s), (
+        f"delay=NATIVE: a message due in {scaled(_MINUTE_S):.0f} s (scaled) arrived "
+        f"{ledger.of(minute.id)[0].at - minute_sent:.1f} s after it was sent"
+    )

@@ -11,11 +11,17 @@ through, so it escapes ``driver.wait()`` exactly like a crash, and the
 driver object is then closed as a dying process's connections would be. Out
 of process (``cross_process`` drivers): a worker subprocess blocks inside its
 handler and the kit SIGKILLs it.
+
+An ordinary ``Exception`` escaping the callback (the Dispatcher's own
+failure, say a retry copy the broker refused) is no death: ``wait()`` must
+let it out at once -- never log it and go on -- and an at-least-once driver
+gives the message back for the next worker.
 """
 
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import pytest
 
@@ -24,6 +30,7 @@ from hermes.conformance._harness import (
     QUIET_S,
     WORKER_START_S,
     Kit,
+    KitDispatcher,
     fields,
     stays_false,
     wait_until,
@@ -47,6 +54,26 @@ class _CrashOnce:
         return True
 
 
+class _RetrySendFailed(RuntimeError):
+    """Stands for the Dispatcher failing after the handlers ran: an ordinary Exception."""
+
+
+class _FailsOnceDispatcher(KitDispatcher):
+    """Its callback raises an ordinary Exception for the first message, as if a retry
+    copy could not be sent; handles every later message."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.raised = False
+
+    def handle_message(self, message: Message, priority: int) -> bool:
+        ok = super().handle_message(message, priority)
+        if not self.raised:
+            self.raised = True
+            raise _RetrySendFailed(f"the retry copy of message {message.id} could not be sent")
+        return ok
+
+
 @pytest.mark.hermes_check("delivery", "handler crash (in-process)")
 def test_a_message_whose_worker_crashed_mid_handler_follows_the_declared_delivery(
     hermes_kit: Kit,
@@ -56,13 +83,17 @@ def test_a_message_whose_worker_crashed_mid_handler_follows_the_declared_deliver
     message = hermes_kit.emit(hermes_kit.message(1))
     crashing = hermes_kit.worker(handlers={JOB: [_CrashOnce()]})
 
-    assert wait_until(lambda: ledger.has(message.id), DELIVERY_S), "the message never arrived"
+    assert wait_until(lambda: ledger.has(message.id), DELIVERY_S), (
+        f"message {message.id} was not delivered within {DELIVERY_S} s (scaled)"
+    )
     assert crashing.join(DELIVERY_S), (
         "an exception escaping the callback must propagate out of wait(); "
-        "the worker kept running instead"
+        f"the worker kept running {DELIVERY_S} s (scaled) later instead"
     )
     crashing.stop(expect=_WorkerCrash)
-    assert isinstance(crashing.error, _WorkerCrash)
+    assert isinstance(crashing.error, _WorkerCrash), (
+        f"wait() ended with {crashing.error!r}, not the crash the handler raised"
+    )
     crashing.driver.close()
 
     if caps.delivery is Delivery.AT_LEAST_ONCE:
@@ -74,15 +105,65 @@ def test_a_message_whose_worker_crashed_mid_handler_follows_the_declared_deliver
             f"redelivery_timeout_s + {DELIVERY_S} = {bound} s (unscaled)"
         )
         again = ledger.of(message.id)[1]
-        assert again.worker == fresh.name
-        assert fields(again.message) == fields(message)
+        assert again.worker == fresh.name, (
+            f"delivered again to {again.worker}, not to the fresh worker {fresh.name}"
+        )
+        assert fields(again.message) == fields(message), f"message {message.id} came back changed"
     else:
         hermes_kit.claim("handler crash (in-process): not delivered again")
         sentinel = hermes_kit.emit(hermes_kit.message(2))
         hermes_kit.worker()
-        assert wait_until(lambda: ledger.has(sentinel.id), DELIVERY_S)
+        assert wait_until(lambda: ledger.has(sentinel.id), DELIVERY_S), (
+            f"a message sent after the crash was not delivered within {DELIVERY_S} s (scaled)"
+        )
         assert stays_false(lambda: len(ledger.of(message.id)) > 1, QUIET_S), (
             "AT_MOST_ONCE: the message of a crashed worker was delivered again"
+        )
+
+
+@pytest.mark.hermes_check("delivery", "an Exception escaping the callback")
+def test_an_exception_escaping_the_callback_ends_wait_and_follows_the_declared_delivery(
+    hermes_kit: Kit,
+) -> None:
+    caps = hermes_kit.capabilities
+    ledger = hermes_kit.ledger
+    message = hermes_kit.emit(hermes_kit.message(1))
+    failing = hermes_kit.worker(dispatcher_class=_FailsOnceDispatcher)
+
+    assert wait_until(lambda: ledger.has(message.id), DELIVERY_S), (
+        f"message {message.id} was not delivered within {DELIVERY_S} s (scaled)"
+    )
+    assert failing.join(DELIVERY_S), (
+        "an Exception escaping the callback must propagate out of wait(); the worker kept "
+        f"running {DELIVERY_S} s (scaled) later, after {len(ledger)} deliveries: "
+        "the error was swallowed, and with it the message"
+    )
+    failing.stop(expect=_RetrySendFailed)
+    assert isinstance(failing.error, _RetrySendFailed), (
+        f"wait() ended with {failing.error!r}, not the Exception the callback raised"
+    )
+
+    if caps.delivery is Delivery.AT_LEAST_ONCE:
+        hermes_kit.claim("an Exception escaping the callback: raised, delivered again")
+        fresh = hermes_kit.worker()
+        bound = caps.redelivery_timeout_s + DELIVERY_S
+        assert wait_until(lambda: len(ledger.of(message.id)) >= 2, bound), (
+            f"AT_LEAST_ONCE: a message whose callback raised an Exception was not delivered "
+            f"again within redelivery_timeout_s + {DELIVERY_S} = {bound} s (unscaled)"
+        )
+        again = ledger.of(message.id)[1]
+        assert again.worker == fresh.name, (
+            f"delivered again to {again.worker}, not to the fresh worker {fresh.name}"
+        )
+    else:
+        hermes_kit.claim("an Exception escaping the callback: raised, not delivered again")
+        sentinel = hermes_kit.emit(hermes_kit.message(2))
+        hermes_kit.worker()
+        assert wait_until(lambda: ledger.has(sentinel.id), DELIVERY_S), (
+            f"a message sent after the failure was not delivered within {DELIVERY_S} s"
+        )
+        assert stays_false(lambda: len(ledger.of(message.id)) > 1, QUIET_S), (
+            "AT_MOST_ONCE: a message whose callback raised was delivered again"
         )
 
 
@@ -131,14 +212,18 @@ def test_a_handled_message_is_never_delivered_again(hermes_kit: Kit) -> None:
     ledger = hermes_kit.ledger
     message = hermes_kit.emit(hermes_kit.message(1))
     first = hermes_kit.worker()
-    assert wait_until(lambda: ledger.has(message.id), DELIVERY_S)
+    assert wait_until(lambda: ledger.has(message.id), DELIVERY_S), (
+        f"message {message.id} was not delivered within {DELIVERY_S} s (scaled)"
+    )
     first.stop()
     first.driver.close()
 
     sentinel = hermes_kit.emit(hermes_kit.message(2))
     hermes_kit.worker()
 
-    assert wait_until(lambda: ledger.has(sentinel.id), DELIVERY_S)
+    assert wait_until(lambda: ledger.has(sentinel.id), DELIVERY_S), (
+        f"a message sent to a fresh worker was not delivered within {DELIVERY_S} s (scaled)"
+    )
     window = caps.redelivery_timeout_s + QUIET_S
     assert stays_false(lambda: len(ledger.of(message.id)) > 1, window), (
         f"a message whose handler returned True was delivered again: "

@@ -69,11 +69,15 @@ def test_a_body_that_is_not_a_message_is_set_aside_and_the_worker_keeps_going(
 
     sentinel = hermes_kit.emit(hermes_kit.message(3))
     hermes_kit.worker()
-    assert wait_until(lambda: ledger.has(sentinel.id), DELIVERY_S)
+    assert wait_until(lambda: ledger.has(sentinel.id), DELIVERY_S), (
+        f"a message sent to a fresh worker was not delivered within {DELIVERY_S} s (scaled)"
+    )
     assert stays_false(lambda: complaints() > logged, QUIET_S), (
         "bad bodies were delivered again after they were logged: they must be set aside"
     )
-    assert sorted(ledger.ids()) == sorted([before.id, after.id, sentinel.id])
+    assert sorted(ledger.ids()) == sorted([before.id, after.id, sentinel.id]), (
+        f"the handler got other messages than the 3 good ones: {ledger.entries()}"
+    )
     hermes_kit.claim(
         f"{len(sent)} bad bodies logged and set aside"
         + (f" (refused by the broker: {', '.join(refused)})" if refused else "")

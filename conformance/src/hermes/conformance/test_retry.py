@@ -57,8 +57,10 @@ def _check_copy(copy: Message, message: Message) -> None:
         message.type,
         message.payload,
         message.created,
+    ), "the retry copy must keep id, type, payload and created"
+    assert copy.retries == message.retries + 1, (
+        f"the retry copy has retries={copy.retries}, not {message.retries + 1}"
     )
-    assert copy.retries == message.retries + 1
 
 
 @pytest.mark.hermes_check("retry", "the copy of a failed handler with the real backoff")
@@ -68,8 +70,13 @@ def test_a_failed_retryable_handler_puts_a_copy_on_the_broker_held_back_by_its_b
     worker = hermes_kit.worker(handlers={JOB: [_FailFirstTry()]})
     sent_at = time.time()
     message = hermes_kit.emit(hermes_kit.message(1))
-    assert wait_until(lambda: hermes_kit.ledger.has(message.id), DELIVERY_S)
-    assert wait_until(lambda: worker.dispatcher.stats.retried == 1, DELIVERY_S)
+    assert wait_until(lambda: hermes_kit.ledger.has(message.id), DELIVERY_S), (
+        f"message {message.id} was not delivered within {DELIVERY_S} s (scaled)"
+    )
+    assert wait_until(lambda: worker.dispatcher.stats.retried == 1, DELIVERY_S), (
+        f"the failed handler's retry copy was not sent: {worker.dispatcher.stats}, "
+        f"worker error {worker.error!r}"
+    )
 
     if hermes_kit.capabilities.delay is Delay.NATIVE:
         hermes_kit.claim("copy held back by its 16..45 s backoff")
@@ -83,10 +90,12 @@ def test_a_failed_retryable_handler_puts_a_copy_on_the_broker_held_back_by_its_b
             "delay=IGNORED: the retry copy did not arrive"
         )
         copy = _copy_of(hermes_kit, message)
-        assert copy is not None
+        assert copy is not None, "the retry copy vanished from the ledger"
         _check_copy(copy, message)
-        assert copy.execute_at is not None
-        assert sent_at + 16 <= copy.execute_at <= time.time() + 45, "execute_at was not kept"
+        assert copy.execute_at is not None, "the retry copy lost its execute_at"
+        assert sent_at + 16 <= copy.execute_at <= time.time() + 45, (
+            f"execute_at was not kept: {copy.execute_at - sent_at:.1f} s after the send, not 16..45"
+        )
 
 
 @pytest.mark.hermes_check("retry", "the copy comes back (backoff shortened)")
@@ -105,8 +114,10 @@ def test_the_retry_copy_comes_back_with_retries_plus_one_and_the_same_id(hermes_
     first, retried = hermes_kit.ledger.of(message.id)[:2]
     copy = retried.message
     _check_copy(copy, message)
-    assert retried.priority == DEFAULT_PRIORITY, "the copy belongs on the default priority"
-    assert copy.execute_at is not None
+    assert retried.priority == DEFAULT_PRIORITY, (
+        f"the copy belongs on the default priority, not {retried.priority}"
+    )
+    assert copy.execute_at is not None, "the retry copy lost its execute_at"
     if caps.delay is Delay.NATIVE:
         hermes_kit.claim("copy held until its execute_at, then back with retries+1, same id")
         assert retried.at >= copy.execute_at - EARLY_TOLERANCE_S, (
@@ -114,4 +125,6 @@ def test_the_retry_copy_comes_back_with_retries_plus_one_and_the_same_id(hermes_
         )
     else:
         hermes_kit.claim("copy back at once with retries+1, same id")
-        assert retried.at - first.at <= scaled(DELIVERY_S)
+        assert retried.at - first.at <= scaled(DELIVERY_S), (
+            f"delay=IGNORED: the copy came back {retried.at - first.at:.1f} s later, not at once"
+        )

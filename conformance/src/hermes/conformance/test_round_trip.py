@@ -72,7 +72,7 @@ def test_every_message_field_survives_the_broker(hermes_kit: Kit, message: Messa
         f"message {message.id} was not delivered within {DELIVERY_S} s"
     )
     received = hermes_kit.ledger.of(message.id, after=before)[0].message
-    assert fields(received) == fields(message)
+    assert fields(received) == fields(message), f"message {message.id} changed on the broker"
 
 
 @pytest.mark.hermes_check("round trip", "a message of max_message_bytes survives")
@@ -85,7 +85,7 @@ def test_a_message_as_large_as_the_declared_maximum_survives(hermes_kit: Kit) ->
     blob = (string.ascii_lowercase * (limit // 26 + 1))[: limit - overhead]
     message = empty.replace(payload={"blob": blob})
     size = len(serializer.serialize(message).encode())
-    assert size == limit
+    assert size == limit, f"the kit built a message of {size} bytes, not {limit} (a kit bug)"
     hermes_kit.worker()
 
     hermes_kit.emit(message)
@@ -95,9 +95,13 @@ def test_a_message_as_large_as_the_declared_maximum_survives(hermes_kit: Kit) ->
     )
     received = hermes_kit.ledger.of(message.id)[0].message
     got: Any = received.payload
-    assert isinstance(got, dict) and isinstance(got.get("blob"), str)
-    assert len(got["blob"]) == len(blob), "the payload came back with another size"
-    assert fields(received) == fields(message)
+    assert isinstance(got, dict) and isinstance(got.get("blob"), str), (
+        f"the payload came back as {type(got).__name__}, not a dict holding the string 'blob'"
+    )
+    assert len(got["blob"]) == len(blob), (
+        f"the payload came back with a blob of {len(got['blob'])} characters, not {len(blob)}"
+    )
+    assert fields(received) == fields(message), f"message {message.id} changed on the broker"
 
 
 @pytest.mark.hermes_check(
@@ -113,7 +117,9 @@ def test_an_unencodable_payload_raises_serialize_error_and_reaches_no_broker(
     sentinel = hermes_kit.emit(hermes_kit.message(1))
     hermes_kit.worker()
 
-    assert wait_until(lambda: hermes_kit.ledger.has(sentinel.id), DELIVERY_S)
+    assert wait_until(lambda: hermes_kit.ledger.has(sentinel.id), DELIVERY_S), (
+        f"a message sent after the refused ones was not delivered within {DELIVERY_S} s"
+    )
 
     def others() -> list[Message]:
         return [e.message for e in hermes_kit.ledger.entries() if e.message.id != sentinel.id]

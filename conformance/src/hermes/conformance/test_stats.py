@@ -34,7 +34,7 @@ _LATER_S = 600.0
 
 
 def _row(driver: Driver) -> QueueStats:
-    assert isinstance(driver, SupportsStats)
+    assert isinstance(driver, SupportsStats), f"{driver!r} has no queue_stats()"
     rows = driver.queue_stats()
     matching = [row for row in rows if row.priority == DEFAULT_PRIORITY]
     assert len(matching) == 1, f"queue_stats() has {len(matching)} rows for priority 100: {rows}"

@@ -101,7 +101,10 @@ def test_three_worker_processes_at_concurrency_four_share_300_messages(hermes_ki
     wait_quiet(lambda: len(hermes_kit.records()), QUIET_S / 2, DELIVERY_S)
     SharedFileShutdown(stop_file).shutdown(at=time.time() + 60)
     codes = [p.wait_exit(STOP_S) for p in processes]
-    assert codes == [0] * _WORKERS, f"worker exit codes {codes}\n{hermes_kit.process_output()}"
+    assert codes == [0] * _WORKERS, (
+        f"the worker processes did not stop cleanly: exit codes {codes}\n"
+        f"{hermes_kit.process_output()}"
+    )
 
     records = hermes_kit.records()
     check = TotalQueue.of(sent, [r.id for r in records])
