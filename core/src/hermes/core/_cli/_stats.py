@@ -96,7 +96,7 @@ def run_stats(args: argparse.Namespace) -> int:
 
 def run_purge(args: argparse.Namespace) -> int:
     url: str = args.url or default_url()
-    configure_logging(args.verbose - args.quiet)
+    configure_logging(args.verbose - args.quiet, default_level=logging.WARNING)
     _, from_url = named_queues(url, [])
     with connect(url) as driver:
         wanted = [args.priority] if args.priority is not None else []
