@@ -385,7 +385,11 @@ def main() -> int:
 
 
 def update_readme(outcomes: list[Outcome], count: int) -> None:
-    """Put the latest full run's table between the README's torture markers."""
+    """Write the latest full run's table to ``torture/results/latest.md``, and into the README.
+
+    The file is the artifact a reader checks the README's figures against;
+    it also keeps what the README leaves out (the failed runs' worker logs).
+    """
     stamp = time.strftime("%Y-%m-%d %H:%M %Z")
     intro = (
         f"`python -m torture.soak` ({stamp}, {os.cpu_count()} cores): {count:,} messages per "
@@ -393,6 +397,11 @@ def update_readme(outcomes: list[Outcome], count: int) -> None:
         f"workers (one handler at a time; `x{CONCURRENCY}`: {CONCURRENCY} at once), a random "
         "worker SIGKILLed every ~0.5 s for 30 s.\n\n"
     )
+    results = ROOT / "torture" / "results"
+    results.mkdir(exist_ok=True)
+    notes = "".join(f"\n{o.target}:\n{note}\n" for o in outcomes for note in o.notes)
+    (results / "latest.md").write_text(f"{intro}{table(outcomes)}\n{notes}")
+    intro += "Written with `torture/results/latest.md` by the same run.\n\n"
     problem = replace_section(ROOT / "README.md", "torture", f"{intro}{table(outcomes)}\n")
     if problem:
         print(problem)
