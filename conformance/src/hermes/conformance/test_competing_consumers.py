@@ -26,6 +26,7 @@ from hermes.conformance._harness import (
     wait_quiet,
     wait_until,
 )
+from hermes.conformance._worker import Record
 from hermes.core import SharedFileShutdown
 
 _WORKERS = 3
@@ -67,27 +68,36 @@ def test_three_worker_threads_share_300_messages_without_loss_or_duplicates(
 def test_three_worker_processes_share_300_messages_without_loss_or_duplicates(
     hermes_kit: Kit,
 ) -> None:
-    hermes_kit.require_cross_process()
-    stop_file = hermes_kit.tmp_path / "stop"
-    processes = [hermes_kit.spawn_worker(shutdown_file=stop_file) for _ in range(_WORKERS)]
-    assert wait_until(lambda: all(hermes_kit.statuses(p.pid) for p in processes), WORKER_START_S), (
-        f"the worker processes did not start\n{hermes_kit.process_output()}"
+    sent, records = share_among_processes(hermes_kit)
+    per_worker = Counter(str(r.pid) for r in records)
+    _check(hermes_kit, "processes", TotalQueue.of(sent, [r.id for r in records]), per_worker)
+
+
+def share_among_processes(kit: Kit, concurrency: int = 1) -> tuple[list[str], list[Record]]:
+    """3 worker processes (each running ``concurrency`` handlers) handle 300 messages.
+
+    Returns the ids sent and the records the workers wrote, once nothing moves
+    any more and every worker has stopped cleanly.
+    """
+    kit.require_cross_process()
+    stop_file = kit.tmp_path / "stop"
+    processes = [
+        kit.spawn_worker(shutdown_file=stop_file, concurrency=concurrency) for _ in range(_WORKERS)
+    ]
+    assert wait_until(lambda: all(kit.statuses(p.pid) for p in processes), WORKER_START_S), (
+        f"the worker processes did not start\n{kit.process_output()}"
     )
-    sent = [hermes_kit.emit(hermes_kit.message(n)).id for n in range(_MESSAGES)]
+    sent = [kit.emit(kit.message(n)).id for n in range(_MESSAGES)]
 
     def distinct() -> int:
-        return len({r.id for r in hermes_kit.records()})
+        return len({r.id for r in kit.records()})
 
     wait_for_progress(distinct, _MESSAGES, WORKER_START_S + DELIVERY_S)
-    wait_quiet(lambda: len(hermes_kit.records()), QUIET_S / 2, DELIVERY_S)
+    wait_quiet(lambda: len(kit.records()), QUIET_S / 2, DELIVERY_S)
     # Dated a minute ahead: also stops a worker whose handle() started late.
     SharedFileShutdown(stop_file).shutdown(at=time.time() + 60)
     codes = [p.wait_exit(STOP_S) for p in processes]
     assert codes == [0] * _WORKERS, (
-        f"the worker processes did not stop cleanly: exit codes {codes}\n"
-        f"{hermes_kit.process_output()}"
+        f"the worker processes did not stop cleanly: exit codes {codes}\n{kit.process_output()}"
     )
-
-    records = hermes_kit.records()
-    per_worker = Counter(str(r.pid) for r in records)
-    _check(hermes_kit, "processes", TotalQueue.of(sent, [r.id for r in records]), per_worker)
+    return sent, kit.records()

@@ -25,12 +25,11 @@ from hermes.conformance._harness import (
     Kit,
     TotalQueue,
     stays_false,
-    wait_for_progress,
-    wait_quiet,
     wait_until,
 )
 from hermes.conformance._worker import JOB
-from hermes.core import Delivery, Message, SharedFileShutdown
+from hermes.conformance.test_competing_consumers import share_among_processes
+from hermes.core import Delivery, Message
 
 _CONCURRENCY = 4
 _WORKERS = 3
@@ -83,30 +82,7 @@ def test_a_worker_killed_with_four_handlers_in_flight_follows_the_declared_deliv
 
 @pytest.mark.hermes_check("worker concurrency", "3 processes x concurrency 4, 300 messages")
 def test_three_worker_processes_at_concurrency_four_share_300_messages(hermes_kit: Kit) -> None:
-    hermes_kit.require_cross_process()
-    stop_file = hermes_kit.tmp_path / "stop"
-    processes = [
-        hermes_kit.spawn_worker(shutdown_file=stop_file, concurrency=_CONCURRENCY)
-        for _ in range(_WORKERS)
-    ]
-    assert wait_until(lambda: all(hermes_kit.statuses(p.pid) for p in processes), WORKER_START_S), (
-        f"the worker processes did not start\n{hermes_kit.process_output()}"
-    )
-    sent = [hermes_kit.emit(hermes_kit.message(n)).id for n in range(_MESSAGES)]
-
-    def distinct() -> int:
-        return len({r.id for r in hermes_kit.records()})
-
-    wait_for_progress(distinct, _MESSAGES, WORKER_START_S + DELIVERY_S)
-    wait_quiet(lambda: len(hermes_kit.records()), QUIET_S / 2, DELIVERY_S)
-    SharedFileShutdown(stop_file).shutdown(at=time.time() + 60)
-    codes = [p.wait_exit(STOP_S) for p in processes]
-    assert codes == [0] * _WORKERS, (
-        f"the worker processes did not stop cleanly: exit codes {codes}\n"
-        f"{hermes_kit.process_output()}"
-    )
-
-    records = hermes_kit.records()
+    sent, records = share_among_processes(hermes_kit, _CONCURRENCY)
     check = TotalQueue.of(sent, [r.id for r in records])
     per_worker = sorted(Counter(r.pid for r in records).values())
     hermes_kit.report(f"concurrency {_CONCURRENCY}: {check.summary()}; per worker {per_worker}")
