@@ -216,30 +216,31 @@ class FileSystemDriver(Driver):
 
     def _claim(self, name: str, claimed: str, claims: WorkerClaims) -> bool:
         """Move ``new/<name>`` to ``claimed``; False if another worker took it first."""
-        with self._errors(f"claim {name}"):
-            try:
-                os.rename(os.path.join(self._new_dir, name), claimed)
-            except FileNotFoundError:
-                # Another worker won it -- or the queue was purged under us.
+        try:
+            os.rename(f"{self._new_dir}/{name}", claimed)
+        except FileNotFoundError:
+            # Another worker won it -- or the queue was purged under us.
+            with self._errors("register a worker again"):
                 if not claims.is_registered():
                     self._make_dirs()
                     claims.register()
-                return False
+            return False
+        except OSError as exc:
+            raise self._unavailable(f"claim {name}", exc) from exc
         return True
 
     def _read(self, claimed: str, queued: QueuedName) -> bytes | None:
         """The claimed file's bytes; None if it was quarantined as unreadable."""
-        with self._errors(f"read {queued.name}"):
-            try:
-                with open(claimed, "rb") as file:
-                    return file.read()
-            except IsADirectoryError as exc:
-                self._quarantine(claimed, queued.name, f"cannot read the file: {exc}")
-                return None
-            except OSError:
-                # Often passing (EMFILE, EIO) and no fault of the message: it keeps its place.
-                self._put_back(claimed, queued.name)
-                raise
+        try:
+            with open(claimed, "rb") as file:
+                return file.read()
+        except IsADirectoryError as exc:
+            self._quarantine(claimed, queued.name, f"cannot read the file: {exc}")
+            return None
+        except OSError as exc:
+            # Often passing (EMFILE, EIO) and no fault of the message: it keeps its place.
+            self._put_back(claimed, queued.name)
+            raise self._unavailable(f"read {queued.name}", exc) from exc
 
     def _put_back(self, claimed: str, name: str) -> None:
         try:
@@ -374,11 +375,14 @@ class FileSystemDriver(Driver):
     def _errors(
         self, action: str, error: type[DriverError] = BrokerUnavailableError
     ) -> Iterator[None]:
-        """The one place OS errors become Hermes errors."""
+        """Where OS errors become Hermes errors (the hot path uses :meth:`_unavailable`)."""
         try:
             yield
         except OSError as exc:
             raise error(f"{self.url}: cannot {action}: {exc}") from exc
+
+    def _unavailable(self, action: str, exc: OSError) -> BrokerUnavailableError:
+        return BrokerUnavailableError(f"{self.url}: cannot {action}: {exc}")
 
 
 class _FileConsumer(Consumer):
@@ -396,29 +400,36 @@ class _FileConsumer(Consumer):
         self.claims = WorkerClaims(driver._tmp_dir, driver._processing_dir, driver._new_dir)
         self.scan = _Scan(driver._new_dir, order, driver.poll_interval_s, driver._make_dirs)
         self.warned = set(driver._priorities)  # known priorities need no warning
-        self.next_recovery = self.next_cleanup = 0.0
+        self.next_recovery = self.next_cleanup = self.next_housekeeping = 0.0
 
     def receive(self, timeout_s: float) -> Received | None:
         driver, claims = self.driver, self.claims
-        if not claims.is_registered():
+        if not claims.registered:
             with driver._errors("register a worker"):
                 driver._make_dirs()
                 claims.register()
         deadline = time.monotonic() + timeout_s
         while True:
-            self._housekeeping()
-            with driver._errors("list new/"):
+            if time.monotonic() >= self.next_housekeeping:
+                self._housekeeping()
+            try:
                 queued = self.scan.next_due()
-            for stray in self.scan.take_strays():
-                self._quarantine_stray(stray)
-            self._warn_unread_priorities()
+            except OSError as exc:
+                raise driver._unavailable("list new/", exc) from exc
+            if self.scan.strays:
+                for stray in self.scan.take_strays():
+                    self._quarantine_stray(stray)
+            if self.scan.priorities_seen:
+                self._warn_unread_priorities()
             if queued is None:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return None
                 time.sleep(min(self.scan.idle_wait_s(), left))
                 continue
-            claimed = os.path.join(claims.path, queued.name)
+            # The worker directory may have been removed by a purge: a failed
+            # claim finds out and registers it again.
+            claimed = f"{claims.path}/{queued.name}"
             if not driver._claim(queued.name, claimed, claims):
                 continue
             data = driver._read(claimed, queued)
@@ -428,9 +439,12 @@ class _FileConsumer(Consumer):
                 )
 
     def ack(self, received: Received) -> None:
-        claimed, _ = received.token
-        with contextlib.suppress(FileNotFoundError):  # the queue was purged meanwhile
-            os.unlink(claimed)
+        try:
+            os.unlink(received.token[0])
+        except FileNotFoundError:
+            pass  # the queue was purged meanwhile: nothing left to delete
+        except OSError as exc:
+            raise self.driver._unavailable(f"acknowledge {received.token[1]}", exc) from exc
 
     def release(self, received: Received) -> None:
         self.driver._put_back(*received.token)
@@ -462,6 +476,7 @@ class _FileConsumer(Consumer):
             with driver._errors("clean tmp/"):
                 driver._clean_tmp()
             self.next_cleanup = now + _TMP_CLEANUP_S
+        self.next_housekeeping = min(self.next_recovery, self.next_cleanup)
 
     def _quarantine_stray(self, name: str) -> None:
         # Claim it first, so exactly one worker quarantines it.
@@ -494,7 +509,8 @@ class _Scan:
         self._poll_interval_s = poll_interval_s
         self._make_dirs = make_dirs
         self._queues: dict[int, deque[QueuedName]] = {p: deque() for p in order}
-        self._strays: list[str] = []
+        #: Names in ``new/`` that are not message files, found by the last listing.
+        self.strays: list[str] = []
         #: Priorities outside ``order`` that the listings found in ``new/``.
         self.priorities_seen: set[int] = set()
         #: ``new/``'s mtime before the last listing, and when (wall clock) it started.
@@ -513,7 +529,7 @@ class _Scan:
 
     def take_strays(self) -> list[str]:
         """Names found in ``new/`` that are not message files (each reported once per listing)."""
-        strays, self._strays = self._strays, []
+        strays, self.strays = self.strays, []
         return strays
 
     def idle_wait_s(self) -> float:
@@ -581,7 +597,7 @@ class _Scan:
         for priority, bucket in found.items():
             bucket.sort()
             self._queues[priority] = deque(bucket)
-        self._strays = strays
+        self.strays = strays
         self._mtime_ns, self._listed_ns, self._listed_at = mtime_ns, listed_ns, started
         self._listing_cost_s = time.monotonic() - started
 

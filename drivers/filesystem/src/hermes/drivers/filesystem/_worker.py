@@ -57,6 +57,11 @@ class WorkerClaims:
             raise
         self._lock_fd, self.worker_id, self.path = fd, worker_id, path
 
+    @property
+    def registered(self) -> bool:
+        """True once :meth:`register` made (and locked) a directory, until :meth:`release`."""
+        return self._lock_fd is not None
+
     def is_registered(self) -> bool:
         """False when the directory vanished (the queue was purged while we ran)."""
         return self._lock_fd is not None and os.path.isdir(self.path)
