@@ -54,6 +54,8 @@ JOBS = ("noop", "incr", "sleep")
 JOB_LABELS = {"noop": "no-op", "incr": "INCR", "sleep": "sleep 20 ms"}
 #: Threads (or ``hermes worker --concurrency``) for the I/O-bound job, where a system has them.
 IO_CONCURRENCY = 8
+#: The suffix of a Hermes row measured with ``--concurrency`` on a job that is not I/O-bound.
+CONCURRENT = f"--concurrency {IO_CONCURRENCY}"
 BARE = "hermes Dispatcher (bare)"
 WORKER = "hermes worker"
 
@@ -286,9 +288,10 @@ class HermesSetting:
     label: str
     options: str = ""
 
-    def system(self, bare: bool = False) -> str:
+    def system(self, bare: bool = False, concurrent: bool = False) -> str:
         base = BARE if bare else WORKER
-        return f"{base} {self.label}".strip()
+        name = f"{base} {self.label}".strip()
+        return f"{name} {CONCURRENT}" if concurrent else name
 
     def url(self, base_url: str) -> str:
         url = isolated_url(base_url, f"bench-{uuid.uuid4().hex[:8]}")
@@ -317,10 +320,15 @@ class Hermes:
         *,
         bare: bool = False,
         measure_emit: bool = False,
+        concurrent: bool = False,
     ) -> None:
-        """Fill a fresh queue with ``n`` messages, then time one worker draining it."""
+        """Fill a fresh queue with ``n`` messages, then time one worker draining it.
+
+        ``concurrent``: the row of ``hermes worker --concurrency 8`` (the I/O-bound
+        job always runs so), beside the serial one, as the peers' grid has 1 and 8 threads.
+        """
         url = setting.url(base_url)
-        system = setting.system(bare)
+        system = setting.system(bare, concurrent)
         driver = connect(url)
         try:
             started = time.perf_counter()
@@ -341,7 +349,7 @@ class Hermes:
                     argv = [*hermes_command(), "worker", "--url", url]
                     argv += ["--handlers", "bench.jobs:register", "--max-items", str(n)]
                     note = "as users run it"
-                    if job == "sleep" and self.io_args:
+                    if (job == "sleep" or concurrent) and self.io_args:
                         argv += self.io_args
                         note += f", {' '.join(self.io_args)}"
                 with worker(argv, self.env.make(n, out, job), log) as proc:
@@ -936,10 +944,12 @@ class Target:
 
 
 def best_hermes(run: Run, broker: str, job: str) -> tuple[float, str] | None:
+    """The fastest ``hermes worker`` row of ``job`` (serial or ``--concurrency 8``)."""
     found = [
-        (value, setting.system())
+        (value, system)
         for setting in HERMES_SETTINGS[broker]
-        if (value := run.value(broker, setting.system(), handle_metric(job))) is not None
+        for system in (setting.system(), setting.system(concurrent=True))
+        if (value := run.value(broker, system, handle_metric(job))) is not None
     ]
     return max(found, default=None)
 
@@ -1134,8 +1144,9 @@ def peers_table(run: Run, brokers: tuple[str, ...]) -> str:
 
 def driver_table(run: Run, brokers: tuple[str, ...]) -> str:
     lines = [
-        "| driver (setting) | no-op msgs/s | INCR | sleep 20 ms | raw client no-op | Hermes/raw "
-        "| emit one by one | emit batched | emit->handle p50 / p99 | idle RSS "
+        "| driver (setting) | no-op msgs/s | INCR, 1 / 8 handlers | sleep 20 ms "
+        "| raw client no-op | Hermes/raw | emit one by one | emit batched "
+        "| emit->handle p50 / p99 | idle RSS "
         "| client library alone |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
@@ -1153,7 +1164,9 @@ def driver_table(run: Run, brokers: tuple[str, ...]) -> str:
                 continue
             lines.append(
                 f"| {broker}{f' ({setting.label})' if setting.label else ''} | {fmt(mine)} "
-                f"| {fmt(value('handle INCR'))} | {fmt(value('handle sleep 20 ms'))} "
+                f"| {fmt(value('handle INCR'))} / "
+                f"{fmt(run.value(broker, setting.system(concurrent=True), 'handle INCR'))} "
+                f"| {fmt(value('handle sleep 20 ms'))} "
                 f"| {fmt(raw)} | {fmt(mine / raw if raw else None, '.2f', 'x')} "
                 f"| {fmt(value('emit'))} | {fmt(value('emit batched'))} "
                 f"| {fmt(value('latency p50'), '.1f')} / {fmt(value('latency p99'), '.1f')} ms "
@@ -1292,6 +1305,8 @@ def main() -> int:
                     hermes.handle(broker, setting, url, job, size, measure_emit=noop)
                     if noop:
                         hermes.emit_batched(broker, setting, url, size)
+                    if job == "incr" and io_args:
+                        hermes.handle(broker, setting, url, job, size, concurrent=True)
                 if broker == "redis":
                     hermes.handle(broker, HERMES_SETTINGS[broker][0], url, job, size, bare=True)
                 if job == "noop" and raw is not None:
