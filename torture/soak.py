@@ -12,7 +12,9 @@ moves, then count like Jepsen's total-queue checker:
 
 Each driver runs twice: workers with one handler at a time, and workers
 running 4 handlers at once (``Dispatcher(concurrency=4)``), so a kill lands
-on several messages in flight.
+on several messages in flight. ``--quick`` (CI's smoke run: 400 messages, 4 s
+of kills) leaves out the second: the conformance kit already SIGKILLs a
+worker with 4 handlers in flight on every driver.
 
 Redis runs in both delivery modes: ``redis`` (at-most-once, the default) and
 ``redis-at-least-once`` (leases that run out after 5 s).
@@ -370,7 +372,8 @@ def main() -> int:
     for name in ("filesystem", "redis", "redis-at-least-once", "rabbitmq", "sqs", "kafka"):
         if (ROOT / "drivers" / name.split("-")[0] / "pyproject.toml").exists():
             run(name, with_service(name))
-            run(f"{name} x{CONCURRENCY}", with_service(name, CONCURRENCY))
+            if not args.quick:
+                run(f"{name} x{CONCURRENCY}", with_service(name, CONCURRENCY))
     if (ROOT / "drivers" / "redis" / "pyproject.toml").exists():
         run("redis + restart", redis_restart("redis"))
         leases = f"?{services.REDIS_AT_LEAST_ONCE}"
