@@ -49,7 +49,8 @@ def tests(session: nox.Session) -> None:
     """Run every distribution's own tests (brokers are started as needed)."""
     install_all(session, *TEST_DEPS)
     test_dirs = [f"{d}/tests" for d in distributions() if (ROOT / d / "tests").is_dir()]
-    session.run("pytest", *(session.posargs or test_dirs))
+    # The slowest tests are listed at the end: the whole CI run has a time budget.
+    session.run("pytest", "--durations=15", *(session.posargs or test_dirs))
 
 
 CONFORMANCE_TARGETS = ["memory", *(svc for services in DRIVERS.values() for svc in services)]
