@@ -11,7 +11,6 @@ cancelled when it overruns.
 
 from __future__ import annotations
 
-import asyncio
 import ctypes
 import heapq
 import itertools
@@ -19,9 +18,15 @@ import logging
 import threading
 import time
 from collections.abc import Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hermes.core._errors import HermesError
+
+if TYPE_CHECKING:
+    import asyncio
+
+# asyncio (about a fifth of `import hermes.core`) is imported when the first
+# async handler runs: a worker of plain handlers never needs it.
 
 logger = logging.getLogger("hermes")
 
@@ -111,6 +116,8 @@ class EventLoopThread:
     def _running_loop(self) -> asyncio.AbstractEventLoop:
         with self._lock:
             if self._loop is None:
+                import asyncio
+
                 loop = asyncio.new_event_loop()
                 threading.Thread(
                     target=self._run_until_stopped,
@@ -123,6 +130,8 @@ class EventLoopThread:
 
     @staticmethod
     def _run_until_stopped(loop: asyncio.AbstractEventLoop) -> None:
+        import asyncio
+
         try:
             loop.run_forever()
             # Coroutines abandoned by a grace period that ran out are cancelled, not leaked.
@@ -137,6 +146,8 @@ class EventLoopThread:
 
     def run(self, coroutine: Coroutine[Any, Any, Any], limit_s: float | None) -> Any:
         """Run ``coroutine`` on the loop and wait for it; cancel it after ``limit_s``."""
+        import asyncio
+
         future = asyncio.run_coroutine_threadsafe(coroutine, self._running_loop())
         try:
             return future.result(limit_s)
