@@ -625,7 +625,7 @@ class AcksBeforeTheCallback(_Wrapper):
         self.inner.set_shutdown(self.shutdown)
         self.inner.start_time = self.start_time
         while not _should_stop(self):
-            self.inner.set_max_process_items(self.inner.processed_items + 1)
+            self.inner.set_max_process_items(1)  # counted per wait() call: one at a time
             self.inner.wait(take, priorities, **options)
             while taken:
                 callback(*taken.pop(0))

@@ -44,10 +44,10 @@ class Collect:
 
 
 def drain(driver: MemoryDriver, count: int, priorities: tuple[int, ...] = ()) -> Collect:
-    """Run ``wait()`` until ``count`` more messages were handled (or 10 s passed)."""
+    """Run ``wait()`` until it handled ``count`` messages (or 10 s passed)."""
     collect = Collect()
     driver.set_shutdown(StopWhen())
-    driver.set_max_process_items(driver.processed_items + count)
+    driver.set_max_process_items(count)  # counted per wait() call
     driver.wait(collect, priorities)
     return collect
 

@@ -48,7 +48,7 @@ def _receive(
         received.callback(message, priority)
         return callback(message, priority) if callback is not None else True
 
-    driver.set_max_process_items(driver.processed_items + count)
+    driver.set_max_process_items(count)  # counted per wait() call
     driver.set_shutdown(StopWhen(timeout_s=deadline_s))
     driver.wait(record, priorities)
     return received
