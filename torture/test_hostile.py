@@ -187,11 +187,13 @@ SECRET_URLS = {
         f"sqs://q?region=us-east-1&aws_secret_access_key={SECRET}",
         f"sqs://q?region=us-east-1&aws_session_token={SECRET}&wait_time=1",
     ],
+    # An unreachable Kafka is given up on after message.timeout.ms (30 s by default).
     "kafka": [
         f"kafka://127.0.0.1:1/t?sasl.password={SECRET}&bogus=1",
-        f"kafka://127.0.0.1:1/t?sasl.password={SECRET}",
-        f"kafka://127.0.0.1:1/t?ssl.key.password={SECRET}&ssl.keystore.password={SECRET}",
-        f"kafka://user:{SECRET}@127.0.0.1:1/t",
+        f"kafka://127.0.0.1:1/t?sasl.password={SECRET}&message.timeout.ms=2000",
+        f"kafka://127.0.0.1:1/t?ssl.key.password={SECRET}&ssl.keystore.password={SECRET}"
+        "&message.timeout.ms=2000",
+        f"kafka://user:{SECRET}@127.0.0.1:1/t?message.timeout.ms=2000",
     ],
 }
 SECRET_CASES = [
@@ -236,23 +238,53 @@ def hermes_command() -> str:
     return hermes
 
 
+#: Lines after which a worker that runs on has shown what it will show: its retry of an
+#: unreachable broker (the error names the broker), or the last start-up line, which
+#: names the failed-message store.
+_WORKER_SHOWN = ("broker unavailable (attempt 1)", "Messages given up on go to")
+#: The longest a worker runs before it is stopped, whatever it printed.
+_WORKER_MAX_S = 10.0
+
+
 def run_until_done(args: list[str], cwd: Path, worker: bool) -> str:
     """Everything ``hermes ARGS`` printed: until it exits on its own (a refused URL, an
     unreachable broker), or -- a worker, which retries an unreachable broker -- until
-    SIGTERM a few seconds in stops it."""
+    SIGTERM stops it once it printed one of :data:`_WORKER_SHOWN` (and what its
+    shutdown prints)."""
     process = subprocess.Popen(
         args, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
-    try:
-        output, _ = process.communicate(timeout=5 if worker else 120)
-    except subprocess.TimeoutExpired:
-        process.terminate()
+    if not worker:
         try:
-            output, _ = process.communicate(timeout=30)
+            output, _ = process.communicate(timeout=120)
         except subprocess.TimeoutExpired:
             process.kill()
             output, _ = process.communicate()
-    return output
+        return output
+    lines: list[str] = []
+    shown = threading.Event()
+
+    def read() -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            lines.append(line)
+            if any(mark in line for mark in _WORKER_SHOWN):
+                shown.set()
+        shown.set()  # it exited
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    shown.wait(_WORKER_MAX_S)
+    process.terminate()
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    reader.join(10)
+    assert process.stdout is not None
+    process.stdout.close()
+    return "".join(lines)
 
 
 @pytest.mark.parametrize("url", SECRET_CASES)
