@@ -375,14 +375,17 @@ class FileSystemDriver(Driver):
     def _errors(
         self, action: str, error: type[DriverError] = BrokerUnavailableError
     ) -> Iterator[None]:
-        """Where OS errors become Hermes errors (the hot path uses :meth:`_unavailable`)."""
+        """Where OS errors become Hermes errors (the hot path calls :meth:`_unavailable`)."""
         try:
             yield
         except OSError as exc:
-            raise error(f"{self.url}: cannot {action}: {exc}") from exc
+            raise self._unavailable(action, exc, error) from exc
 
-    def _unavailable(self, action: str, exc: OSError) -> BrokerUnavailableError:
-        return BrokerUnavailableError(f"{self.url}: cannot {action}: {exc}")
+    def _unavailable(
+        self, action: str, exc: OSError, error: type[DriverError] = BrokerUnavailableError
+    ) -> DriverError:
+        """The Hermes error for ``exc``, met while trying to ``action``."""
+        return error(f"{self.url}: cannot {action}: {exc}")
 
 
 class _FileConsumer(Consumer):
