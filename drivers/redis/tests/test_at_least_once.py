@@ -24,7 +24,7 @@ from hermes.core import (
 from hermes.drivers.redis import (
     RedisSetDriver,
     _scripts,
-    inflight_bodies_key,
+    held_key,
     inflight_key,
     rejected_key,
     wake_key,
@@ -51,11 +51,26 @@ def driver(client, namespace) -> RedisSetDriver:
     return leasing(client, namespace)
 
 
-def leases(client: redis.Redis[Any], queue: str) -> dict[bytes, bytes]:
-    """Lease token -> body, checking the sorted set and the hash agree."""
-    bodies = client.hgetall(inflight_bodies_key(queue))
-    assert set(client.zrange(inflight_key(queue), 0, -1)) == set(bodies)
-    return bodies
+def leases(client: redis.Redis[Any], queue: str) -> dict[tuple[bytes, bytes], bytes]:
+    """(owner, take number) -> body of what is held on ``queue``.
+
+    Checks that every hash of held messages belongs to an owner with a lease:
+    a body in any other would never be put back.
+    """
+    owners = client.zrange(inflight_key(queue), 0, -1)
+    hashes = set(client.scan_iter(match=held_key(queue, "*")))
+    orphans = hashes - {held_key(queue, owner).encode() for owner in owners}
+    assert not orphans, f"held by no lease: {orphans}"
+    return {
+        (owner, number): body
+        for owner in owners
+        for number, body in client.hgetall(held_key(queue, owner)).items()
+    }
+
+
+def lease_of(consumer: Any, received: Received) -> tuple[bytes, bytes]:
+    """The key of ``received`` in :func:`leases`."""
+    return consumer.owner.encode(), received.token[1]
 
 
 def server_ms(client: redis.Redis[Any]) -> float:
@@ -102,15 +117,26 @@ def test_a_received_message_is_held_under_a_lease_naming_its_worker(driver, clie
         received = consumer.receive(1)
         assert received is not None and received.body == body
         assert client.scard(namespace) == 0
-        [(token, deadline)] = client.zrange(inflight_key(namespace), 0, -1, withscores=True)
-        assert leases(client, namespace) == {token: body}
-        host, pid, _, n = token.decode().rsplit(":", 3)
-        assert host == socket.gethostname()
-        assert (int(pid), n) == (os.getpid(), "1")
+        [(owner, deadline)] = client.zrange(inflight_key(namespace), 0, -1, withscores=True)
+        assert leases(client, namespace) == {(owner, b"1"): body}
+        host, pid, _ = owner.decode().rsplit(":", 2)
+        assert (host, int(pid)) == (socket.gethostname(), os.getpid())
         assert before + 29_000 < deadline < server_ms(client) + 30_000 + 1
         consumer.ack(received)
     assert leases(client, namespace) == {}
     assert client.scard(namespace) == 0
+    assert client.zcard(inflight_key(namespace)) == 0  # closed holding nothing: no lease left
+
+
+def test_a_worker_holding_many_messages_has_one_lease(driver, client, namespace):
+    driver.send_batch([Message("m", {"i": i}) for i in range(5)])
+    with driver.consumer([]) as consumer:
+        taken = [consumer.receive(1) for _ in range(5)]
+        assert client.zcard(inflight_key(namespace)) == 1
+        assert set(leases(client, namespace)) == {lease_of(consumer, r) for r in taken}
+        for received in taken:
+            consumer.ack(received)
+    assert leases(client, namespace) == {}
 
 
 def test_an_ack_on_the_receiving_thread_is_sent_with_the_next_receive(driver, client, namespace):
@@ -120,7 +146,7 @@ def test_an_ack_on_the_receiving_thread_is_sent_with_the_next_receive(driver, cl
         consumer.ack(first)
         assert len(leases(client, namespace)) == 1  # not sent yet
         second = consumer.receive(1)
-        assert list(leases(client, namespace)) == [second.token[1]]
+        assert list(leases(client, namespace)) == [lease_of(consumer, second)]
         consumer.ack(second)
         assert consumer.receive(0.2) is None
         assert leases(client, namespace) == {}
@@ -182,7 +208,7 @@ def test_a_lease_that_runs_out_is_put_back_and_delivered_to_another_worker(
         got = eventually(lambda: live.receive(0.2), "the run-out lease to be delivered again")
         assert got.body == taken.body and got.token != taken.token
         live.ack(got)
-    assert "put back 1 message(s) whose lease ran out" in caplog.text
+    assert "put back 1 message(s) held by workers whose lease ran out" in caplog.text
     assert leases(client, namespace) == {}
     dead.close()
 
@@ -214,15 +240,38 @@ def test_a_handler_longer_than_the_lease_keeps_its_message(client, namespace, ev
     assert client.scard(namespace) == 0
 
 
-def test_a_renewal_that_finds_its_lease_gone_says_so(driver, client, namespace, caplog):
+def test_a_renewal_that_finds_its_lease_gone_says_so_and_leases_again(
+    driver, client, namespace, caplog
+):
     caplog.set_level(logging.WARNING, logger="hermes")
     driver.send(Message("x"))
     with driver.consumer([]) as consumer:
         received = consumer.receive(1)
-        client.delete(inflight_key(namespace))  # as if it ran out and was put back
+        # As if it ran out and another worker put back what it held.
+        client.delete(inflight_key(namespace), held_key(namespace, consumer.owner))
         consumer._renew()
+        assert "ran out before it was renewed" in caplog.text
+        assert client.zscore(inflight_key(namespace), consumer.owner) is not None
+        caplog.clear()
+        consumer._renew()
+        assert "ran out" not in caplog.text
         consumer.ack(received)
-    assert "1 lease(s) ran out before they were renewed" in caplog.text
+
+
+def test_a_worker_whose_lease_ran_out_leases_again_when_it_takes(driver, client, namespace):
+    driver.send_batch([Message("a"), Message("b")])
+    with driver.consumer([]) as consumer:
+        first = consumer.receive(1)
+        # Its lease ran out (a stall longer than the lease), what it held was put
+        # back, and it goes on taking before its renewer notices.
+        client.delete(inflight_key(namespace), held_key(namespace, consumer.owner))
+        second = consumer.receive(1)
+        assert second is not None and second.body != first.body
+        assert client.zscore(inflight_key(namespace), consumer.owner) is not None
+        assert list(leases(client, namespace)) == [lease_of(consumer, second)]
+        consumer.ack(first)  # gone already: harmless
+        consumer.ack(second)
+    assert leases(client, namespace) == {}
 
 
 def test_the_same_body_taken_twice_is_held_twice_and_each_lease_settles_alone(
@@ -241,7 +290,7 @@ def test_the_same_body_taken_twice_is_held_twice_and_each_lease_settles_alone(
             thread = threading.Thread(target=one.ack, args=(first,))
             thread.start()
             thread.join(DEADLINE_S)
-        assert list(leases(client, namespace)) == [second.token[1]]
+        assert list(leases(client, namespace)) == [lease_of(two, second)]
         two.stopping.set()  # the second worker dies: its lease runs out
         got = eventually(lambda: one.receive(0.2), "the second lease to be put back")
         assert got.body == second.body
@@ -348,7 +397,7 @@ def test_the_take_works_on_a_server_that_does_not_know_the_script_yet(
         assert len(leases(client, namespace)) == 1
         second = consumer.receive(1)  # the packed call again, now that the server has it
         assert second is not None and second.body != first.body
-        assert list(leases(client, namespace)) == [second.token[1]]
+        assert list(leases(client, namespace)) == [lease_of(consumer, second)]
         consumer.ack(second)
     assert leases(client, namespace) == {}
 
@@ -358,7 +407,8 @@ def test_purge_deletes_the_leases_too(driver, client, namespace):
     consumer = driver.consumer([])
     assert consumer.receive(1) is not None
     consumer.stopping.set()
-    assert client.exists(inflight_key(namespace), inflight_bodies_key(namespace)) == 2
+    held = held_key(namespace, consumer.owner)
+    assert client.exists(inflight_key(namespace), held) == 2
     driver.purge()
-    assert client.exists(inflight_key(namespace), inflight_bodies_key(namespace)) == 0
+    assert client.exists(inflight_key(namespace), held) == 0
     consumer.close()

@@ -13,7 +13,7 @@ from hermes.core import lazy_exports
 if TYPE_CHECKING:
     from hermes.drivers.redis._driver import (
         RedisSetDriver,
-        inflight_bodies_key,
+        held_key,
         inflight_key,
         rejected_key,
         wake_key,
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 __all__ = [
     "RedisSetDriver",
     "RedisShutdown",
-    "inflight_bodies_key",
+    "held_key",
     "inflight_key",
     "rejected_key",
     "wake_key",
@@ -36,7 +36,7 @@ if not TYPE_CHECKING:  # type checkers read the imports above, and still flag ty
         __name__,
         {
             "RedisSetDriver": "._driver",
-            "inflight_bodies_key": "._driver",
+            "held_key": "._driver",
             "inflight_key": "._driver",
             "rejected_key": "._driver",
             "wake_key": "._driver",

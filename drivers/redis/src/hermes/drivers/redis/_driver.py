@@ -79,18 +79,20 @@ def rejected_key(queue_key: str) -> str:
 
 
 def inflight_key(queue_key: str) -> str:
-    """At-least-once: the sorted set of the leases on messages taken from ``queue_key``.
+    """At-least-once: the sorted set of the workers holding leases on messages from ``queue_key``.
 
-    Each member is a lease token (``<host>:<pid>:<random>:<n>``, naming the
-    worker that holds it), its score the lease deadline in milliseconds of
-    the Redis server's clock. The bodies are in :func:`inflight_bodies_key`.
+    Each member is a worker's owner id (``<host>:<pid>:<random>``), its score
+    the deadline of that worker's lease in milliseconds of the Redis server's
+    clock. What the worker holds is the hash :func:`held_key`.
     """
     return f"{queue_key}_inflight"
 
 
-def inflight_bodies_key(queue_key: str) -> str:
-    """At-least-once: the hash of lease token -> body of the messages taken from ``queue_key``."""
-    return f"{queue_key}_inflight_bodies"
+def held_key(queue_key: str, owner: str | bytes) -> str:
+    """At-least-once: the hash of take number -> body of what ``owner`` holds from ``queue_key``."""
+    if isinstance(owner, bytes):
+        owner = owner.decode()
+    return f"{queue_key}_inflight:{owner}"
 
 
 def translate_error(exc: redis.RedisError, doing: str, failed: type[DriverError]) -> DriverError:
@@ -121,13 +123,14 @@ class RedisSetDriver(Driver):
     * By default (``delivery="at-most-once"``, PHP's way) a worker ``SPOP``\\ s
       a message *before* the callback: a worker that dies mid-handler, or
       whose callback raises, loses that message.
-    * ``delivery="at-least-once"``: a worker moves the message, in the same
-      script call, from its set to a lease (:func:`inflight_key`,
-      :func:`inflight_bodies_key`) that its worker renews while the handler
-      runs; acknowledging deletes the lease, releasing puts the body back at
-      once. A lease whose worker died runs out after ``lease_timeout_s`` and
-      any worker on that set puts the body back, so it is delivered again
-      within :attr:`Capabilities.redelivery_timeout_s`. Emitters are the same
+    * ``delivery="at-least-once"``: a worker moves the message, in the script
+      call that takes it, from its set to a hash of what the worker holds
+      (:func:`held_key`) under the worker's lease (:func:`inflight_key`),
+      which it renews while it lives; acknowledging deletes the message from
+      the hash, releasing puts the body back at once. The lease of a worker
+      that died runs out after ``lease_timeout_s`` and any worker on that set
+      puts back what it held, so each message is delivered again within
+      :attr:`Capabilities.redelivery_timeout_s`. Emitters are the same
       in both modes; a PHP worker on the same set still pops at most once.
     * Sets are read from the highest priority down. A body that is not a
       Hermes message is pushed to ``<queue>_rejected`` (:func:`rejected_key`,
@@ -328,29 +331,31 @@ class RedisSetDriver(Driver):
 
     def queue_stats(self) -> list[QueueStats]:
         """Counts in one pipelined round trip: ``SCARD`` of each set, ``ZCARD`` of the
-        schedule, ``LLEN`` of each rejected list, ``ZCARD`` of each lease set.
+        schedule, ``LLEN`` of each rejected list (and, at least once, one script
+        call that adds up what the leases on each set hold).
 
         The schedule holds the delayed messages of every priority, and they all
         land on the default priority when due: its count is on the
         default-priority row (None on the others). In flight is None for an
         at-most-once driver: a popped message is nowhere in Redis.
         """
-        leasing = self.delivery is Delivery.AT_LEAST_ONCE
         order = sorted(self._queues.items(), reverse=True)
+        in_flight: list[int | None] = [None] * len(order)
         try:
+            if self.delivery is Delivery.AT_LEAST_ONCE:
+                counts = _scripts.IN_FLIGHT(self._execute, [queue for _, queue in order])
+                in_flight = [int(held) for held, _ in counts]
             with self.client.pipeline(transaction=False) as pipe:
                 pipe.zcard(self.schedule_key)
                 for _, queue in order:
                     pipe.scard(queue)
                     pipe.llen(rejected_key(queue))
-                    if leasing:
-                        pipe.zcard(inflight_key(queue))
                 replies = iter(pipe.execute())
         except redis.RedisError as exc:
             raise translate_error(exc, f"counting the queues of {self!r}", DriverError) from exc
         scheduled = int(next(replies))
         rows = []
-        for priority, queue in order:
+        for (priority, queue), held in zip(order, in_flight, strict=True):
             ready, set_aside = int(next(replies)), int(next(replies))
             rows.append(
                 QueueStats(
@@ -358,7 +363,7 @@ class RedisSetDriver(Driver):
                     queue,
                     ready=ready,
                     scheduled=scheduled if priority == DEFAULT_PRIORITY else None,
-                    in_flight=int(next(replies)) if leasing else None,
+                    in_flight=held,
                     set_aside=set_aside,
                 )
             )
@@ -388,8 +393,8 @@ class RedisSetDriver(Driver):
         keys = {self.schedule_key}
         for queue in self._queues.values():
             keys |= {queue, wake_key(queue), rejected_key(queue)}
-            keys |= {inflight_key(queue), inflight_bodies_key(queue)}
         try:
+            _scripts.DROP_LEASES(self._execute, sorted(self._queues.values()))
             self.client.delete(*sorted(keys))
         except redis.RedisError as exc:
             raise translate_error(exc, f"purging {self!r}", DriverError) from exc
@@ -547,62 +552,58 @@ class _RedisConsumer(Consumer):
 
 
 class _LeasingConsumer(_RedisConsumer):
-    """At-least-once: each message taken is held under a lease until it is settled.
+    """At-least-once: what the worker takes, it holds under its lease until it is settled.
 
     * :meth:`receive` takes a body with one script call that moves it from its
-      set to a lease (token -> body in ``<set>_inflight_bodies``, token ->
-      deadline on the server's clock in ``<set>_inflight``) and, in the same
-      call, acknowledges what this thread acknowledged since the last one: a
-      serial worker pays one round trip per message, as the ``SPOP`` loop does.
-      Its look at the schedule (every :data:`MOVE_INTERVAL_S` while busy,
-      before every idle wait) also puts back the bodies of its sets' leases
-      that ran out, whichever worker held them: a script does it, so only one
-      worker puts a body back, and the set hands it to one worker.
-    * A daemon thread renews every lease this consumer holds
-      :data:`RENEWALS_PER_LEASE` times per lease timeout (one script call for
-      all of them), so a handler that runs longer than the lease keeps its
-      message. A worker that dies stops renewing; its leases run out.
+      set to the hash of what this consumer holds (:func:`held_key`, take
+      number -> body) and, in the same call, acknowledges what this thread
+      acknowledged since the last one: a serial worker pays one round trip
+      per message, as the ``SPOP`` loop does. Its look at the schedule (every
+      :data:`MOVE_INTERVAL_S` while busy, before every idle wait) also puts
+      back what the workers whose leases ran out held: a script does it, so
+      only one worker puts a body back, and the set hands it to one worker.
+    * The lease is the consumer's, not each message's: its owner id in
+      :func:`inflight_key` with a deadline, which a daemon thread renews
+      :data:`RENEWALS_PER_LEASE` times per lease timeout (one script call,
+      however many messages are held), so a handler that runs longer than the
+      lease keeps its message. A worker that dies stops renewing; its lease
+      runs out, and everything it held is delivered again.
     * :meth:`ack` on the thread that receives is deferred to the next
       :meth:`receive` (or :meth:`close`); from any other thread (handlers run
-      concurrently) it is one script call on a connection from the pool.
+      concurrently) it is one ``HDEL`` on a connection from the pool.
       :meth:`release` puts the body back at once; :meth:`reject` moves it
-      from its lease to ``rejected_key(set)``. All three may be called from any
-      thread: only :meth:`receive` and :meth:`close` use the held connection.
-    * :meth:`close` sends the deferred acknowledgements and stops renewing.
-      Leases still held then (handlers that outlived the worker's grace
-      period) run out and are delivered again, rather than handed to another
-      worker while their handler may still be running.
+      to ``rejected_key(set)``. All three may be called from any thread: only
+      :meth:`receive` and :meth:`close` use the held connection.
+    * :meth:`close` sends the deferred acknowledgements, stops renewing, and
+      takes the consumer off the sets where it holds nothing. What it still
+      holds then (handlers that outlived the worker's grace period) is
+      delivered again once the lease runs out, rather than handed to another
+      worker while its handler may still be running.
 
-    ``Received.token`` is ``(index of the set, lease token)``.
+    ``Received.token`` is ``(index of the set, take number)``.
     """
 
     def __init__(self, driver: RedisSetDriver, priorities: Sequence[int]) -> None:
         super().__init__(driver, priorities)
         self.lease_ms = round(driver.lease_timeout_s * 1000)
-        self.claim_keys = [
-            *self.keys,
-            *(inflight_key(k) for k in self.keys),
-            *(inflight_bodies_key(k) for k in self.keys),
-        ]
-        self.claim = _scripts.PackedCall(_scripts.CLAIM, self.claim_keys, [self.lease_ms])
+        self.lease_keys = [inflight_key(k) for k in self.keys]
         self.move_keys = (
             *self.move_keys,
-            *(
-                key
-                for queue in self.keys
-                for key in (queue, inflight_key(queue), inflight_bodies_key(queue), wake_key(queue))
-            ),
+            *(key for queue in self.keys for key in (queue, inflight_key(queue), wake_key(queue))),
         )
-        #: Lease token -> index (1-based) of its set: the leases this consumer holds.
-        self.held: dict[bytes, int] = {}
-        self.lock = threading.Lock()
-        #: ``[index, token, ...]`` acknowledged on the receiving thread, not yet sent.
+        #: ``<host>:<pid>:<random>``, set on the first receive (in the process that runs it).
+        self.owner = ""
+        #: The hash of what this consumer holds, per set (as ``self.keys``).
+        self.held_keys: list[str] = []
+        self.claim: _scripts.PackedCall | None = None
+        self.counter = itertools.count(1)
+        #: ``[index, take number, ...]`` acknowledged on the receiving thread, not yet sent.
         self.acks: list[bytes] = []
         #: The thread that receives (:func:`threading.get_ident`), set on the first receive.
         self.receiver: int | None = None
-        #: ``<host>:<pid>:<random>:``, the start of this consumer's lease tokens.
-        self.owner = b""
-        self.counter = itertools.count(1)
+        #: Indexes (1-based) of the sets this consumer has taken from: where it has a
+        #: lease. Replaced, never changed, by the receiving thread; read by the renewer.
+        self.taken_from: frozenset[int] = frozenset()
         self.stopping = threading.Event()
         self.renewer: threading.Thread | None = None
         self.renew_failing = False
@@ -613,38 +614,31 @@ class _LeasingConsumer(_RedisConsumer):
         return super().receive(timeout_s)
 
     def ack(self, received: Received) -> None:
-        index, token = received.token
-        with self.lock:
-            self.held.pop(token, None)
+        index, number = received.token
         if threading.get_ident() == self.receiver:
-            self.acks += (b"%d" % index, token)  # sent with the next claim
+            self.acks += (b"%d" % index, number)  # sent with the next take
             return
-        queue = self.keys[index - 1]
-        keys = (inflight_key(queue), inflight_bodies_key(queue))
+        held = self.held_keys[index - 1]
         try:
-            _scripts.ACK(self.driver._execute, keys, (token,))
+            self.driver._execute(("HDEL", held, number), True)
         except redis.RedisError as exc:
-            raise translate_error(exc, f"acknowledging on {queue!r}", DriverError) from exc
+            raise translate_error(exc, f"acknowledging in {held!r}", DriverError) from exc
 
     def release(self, received: Received) -> None:
-        index, token = received.token
+        index, number = received.token
         queue = self.keys[index - 1]
-        with self.lock:
-            self.held.pop(token, None)
-        keys = (queue, inflight_key(queue), inflight_bodies_key(queue), wake_key(queue))
+        keys = (queue, self.held_keys[index - 1], wake_key(queue))
         try:
-            _scripts.RELEASE(self.driver._execute, keys, (token, WAKE_LIST_CAP))
+            _scripts.RELEASE(self.driver._execute, keys, (number, WAKE_LIST_CAP))
         except redis.RedisError as exc:
             raise translate_error(exc, f"releasing to {queue!r}", DriverError) from exc
 
     def reject(self, received: Received, reason: str) -> None:
-        index, token = received.token
+        index, number = received.token
         queue = self.keys[index - 1]
-        with self.lock:
-            self.held.pop(token, None)
-        keys = (rejected_key(queue), inflight_key(queue), inflight_bodies_key(queue))
+        keys = (rejected_key(queue), self.held_keys[index - 1])
         try:
-            _scripts.SET_ASIDE_LEASED(self.driver._execute, keys, (REJECTED_CAP, token))
+            _scripts.SET_ASIDE_LEASED(self.driver._execute, keys, (REJECTED_CAP, number))
         except redis.RedisError as exc:
             raise translate_error(exc, f"setting a body aside from {queue!r}", DriverError) from exc
 
@@ -654,12 +648,12 @@ class _LeasingConsumer(_RedisConsumer):
             # At most one renewal is in progress; one stuck on a dead server is not waited for.
             self.renewer.join(_RENEWER_JOIN_S)
         try:
-            if self.acks:
-                self._claim(b"")  # an empty token: acknowledge, take nothing
+            if self.claim is not None:
+                self._claim(b"")  # no take number: acknowledge, take nothing, leave
         except redis.RedisError as exc:
             logger.warning(
                 "%r: could not acknowledge %d message(s), which are delivered again once "
-                "their leases run out - %s",
+                "the lease runs out - %s",
                 self.driver,
                 len(self.acks) // 2,
                 translate_error(exc, "acknowledging", DriverError),
@@ -669,36 +663,43 @@ class _LeasingConsumer(_RedisConsumer):
 
     def _start(self) -> None:
         self.receiver = threading.get_ident()
-        self.owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}:".encode()
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+        self.held_keys = [held_key(queue, self.owner) for queue in self.keys]
+        self.claim = _scripts.PackedCall(
+            _scripts.CLAIM,
+            [*self.keys, *self.lease_keys, *self.held_keys],
+            [self.lease_ms, self.owner],
+        )
         self.renewer = threading.Thread(
             target=self._renew_loop, name="hermes-redis-leases", daemon=True
         )
         self.renewer.start()
 
-    def _claim(self, token: bytes) -> Any:
-        """Acknowledge the deferred acknowledgements and, with a token, take a body."""
-        acks = self.acks
+    def _claim(self, number: bytes) -> Any:
+        """Acknowledge the deferred acknowledgements and, with a take number, take a body."""
+        claim, acks = self.claim, self.acks
+        assert claim is not None
         count = b"%d" % (len(acks) // 2)
         try:
-            reply = self._execute(self.claim.pack(token, count, *acks), True)
+            reply = self._execute(claim.pack(number, count, *acks), True)
         except NoScriptError:  # a new or restarted server: send the script itself
-            args: list[int | bytes] = [self.lease_ms, token, count, *acks]
-            reply = _scripts.CLAIM(self._execute, self.claim_keys, args, raw=True)
+            args: list[str | int | bytes] = [*claim.head, number, count, *acks]
+            reply = _scripts.CLAIM(self._execute, claim.keys, args, raw=True)
         acks.clear()  # sent; after an error they stay, to go with the next take
         return reply
 
     def _pop(self) -> Received | None:
-        token = b"%s%d" % (self.owner, next(self.counter))
-        reply = self._claim(token)
+        number = b"%d" % next(self.counter)
+        reply = self._claim(number)
         if reply is None:
             return None
         if len(self.keys) == 1:
             index, body = 1, reply
         else:
             index, body = int(reply[0]), reply[1]
-        with self.lock:
-            self.held[token] = index
-        return Received(body, self.priorities[index - 1], (index, token))
+        if index not in self.taken_from:
+            self.taken_from = self.taken_from | {index}
+        return Received(body, self.priorities[index - 1], (index, number))
 
     def _move_due(self) -> int:
         moved, first, recovered = _scripts.MOVE_DUE_AND_RECOVER(
@@ -710,12 +711,12 @@ class _LeasingConsumer(_RedisConsumer):
         self.next_due = None if first is None else float(first)
         if recovered:
             logger.warning(
-                "%r: put back %d message(s) whose lease ran out (their worker died or "
-                "stalled); they are delivered again",
+                "%r: put back %d message(s) held by workers whose lease ran out (they "
+                "died or stalled); they are delivered again",
                 self.driver,
                 recovered,
             )
-        if max(moved, recovered) >= _scripts.MAX_SCRIPT_VALUES:
+        if moved >= _scripts.MAX_SCRIPT_VALUES:
             self.move_at = 0.0  # more than one call moves: come back at once
         else:
             self.move_at = time.monotonic() + MOVE_INTERVAL_S
@@ -727,39 +728,33 @@ class _LeasingConsumer(_RedisConsumer):
             self._renew()
 
     def _renew(self) -> None:
-        """Extend every lease held; log (once per outage) when Redis cannot be reached."""
-        with self.lock:
-            by_set: dict[int, list[bytes]] = {}
-            for token, index in self.held.items():
-                by_set.setdefault(index, []).append(token)
-        if not by_set:
+        """Extend the lease on each set taken from; log once per outage if Redis is unreachable."""
+        indexes = sorted(self.taken_from)
+        if not indexes:
             return
-        keys: list[str] = []
-        args: list[int | bytes] = [self.lease_ms]
-        for index, tokens in by_set.items():
-            keys.append(inflight_key(self.keys[index - 1]))
-            args += [len(tokens), *tokens]
+        keys = [self.lease_keys[index - 1] for index in indexes]
         try:
-            lost = _scripts.RENEW(self.driver._execute, keys, args, raw=True)
+            lost = _scripts.RENEW(self.driver._execute, keys, (self.lease_ms, self.owner), raw=True)
         except redis.RedisError as exc:
             if not self.renew_failing:
                 logger.warning(
-                    "%r: could not renew %d lease(s), trying again every %.1f s - %s",
+                    "%r: could not renew its lease, trying again every %.1f s - %s",
                     self.driver,
-                    len(args) - 1 - len(keys),
                     self.driver.lease_timeout_s / RENEWALS_PER_LEASE,
-                    translate_error(exc, "renewing leases", DriverError),
+                    translate_error(exc, "renewing the lease", DriverError),
                 )
             self.renew_failing = True
             return
         if self.renew_failing:
-            logger.info("%r: renews its leases again", self.driver)
+            logger.info("%r: renews its lease again", self.driver)
         self.renew_failing = False
-        if lost:
+        for position in lost:
+            index = indexes[int(position) - 1]
             logger.warning(
-                "%r: %d lease(s) ran out before they were renewed (%s): another worker "
-                "may get those messages while their handlers still run",
+                "%r: the lease of %s on %r ran out before it was renewed: what it held was "
+                "put back, and another worker may get those messages while their handlers "
+                "still run",
                 self.driver,
-                len(lost),
-                ", ".join(token.decode(errors="replace") for token in lost),
+                self.owner,
+                self.keys[index - 1],
             )

@@ -152,24 +152,40 @@ return 1
 
 # At-least-once: leases ------------------------------------------------------------
 #
-# A message taken by an at-least-once worker is moved, in the script that takes
-# it, from its set to a lease: its lease token (unique per take, naming the
-# worker) is a member of the sorted set ``<set>_inflight`` whose score is the
-# lease deadline in milliseconds of the server's clock, and the body is the
-# token's field in the hash ``<set>_inflight_bodies``. Acknowledging deletes
-# both; releasing, or the lease running out, puts the body back in the set.
-# The scripts that set or compare a deadline read the server's clock (TIME), so
-# workers on hosts whose clocks disagree still agree on when a lease ends.
+# A worker that takes messages at least once holds them under its lease. For a
+# set ``<set>`` it takes from, the worker (its owner id, ``<host>:<pid>:<random>``)
+# is a member of the sorted set ``<set>_inflight`` whose score is its lease
+# deadline in milliseconds of the server's clock, and the messages it holds are
+# the hash ``<set>_inflight:<owner>``, take number -> body. Taking a message is
+# one script call that moves the body from the set into that hash; acknowledging
+# deletes the field; releasing puts the body back in the set. The worker renews
+# its lease (one write, however many messages it holds) while it lives. When
+# the deadline passes (the worker died, or stalled longer than a lease), any
+# worker on the set puts back every body the hash holds, deletes it and the
+# owner in one script, so a body goes back once and is handed to one worker.
+#
+# Invariant: a body is in a lease hash only while its owner is in the sorted
+# set. The take registers the owner if it is missing (first take, or after its
+# lease ran out), so a worker whose lease ran out and who goes on taking never
+# leaves a body nobody would put back. The scripts that put bodies back build
+# the hash keys from the owners they read (so the keys of one driver must live
+# on one server, as they do on a single Redis; a cluster is not supported).
+# The scripts that read a deadline read the server's clock (TIME), so workers
+# on hosts whose clocks disagree still agree on when a lease ends.
 
-#: The server's clock in milliseconds; ``TIME`` before a write needs effects
-#: replication, the default since Redis 5 (and the only mode since 7).
-_NOW_MS = """
+#: A script that reads ``TIME`` and then writes needs effects replication: the
+#: default since Redis 5 and the only mode since 7. Asked for first, before any write.
+_EFFECTS = """
 if redis.replicate_commands then redis.replicate_commands() end
+"""
+
+#: ``now_ms``: the server's clock in milliseconds.
+_NOW_MS = """
 local clock = redis.call('TIME')
 local now_ms = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 """
 
-#: Push up to ``count`` wake tokens to ``list``, keeping it at most ``cap`` long.
+#: ``wake(list, count, cap)``: push up to ``count`` wake tokens, ``list`` kept at most ``cap`` long.
 _WAKE = """
 local function wake(list, count, cap)
     local room = cap - redis.call('LLEN', list)
@@ -178,122 +194,126 @@ local function wake(list, count, cap)
 end
 """
 
-#: Acknowledge the leases given, then take one body from the first non-empty
-#: set under a new lease.
+#: ``held_by(set, owner)``: the lease hash of ``owner`` on ``set`` (as :func:`held_key`).
+_HELD_BY = """
+local function held_by(set, owner) return set .. '_inflight:' .. owner end
+"""
+
+#: Acknowledge the takes given, then take one body from the first non-empty set.
 #:
 #: KEYS: the N sets (highest priority first), then their N lease sorted sets,
-#: then their N lease body hashes.
-#: ARGV: lease length in ms, the new lease's token (empty: take nothing), the
-#: number A of leases to acknowledge, then A (1-based set index, token) pairs.
+#: then the owner's N lease hashes on them.
+#: ARGV: lease length in ms, owner, the new take's number (empty: take
+#: nothing, and leave the sorted sets where the owner holds nothing: the
+#: worker is closing), the number A of takes to acknowledge, then A (1-based
+#: set index, take number) pairs.
 #: Returns ``{index, body}`` (just the body when N = 1) or nil; the
 #: acknowledgements are done either way.
 CLAIM = LuaScript(
-    _NOW_MS
+    _EFFECTS
     + """
 local n = #KEYS / 3
-local acks = tonumber(ARGV[3])
-for a = 0, acks - 1 do
-    local i, token = tonumber(ARGV[4 + 2 * a]), ARGV[5 + 2 * a]
-    redis.call('ZREM', KEYS[n + i], token)
-    redis.call('HDEL', KEYS[2 * n + i], token)
+local owner, number = ARGV[2], ARGV[3]
+local function acknowledge()
+    for a = 5, 4 + 2 * tonumber(ARGV[4]), 2 do
+        redis.call('HDEL', KEYS[2 * n + tonumber(ARGV[a])], ARGV[a + 1])
+    end
 end
-if ARGV[2] == '' then return false end
+if number == '' then
+    acknowledge()
+    for i = 1, n do
+        if redis.call('EXISTS', KEYS[2 * n + i]) == 0 then
+            redis.call('ZREM', KEYS[n + i], owner)
+        end
+    end
+    return false
+end
 for i = 1, n do
     local body = redis.call('SPOP', KEYS[i])
     if body then
-        local deadline = string.format('%d', now_ms + tonumber(ARGV[1]))
-        redis.call('ZADD', KEYS[n + i], deadline, ARGV[2])
-        redis.call('HSET', KEYS[2 * n + i], ARGV[2], body)
+        if not redis.call('ZSCORE', KEYS[n + i], owner) then
+"""
+    + _NOW_MS
+    + """
+            redis.call('ZADD', KEYS[n + i], string.format('%d', now_ms + tonumber(ARGV[1])), owner)
+        end
+        -- Held first, acknowledged after: a busy worker's hash never empties, so
+        -- Redis does not delete and create it again for every message.
+        redis.call('HSET', KEYS[2 * n + i], number, body)
+        acknowledge()
         if n == 1 then return body end
         return {i, body}
     end
 end
+acknowledge()
 return false
 """
 )
 
-#: Acknowledge one lease: the message is done with.
+#: Release one take: its body goes back to its set at once, and wakes a worker.
 #:
-#: KEYS: lease sorted set, lease body hash. ARGV: token. Returns 1 if the lease
-#: was still there (0: it ran out and the body went back to its set).
-ACK = LuaScript(
-    """
-redis.call('HDEL', KEYS[2], ARGV[1])
-return redis.call('ZREM', KEYS[1], ARGV[1])
-"""
-)
-
-#: Release one lease: its body goes back to its set at once, and wakes a worker.
-#:
-#: KEYS: the set, its lease sorted set, its lease body hash, its wake list.
-#: ARGV: token, wake list cap. Returns 1 if the body went back, 0 if the lease
-#: was gone (it ran out, and the body went back then).
+#: KEYS: the set, the owner's lease hash on it, the set's wake list.
+#: ARGV: take number, wake list cap. Returns 1 if the body went back, 0 if it
+#: was no longer held (the lease ran out, and the body went back then).
 RELEASE = LuaScript(
     _WAKE
     + """
-if redis.call('ZREM', KEYS[2], ARGV[1]) == 0 then return 0 end
-local body = redis.call('HGET', KEYS[3], ARGV[1])
-redis.call('HDEL', KEYS[3], ARGV[1])
+local body = redis.call('HGET', KEYS[2], ARGV[1])
 if not body then return 0 end
+redis.call('HDEL', KEYS[2], ARGV[1])
 redis.call('SADD', KEYS[1], body)
-wake(KEYS[4], 1, tonumber(ARGV[2]))
+wake(KEYS[3], 1, tonumber(ARGV[2]))
 return 1
 """
 )
 
-#: Set the body of a lease aside: ends the lease and pushes the body to a capped list.
+#: Set the body of a take aside: it leaves the lease for a capped list.
 #:
-#: KEYS: the list, the lease sorted set, the lease body hash.
-#: ARGV: how many bodies the list keeps, token. Returns 1 if set aside, 0 if
-#: the lease was gone (the body went back to its set when it ran out).
+#: KEYS: the list, the owner's lease hash. ARGV: how many bodies the list
+#: keeps, take number. Returns 1 if set aside, 0 if it was no longer held.
 SET_ASIDE_LEASED = LuaScript(
     """
-if redis.call('ZREM', KEYS[2], ARGV[2]) == 0 then return 0 end
-local body = redis.call('HGET', KEYS[3], ARGV[2])
-redis.call('HDEL', KEYS[3], ARGV[2])
+local body = redis.call('HGET', KEYS[2], ARGV[2])
 if not body then return 0 end
+redis.call('HDEL', KEYS[2], ARGV[2])
 redis.call('LPUSH', KEYS[1], body)
 redis.call('LTRIM', KEYS[1], 0, tonumber(ARGV[1]) - 1)
 return 1
 """
 )
 
-#: Extend the leases a worker holds to now + the lease length.
+#: Extend the owner's lease on each set given to now + the lease length.
 #:
-#: KEYS: lease sorted sets. ARGV: lease length in ms, then for each key the
-#: number of its tokens followed by them. Returns the tokens whose lease was
-#: gone (it ran out before this renewal: their bodies went back to their sets).
+#: KEYS: lease sorted sets. ARGV: lease length in ms, owner. Returns the
+#: 1-based indexes of the KEYS where the owner was gone: its lease there ran
+#: out before this renewal, and what it held went back to the set. It is
+#: leased again there (holding nothing yet).
 RENEW = LuaScript(
-    _NOW_MS
+    _EFFECTS
+    + _NOW_MS
     + """
 local deadline = string.format('%d', now_ms + tonumber(ARGV[1]))
 local lost = {}
-local at = 2
 for k = 1, #KEYS do
-    local count = tonumber(ARGV[at])
-    for t = at + 1, at + count do
-        if redis.call('ZADD', KEYS[k], 'XX', 'CH', deadline, ARGV[t]) == 0
-            and not redis.call('ZSCORE', KEYS[k], ARGV[t]) then
-            lost[#lost + 1] = ARGV[t]
-        end
-    end
-    at = at + count + 1
+    if redis.call('ZADD', KEYS[k], deadline, ARGV[2]) == 1 then lost[#lost + 1] = k end
 end
 return lost
 """
 )
 
-#: :data:`MOVE_DUE`, then put back the bodies of leases that ran out.
+#: :data:`MOVE_DUE`, then put back what the owners of run-out leases held.
 #:
 #: KEYS: schedule sorted set, default queue set, wake list of the default
 #: queue, then for each set whose leases to look at: the set, its lease sorted
-#: set, its lease body hash, its wake list.
-#: ARGV: now (UNIX time, for the schedule), most members to move (and to put
-#: back per set), wake list cap.
+#: set, its wake list.
+#: ARGV: now (UNIX time, for the schedule), most members to move (and owners
+#: to look at per set), wake list cap.
 #: Returns ``{moved, score of the earliest message still scheduled or nil, put back}``.
 MOVE_DUE_AND_RECOVER = LuaScript(
-    _NOW_MS
+    _EFFECTS
+    + _NOW_MS
     + _WAKE
+    + _HELD_BY
     + """
 local limit, cap = tonumber(ARGV[2]), tonumber(ARGV[3])
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, limit)
@@ -304,24 +324,62 @@ if #due > 0 then
 end
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 local recovered = 0
-for k = 4, #KEYS, 4 do
+for k = 4, #KEYS, 3 do
     local expired = redis.call('ZRANGEBYSCORE', KEYS[k + 1], '-inf', now_ms, 'LIMIT', 0, limit)
-    if #expired > 0 then
-        local bodies = redis.call('HMGET', KEYS[k + 2], unpack(expired))
-        redis.call('ZREM', KEYS[k + 1], unpack(expired))
-        redis.call('HDEL', KEYS[k + 2], unpack(expired))
-        local back = {}
-        for _, body in ipairs(bodies) do
-            if body then back[#back + 1] = body end
+    for _, owner in ipairs(expired) do
+        local held = held_by(KEYS[k], owner)
+        local bodies = redis.call('HVALS', held)
+        for at = 1, #bodies, 1000 do
+            redis.call('SADD', KEYS[k], unpack(bodies, at, math.min(at + 999, #bodies)))
         end
-        if #back > 0 then
-            redis.call('SADD', KEYS[k], unpack(back))
-            wake(KEYS[k + 3], #back, cap)
-            recovered = recovered + #back
+        redis.call('DEL', held)
+        redis.call('ZREM', KEYS[k + 1], owner)
+        if #bodies > 0 then
+            wake(KEYS[k + 2], #bodies, cap)
+            recovered = recovered + #bodies
         end
     end
 end
 return {#due, first[2] or false, recovered}
+"""
+)
+
+#: Messages held under leases on each set, and the owners holding them.
+#:
+#: KEYS: the sets. Returns ``{held, owners}`` per set, in order.
+IN_FLIGHT = LuaScript(
+    _HELD_BY
+    + """
+local counts = {}
+for i = 1, #KEYS do
+    local owners = redis.call('ZRANGE', KEYS[i] .. '_inflight', 0, -1)
+    local held = 0
+    for _, owner in ipairs(owners) do
+        held = held + redis.call('HLEN', held_by(KEYS[i], owner))
+    end
+    counts[i] = {held, #owners}
+end
+return counts
+"""
+)
+
+#: Delete every lease on the sets given: the sorted sets and the hashes of their owners.
+#:
+#: KEYS: the sets. Returns how many bodies were held.
+DROP_LEASES = LuaScript(
+    _HELD_BY
+    + """
+local dropped = 0
+for i = 1, #KEYS do
+    local leases = KEYS[i] .. '_inflight'
+    for _, owner in ipairs(redis.call('ZRANGE', leases, 0, -1)) do
+        local held = held_by(KEYS[i], owner)
+        dropped = dropped + redis.call('HLEN', held)
+        redis.call('DEL', held)
+    end
+    redis.call('DEL', leases)
+end
+return dropped
 """
 )
 
