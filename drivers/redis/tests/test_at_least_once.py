@@ -128,6 +128,25 @@ def test_a_received_message_is_held_under_a_lease_naming_its_worker(driver, clie
     assert client.zcard(inflight_key(namespace)) == 0  # closed holding nothing: no lease left
 
 
+def test_a_worker_that_closes_holding_a_message_keeps_its_lease_until_it_runs_out(
+    client, namespace, eventually
+):
+    driver = leasing(client, namespace, lease_timeout_s=1)
+    driver.send(Message("long"))
+    consumer = driver.consumer([])
+    received = consumer.receive(1)
+    assert received is not None
+    consumer.close()  # its handler outlived the grace period: the message stays held
+    assert list(leases(client, namespace)) == [lease_of(consumer, received)]
+    assert client.scard(namespace) == 0
+    with driver.consumer([]) as live:
+        got = eventually(lambda: live.receive(0.2), "the message once the lease ran out")
+        assert got.body == received.body
+        live.ack(got)
+    assert leases(client, namespace) == {}
+    assert client.zcard(inflight_key(namespace)) == 0
+
+
 def test_a_worker_holding_many_messages_has_one_lease(driver, client, namespace):
     driver.send_batch([Message("m", {"i": i}) for i in range(5)])
     with driver.consumer([]) as consumer:
@@ -412,3 +431,43 @@ def test_purge_deletes_the_leases_too(driver, client, namespace):
     driver.purge()
     assert client.exists(inflight_key(namespace), held) == 0
     consumer.close()
+
+
+def test_a_renewal_that_cannot_reach_redis_is_logged_once_until_it_works_again(
+    driver, namespace, caplog, monkeypatch
+):
+    caplog.set_level(logging.INFO, logger="hermes")
+    driver.send(Message("x"))
+    with driver.consumer([]) as consumer:
+        received = consumer.receive(1)
+        reachable = driver._execute
+
+        def unreachable(command: Any, raw: bool) -> Any:
+            raise redis.ConnectionError("Connection refused")
+
+        monkeypatch.setattr(driver, "_execute", unreachable)
+        consumer._renew()
+        consumer._renew()
+        assert caplog.text.count("could not renew its lease") == 1
+        monkeypatch.setattr(driver, "_execute", reachable)
+        consumer._renew()
+        assert "renews its lease again" in caplog.text
+        consumer.ack(received)
+
+
+def test_a_close_that_cannot_reach_redis_says_what_will_be_delivered_again(
+    driver, client, namespace, caplog, monkeypatch
+):
+    caplog.set_level(logging.INFO, logger="hermes")
+    driver.send_batch([Message("a"), Message("b")])
+    consumer = driver.consumer([])
+    first = consumer.receive(1)
+    consumer.ack(first)  # deferred to the next take, which never comes
+
+    def unreachable(command: Any, raw: bool) -> Any:
+        raise redis.ConnectionError("Connection refused")
+
+    monkeypatch.setattr(consumer, "_execute", unreachable)
+    consumer.close()
+    assert "could not acknowledge 1 message(s), which are delivered again" in caplog.text
+    assert list(leases(client, namespace)) == [lease_of(consumer, first)]

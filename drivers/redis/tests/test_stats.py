@@ -46,19 +46,22 @@ def test_each_priority_counts_its_set_and_the_schedule_is_on_the_default_row(
     ]
 
 
-def test_an_at_least_once_driver_counts_its_leases_as_in_flight(client, namespace):
+def test_an_at_least_once_driver_counts_what_every_worker_holds_as_in_flight(client, namespace):
     driver = RedisSetDriver(
         client, key=namespace, schedule_key=f"{namespace}_schedule", delivery="at-least-once"
     )
-    driver.send_batch([Message("m", {"i": i}) for i in range(3)])
-    with driver.consumer([]) as consumer:
-        received = consumer.receive(1)
+    driver.send_batch([Message("m", {"i": i}) for i in range(5)])
+    with driver.consumer([]) as one, driver.consumer([]) as two:
+        received = one.receive(1)
         assert received is not None
         [row] = driver.queue_stats()
-        assert (row.ready, row.in_flight, row.scheduled, row.set_aside) == (2, 1, 0, 0)
-        consumer.release(received)
-    [row] = driver.queue_stats()
-    assert (row.ready, row.in_flight) == (3, 0)
+        assert (row.ready, row.in_flight, row.scheduled, row.set_aside) == (4, 1, 0, 0)
+        assert two.receive(1) is not None and two.receive(1) is not None
+        [row] = driver.queue_stats()
+        assert (row.ready, row.in_flight) == (2, 3)
+        one.release(received)
+        [row] = driver.queue_stats()
+        assert (row.ready, row.in_flight) == (3, 2)
 
 
 def test_clear_deletes_every_set_and_the_schedule_and_says_how_many(queues, client, namespace):

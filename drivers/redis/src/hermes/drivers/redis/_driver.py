@@ -651,13 +651,17 @@ class _LeasingConsumer(_RedisConsumer):
             if self.claim is not None:
                 self._claim(b"")  # no take number: acknowledge, take nothing, leave
         except redis.RedisError as exc:
-            logger.warning(
-                "%r: could not acknowledge %d message(s), which are delivered again once "
-                "the lease runs out - %s",
-                self.driver,
-                len(self.acks) // 2,
-                translate_error(exc, "acknowledging", DriverError),
-            )
+            error = translate_error(exc, "closing", DriverError)
+            if self.acks:
+                logger.warning(
+                    "%r: could not acknowledge %d message(s), which are delivered again once "
+                    "the lease runs out - %s",
+                    self.driver,
+                    len(self.acks) // 2,
+                    error,
+                )
+            else:  # nothing is lost: the lease of a worker holding nothing just runs out
+                logger.info("%r: could not take its lease off Redis - %s", self.driver, error)
         finally:
             super().close()
 
