@@ -68,6 +68,11 @@ def leases(client: redis.Redis[Any], queue: str) -> dict[tuple[bytes, bytes], by
     }
 
 
+def unreachable(command: Any, raw: bool) -> Any:
+    """An ``execute`` for a Redis that is down."""
+    raise redis.ConnectionError("Connection refused")
+
+
 def lease_of(consumer: Any, received: Received) -> tuple[bytes, bytes]:
     """The key of ``received`` in :func:`leases`."""
     return consumer.owner.encode(), received.token[1]
@@ -442,9 +447,6 @@ def test_a_renewal_that_cannot_reach_redis_is_logged_once_until_it_works_again(
         received = consumer.receive(1)
         reachable = driver._execute
 
-        def unreachable(command: Any, raw: bool) -> Any:
-            raise redis.ConnectionError("Connection refused")
-
         monkeypatch.setattr(driver, "_execute", unreachable)
         consumer._renew()
         consumer._renew()
@@ -463,9 +465,6 @@ def test_a_close_that_cannot_reach_redis_says_what_will_be_delivered_again(
     consumer = driver.consumer([])
     first = consumer.receive(1)
     consumer.ack(first)  # deferred to the next take, which never comes
-
-    def unreachable(command: Any, raw: bool) -> Any:
-        raise redis.ConnectionError("Connection refused")
 
     monkeypatch.setattr(consumer, "_execute", unreachable)
     consumer.close()

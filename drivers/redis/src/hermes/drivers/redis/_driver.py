@@ -344,7 +344,7 @@ class RedisSetDriver(Driver):
         try:
             if self.delivery is Delivery.AT_LEAST_ONCE:
                 counts = _scripts.IN_FLIGHT(self._execute, [queue for _, queue in order])
-                in_flight = [int(held) for held, _ in counts]
+                in_flight = [int(held) for held in counts]
             with self.client.pipeline(transaction=False) as pipe:
                 pipe.zcard(self.schedule_key)
                 for _, queue in order:

@@ -194,9 +194,11 @@ local function wake(list, count, cap)
 end
 """
 
-#: ``held_by(set, owner)``: the lease hash of ``owner`` on ``set`` (as :func:`held_key`).
-_HELD_BY = """
-local function held_by(set, owner) return set .. '_inflight:' .. owner end
+#: ``leases_of(set)``: the sorted set of the leases on ``set`` (as :func:`inflight_key`);
+#: ``held_by(set, owner)``: the hash of what ``owner`` holds from it (as :func:`held_key`).
+_LEASE_KEYS = """
+local function leases_of(set) return set .. '_inflight' end
+local function held_by(set, owner) return leases_of(set) .. ':' .. owner end
 """
 
 #: Acknowledge the takes given, then take one body from the first non-empty set.
@@ -313,7 +315,7 @@ MOVE_DUE_AND_RECOVER = LuaScript(
     _EFFECTS
     + _NOW_MS
     + _WAKE
-    + _HELD_BY
+    + _LEASE_KEYS
     + """
 local limit, cap = tonumber(ARGV[2]), tonumber(ARGV[3])
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, limit)
@@ -344,20 +346,19 @@ return {#due, first[2] or false, recovered}
 """
 )
 
-#: Messages held under leases on each set, and the owners holding them.
+#: How many messages are held under leases on each set.
 #:
-#: KEYS: the sets. Returns ``{held, owners}`` per set, in order.
+#: KEYS: the sets. Returns the counts, in order.
 IN_FLIGHT = LuaScript(
-    _HELD_BY
+    _LEASE_KEYS
     + """
 local counts = {}
 for i = 1, #KEYS do
-    local owners = redis.call('ZRANGE', KEYS[i] .. '_inflight', 0, -1)
     local held = 0
-    for _, owner in ipairs(owners) do
+    for _, owner in ipairs(redis.call('ZRANGE', leases_of(KEYS[i]), 0, -1)) do
         held = held + redis.call('HLEN', held_by(KEYS[i], owner))
     end
-    counts[i] = {held, #owners}
+    counts[i] = held
 end
 return counts
 """
@@ -365,21 +366,18 @@ return counts
 
 #: Delete every lease on the sets given: the sorted sets and the hashes of their owners.
 #:
-#: KEYS: the sets. Returns how many bodies were held.
+#: KEYS: the sets.
 DROP_LEASES = LuaScript(
-    _HELD_BY
+    _LEASE_KEYS
     + """
-local dropped = 0
 for i = 1, #KEYS do
-    local leases = KEYS[i] .. '_inflight'
+    local leases = leases_of(KEYS[i])
     for _, owner in ipairs(redis.call('ZRANGE', leases, 0, -1)) do
-        local held = held_by(KEYS[i], owner)
-        dropped = dropped + redis.call('HLEN', held)
-        redis.call('DEL', held)
+        redis.call('DEL', held_by(KEYS[i], owner))
     end
     redis.call('DEL', leases)
 end
-return dropped
+return 1
 """
 )
 
