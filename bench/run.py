@@ -40,15 +40,8 @@ sys.path.insert(0, str(ROOT / "tools"))
 import services  # noqa: E402
 from readme import replace_section  # noqa: E402
 
-from hermes.core import (  # noqa: E402
-    DriverUrl,
-    Emitter,
-    Message,
-    SupportsBatchSend,
-    SupportsPurge,
-    connect,
-    isolated_url,
-)
+from hermes.core import Emitter, Message, SupportsBatchSend, connect
+from hermes.core.driver import DriverUrl, SupportsPurge, isolated_url
 
 JOBS = ("noop", "incr", "sleep")
 JOB_LABELS = {"noop": "no-op", "incr": "INCR", "sleep": "sleep 20 ms"}

@@ -50,17 +50,8 @@ sys.path.insert(0, str(ROOT / "tools"))
 import services  # noqa: E402
 from readme import replace_section  # noqa: E402
 
-from hermes.core import (  # noqa: E402
-    Delivery,
-    Driver,
-    Emitter,
-    HermesError,
-    Message,
-    SupportsBatchSend,
-    SupportsPurge,
-    connect,
-    isolated_url,
-)
+from hermes.core import Emitter, HermesError, Message, SupportsBatchSend, connect
+from hermes.core.driver import Delivery, Driver, SupportsPurge, isolated_url
 
 WORKERS = 3
 #: Handlers at once in each worker of the second run per driver.

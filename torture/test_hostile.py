@@ -27,18 +27,15 @@ from hypothesis import strategies as st
 
 from hermes.core import (
     Dispatcher,
-    DriverUrl,
     HermesError,
     Message,
-    MessageSerializer,
     NotSupportedError,
     SerializeError,
     SharedFileShutdown,
-    SupportsPurge,
     SupportsRawSend,
     connect,
-    isolated_url,
 )
+from hermes.core.driver import DriverUrl, MessageSerializer, SupportsPurge, isolated_url
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = int(os.environ.get("HERMES_TORTURE_EXAMPLES", "1000"))

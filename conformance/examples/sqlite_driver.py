@@ -17,8 +17,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from hermes.core import (
-    DEFAULT_PRIORITY,
+from hermes.core import DEFAULT_PRIORITY, Message, hookimpl, translate_errors
+from hermes.core.driver import (
     Capabilities,
     Consumer,
     Delay,
@@ -26,11 +26,8 @@ from hermes.core import (
     Driver,
     DriverPlugin,
     DriverUrl,
-    Message,
     PerProcess,
     Received,
-    hookimpl,
-    translate_errors,
 )
 
 #: A taken row is handed out again this long after its worker stopped renewing it.

@@ -27,6 +27,16 @@ from typing import Any
 from hermes.core import (
     DEFAULT_PRIORITY,
     BrokerUnavailableError,
+    MemoryDriver,
+    Message,
+    NotSupportedError,
+    SerializeError,
+    Shutdown,
+    SupportsRawSend,
+    connect,
+    hookimpl,
+)
+from hermes.core.driver import (
     Callback,
     Consumer,
     Delay,
@@ -34,18 +44,10 @@ from hermes.core import (
     Driver,
     DriverPlugin,
     DriverUrl,
-    MemoryDriver,
-    Message,
     MessageSerializer,
-    NotSupportedError,
     QueueStats,
     Received,
-    SerializeError,
-    Shutdown,
     SupportsPurge,
-    SupportsRawSend,
-    connect,
-    hookimpl,
     isolated_url,
 )
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from hermes_test_support import eventually
 
-from hermes.core import DriverUrl
+from hermes.core.driver import DriverUrl
 
 #: The venv's console script, the very file `pip install hermes-core` puts on PATH.
 HERMES = shutil.which("hermes", path=str(Path(sys.executable).parent)) or shutil.which("hermes")

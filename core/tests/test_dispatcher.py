@@ -13,7 +13,6 @@ import pytest
 
 from hermes.core import (
     DEFAULT_PRIORITY,
-    NOTICE,
     BrokerUnavailableError,
     ConfigurationError,
     Dispatcher,
@@ -25,6 +24,7 @@ from hermes.core import (
     SharedFileShutdown,
 )
 from hermes.core._dispatcher import readable_time
+from hermes.core._worker import NOTICE
 
 
 class Recorder:
@@ -400,7 +400,8 @@ def test_a_handler_exception_is_logged_as_error_with_the_class_text_and_tracebac
 
 
 def test_the_finished_hook_sees_each_message_once_with_its_outcome(driver: MemoryDriver) -> None:
-    from hermes.core import hookimpl, plugin_manager
+    from hermes.core import hookimpl
+    from hermes.core._registry import plugin_manager
 
     seen: list[tuple[str, bool]] = []
 

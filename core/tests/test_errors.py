@@ -12,9 +12,9 @@ from hermes.core import (
     HermesError,
     NotSupportedError,
     SerializeError,
-    UnknownDriverError,
     UnknownPriorityError,
 )
+from hermes.core._errors import UnknownDriverError
 
 
 @pytest.mark.parametrize(

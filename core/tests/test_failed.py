@@ -15,17 +15,16 @@ from hermes.core import (
     Dispatcher,
     DriverError,
     FailedMessage,
-    FailedMessageSerializer,
     FailedStore,
     MemoryDriver,
     Message,
-    MessageSerializer,
     NotSupportedError,
     RetryableHandler,
     RetryMixin,
 )
-from hermes.core._failed import NO_REASON
+from hermes.core._failed import NO_REASON, FailedMessageSerializer
 from hermes.core._memory import _MemoryBrowser as MemoryBrowser
+from hermes.core.driver import MessageSerializer
 
 
 @pytest.fixture

@@ -14,14 +14,13 @@ from hermes.core import (
     DEFAULT_PRIORITY,
     ConfigurationError,
     Dispatcher,
-    FunctionHandler,
     HandlerRegistry,
-    HandlerResultError,
     MemoryDriver,
     Message,
-    RetryableFunctionHandler,
     RetryableHandler,
 )
+from hermes.core._errors import HandlerResultError
+from hermes.core._handler import FunctionHandler, RetryableFunctionHandler
 from hermes.core._retry import next_retry
 
 

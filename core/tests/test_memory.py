@@ -13,17 +13,14 @@ from hermes_test_support import StopWhen
 from hermes.core import (
     DEFAULT_PRIORITY,
     ConfigurationError,
-    Delay,
-    Delivery,
     MemoryDriver,
     Message,
-    SupportsPurge,
     SupportsRawSend,
     UnknownPriorityError,
     connect,
-    isolated_url,
 )
 from hermes.core._consumer import Run
+from hermes.core.driver import Delay, Delivery, SupportsPurge, isolated_url
 
 
 class Collect:

@@ -4,14 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from hermes.core import (
-    ConfigurationError,
-    DriverUrl,
-    Message,
-    UnknownPriorityError,
-    connect,
-)
+from hermes.core import ConfigurationError, Message, UnknownPriorityError, connect
 from hermes.core._queues import parse_queue, parse_queues, url_queues, without_queues
+from hermes.core.driver import DriverUrl
 
 
 def test_a_queue_is_a_name_and_the_priority_after_its_last_colon() -> None:

@@ -18,23 +18,21 @@ from hermes.core import (
     DEFAULT_PRIORITY,
     ConfigurationError,
     Dispatcher,
-    DriverPlugin,
-    DriverUrl,
     Emitter,
     MemoryDriver,
     Message,
     RetryableHandler,
     RetryMixin,
-    UnknownDriverError,
     _memory,
     _registry,
     available_drivers,
     connect,
     hookimpl,
     hookspecs,
-    isolated_url,
-    plugin_manager,
 )
+from hermes.core._errors import UnknownDriverError
+from hermes.core._registry import plugin_manager
+from hermes.core.driver import DriverPlugin, DriverUrl, isolated_url
 
 
 @pytest.fixture

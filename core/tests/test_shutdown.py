@@ -16,15 +16,8 @@ from typing import Any
 
 import pytest
 
-from hermes.core import (
-    NOTICE,
-    Dispatcher,
-    Emitter,
-    MemoryDriver,
-    Message,
-    SharedFileShutdown,
-    Shutdown,
-)
+from hermes.core import Dispatcher, Emitter, MemoryDriver, Message, SharedFileShutdown, Shutdown
+from hermes.core._worker import NOTICE
 
 # SharedFileShutdown --------------------------------------------------------------------
 

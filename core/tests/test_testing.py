@@ -10,14 +10,13 @@ import pytest
 
 from hermes.core import (
     DEFAULT_PRIORITY,
-    Consumer,
     Dispatcher,
-    Driver,
     Emitter,
     MemoryDriver,
     Message,
     SharedFileShutdown,
 )
+from hermes.core.driver import Consumer, Driver
 from hermes.core.testing import drain, due, scheduled
 
 

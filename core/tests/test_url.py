@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from hermes.core import ConfigurationError, DriverUrl, redact_url
+from hermes.core import ConfigurationError, redact_url
 from hermes.core._url import is_secret_option
+from hermes.core.driver import DriverUrl
 
 
 def test_every_part_of_a_url_is_parsed() -> None:

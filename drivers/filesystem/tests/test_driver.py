@@ -20,10 +20,10 @@ from hermes.core import (
     Message,
     SerializeError,
     SupportsBatchSend,
-    SupportsPurge,
     SupportsRawSend,
     UnknownPriorityError,
 )
+from hermes.core.driver import SupportsPurge
 from hermes.drivers.filesystem import FileSystemDriver
 from hermes.drivers.filesystem import _driver as driver_module
 

@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from hermes.core import BrokerUnavailableError, Message, Received, connect
-from hermes.core import Consumer as HermesConsumer
+from hermes.core import BrokerUnavailableError, Message, connect
+from hermes.core.driver import Consumer as HermesConsumer
+from hermes.core.driver import Received
 from hermes.drivers.kafka import KafkaDriver, _consumer
 
 MakeDriver = Callable[..., KafkaDriver]

@@ -8,7 +8,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from hermes.core import Delay, Message
+from hermes.core import Message
+from hermes.core.driver import Delay
 from hermes.drivers.kafka import KafkaDriver
 
 MakeDriver = Callable[..., KafkaDriver]

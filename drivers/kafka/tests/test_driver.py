@@ -16,14 +16,13 @@ from confluent_kafka.admin import AdminClient
 from hermes.core import (
     DEFAULT_PRIORITY,
     BrokerUnavailableError,
-    Delay,
-    Delivery,
     DeliveryError,
     Message,
     NotSupportedError,
     UnknownPriorityError,
     connect,
 )
+from hermes.core.driver import Delay, Delivery
 from hermes.drivers.kafka import KafkaDriver
 
 MakeDriver = Callable[..., KafkaDriver]

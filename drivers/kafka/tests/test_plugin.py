@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hermes.core import ConfigurationError, Delay, DriverUrl, available_drivers, connect
+from hermes.core import ConfigurationError, available_drivers, connect
+from hermes.core.driver import Delay, DriverUrl
 from hermes.drivers.kafka import KafkaDriver
 from hermes.drivers.kafka._plugin import _isolate
 

@@ -11,15 +11,8 @@ from typing import Any
 
 import pytest
 
-from hermes.core import (
-    BrokerUnavailableError,
-    Consumer,
-    Message,
-    MessageSerializer,
-    Received,
-    UnknownPriorityError,
-    connect,
-)
+from hermes.core import BrokerUnavailableError, Message, UnknownPriorityError, connect
+from hermes.core.driver import Consumer, MessageSerializer, Received
 from hermes.drivers.rabbitmq import LazyRabbitMqDriver
 from hermes.drivers.rabbitmq._delay import DUE_TOLERANCE_S
 

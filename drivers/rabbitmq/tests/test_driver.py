@@ -16,15 +16,13 @@ from pika import exceptions as pika_exc
 from hermes.core import (
     BrokerUnavailableError,
     ConfigurationError,
-    Delay,
-    Delivery,
     DeliveryError,
     Dispatcher,
     Message,
-    QueueStats,
     UnknownPriorityError,
     connect,
 )
+from hermes.core.driver import Delay, Delivery, QueueStats
 from hermes.drivers.rabbitmq import LazyRabbitMqDriver
 from hermes.drivers.rabbitmq._delay import DUE_TOLERANCE_S
 

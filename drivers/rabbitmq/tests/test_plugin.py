@@ -5,14 +5,8 @@ from __future__ import annotations
 import pika
 import pytest
 
-from hermes.core import (
-    ConfigurationError,
-    Delay,
-    DriverUrl,
-    available_drivers,
-    connect,
-    isolated_url,
-)
+from hermes.core import ConfigurationError, available_drivers, connect
+from hermes.core.driver import Delay, DriverUrl, isolated_url
 from hermes.drivers.rabbitmq import LazyRabbitMqDriver
 from hermes.drivers.rabbitmq._plugin import keyword_options
 

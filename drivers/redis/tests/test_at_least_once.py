@@ -13,14 +13,8 @@ import pytest
 import redis
 from hermes_test_support import DEADLINE_S
 
-from hermes.core import (
-    ConfigurationError,
-    Delivery,
-    Dispatcher,
-    Message,
-    Received,
-    connect,
-)
+from hermes.core import ConfigurationError, Dispatcher, Message, connect
+from hermes.core.driver import Delivery, Received
 from hermes.drivers.redis import (
     RedisSetDriver,
     _scripts,

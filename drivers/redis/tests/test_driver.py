@@ -18,19 +18,16 @@ from hermes_test_support import DEADLINE_S
 from hermes.core import (
     BrokerUnavailableError,
     ConfigurationError,
-    Consumer,
-    Delivery,
     DeliveryError,
     DriverError,
     Message,
-    Received,
     SerializeError,
     SupportsBatchSend,
-    SupportsPurge,
     SupportsRawSend,
     UnknownPriorityError,
     connect,
 )
+from hermes.core.driver import Consumer, Delivery, Received, SupportsPurge
 from hermes.drivers.redis import RedisSetDriver, rejected_key, wake_key
 from hermes.drivers.redis import _driver as redis_driver
 from hermes.drivers.redis._driver import WAKE_LIST_CAP

@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from hermes.core import Dispatcher, Message, MessageSerializer, connect
+from hermes.core import Dispatcher, Message, connect
+from hermes.core.driver import MessageSerializer
 from hermes.drivers.redis import RedisSetDriver
 
 #: Strings as PHP Hermes 4.x's MessageSerializer (json_encode) writes them.

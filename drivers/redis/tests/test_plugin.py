@@ -5,16 +5,8 @@ from __future__ import annotations
 import pytest
 import redis
 
-from hermes.core import (
-    ConfigurationError,
-    Delay,
-    Delivery,
-    DriverUrl,
-    Message,
-    available_drivers,
-    connect,
-    isolated_url,
-)
+from hermes.core import ConfigurationError, Message, available_drivers, connect
+from hermes.core.driver import Delay, Delivery, DriverUrl, isolated_url
 from hermes.drivers.redis import RedisSetDriver, RedisShutdown
 
 

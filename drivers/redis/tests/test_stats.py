@@ -7,14 +7,9 @@ import time
 
 import pytest
 
-from hermes.core import (
-    Message,
-    QueueStats,
-    SupportsClear,
-    SupportsStats,
-    UnknownPriorityError,
-)
+from hermes.core import Message, SupportsClear, UnknownPriorityError
 from hermes.core.cli import main
+from hermes.core.driver import QueueStats, SupportsStats
 from hermes.drivers.redis import RedisSetDriver, rejected_key
 
 HIGH, LOW = 200, 50

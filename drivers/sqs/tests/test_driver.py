@@ -18,19 +18,21 @@ from hermes_test_support import StopWhen, eventually
 
 from hermes.core import (
     BrokerUnavailableError,
+    DriverError,
+    Message,
+    NotSupportedError,
+    UnknownPriorityError,
+)
+from hermes.core.cli import main
+from hermes.core.driver import (
     Capabilities,
     Consumer,
     Delay,
     Delivery,
-    DriverError,
-    Message,
     MessageSerializer,
-    NotSupportedError,
     QueueStats,
     Received,
-    UnknownPriorityError,
 )
-from hermes.core.cli import main
 from hermes.drivers.sqs import AmazonSqsDriver, SqsDelivery, current_delivery
 from hermes.drivers.sqs import _driver as driver_module
 

@@ -9,7 +9,8 @@ from typing import Any
 import boto3
 import pytest
 
-from hermes.core import ConfigurationError, DriverUrl, Message, available_drivers, connect
+from hermes.core import ConfigurationError, Message, available_drivers, connect
+from hermes.core.driver import DriverUrl
 from hermes.drivers.sqs import AmazonSqsDriver
 from hermes.drivers.sqs._plugin import isolate
 

@@ -38,20 +38,22 @@ from hermes.conformance import TIME_SCALE_ENV
 from hermes.conformance._worker import JOB, Record, read_records
 from hermes.core import (
     DEFAULT_PRIORITY,
-    Capabilities,
     Dispatcher,
-    Driver,
-    DriverPlugin,
-    DriverUrl,
     Emitter,
     Handler,
     Message,
     Shutdown,
-    SupportsPurge,
     available_drivers,
     connect,
-    isolated_url,
     redact_url,
+)
+from hermes.core.driver import (
+    Capabilities,
+    Driver,
+    DriverPlugin,
+    DriverUrl,
+    SupportsPurge,
+    isolated_url,
 )
 
 #: A message sent to a running worker (or before it starts) is handled within this.

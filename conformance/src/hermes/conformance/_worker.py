@@ -37,14 +37,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from hermes.core import (
-    Dispatcher,
-    Message,
-    SharedFileShutdown,
-    connect,
-    plugin_manager,
-    redact_url,
-)
+from hermes.core import Dispatcher, Message, SharedFileShutdown, connect, redact_url
+from hermes.core._registry import plugin_manager
 
 #: The message type the kit's workers handle unless told otherwise.
 JOB = "hermes.kit.job"

@@ -36,7 +36,8 @@ pytest.register_assert_rewrite(
 
 from hermes.conformance import TIME_SCALE_ENV, _harness  # noqa: E402
 from hermes.conformance._worker import register_plugins  # noqa: E402
-from hermes.core import Driver, DriverUrl, available_drivers, redact_url  # noqa: E402
+from hermes.core import available_drivers, redact_url  # noqa: E402
+from hermes.core.driver import Driver, DriverUrl
 
 _NO_URL = "--hermes-url not given"
 _session_key = pytest.StashKey["KitSession"]()

@@ -34,7 +34,8 @@ from hermes.conformance._harness import (
     wait_until,
 )
 from hermes.conformance._worker import JOB
-from hermes.core import Driver, Emitter, Message
+from hermes.core import Emitter, Message
+from hermes.core.driver import Driver
 
 _THREADS = 8
 _PER_THREAD = 100

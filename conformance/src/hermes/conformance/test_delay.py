@@ -28,7 +28,8 @@ from hermes.conformance._harness import (
     wait_for_progress,
     wait_until,
 )
-from hermes.core import Delay, Message
+from hermes.core import Message
+from hermes.core.driver import Delay
 
 #: How far in the future the kit schedules (unscaled seconds).
 _AHEAD_S = 1.5

@@ -36,7 +36,8 @@ from hermes.conformance._harness import (
     wait_until,
 )
 from hermes.conformance._worker import JOB
-from hermes.core import Delivery, Message
+from hermes.core import Message
+from hermes.core.driver import Delivery
 
 
 class _WorkerCrash(BaseException):

@@ -26,7 +26,8 @@ from hermes.conformance._harness import (
     wait_until,
 )
 from hermes.conformance._worker import JOB
-from hermes.core import DEFAULT_PRIORITY, Delay, Message, RetryableHandler, RetryMixin
+from hermes.core import DEFAULT_PRIORITY, Message, RetryableHandler, RetryMixin
+from hermes.core.driver import Delay
 
 #: The shortened backoff (unscaled seconds).
 _QUICK_RETRY_S = 1.0

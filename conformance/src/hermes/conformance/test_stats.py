@@ -18,15 +18,8 @@ import pytest
 
 from hermes.conformance._harness import DELIVERY_S, STOP_S, Kit, wait_until
 from hermes.conformance._worker import JOB
-from hermes.core import (
-    DEFAULT_PRIORITY,
-    Delay,
-    Driver,
-    Message,
-    QueueStats,
-    SupportsClear,
-    SupportsStats,
-)
+from hermes.core import DEFAULT_PRIORITY, Message, SupportsClear
+from hermes.core.driver import Delay, Driver, QueueStats, SupportsStats
 
 _READY = 5
 _SCHEDULED = 3

@@ -29,7 +29,8 @@ from hermes.conformance._harness import (
 )
 from hermes.conformance._worker import JOB
 from hermes.conformance.test_competing_consumers import share_among_processes
-from hermes.core import Delivery, Message
+from hermes.core import Message
+from hermes.core.driver import Delivery
 
 _CONCURRENCY = 4
 _WORKERS = 3

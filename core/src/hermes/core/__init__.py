@@ -1,148 +1,135 @@
 """Hermes: background jobs that live in your process.
 
 A web request :class:`Emitter`-emits a :class:`Message` to a broker and returns;
-a worker's :class:`Dispatcher` takes messages from the broker and calls the
-handlers registered for each message type. Brokers are reached through
-:class:`Driver` plugins: ``connect("redis://localhost:6379/0")``.
+a :class:`Worker` takes messages from the broker and its :class:`Dispatcher`
+calls the handlers registered for each message type. Brokers are reached
+through driver plugins: ``connect("redis://localhost:6379/0")``. Driver
+authors import from :mod:`hermes.core.driver`.
 """
 
-from typing import TYPE_CHECKING
+import warnings
+from typing import TYPE_CHECKING, Any
 
-from hermes.core._consumer import IDLE_WAIT_S, Backoff, Consumer, Received, current_received
-from hermes.core._dispatcher import NOTICE, Dispatcher, DispatcherStats
-from hermes.core._driver import (
-    DEFAULT_PRIORITY,
-    Callback,
-    Capabilities,
-    Delay,
-    Delivery,
-    Driver,
-    QueueStats,
-    SupportsBatchSend,
-    SupportsClear,
-    SupportsPurge,
-    SupportsRawSend,
-    SupportsStats,
-)
+from hermes.core._dispatcher import Dispatcher, Outcome
+from hermes.core._driver import DEFAULT_PRIORITY
 from hermes.core._emitter import Emitter
 from hermes.core._errors import (
+    BrokerRefusedError,
     BrokerUnavailableError,
     ConfigurationError,
     DeliveryError,
     DriverError,
-    HandlerResultError,
     HermesError,
     NotSupportedError,
     SerializeError,
-    UnknownDriverError,
     UnknownPriorityError,
-    translate_errors,
 )
-from hermes.core._handler import (
-    EchoHandler,
-    FunctionHandler,
-    Handler,
-    HandlerFunction,
-    HandlerRegistry,
-    RetryableFunctionHandler,
-)
+from hermes.core._handler import EchoHandler, Handler, HandlerRegistry
 from hermes.core._invoke import TimeLimitExceeded
-from hermes.core._lazy import lazy_exports
-from hermes.core._memory import MemoryDriver
 from hermes.core._message import Message
-from hermes.core._process import PerProcess
-from hermes.core._registry import (
-    DriverPlugin,
-    available_drivers,
-    connect,
-    hookimpl,
-    isolated_url,
-    plugin_manager,
-)
+from hermes.core._registry import available_drivers, connect, hookimpl
 from hermes.core._retry import RetryableHandler, RetryMixin
-from hermes.core._serializer import MessageSerializer, Serializer
-from hermes.core._shutdown import SHUTDOWN_CHECK_INTERVAL_S, SharedFileShutdown, Shutdown
-from hermes.core._url import DriverUrl, redact_url
+from hermes.core._shutdown import SharedFileShutdown, Shutdown
+from hermes.core._url import redact_url
+from hermes.core._worker import Worker
 
 if TYPE_CHECKING:
-    from hermes.core._failed import (
-        FailedMessage,
-        FailedMessageSerializer,
-        FailedStore,
-        QueueBrowser,
-    )
+    from hermes.core._failed import FailedMessage, FailedStore
 
 __all__ = [
     "DEFAULT_PRIORITY",
-    "IDLE_WAIT_S",
-    "NOTICE",
-    "SHUTDOWN_CHECK_INTERVAL_S",
-    "Backoff",
+    "BrokerRefusedError",
     "BrokerUnavailableError",
-    "Callback",
-    "Capabilities",
     "ConfigurationError",
-    "Consumer",
-    "Delay",
-    "Delivery",
     "DeliveryError",
     "Dispatcher",
-    "DispatcherStats",
-    "Driver",
     "DriverError",
-    "DriverPlugin",
-    "DriverUrl",
     "EchoHandler",
     "Emitter",
     "FailedMessage",
-    "FailedMessageSerializer",
     "FailedStore",
-    "FunctionHandler",
     "Handler",
-    "HandlerFunction",
     "HandlerRegistry",
-    "HandlerResultError",
     "HermesError",
-    "MemoryDriver",
     "Message",
-    "MessageSerializer",
     "NotSupportedError",
-    "PerProcess",
-    "QueueBrowser",
-    "QueueStats",
-    "Received",
+    "Outcome",
     "RetryMixin",
-    "RetryableFunctionHandler",
     "RetryableHandler",
     "SerializeError",
-    "Serializer",
     "SharedFileShutdown",
     "Shutdown",
-    "SupportsBatchSend",
-    "SupportsClear",
-    "SupportsPurge",
-    "SupportsRawSend",
-    "SupportsStats",
     "TimeLimitExceeded",
-    "UnknownDriverError",
     "UnknownPriorityError",
+    "Worker",
     "available_drivers",
     "connect",
-    "current_received",
     "hookimpl",
-    "isolated_url",
-    "lazy_exports",
-    "plugin_manager",
     "redact_url",
-    "translate_errors",
 ]
 
-# The failed-message store is imported when first used: most processes never do.
-if not TYPE_CHECKING:  # type checkers read the imports above
-    __getattr__, __dir__ = lazy_exports(
-        __name__,
-        {
-            name: "._failed"
-            for name in ("FailedMessage", "FailedMessageSerializer", "FailedStore", "QueueBrowser")
-        },
+#: Imported when first used: most processes never keep failed messages.
+_LAZY = {"FailedMessage": "hermes.core._failed", "FailedStore": "hermes.core._failed"}
+
+#: Names that moved out of ``hermes.core``: where they live now.
+_MOVED = {
+    **dict.fromkeys(
+        [
+            "IDLE_WAIT_S",
+            "SHUTDOWN_CHECK_INTERVAL_S",
+            "Callback",
+            "Capabilities",
+            "Consumer",
+            "Delay",
+            "Delivery",
+            "Driver",
+            "DriverPlugin",
+            "DriverUrl",
+            "MessageSerializer",
+            "PerProcess",
+            "QueueBrowser",
+            "QueueStats",
+            "Received",
+            "Serializer",
+            "SupportsStats",
+            "current_received",
+            "isolated_url",
+            "lazy_exports",
+        ],
+        "hermes.core.driver",
+    ),
+    **dict.fromkeys(
+        ["FunctionHandler", "HandlerFunction", "RetryableFunctionHandler"], "hermes.core._handler"
+    ),
+    "DispatcherStats": "hermes.core._dispatcher",
+    "NOTICE": "hermes.core._worker",
+    "FailedMessageSerializer": "hermes.core._failed",
+    "UnknownDriverError": "hermes.core._errors",
+    "HandlerResultError": "hermes.core._errors",
+    "plugin_manager": "hermes.core._registry",
+}
+
+
+def __getattr__(name: str) -> Any:
+    import importlib
+
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    home = _MOVED.get(name)
+    if home is None:
+        raise AttributeError(f"module 'hermes.core' has no attribute {name!r}")
+    public = home if not home.split(".")[-1].startswith("_") else "its own module"
+    warnings.warn(
+        f"hermes.core.{name} moved: import it from {public}"
+        if public != "its own module"
+        else f"hermes.core.{name} is internal and will go from hermes.core",
+        DeprecationWarning,
+        stacklevel=2,
     )
+    return getattr(importlib.import_module(home), name)
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

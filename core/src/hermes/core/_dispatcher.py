@@ -1,14 +1,12 @@
 from __future__ import annotations
 
-import contextlib
+import enum
 import inspect
 import logging
-import signal
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from types import FrameType
 from typing import TYPE_CHECKING
 
 from hermes.core._driver import Driver
@@ -25,7 +23,7 @@ from hermes.core._handler import (
 )
 from hermes.core._invoke import EventLoopThread, TimeLimitExceeded, Watchdog
 from hermes.core._message import Message
-from hermes.core._registry import notify, plugin_manager
+from hermes.core._registry import notify, plugin_manager, wrap_call
 from hermes.core._retry import (
     Randomizer,
     RetryVerdict,
@@ -38,9 +36,30 @@ from hermes.core._shutdown import Shutdown
 if TYPE_CHECKING:
     from hermes.core._failed import FailedStore
 
-#: Between WARNING and INFO: PSR-3's NOTICE, used for "Exiting hermes dispatcher".
-NOTICE = 25
-logging.addLevelName(NOTICE, "NOTICE")
+
+class Outcome(enum.Enum):
+    """How a message's handling ended: one code per handler, and one per message.
+
+    Passed to the ``hermes_message_finished`` hook beside the log sentence, so
+    a plugin never parses log text. A message's outcome is SUCCEEDED when
+    every handler succeeded, else the outcome of its first handler that did not.
+    """
+
+    #: The handler returned None or True.
+    SUCCEEDED = "succeeded"
+    #: The handler returned False: a failure that is never retried.
+    RETURNED_FALSE = "returned_false"
+    #: The handler raised, and a retry copy was sent.
+    RETRIED = "retried"
+    #: The handler raised and its retries are used up (or ``can_retry`` said no,
+    #: or its retry policy raised).
+    GAVE_UP = "gave_up"
+    #: The handler raised and is not retried at all (no ``max_retry``).
+    NOT_RETRYABLE = "not_retryable"
+    #: The handler ran past its time limit (retried or not: the ``retried`` hook says).
+    TIME_LIMIT = "time_limit"
+    #: No handler is registered for the message's type.
+    NO_HANDLER = "no_handler"
 
 
 @dataclass
@@ -59,22 +78,6 @@ class DispatcherStats:
     gave_up: int = 0
     #: Messages sent to the failed-message store.
     stored: int = 0
-
-
-class _StopRequest:
-    """The Shutdown the driver sees: the user's one, or a SIGTERM/SIGINT received."""
-
-    def __init__(self, user: Shutdown | None) -> None:
-        self.user = user
-        self.signalled: int | None = None
-
-    def should_shutdown(self, start_time: float) -> bool:
-        if self.signalled is not None:
-            return True
-        return self.user is not None and self.user.should_shutdown(start_time)
-
-    def shutdown(self, at: float | None = None) -> bool:
-        return self.user.shutdown(at) if self.user is not None else False
 
 
 class Dispatcher:
@@ -211,61 +214,29 @@ class Dispatcher:
     # Running -----------------------------------------------------------------
 
     def handle(self, priorities: Sequence[int] = ()) -> None:
-        """Handle messages until shutdown, max items, SIGTERM or SIGINT.
+        """Handle messages until shutdown, max items, SIGTERM or SIGINT: a :class:`Worker` run.
 
         ``priorities`` restricts this worker to those priority queues. A driver
-        failure is logged with its cause and raised.
+        failure is logged with its cause and raised. PHP's setters on the
+        driver (``set_max_process_items``, ``set_shutdown``) still count.
         """
-        # A Shutdown set on the driver itself (PHP's ``$driver->setShutdown()``) still
-        # counts when the Dispatcher was given none.
-        previous = self.driver.shutdown
-        stop = _StopRequest(self.shutdown if self.shutdown is not None else previous)
-        self.driver.set_shutdown(stop)
-        self.driver.start_time = time.time()
-        with self._graceful_signals(stop):
-            try:
-                if self.concurrency == 1:
-                    self.driver.wait(self.handle_message, priorities)
-                else:
-                    self.driver.wait(
-                        self.handle_message,
-                        priorities,
-                        concurrency=self.concurrency,
-                        grace_s=self.grace_s,
-                    )
-            except Exception as exc:
-                self.logger.error(
-                    "Driver %s failed - %s", type(self.driver).__name__, exc, exc_info=True
-                )
-                raise
-            finally:
-                self.driver.set_shutdown(previous)
-                self._event_loop.close()
-        if stop.should_shutdown(self.driver.start_time):
-            self.logger.log(NOTICE, "Exiting hermes dispatcher - shutdown")
+        from hermes.core._driver import _php_settings
+        from hermes.core._worker import Worker
 
-    @contextlib.contextmanager
-    def _graceful_signals(self, stop: _StopRequest) -> Iterator[None]:
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
+        compat = _php_settings(self.driver)
+        shutdown = self.shutdown if self.shutdown is not None else compat.shutdown
+        Worker(
+            self.driver,
+            self,
+            priorities=priorities,
+            max_items=compat.max_items,
+            shutdown=shutdown,
+            logger=self.logger,
+        ).run()
 
-        def on_signal(signum: int, frame: FrameType | None) -> None:
-            if stop.signalled is not None and signum == signal.SIGINT:
-                raise KeyboardInterrupt  # a second Ctrl-C does not wait for the handler
-            stop.signalled = signum
-            self.logger.log(
-                NOTICE,
-                "Received %s, stopping after the message in progress",
-                signal.Signals(signum).name,
-            )
-
-        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-        try:
-            yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+    def close(self) -> None:
+        """End what a run started for the handlers (the event loop of async handlers)."""
+        self._event_loop.close()
 
     def _count(self, name: str) -> None:
         # Handler threads finish at once; a bare ``+=`` could lose a count.
@@ -303,14 +274,27 @@ class Dispatcher:
         return bool(result)
 
     def handle_message(self, message: Message, priority: int) -> bool:
-        """The driver's callback: run every handler of ``message.type``; True if all succeeded."""
-        result = self._run_handlers(message, priority)
-        notify(
-            self._hooks.hermes_message_finished, message=message, priority=priority, result=result
-        )
-        return result
+        """Run every handler of ``message.type``; True if all succeeded.
 
-    def _run_handlers(self, message: Message, priority: int) -> bool:
+        What the Worker calls per message. Plugins see ``started`` first and
+        ``finished`` last, with the message's :class:`Outcome`, on every path.
+        """
+        hooks = self._hooks
+        notify(hooks.hermes_message_started, message=message, priority=priority)
+        outcome = Outcome.NO_HANDLER
+        try:
+            outcome = self._run_handlers(message, priority)
+        finally:
+            notify(
+                hooks.hermes_message_finished,
+                message=message,
+                priority=priority,
+                result=outcome is Outcome.SUCCEEDED,
+                outcome=outcome,
+            )
+        return outcome is Outcome.SUCCEEDED
+
+    def _run_handlers(self, message: Message, priority: int) -> Outcome:
         self._count("received")
         info = self.log_each_message and self.logger.isEnabledFor(logging.INFO)
         if info:
@@ -324,59 +308,72 @@ class Dispatcher:
             self._give_up(message, priority, None, reason, None)
             if self.failed is not None:
                 self._store(self.failed, message, [reason])
-            return False
-        hooks = self._hooks
-        notify(hooks.hermes_message_started, message=message, priority=priority)
-        result = True
+            return Outcome.NO_HANDLER
+        outcome = Outcome.SUCCEEDED
         gave_up: list[str] = []
-        debug = self.logger.isEnabledFor(logging.DEBUG)
         for handler in list(handlers):
-            started = time.perf_counter() if debug else 0.0
-            try:
-                ok = self.call_handler(handler, message)
-            except Exception as exc:
-                if debug:
-                    self._took(handler, message, started, f"raised {type(exc).__name__}")
-                result = False
-                self._count("failed")
-                self.logger.error(
-                    "Handler %s throws exception - %s", handler_name(handler), exc, exc_info=True
-                )
-                notify(
-                    hooks.hermes_message_failed,
-                    message=message,
-                    priority=priority,
-                    handler=handler,
-                    exception=exc,
-                )
-                verdict = self._judge_retry(handler, message, exc)
-                if verdict.refused is None:
-                    self._retry(message, handler, verdict.max_retry)
-                else:
-                    gave_up.append(self._give_up(message, priority, handler, verdict.refused, exc))
-                continue
-            if debug:
-                self._took(handler, message, started, f"returned {ok}")
-            if ok:
-                self._count("handled")
-                if info:
-                    self.logger.info("End handle message #%s (%s)", message.id, message.type)
-            else:
-                self._count("failed")
-                result = False
-            notify(
-                hooks.hermes_message_succeeded,
+            result, stored_reason = self._run_one(handler, message, priority, info)
+            if result is not Outcome.SUCCEEDED and outcome is Outcome.SUCCEEDED:
+                outcome = result
+            if stored_reason is not None:
+                gave_up.append(stored_reason)
+        if gave_up and self.failed is not None:
+            self._store(self.failed, message, gave_up)
+        return outcome
+
+    def _run_one(
+        self, handler: Handler, message: Message, priority: int, info: bool
+    ) -> tuple[Outcome, str | None]:
+        """One handler on ``message``: its outcome, and the store's reason if it gave up."""
+        hooks = self._hooks
+        debug = self.logger.isEnabledFor(logging.DEBUG)
+        started = time.perf_counter() if debug else 0.0
+        try:
+            ok = wrap_call(
+                hooks.hermes_handler_call,
+                lambda: self.call_handler(handler, message),
                 message=message,
                 priority=priority,
                 handler=handler,
-                result=ok,
             )
-            if not ok:
-                reason = "it returned False (a handler that returns False is never retried)"
-                gave_up.append(self._give_up(message, priority, handler, reason, None))
-        if gave_up and self.failed is not None:
-            self._store(self.failed, message, gave_up)
-        return result
+        except Exception as exc:
+            if debug:
+                self._took(handler, message, started, f"raised {type(exc).__name__}")
+            self._count("failed")
+            self.logger.error(
+                "Handler %s throws exception - %s", handler_name(handler), exc, exc_info=True
+            )
+            notify(
+                hooks.hermes_message_failed,
+                message=message,
+                priority=priority,
+                handler=handler,
+                exception=exc,
+            )
+            timed_out = isinstance(exc, TimeLimitExceeded)
+            verdict = self._judge_retry(handler, message, exc)
+            if verdict.refused is None:
+                self._retry(message, handler, verdict.max_retry, exc)
+                return (Outcome.TIME_LIMIT if timed_out else Outcome.RETRIED), None
+            reason = self._give_up(message, priority, handler, verdict.refused, exc)
+            if timed_out:
+                return Outcome.TIME_LIMIT, reason
+            return (
+                Outcome.GAVE_UP if verdict.max_retry is not None else Outcome.NOT_RETRYABLE
+            ), reason
+        if debug:
+            self._took(handler, message, started, f"returned {ok}")
+        if ok:
+            self._count("handled")
+            if info:
+                self.logger.info("End handle message #%s (%s)", message.id, message.type)
+            notify(
+                hooks.hermes_message_succeeded, message=message, priority=priority, handler=handler
+            )
+            return Outcome.SUCCEEDED, None
+        self._count("failed")
+        reason = "it returned False (a handler that returns False is never retried)"
+        return Outcome.RETURNED_FALSE, self._give_up(message, priority, handler, reason, None)
 
     def _took(self, handler: Handler, message: Message, started: float, outcome: str) -> None:
         self.logger.debug(
@@ -408,19 +405,21 @@ class Dispatcher:
                 f"its retry policy raised {type(policy_exc).__name__}: {policy_exc}"
             )
 
-    def _retry(self, message: Message, handler: Handler, max_retry: int | None) -> None:
+    def _retry(
+        self, message: Message, handler: Handler, max_retry: int | None, exc: Exception
+    ) -> None:
         retry = message.replace(retries=message.retries + 1, execute_at=self.next_retry(message))
         name = handler_name(handler)
         try:
             # No priority: the copy lands on the default priority queue, as in PHP Hermes.
             self.driver.send(retry)
-        except Exception as exc:
+        except Exception as send_exc:
             self.logger.error(
                 "Message #%s (%s) failed in %s and its retry copy could not be sent - %s",
                 message.id,
                 message.type,
                 name,
-                exc,
+                send_exc,
             )
             raise
         self._count("retried")
@@ -435,7 +434,13 @@ class Dispatcher:
             max(0.0, due - time.time()),
             readable_time(due),
         )
-        notify(self._hooks.hermes_message_retried, message=message, retry=retry, handler=handler)
+        notify(
+            self._hooks.hermes_message_retried,
+            message=message,
+            retry=retry,
+            handler=handler,
+            exception=exc,
+        )
 
     def _give_up(
         self,

@@ -1,15 +1,24 @@
 from __future__ import annotations
 
+import contextlib
 import enum
-import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Protocol, runtime_checkable
 
-from hermes.core._consumer import Consumer, Run, run
-from hermes.core._errors import NotSupportedError, UnknownPriorityError
+from hermes.core._consumer import Consumer
+from hermes.core._errors import (
+    BrokerRefusedError,
+    BrokerUnavailableError,
+    DeliveryError,
+    DriverError,
+    HermesError,
+    NotSupportedError,
+    UnknownPriorityError,
+    error_text,
+)
 from hermes.core._message import Message
 from hermes.core._serializer import MessageSerializer, Serializer
 from hermes.core._shutdown import Shutdown
@@ -69,35 +78,58 @@ class Capabilities:
     redelivery_timeout_s: float = 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    """One body for :meth:`Driver.put`: serialized by core, put on the broker as it is."""
+
+    #: The serialized message (or, for the kit's poison, any bytes).
+    body: bytes
+    #: When it may run (a UNIX timestamp), read from the message before it was
+    #: serialized, so a driver that holds delayed messages never decodes a body.
+    execute_at: float | None = None
+    #: The message's id, for log lines and brokers that name entries (None: raw bytes).
+    message_id: str | None = None
+
+
+#: The serializer of ``Driver.send``: the PHP Hermes envelope.
+_serializer: Serializer = MessageSerializer()
+
+
+def outgoing(message: Message, serializer: Serializer | None = None) -> Outgoing:
+    """``message`` serialized once, ready for :meth:`Driver.put`.
+
+    Raises :class:`SerializeError` before anything reaches a broker.
+    """
+    text = (serializer or _serializer).serialize(message)
+    return Outgoing(text.encode(), message.execute_at, message.id)
+
+
+ErrorKinds = tuple[type[BaseException], ...]
+
+
 class Driver(ABC):
-    """A broker connection that sends messages and hands them to core's worker loop.
+    """Broker I/O: put bodies core serialized on a priority's queue, and hand them to a Worker.
 
-    A driver implements only what differs about its broker: :meth:`send`, and
-    :meth:`consumer` — take, acknowledge, release, reject (see
-    :class:`~hermes.core.Consumer`). :meth:`wait`, PHP Hermes's public method,
-    is core's loop and the same for every driver. Contract of every driver:
+    A driver implements only what differs about its broker: :meth:`put`, and
+    :meth:`consumer` -- take, acknowledge, release, reject (see
+    :class:`~hermes.core.driver.Consumer`). It holds no run state and no
+    serializer: the :class:`~hermes.core.Worker` owns the run, and core
+    serializes before calling :meth:`put`. Contract of every driver:
 
-    * ``send()`` serializes the message before any I/O, so a
-      :class:`SerializeError` leaves the broker untouched. It is safe to call
-      from many threads at once, and a driver created before ``os.fork()``
-      works in the child without sharing the parent's sockets
-      (:class:`~hermes.core.PerProcess` holds such clients). A message the
-      broker did not take raises a :class:`DriverError` subclass; it never
-      vanishes silently.
-    * ``wait()`` blocks, calling ``callback(message, priority)`` for each
-      message, until shutdown or max items; it checks both before every
-      receive, and no receive blocks longer than about a second. Queues are
-      read from the highest priority down; ``priorities`` restricts the
-      worker to those, and one without a queue raises
-      :class:`UnknownPriorityError`.
-    * A body that is not a Hermes message is logged with the reason and set
-      aside by the consumer (quarantine, dead-letter, or deleted); the loop goes on.
-    * An exception escaping ``callback`` releases that message and propagates
-      out of ``wait()``: an at-least-once driver delivers it again.
-    * Broker failures are translated at the boundary
-      (:func:`~hermes.core.translate_errors`): :class:`BrokerUnavailableError`
-      makes the loop reconnect with backoff, any other :class:`DriverError`
-      is raised out of ``wait()``.
+    * :meth:`put` is safe to call from many threads at once, and a driver
+      created before ``os.fork()`` works in the child without sharing the
+      parent's sockets (:class:`~hermes.core.driver.PerProcess` holds such
+      clients). Bodies the broker did not take raise a :class:`DriverError`;
+      none vanishes silently.
+    * Broker errors are declared, not mapped by hand: :attr:`refused_errors`
+      (credentials, a missing database or vhost, a permission: the worker
+      stops with exit 2 and one line), :attr:`unavailable_errors` (the worker
+      reconnects with backoff) and :attr:`client_errors` (any other failure).
+      Core translates them around every call it makes into the driver and its
+      consumers (:meth:`translating`), chaining the client's exception as
+      ``__cause__``; :meth:`classify_error` decides where one class means two things.
+    * A body that is not a Hermes message is logged by core and set aside by
+      the consumer (quarantine, dead-letter, or deleted); the run goes on.
     * ``setup_priority_queue(name, priority)`` adds, on this driver object, a
       queue for ``priority`` named ``name`` *within the driver's namespace*:
       the broker's own name is the driver's prefix followed by ``name`` (Redis:
@@ -110,20 +142,24 @@ class Driver(ABC):
 
     #: What this driver promises; instances may narrow it from their options.
     capabilities: Capabilities
-
-    def __init__(self) -> None:
-        self.serializer: Serializer = MessageSerializer()
-        self.shutdown: Shutdown | None = None
-        self.max_process_items = 0
-        #: Messages acknowledged after their callback, over every run of this driver.
-        self.processed_items = 0
-        #: When this worker started: set at creation and again by ``Dispatcher.handle()``.
-        #: A shutdown request older than it is ignored.
-        self.start_time = time.time()
+    #: Client exceptions that mean the broker refused *this* client: wrong
+    #: credentials, a database or vhost that does not exist, no permission.
+    #: Retrying cannot help: a worker stops with exit 2.
+    refused_errors: ErrorKinds = ()
+    #: Client exceptions that mean the broker cannot be reached now (refused
+    #: connection, timeout, restart): a worker backs off and tries again.
+    unavailable_errors: ErrorKinds = ()
+    #: Any other exception of the client library: a :class:`DriverError`.
+    client_errors: ErrorKinds = ()
 
     @abstractmethod
-    def send(self, message: Message, priority: int = DEFAULT_PRIORITY) -> None:
-        """Put ``message`` on the queue of ``priority``; see the class contract."""
+    def put(self, items: Sequence[Outgoing], priority: int = DEFAULT_PRIORITY) -> None:
+        """Put ``items`` on the queue of ``priority``, in one broker round trip where it can.
+
+        A driver that holds delayed messages reads ``item.execute_at``; one
+        that does not keeps it in the body. Raises :class:`UnknownPriorityError`
+        for a priority without a queue, before any I/O.
+        """
 
     @abstractmethod
     def consumer(self, priorities: Sequence[int], *, concurrency: int = 1) -> Consumer:
@@ -136,26 +172,59 @@ class Driver(ABC):
         limits unacknowledged deliveries (a prefetch) must allow at least that many.
         """
 
-    def wait(
-        self,
-        callback: Callback,
-        priorities: Sequence[int] = (),
-        *,
-        concurrency: int = 1,
-        grace_s: float = 30.0,
-    ) -> None:
-        """Call ``callback`` for each message until stopped; see the class contract.
+    # What core builds on put() ------------------------------------------------
 
-        Each call is a run of its own: max items counts from 0 again.
-        ``concurrency`` > 1 runs the callbacks on that many threads; each
-        message is still acknowledged only after its own callback returns. On
-        a stop, callbacks in flight get ``grace_s`` seconds to finish.
+    def send(self, message: Message, priority: int = DEFAULT_PRIORITY) -> None:
+        """Serialize ``message`` and put it on the queue of ``priority``.
+
+        A :class:`SerializeError` leaves the broker untouched.
         """
-        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-            raise ValueError(f"concurrency must be an int >= 1, got {concurrency!r}")
-        stopper = Run(self.max_process_items, self.shutdown, self.start_time)
-        with self.consumer(priorities, concurrency=concurrency) as consumer:
-            run(self, callback, consumer, stopper, concurrency, grace_s)
+        item = outgoing(message)
+        with self.translating(f"sending message #{message.id}", DeliveryError):
+            self.put((item,), priority)
+
+    def send_batch(self, messages: Sequence[Message], priority: int = DEFAULT_PRIORITY) -> None:
+        """Serialize every message, then put them all in one :meth:`put`."""
+        items = [outgoing(message) for message in messages]
+        if items:
+            with self.translating(f"sending {len(items)} messages", DeliveryError):
+                self.put(items, priority)
+
+    def send_raw(self, body: bytes, priority: int = DEFAULT_PRIORITY) -> None:
+        """Put ``body`` on the broker as it is (the kit's poison, a copy of PHP's bytes)."""
+        with self.translating("sending a raw body", DeliveryError):
+            self.put((Outgoing(bytes(body)),), priority)
+
+    # Errors -----------------------------------------------------------------
+
+    def classify_error(self, exc: BaseException) -> type[DriverError] | None:
+        """The Hermes error ``exc`` means, or None when it is not the client's.
+
+        By the declared tuples, refused first (a client's authentication error
+        is often a subclass of its connection error). Override it where one
+        exception class carries several meanings in a code.
+        """
+        if self.refused_errors and isinstance(exc, self.refused_errors):
+            return BrokerRefusedError
+        if self.unavailable_errors and isinstance(exc, self.unavailable_errors):
+            return BrokerUnavailableError
+        if self.client_errors and isinstance(exc, self.client_errors):
+            return DriverError
+        return None
+
+    def translating(
+        self, doing: str, failed: type[DriverError] = DriverError
+    ) -> contextlib.AbstractContextManager[None]:
+        """A block in which the client's exceptions become Hermes errors.
+
+        Refused and unavailable keep their meaning; any other declared client
+        error becomes ``failed`` (:class:`DeliveryError` for a send). Hermes's
+        own errors pass through. Core wraps its calls into drivers in it; a
+        driver wraps the calls its own threads make (a lease renewer).
+        """
+        return translate_errors(self, doing, failed)
+
+    # Priorities ---------------------------------------------------------------
 
     def setup_priority_queue(self, name: str, priority: int) -> None:
         """Add a queue ``name`` that holds messages sent with ``priority``.
@@ -163,24 +232,6 @@ class Driver(ABC):
         Raises :class:`NotSupportedError` on a driver without priorities.
         """
         raise NotSupportedError(f"{type(self).__name__} has no priority queues")
-
-    def close(self) -> None:  # noqa: B027 - most drivers have something to close, not all
-        """Release the broker connection. Idempotent."""
-
-    def set_max_process_items(self, count: int) -> None:
-        """Make ``wait()`` return after ``count`` messages (0 = never)."""
-        if count < 0:
-            raise ValueError(f"max process items must be >= 0, got {count}")
-        self.max_process_items = count
-
-    def set_shutdown(self, shutdown: Shutdown | None) -> None:
-        """Make ``wait()`` return once ``shutdown.should_shutdown(start_time)`` is true."""
-        self.shutdown = shutdown
-
-    def set_serializer(self, serializer: Serializer) -> None:
-        self.serializer = serializer
-
-    # Helpers for implementations -------------------------------------------
 
     def unknown_priority(
         self,
@@ -203,6 +254,50 @@ class Driver(ABC):
                 raise self.unknown_priority(priority, known)
         return sorted(set(wanted) if wanted else known, reverse=True)
 
+    def close(self) -> None:  # noqa: B027 - most drivers have something to close, not all
+        """Release the broker connection. Idempotent."""
+
+    # PHP Hermes's worker API, kept for code ported from it -------------------
+
+    def wait(
+        self,
+        callback: Callback,
+        priorities: Sequence[int] = (),
+        *,
+        concurrency: int = 1,
+        grace_s: float = 30.0,
+    ) -> None:
+        """PHP's ``$driver->wait($callback)``: a :class:`~hermes.core.Worker` run of ``callback``.
+
+        ``callback(message, priority) -> bool`` is called per message until
+        the limit of :meth:`set_max_process_items` or the :meth:`set_shutdown`
+        request; each call is a run of its own (the count starts from 0).
+        New code runs a ``Worker`` instead.
+        """
+        from hermes.core._worker import Worker
+
+        compat = _php_settings(self)
+        Worker(
+            self,
+            callback,
+            priorities=priorities,
+            concurrency=concurrency,
+            grace_s=grace_s,
+            max_items=compat.max_items,
+            shutdown=compat.shutdown,
+            handle_signals=False,
+        ).run()
+
+    def set_max_process_items(self, count: int) -> None:
+        """PHP's setter: make :meth:`wait` return after ``count`` messages (0 = never)."""
+        if count < 0:
+            raise ValueError(f"max process items must be >= 0, got {count}")
+        _php_settings(self).max_items = count
+
+    def set_shutdown(self, shutdown: Shutdown | None) -> None:
+        """PHP's setter: make :meth:`wait` return once ``shutdown`` asks for it."""
+        _php_settings(self).shutdown = shutdown
+
     def __enter__(self) -> Driver:
         return self
 
@@ -218,31 +313,52 @@ class Driver(ABC):
         return f"<{type(self).__name__}>"
 
 
-@runtime_checkable
-class SupportsRawSend(Protocol):
-    """Optional: put bytes on the broker as they are, without serializing.
+@dataclass
+class _PhpSettings:
+    """What PHP's setters configured on a driver, for :meth:`Driver.wait` alone."""
 
-    The conformance kit uses it to put poison messages where a worker will find them.
+    max_items: int = 0
+    shutdown: Shutdown | None = None
+
+
+def _php_settings(driver: Driver) -> _PhpSettings:
+    settings: _PhpSettings | None = driver.__dict__.get("_php_settings")
+    if settings is None:
+        settings = driver.__dict__["_php_settings"] = _PhpSettings()
+    return settings
+
+
+@contextlib.contextmanager
+def translate_errors(driver: Driver, doing: str, failed: type[DriverError]) -> Iterator[None]:
+    try:
+        yield
+    except HermesError:
+        raise
+    except Exception as exc:
+        kind = driver.classify_error(exc)
+        if kind is None:
+            raise
+        if kind is DriverError:
+            kind = failed
+        raise kind(f"{driver!r}: {_verb(kind)} while {doing}: {error_text(exc)}") from exc
+
+
+def _verb(kind: type[DriverError]) -> str:
+    if issubclass(kind, BrokerRefusedError):
+        return "refused"
+    if issubclass(kind, BrokerUnavailableError):
+        return "unavailable"
+    return "failed"
+
+
+@runtime_checkable
+class SupportsTeardown(Protocol):
+    """Optional: delete every queue this driver object addresses, and what they hold.
+
+    The conformance kit calls it to clean up after each test; ``hermes`` never does.
     """
 
-    def send_raw(self, body: bytes, priority: int = DEFAULT_PRIORITY) -> None: ...
-
-
-@runtime_checkable
-class SupportsBatchSend(Protocol):
-    """Optional: send many messages in one broker round trip where the broker allows."""
-
-    def send_batch(self, messages: Sequence[Message], priority: int = DEFAULT_PRIORITY) -> None: ...
-
-
-@runtime_checkable
-class SupportsPurge(Protocol):
-    """Optional: delete every message and every queue this driver object addresses.
-
-    The conformance kit calls it to clean up after each test.
-    """
-
-    def purge(self) -> None: ...
+    def teardown(self) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,14 +395,14 @@ class SupportsStats(Protocol):
 
 
 @runtime_checkable
-class SupportsClear(Protocol):
+class SupportsPurge(Protocol):
     """Optional: delete the messages waiting (ready and scheduled) in priority queues.
 
-    Unlike :meth:`SupportsPurge.purge`, the queues stay, and so do messages
-    in flight and set aside. ``hermes purge`` calls it.
+    The queues stay, and so do messages in flight (a running handler's) and
+    set aside. ``hermes purge`` calls it.
     """
 
-    def clear(self, priority: int | None = None) -> int:
+    def purge(self, priority: int | None = None) -> int:
         """Delete what waits in the queue of ``priority`` (every queue: None); how many.
 
         Raises :class:`UnknownPriorityError` for a priority without a queue.

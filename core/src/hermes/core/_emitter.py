@@ -3,7 +3,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from hermes.core._driver import DEFAULT_PRIORITY, Driver, SupportsBatchSend
+from hermes.core._driver import DEFAULT_PRIORITY, Driver
 from hermes.core._message import Message
 from hermes.core._registry import notify, plugin_manager
 
@@ -40,11 +40,7 @@ class Emitter:
 
     def emit_batch(self, messages: Sequence[Message], priority: int = DEFAULT_PRIORITY) -> Emitter:
         """``emit`` each of ``messages``, in one broker round trip where the driver can."""
-        if isinstance(self.driver, SupportsBatchSend):
-            self.driver.send_batch(messages, priority)
-        else:
-            for message in messages:
-                self.driver.send(message, priority)
+        self.driver.send_batch(messages, priority)
         for message in messages:
             self._emitted(message, priority)
         return self
@@ -52,7 +48,11 @@ class Emitter:
     def _emitted(self, message: Message, priority: int) -> None:
         if self.logger.isEnabledFor(logging.INFO):
             self.logger.info(
-                "Dispatcher send message #%s to driver %s", message.id, type(self.driver).__name__
+                "Emitted message #%s (%s) priority:%s to %r",
+                message.id,
+                message.type,
+                priority,
+                self.driver,
             )
         notify(
             self._hooks.hermes_message_emitted,

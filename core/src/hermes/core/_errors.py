@@ -13,18 +13,17 @@
     │                           other than None, True or False
     └── DriverError             the broker or its client failed; ``__cause__`` is the
         │                       client's own exception
-        ├── BrokerUnavailableError  the broker cannot be reached
+        ├── BrokerUnavailableError  the broker cannot be reached now: retried
+        ├── BrokerRefusedError      the broker refused this client (credentials, a
+        │                           missing database or vhost, a permission): not retried
         └── DeliveryError           the broker refused or lost a ``send()``
 
-Drivers translate their client library's exceptions into ``DriverError``
-subclasses at their boundary with :func:`translate_errors`, which chains the
-client's exception as ``__cause__``.
+A driver declares which of its client library's exceptions mean what
+(``Driver.refused_errors``, ``unavailable_errors``, ``client_errors``); core
+translates them at the boundary and chains the client's exception as ``__cause__``.
 """
 
 from __future__ import annotations
-
-import contextlib
-from collections.abc import Iterator
 
 
 class HermesError(Exception):
@@ -82,39 +81,17 @@ class BrokerUnavailableError(DriverError):
     """The broker cannot be reached (refused, timed out, restarting)."""
 
 
+class BrokerRefusedError(DriverError):
+    """The broker refused this client: credentials, a missing database or vhost, a permission.
+
+    Trying again cannot help: a worker stops, and ``hermes`` exits 2.
+    """
+
+
 class DeliveryError(DriverError):
     """The broker did not take a message handed to ``send()``."""
 
 
-@contextlib.contextmanager
-def translate_errors(
-    doing: str,
-    *,
-    unavailable: tuple[type[BaseException], ...] = (),
-    failed: type[DriverError] = DriverError,
-    errors: tuple[type[BaseException], ...] = (Exception,),
-) -> Iterator[None]:
-    """Turn a client library's exceptions into Hermes errors, at the driver's boundary.
-
-    Inside the block, an exception in ``unavailable`` becomes
-    :class:`BrokerUnavailableError` (the worker reconnects with backoff), any
-    other in ``errors`` becomes ``failed``; Hermes's own errors pass through.
-    The message says what the driver was ``doing``; the client's exception is
-    chained as ``__cause__``::
-
-        with translate_errors(f"sending to {queue!r}", unavailable=(redis.ConnectionError,),
-                              failed=DeliveryError, errors=(redis.RedisError,)):
-            client.sadd(queue, body)
-    """
-    try:
-        yield
-    except HermesError:
-        raise
-    except unavailable as exc:
-        raise BrokerUnavailableError(f"unavailable while {doing}: {_text(exc)}") from exc
-    except errors as exc:
-        raise failed(f"failed while {doing}: {_text(exc)}") from exc
-
-
-def _text(exc: BaseException) -> str:
+def error_text(exc: BaseException) -> str:
+    """``Type: text`` of a client's exception, or the type alone when it has no text."""
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

@@ -23,7 +23,8 @@ from collections.abc import Collection, Hashable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from hermes.core._errors import NotSupportedError, SerializeError
+from hermes.core._driver import DEFAULT_PRIORITY, outgoing
+from hermes.core._errors import DeliveryError, NotSupportedError, SerializeError
 from hermes.core._message import Message
 from hermes.core._serializer import MessageSerializer
 
@@ -144,10 +145,10 @@ class FailedStore:
     """
 
     def __init__(self, driver: Driver, browser: QueueBrowser | None = None) -> None:
-        #: The store's driver; its serializer is a :class:`FailedMessageSerializer`.
+        #: The store's driver; the store serializes with :attr:`serializer` itself.
         self.driver = driver
         self.browser = browser
-        driver.set_serializer(FailedMessageSerializer())
+        self.serializer = FailedMessageSerializer()
 
     @classmethod
     def connect(cls, url: str) -> FailedStore:
@@ -174,7 +175,9 @@ class FailedStore:
     def keep(self, message: Message, reason: str, failed_at: float | None = None) -> FailedMessage:
         """Send ``message`` to the store with ``reason``; returns what was stored."""
         failed = FailedMessage.of(message, reason, failed_at)
-        self.driver.send(failed)
+        item = outgoing(failed, self.serializer)
+        with self.driver.translating(f"keeping message #{message.id}", DeliveryError):
+            self.driver.put((item,), DEFAULT_PRIORITY)
         return failed
 
     def messages(self) -> list[FailedMessage]:
@@ -230,7 +233,7 @@ class FailedStore:
         return self.browser
 
     def _scan(self) -> list[tuple[Hashable, FailedMessage]]:
-        serializer = self.driver.serializer
+        serializer = self.serializer
         found: list[tuple[Hashable, FailedMessage]] = []
         for entry, body in self._browser().entries():
             try:

@@ -17,9 +17,9 @@ from hermes.core._driver import (
     Delay,
     Delivery,
     Driver,
+    Outgoing,
     QueueStats,
 )
-from hermes.core._message import Message
 from hermes.core._registry import DriverPlugin, hookimpl
 from hermes.core._url import DriverUrl
 
@@ -79,7 +79,6 @@ class MemoryDriver(Driver):
     )
 
     def __init__(self, name: str = "default") -> None:
-        super().__init__()
         #: The broker name: ``memory://NAME``.
         self.name = name
         self._broker = _broker(name)
@@ -88,22 +87,18 @@ class MemoryDriver(Driver):
         with self._broker.condition:
             self._broker.queues.setdefault(priority, deque())
 
-    def send(self, message: Message, priority: int = DEFAULT_PRIORITY) -> None:
-        self._put(self.serializer.serialize(message), priority, message.execute_at)
-
-    def send_raw(self, body: bytes, priority: int = DEFAULT_PRIORITY) -> None:
-        self._put(body, priority, None)
-
-    def _put(self, data: str | bytes, priority: int, execute_at: float | None) -> None:
+    def put(self, items: Sequence[Outgoing], priority: int = DEFAULT_PRIORITY) -> None:
         broker = self._broker
         with broker.condition:
             if priority not in broker.queues:
                 raise self.unknown_priority(priority, broker.queues)
-            if execute_at is not None and execute_at > time.time():
-                entry = (execute_at, next(broker.sequence), priority, data)
-                heapq.heappush(broker.scheduled, entry)
-            else:
-                broker.queues[priority].append(data)
+            now = time.time()
+            for item in items:
+                if item.execute_at is not None and item.execute_at > now:
+                    entry = (item.execute_at, next(broker.sequence), priority, item.body)
+                    heapq.heappush(broker.scheduled, entry)
+                else:
+                    broker.queues[priority].append(item.body)
             broker.condition.notify_all()
 
     def consumer(self, priorities: Sequence[int], *, concurrency: int = 1) -> Consumer:
@@ -127,7 +122,7 @@ class MemoryDriver(Driver):
                 for priority in sorted(broker.queues, reverse=True)
             ]
 
-    def clear(self, priority: int | None = None) -> int:
+    def purge(self, priority: int | None = None) -> int:
         broker = self._broker
         with broker.condition:
             priorities = self.check_priorities(
@@ -143,7 +138,7 @@ class MemoryDriver(Driver):
             broker.scheduled = kept
             return removed
 
-    def purge(self) -> None:
+    def teardown(self) -> None:
         # Cleared in place: every driver object of this name (a worker's, an
         # emitter's) sees the same empty broker afterwards, not two diverging ones.
         with self._broker.condition:

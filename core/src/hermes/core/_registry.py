@@ -1,10 +1,11 @@
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import pluggy
 
@@ -14,6 +15,8 @@ from hermes.core._errors import ConfigurationError, UnknownDriverError
 from hermes.core._queues import url_queues, without_queues
 from hermes.core._shutdown import Shutdown
 from hermes.core._url import DriverUrl
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     from hermes.core._failed import QueueBrowser
@@ -207,6 +210,52 @@ def notify(hook: Any, **kwargs: Any) -> None:
             impl.function(*args, **extra)
         except Exception as exc:
             hook_failed(impl.plugin_name, hook.name, exc)
+
+
+def wrap_call(hook: Any, call: Callable[[], T], **kwargs: Any) -> T:
+    """``call()`` inside the context manager each implementation of ``hook`` returns.
+
+    For the hooks around a handler call (tracing, error reports). Each
+    implementation returns a context manager or None; they are entered in
+    pluggy's order and exited in reverse, each seeing the exception ``call``
+    raised. None of them can change what happens: an implementation that
+    raises (returning, entering or exiting) is logged by :func:`hook_failed`
+    and left out, a context manager that would swallow the exception does
+    not, and ``call``'s result or exception is what the caller gets.
+    """
+    impls = hook.get_hookimpls()
+    if not impls:
+        return call()
+    entered: list[tuple[str, contextlib.AbstractContextManager[Any]]] = []
+    for impl in reversed(impls):
+        try:
+            args = [kwargs[name] for name in impl.argnames]
+            manager = impl.function(*args)
+            if manager is None:
+                continue
+            manager.__enter__()
+            entered.append((impl.plugin_name, manager))
+        except Exception as exc:
+            hook_failed(impl.plugin_name, hook.name, exc)
+    try:
+        result = call()
+    except BaseException as exc:
+        _exit_all(hook.name, entered, exc)
+        raise
+    _exit_all(hook.name, entered, None)
+    return result
+
+
+def _exit_all(
+    hook_name: str,
+    entered: list[tuple[str, contextlib.AbstractContextManager[Any]]],
+    exc: BaseException | None,
+) -> None:
+    for plugin_name, manager in reversed(entered):
+        try:
+            manager.__exit__(type(exc) if exc else None, exc, exc.__traceback__ if exc else None)
+        except Exception as error:
+            hook_failed(plugin_name, hook_name, error)
 
 
 def plugin_manager() -> pluggy.PluginManager:

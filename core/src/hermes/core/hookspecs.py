@@ -29,6 +29,9 @@ from typing import TYPE_CHECKING
 import pluggy
 
 if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
+    from hermes.core._dispatcher import Outcome
     from hermes.core._driver import Driver
     from hermes.core._message import Message
     from hermes.core._registry import DriverPlugin
@@ -58,18 +61,32 @@ def hermes_message_emitted(message: Message, priority: int, driver: Driver) -> N
 
 @hookspec
 def hermes_message_started(message: Message, priority: int) -> None:
-    """Called by the Dispatcher before the first handler of ``message`` runs."""
+    """Called by the Dispatcher when it takes ``message`` on, before any handler runs.
+
+    Every ``started`` is followed by exactly one :func:`hermes_message_finished`
+    on the same thread, whatever happens (no handler included).
+    """
 
 
 @hookspec
-def hermes_message_succeeded(
-    message: Message, priority: int, handler: object, result: bool
-) -> None:
-    """Called by the Dispatcher after ``handler.handle(message)`` returned ``result``.
+def hermes_handler_call(
+    message: Message, priority: int, handler: object
+) -> AbstractContextManager[None] | None:
+    """Return a context manager to run around one handler call, or None.
 
-    ``result`` False: the handler reported a failure without raising (the
-    Dispatcher's stats count it as failed; nothing is retried), and
-    :func:`hermes_message_gave_up` follows.
+    The hook for tracing and error reports: called by the Dispatcher right
+    before ``handler.handle(message)``; the manager is entered then and exited
+    when the call returned or raised (its ``__exit__`` sees the exception).
+    A plugin cannot change the outcome: a manager that raises is logged and
+    left out, and one that would swallow the handler's exception does not.
+    """
+
+
+@hookspec
+def hermes_message_succeeded(message: Message, priority: int, handler: object) -> None:
+    """Called by the Dispatcher after ``handler.handle(message)`` succeeded (None or True).
+
+    A handler that returns False has failed: :func:`hermes_message_gave_up` follows it.
     """
 
 
@@ -85,8 +102,13 @@ def hermes_message_failed(
 
 
 @hookspec
-def hermes_message_retried(message: Message, retry: Message, handler: object) -> None:
-    """Called by the Dispatcher after it sent ``retry``, the copy of a failed ``message``."""
+def hermes_message_retried(
+    message: Message, retry: Message, handler: object, exception: BaseException
+) -> None:
+    """Called by the Dispatcher after it sent ``retry``, the copy of a failed ``message``.
+
+    ``exception`` is what ``handler`` raised.
+    """
 
 
 @hookspec
@@ -110,12 +132,25 @@ def hermes_message_gave_up(
 
 
 @hookspec
-def hermes_message_finished(message: Message, priority: int, result: bool) -> None:
+def hermes_message_finished(
+    message: Message, priority: int, result: bool, outcome: Outcome
+) -> None:
     """Called by the Dispatcher after every handler of ``message`` ran (or none was found).
 
-    ``result`` is the message's outcome, the AND of its handlers' results
-    (False when a handler raised, returned False, or there was no handler).
-    Called on the thread that ran the handlers, after the last one.
+    Always after a :func:`hermes_message_started` for the same message, on
+    the thread that ran the handlers. ``outcome`` is the message's
+    :class:`~hermes.core.Outcome` (SUCCEEDED when every handler succeeded,
+    else the first handler's that did not); ``result`` is
+    ``outcome is Outcome.SUCCEEDED``.
+    """
+
+
+@hookspec
+def hermes_message_rejected(body: str | bytes, priority: int, reason: str) -> None:
+    """Called by the Worker when a body the broker handed over is not a Hermes message.
+
+    It is set aside by the driver (quarantine, dead-letter, or deleted) and
+    never reaches a handler, so no ``started``/``finished`` pair is called for it.
     """
 
 

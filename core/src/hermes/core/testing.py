@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import time
 
+from hermes.core._consumer import decode
 from hermes.core._dispatcher import Dispatcher, DispatcherStats
 from hermes.core._driver import Driver
 from hermes.core._memory import MemoryDriver
 from hermes.core._message import Message
+from hermes.core._worker import Worker
 
 __all__ = ["drain", "due", "scheduled"]
 
@@ -57,21 +59,7 @@ def scheduled(driver: Driver) -> list[Message]:
     now = time.time()
     with broker.condition:
         bodies = [body for at, _, _, body in sorted(broker.scheduled) if at > now]
-    return [memory.serializer.unserialize(body) for body in bodies]
-
-
-class _UntilDrained:
-    """Stops a worker once nothing is due on its memory driver, or at the deadline."""
-
-    def __init__(self, driver: MemoryDriver, deadline: float) -> None:
-        self.driver = driver
-        self.deadline = deadline
-
-    def should_shutdown(self, start_time: float) -> bool:
-        return due(self.driver) == 0 or time.monotonic() >= self.deadline
-
-    def shutdown(self, at: float | None = None) -> bool:
-        return False
+    return [decode(body) for body in bodies]
 
 
 def drain(dispatcher: Dispatcher, *, timeout_s: float = 10.0) -> DispatcherStats:
@@ -84,12 +72,13 @@ def drain(dispatcher: Dispatcher, *, timeout_s: float = 10.0) -> DispatcherStats
     (a handler that emits a message for every message it handles, say).
     """
     driver = _memory(dispatcher.driver, "drain()")
-    previous = dispatcher.shutdown
-    dispatcher.shutdown = _UntilDrained(driver, time.monotonic() + timeout_s)
-    try:
-        dispatcher.handle()
-    finally:
-        dispatcher.shutdown = previous
+    deadline = time.monotonic() + timeout_s
+    Worker(
+        driver,
+        dispatcher,
+        handle_signals=False,
+        stop_when=lambda: due(driver) == 0 or time.monotonic() >= deadline,
+    ).run()
     left = due(driver)
     if left:
         raise TimeoutError(f"drain(): {left} message(s) still due after {timeout_s:g} s")

@@ -19,13 +19,13 @@ from hermes.core._cli._common import (
     named_queues,
     setup_priorities,
 )
-from hermes.core._driver import Delay, Driver, SupportsBatchSend
+from hermes.core._driver import Delay, Driver
 from hermes.core._emitter import Emitter
 from hermes.core._message import Message
 from hermes.core._registry import connect
 from hermes.core._url import redact_url
 
-#: Messages per ``send_batch`` call when the driver has one.
+#: Messages per ``send_batch`` call.
 BATCH_SIZE = 100
 #: Seconds between two progress lines of ``--count``.
 PROGRESS_EVERY_S = 1.0
@@ -150,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
 def _emit_many(driver: Driver, first: Message, count: int, priority: int) -> None:
     """Send ``first`` and ``count - 1`` copies with fresh ids, in batches when the driver can."""
     emitter = Emitter(driver)
-    batch_size = BATCH_SIZE if isinstance(driver, SupportsBatchSend) else 1
+    batch_size = BATCH_SIZE
     messages = itertools.chain(
         [first],
         (Message(first.type, first.payload, execute_at=first.execute_at) for _ in range(count - 1)),

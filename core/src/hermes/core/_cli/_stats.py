@@ -18,7 +18,7 @@ from hermes.core._cli._common import (
     named_queues,
     setup_priorities,
 )
-from hermes.core._driver import Driver, QueueStats, SupportsClear, SupportsStats
+from hermes.core._driver import Driver, QueueStats, SupportsPurge, SupportsStats
 from hermes.core._registry import connect
 from hermes.core._url import redact_url
 
@@ -101,10 +101,10 @@ def run_purge(args: argparse.Namespace) -> int:
     with connect(url) as driver:
         wanted = [args.priority] if args.priority is not None else []
         setup_priorities(driver, wanted, preset=from_url)
-        if not isinstance(driver, SupportsClear):
+        if not isinstance(driver, SupportsPurge):
             raise CliError(
                 f"{type(driver).__name__} ({redact_url(url)}) cannot delete waiting messages: "
-                "it does not implement clear()"
+                "it does not implement purge()"
             )
         which = f"priority {args.priority}" if args.priority is not None else "every queue"
         if not args.yes:
@@ -120,6 +120,6 @@ def run_purge(args: argparse.Namespace) -> int:
             if answer.strip().lower() not in ("y", "yes"):
                 print("Nothing deleted", flush=True)
                 return 1
-        removed = driver.clear(args.priority)
+        removed = driver.purge(args.priority)
     print(f"Deleted {removed:,} waiting message{'s' if removed != 1 else ''} ({which})", flush=True)
     return 0

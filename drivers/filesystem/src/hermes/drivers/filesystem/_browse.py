@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 from collections.abc import Hashable, Iterator
 
-from hermes.core import Driver, DriverError
+from hermes.core import DriverError
+from hermes.core.driver import Driver
 from hermes.drivers.filesystem._driver import FileSystemDriver
 from hermes.drivers.filesystem._names import QueuedName, parse
 

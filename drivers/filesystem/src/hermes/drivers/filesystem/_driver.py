@@ -19,18 +19,12 @@ from urllib.parse import quote
 from hermes.core import (
     DEFAULT_PRIORITY,
     BrokerUnavailableError,
-    Capabilities,
     ConfigurationError,
-    Consumer,
-    Delay,
-    Delivery,
     DeliveryError,
-    Driver,
     DriverError,
     Message,
-    QueueStats,
-    Received,
 )
+from hermes.core.driver import Capabilities, Consumer, Delay, Delivery, Driver, QueueStats, Received
 from hermes.drivers.filesystem._names import SCHEME, QueuedName, next_name, parse
 from hermes.drivers.filesystem._worker import LOCK_NAME, WorkerClaims, recover_dead_workers
 

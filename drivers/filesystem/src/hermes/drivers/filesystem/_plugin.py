@@ -7,11 +7,12 @@ import re
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
-from hermes.core import ConfigurationError, Driver, DriverPlugin, DriverUrl, hookimpl
+from hermes.core import ConfigurationError, hookimpl
+from hermes.core.driver import Driver, DriverPlugin, DriverUrl
 from hermes.drivers.filesystem._driver import FileSystemDriver
 
 if TYPE_CHECKING:
-    from hermes.core import QueueBrowser
+    from hermes.core.driver import QueueBrowser
 
 #: Options a ``file://`` URL may carry, e.g. ``file:///var/spool/hermes?fsync=false``.
 URL_OPTIONS = ("fsync", "poll_interval_s", "recovery_interval_s")

@@ -6,7 +6,7 @@ The plugin module reads it for ``available_drivers()``, which every
 
 from __future__ import annotations
 
-from hermes.core import Capabilities, Delay, Delivery
+from hermes.core.driver import Capabilities, Delay, Delivery
 
 #: The largest serialized message the driver promises to carry: below both
 #: librdkafka's default ``message.max.bytes`` (1,000,000, batch framing included)

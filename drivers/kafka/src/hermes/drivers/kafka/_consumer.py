@@ -13,7 +13,8 @@ from confluent_kafka import Consumer as Client
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka import Message as Record
 
-from hermes.core import BrokerUnavailableError, Consumer, DriverError, Received, SerializeError
+from hermes.core import BrokerUnavailableError, DriverError, SerializeError
+from hermes.core.driver import Consumer, Received
 from hermes.drivers.kafka._errors import error_of, kafka_errors, translate
 from hermes.drivers.kafka._offsets import OffsetLedger, Partition, PartitionState
 

@@ -22,16 +22,12 @@ from hermes.core import (
     DEFAULT_PRIORITY,
     BrokerUnavailableError,
     ConfigurationError,
-    Consumer,
-    Delay,
     DeliveryError,
-    Driver,
     DriverError,
     Message,
     NotSupportedError,
-    PerProcess,
-    QueueStats,
 )
+from hermes.core.driver import Consumer, Delay, Driver, PerProcess, QueueStats
 from hermes.drivers.kafka import _settings
 from hermes.drivers.kafka._capabilities import (
     CAPABILITIES,

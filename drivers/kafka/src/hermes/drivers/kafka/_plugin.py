@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from hermes.core import ConfigurationError, DriverPlugin, DriverUrl, hookimpl
+from hermes.core import ConfigurationError, hookimpl
+from hermes.core.driver import DriverPlugin, DriverUrl
 from hermes.drivers.kafka import _settings
 from hermes.drivers.kafka._capabilities import CAPABILITIES
 

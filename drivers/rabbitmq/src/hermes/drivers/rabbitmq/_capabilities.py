@@ -6,7 +6,7 @@ The plugin module reads it for ``available_drivers()``, which every
 
 from __future__ import annotations
 
-from hermes.core import Capabilities, Delay, Delivery
+from hermes.core.driver import Capabilities, Delay, Delivery
 
 #: Acknowledged after the handler, ``execute_at`` ignored unless the URL says
 #: ``delay=true`` (the driver then reports :attr:`Delay.NATIVE`), one queue

@@ -12,13 +12,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from pika import exceptions as pika_exc
 
-from hermes.core import (
-    Consumer,
-    DriverError,
-    PerProcess,
-    Received,
-    SerializeError,
-)
+from hermes.core import DriverError, SerializeError
+from hermes.core.driver import Consumer, PerProcess, Received
 from hermes.drivers.rabbitmq._delay import DUE_TOLERANCE_S
 from hermes.drivers.rabbitmq._errors import close_quietly, translate
 

@@ -14,16 +14,8 @@ from urllib.parse import quote
 import pika
 from pika import exceptions as pika_exc
 
-from hermes.core import (
-    DEFAULT_PRIORITY,
-    ConfigurationError,
-    Consumer,
-    Delay,
-    Driver,
-    Message,
-    PerProcess,
-    QueueStats,
-)
+from hermes.core import DEFAULT_PRIORITY, ConfigurationError, Message
+from hermes.core.driver import Consumer, Delay, Driver, PerProcess, QueueStats
 from hermes.drivers.rabbitmq._capabilities import CAPABILITIES
 from hermes.drivers.rabbitmq._consumer import RabbitMqConsumer
 from hermes.drivers.rabbitmq._delay import (

@@ -6,7 +6,8 @@ from collections.abc import Hashable, Iterator
 
 import redis
 
-from hermes.core import Driver, DriverError
+from hermes.core import DriverError
+from hermes.core.driver import Driver
 from hermes.drivers.redis._driver import RedisSetDriver, translate_error
 
 #: Members fetched per ``SSCAN`` round trip.

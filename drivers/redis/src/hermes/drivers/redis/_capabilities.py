@@ -6,7 +6,7 @@ The plugin module reads it for ``available_drivers()``, which every
 
 from __future__ import annotations
 
-from hermes.core import Capabilities, Delay, Delivery
+from hermes.core.driver import Capabilities, Delay, Delivery
 
 #: ``SPOP`` before the callback (at most once), a sorted set for ``execute_at``,
 #: one set per priority, any number of workers on one set.

@@ -21,15 +21,11 @@ from hermes.core import (
     DEFAULT_PRIORITY,
     BrokerUnavailableError,
     ConfigurationError,
-    Consumer,
-    Delivery,
     DeliveryError,
-    Driver,
     DriverError,
     Message,
-    QueueStats,
-    Received,
 )
+from hermes.core.driver import Consumer, Delivery, Driver, QueueStats, Received
 from hermes.drivers.redis import _scripts
 from hermes.drivers.redis._capabilities import CAPABILITIES
 

@@ -8,20 +8,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from hermes.core import (
-    ConfigurationError,
-    Driver,
-    DriverPlugin,
-    DriverUrl,
-    Shutdown,
-    hookimpl,
-)
+from hermes.core import ConfigurationError, Shutdown, hookimpl
+from hermes.core.driver import Driver, DriverPlugin, DriverUrl
 from hermes.drivers.redis._capabilities import CAPABILITIES
 
 if TYPE_CHECKING:
     import redis
 
-    from hermes.core import QueueBrowser
+    from hermes.core.driver import QueueBrowser
     from hermes.drivers.redis._driver import RedisSetDriver
 
 _DRIVER_OPTIONS = ("key", "schedule_key", "refresh_interval", "prefix", "delivery", "lease_timeout")

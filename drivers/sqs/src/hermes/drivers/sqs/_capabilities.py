@@ -6,7 +6,7 @@ The plugin module reads it for ``available_drivers()``, which every
 
 from __future__ import annotations
 
-from hermes.core import Capabilities, Delay, Delivery
+from hermes.core.driver import Capabilities, Delay, Delivery
 
 #: Largest body (and largest SendMessageBatch request) every SQS queue accepts.
 MAX_MESSAGE_BYTES = 256 * 1024

@@ -20,19 +20,21 @@ from botocore.exceptions import ClientError
 from hermes.core import (
     DEFAULT_PRIORITY,
     ConfigurationError,
-    Consumer,
-    Delay,
     DeliveryError,
-    Driver,
     DriverError,
     Message,
     NotSupportedError,
+    SerializeError,
+    redact_url,
+)
+from hermes.core.driver import (
+    Consumer,
+    Delay,
+    Driver,
     PerProcess,
     QueueStats,
     Received,
-    SerializeError,
     current_received,
-    redact_url,
 )
 from hermes.drivers.sqs._capabilities import CAPABILITIES, MAX_MESSAGE_BYTES
 from hermes.drivers.sqs._client import (

@@ -11,7 +11,8 @@ import inspect
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
-from hermes.core import ConfigurationError, DriverPlugin, DriverUrl, hookimpl, redact_url
+from hermes.core import ConfigurationError, hookimpl, redact_url
+from hermes.core.driver import DriverPlugin, DriverUrl
 from hermes.drivers.sqs._capabilities import CAPABILITIES
 
 if TYPE_CHECKING:

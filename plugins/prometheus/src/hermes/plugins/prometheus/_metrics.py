@@ -16,7 +16,8 @@ from prometheus_client import (
     start_http_server,
 )
 
-from hermes.core import SupportsStats, connect, redact_url
+from hermes.core import connect, redact_url
+from hermes.core.driver import SupportsStats
 
 logger = logging.getLogger("hermes.plugins.prometheus")
 

@@ -1,0 +1,551 @@
+"""The Worker: one run of taking messages from a driver's consumer and handling them.
+
+The driver only moves bodies (:class:`~hermes.core.driver.Consumer`); the
+Worker owns everything about the run: the stop conditions (one composite),
+signals, max items, counts and start time, unserializing what the consumer
+hands over, the poison log, reconnect backoff, and the handler threads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import random
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+from hermes.core._consumer import IDLE_WAIT_S, Consumer, Received, decode, set_current
+from hermes.core._errors import (
+    BrokerUnavailableError,
+    ConfigurationError,
+    DriverError,
+    SerializeError,
+)
+from hermes.core._message import Message
+from hermes.core._registry import notify, plugin_manager
+from hermes.core._shutdown import Shutdown
+
+if TYPE_CHECKING:
+    from hermes.core._dispatcher import Dispatcher
+    from hermes.core._driver import Driver
+    from hermes.core._failed import FailedStore
+    from hermes.core._handler import HandlerRegistry
+
+logger = logging.getLogger("hermes")
+
+#: Between WARNING and INFO: PSR-3's NOTICE, used for "Exiting hermes dispatcher".
+NOTICE = 25
+logging.addLevelName(NOTICE, "NOTICE")
+
+#: ``handle(message, priority) -> bool``: what a run calls per message.
+HandleFunction = Callable[[Message, int], bool]
+
+
+class Backoff:
+    """Jittered exponential waits between reconnect attempts, capped.
+
+    Workers that lost one broker together do not come back together: each
+    wait is a random 50-100 % of ``first_s * 2**(failures - 1)``, at most ``cap_s``.
+    """
+
+    def __init__(self, first_s: float = 0.1, cap_s: float = 5.0) -> None:
+        self.first_s = first_s
+        self.cap_s = cap_s
+        #: Failed attempts since the last success.
+        self.failures = 0
+
+    def next_delay_s(self) -> float:
+        """Count one more failure; how long to wait before the next attempt."""
+        self.failures += 1
+        delay = min(self.cap_s, self.first_s * 2.0 ** min(self.failures - 1, 32))
+        return delay * random.uniform(0.5, 1.0)
+
+    def reset(self) -> int:
+        """Count a success; the failures before it."""
+        failures, self.failures = self.failures, 0
+        return failures
+
+
+class StopConditions:
+    """Every reason a run stops, asked in one place: :meth:`should_stop`.
+
+    Max items (counted as messages started, so no more than asked are taken),
+    a signal or :meth:`Worker.stop`, the Shutdowns (a shared file, a Redis
+    key), and any extra predicate (``testing.drain``: nothing left due).
+    """
+
+    def __init__(
+        self,
+        max_items: int,
+        shutdowns: Sequence[Shutdown],
+        start_time: float,
+        extra: Callable[[], bool] | None = None,
+    ) -> None:
+        self.max_items = max_items
+        self.shutdowns = tuple(shutdowns)
+        self.start_time = start_time
+        self.extra = extra
+        #: Messages taken to be handled in this run.
+        self.started = 0
+        #: Why the run stopped, once it has: "max items", "shutdown", "SIGTERM", ...
+        self.reason: str | None = None
+
+    def request(self, reason: str) -> None:
+        """Stop: a signal, :meth:`Worker.stop`, or a handler that raised out of the run."""
+        if self.reason is None:
+            self.reason = reason
+
+    def should_stop(self) -> bool:
+        if self.reason is not None:
+            return True
+        if self.max_items and self.started >= self.max_items:
+            self.reason = "max items"
+            return True
+        for shutdown in self.shutdowns:
+            if shutdown.should_shutdown(self.start_time):
+                self.reason = "shutdown"
+                return True
+        if self.extra is not None and self.extra():
+            self.reason = "done"
+            return True
+        return False
+
+    def pause(self, seconds: float, step_s: float = 0.25) -> None:
+        """Sleep ``seconds``, returning early once :meth:`should_stop`."""
+        deadline = time.monotonic() + seconds
+        while not self.should_stop():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            time.sleep(min(left, step_s))
+
+
+@dataclass
+class WorkerStats:
+    """What one run did. Handler outcomes are the Dispatcher's (``dispatcher.stats``)."""
+
+    #: Messages taken from the broker and handed to the handlers.
+    started: int = 0
+    #: Messages acknowledged after their handlers returned.
+    processed: int = 0
+    #: Bodies that were not Hermes messages, set aside.
+    rejected: int = 0
+    #: When the run started (UNIX time); a shutdown request older than it is ignored.
+    start_time: float = field(default_factory=time.time)
+    #: Why it stopped: "max items", "shutdown", "SIGTERM", "SIGINT", "stop()", "done".
+    stopped_by: str | None = None
+
+
+class Worker:
+    """One run: takes messages from ``driver`` and hands each to ``handlers``.
+
+    ``handlers`` is a :class:`Dispatcher`, a :class:`HandlerRegistry`, a dict
+    ``{type: handler or [handlers]}`` (a Dispatcher is made for the last two,
+    with ``failed``, ``time_limit_s`` and ``logger``), or a function
+    ``handle(message, priority) -> bool`` (PHP's callback). :meth:`run`
+    blocks until a stop condition holds:
+
+    * ``max_items`` messages were taken (0: no limit);
+    * a ``shutdown`` (one or several :class:`Shutdown`) asks, for a request
+      made after the run started;
+    * SIGTERM or SIGINT (on the main thread, with ``handle_signals``): handlers
+      in flight finish; a second SIGINT interrupts them;
+    * :meth:`stop`, from any thread.
+
+    ``concurrency`` handlers run at once, on threads; each message is
+    acknowledged only after its own handlers returned. On a stop, handlers
+    in flight get ``grace_s`` to finish; what is still running then is neither
+    acknowledged nor released -- the broker's own timeout decides (an
+    at-least-once broker delivers it again once this worker is gone).
+    """
+
+    def __init__(
+        self,
+        driver: Driver,
+        handlers: Dispatcher | HandlerRegistry | Mapping[str, Any] | HandleFunction,
+        *,
+        priorities: Sequence[int] = (),
+        concurrency: int | None = None,
+        grace_s: float | None = None,
+        time_limit_s: float | None = None,
+        max_items: int = 0,
+        shutdown: Shutdown | Iterable[Shutdown] | None = None,
+        failed: Driver | FailedStore | None = None,
+        handle_signals: bool = True,
+        stop_when: Callable[[], bool] | None = None,
+        logger: logging.Logger | None = None,
+    ) -> None:
+        dispatcher = _dispatcher(driver, handlers, failed, time_limit_s, logger)
+        if concurrency is None:
+            concurrency = dispatcher.concurrency if dispatcher is not None else 1
+        if grace_s is None:
+            grace_s = dispatcher.grace_s if dispatcher is not None else 30.0
+        _check_int("concurrency", concurrency, 1)
+        _check_int("max_items", max_items, 0)
+        if not grace_s >= 0:
+            raise ConfigurationError(f"grace_s must be >= 0 seconds, got {grace_s!r}")
+        self.driver = driver
+        #: The Dispatcher that handles each message (None for a bare callback).
+        self.dispatcher = dispatcher
+        self._handle: HandleFunction = (
+            dispatcher.handle_message if dispatcher is not None else handlers  # type: ignore[assignment]
+        )
+        self.priorities = tuple(priorities)
+        self.concurrency = concurrency
+        self.grace_s = grace_s
+        self.max_items = max_items
+        if shutdown is None:
+            self.shutdowns: tuple[Shutdown, ...] = ()
+        elif isinstance(shutdown, Shutdown):
+            self.shutdowns = (shutdown,)
+        else:
+            self.shutdowns = tuple(shutdown)
+        self.handle_signals = handle_signals
+        self.logger = logger or logging.getLogger("hermes")
+        self._stop_when = stop_when
+        self._stop: StopConditions | None = None
+        self._stop_requested: str | None = None
+        #: The last run's counts (a fresh one per :meth:`run`).
+        self.stats = WorkerStats()
+
+    def stop(self) -> None:
+        """Ask the run to stop after the messages in flight; callable from any thread."""
+        self._stop_requested = "stop()"
+        if self._stop is not None:
+            self._stop.request("stop()")
+
+    def run(self) -> WorkerStats:
+        """Handle messages until a stop condition holds; the run's counts.
+
+        A :class:`DriverError` other than the broker being away (it is waited
+        for, with backoff) is logged with its cause and raised, as is an
+        exception a handle function raised (its message is released first).
+        """
+        self.stats = stats = WorkerStats()
+        stop = self._stop = StopConditions(
+            self.max_items, self.shutdowns, stats.start_time, self._stop_when
+        )
+        if self._stop_requested is not None:
+            stop.request(self._stop_requested)
+        try:
+            with self._signals(stop), self._consumer() as consumer:
+                loop = _Loop(self, consumer, stop)
+                if self.concurrency > 1:
+                    _ConcurrentRun(loop, self.concurrency, self.grace_s).run()
+                else:
+                    loop.run_serial()
+        except DriverError as exc:
+            self.logger.error("Driver %r failed - %s", self.driver, exc, exc_info=True)
+            raise
+        finally:
+            stats.stopped_by = stop.reason
+            if self.dispatcher is not None:
+                self.dispatcher.close()
+        if stop.reason not in (None, "max items", "done"):
+            self.logger.log(NOTICE, "Exiting hermes dispatcher - shutdown")
+        return stats
+
+    @contextlib.contextmanager
+    def _consumer(self) -> Iterator[Consumer]:
+        with self.driver.translating("starting a consumer"):
+            consumer = self.driver.consumer(self.priorities, concurrency=self.concurrency)
+        try:
+            yield consumer
+        finally:
+            try:
+                with self.driver.translating("closing the consumer"):
+                    consumer.close()
+            except BrokerUnavailableError as exc:
+                self.logger.warning("%r: could not close its consumer - %s", self.driver, exc)
+
+    @contextlib.contextmanager
+    def _signals(self, stop: StopConditions) -> Iterator[None]:
+        if not self.handle_signals or threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            if stop.reason is not None and signum == signal.SIGINT:
+                raise KeyboardInterrupt  # a second Ctrl-C does not wait for the handler
+            name = signal.Signals(signum).name
+            stop.request(name)
+            self.logger.log(NOTICE, "Received %s, stopping after the message in progress", name)
+
+        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+def _check_int(name: str, value: object, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigurationError(f"{name} must be an int >= {minimum}, got {value!r}")
+
+
+def _dispatcher(
+    driver: Driver,
+    handlers: object,
+    failed: Driver | FailedStore | None,
+    time_limit_s: float | None,
+    logger: logging.Logger | None,
+) -> Dispatcher | None:
+    from hermes.core._dispatcher import Dispatcher
+    from hermes.core._handler import HandlerRegistry
+
+    if isinstance(handlers, Dispatcher):
+        if failed is not None or time_limit_s is not None:
+            raise ConfigurationError(
+                "failed= and time_limit_s= are the Dispatcher's: give them to Dispatcher(...)"
+            )
+        return handlers
+    if isinstance(handlers, HandlerRegistry | Mapping):
+        dispatcher = Dispatcher(driver, logger, time_limit_s=time_limit_s, failed=failed)
+        if isinstance(handlers, HandlerRegistry):
+            handlers.register(dispatcher)
+        else:
+            for type_, registered in handlers.items():
+                many = isinstance(registered, list | tuple)
+                dispatcher.register_handlers(type_, registered if many else [registered])
+        return dispatcher
+    if callable(handlers):
+        return None
+    raise ConfigurationError(
+        f"Worker handlers must be a Dispatcher, a HandlerRegistry, a dict of type -> "
+        f"handler(s) or a function (message, priority) -> bool, not {handlers!r}"
+    )
+
+
+def _describe(received: Received) -> str:
+    if received.message is not None:
+        return f"message #{received.message.id} ({received.message.type})"
+    return f"the body from {received.origin or f'priority {received.priority}'}"
+
+
+class _Loop:
+    """The steps of a run, shared by the serial and the concurrent worker."""
+
+    def __init__(self, worker: Worker, consumer: Consumer, stop: StopConditions) -> None:
+        self.worker = worker
+        self.driver = worker.driver
+        self.handle = worker._handle
+        self.consumer = consumer
+        self.stop = stop
+        self.stats = worker.stats
+        self.backoff = Backoff()
+        self.debug = logger.isEnabledFor(logging.DEBUG)
+        self.count_lock = threading.Lock()
+        #: Set when the run closed the consumer with handlers still running: what
+        #: they finish later is not settled (the broker's own timeout decides).
+        self.abandoned = False
+        self._hooks = plugin_manager().hook
+
+    def run_serial(self) -> None:
+        stop = self.stop
+        while not stop.should_stop():
+            received = self.take()
+            if received is not None:
+                stop.started += 1
+                self.deliver(received)
+
+    def take(self) -> Received | None:
+        """One message from the consumer, unserialized; None when idle, poisoned or unreachable."""
+        driver = self.driver
+        try:
+            with driver.translating("receiving"):
+                received = self.consumer.receive(IDLE_WAIT_S)
+        except BrokerUnavailableError as exc:
+            delay = self.backoff.next_delay_s()
+            logger.warning(
+                "%r: broker unavailable (attempt %d), retrying in %.2f s - %s",
+                driver,
+                self.backoff.failures,
+                delay,
+                exc,
+            )
+            self.stop.pause(delay)
+            return None
+        if self.backoff.failures:
+            failures = self.backoff.reset()
+            logger.info("%r: broker is back after %d failed attempt(s)", driver, failures)
+        if received is None:
+            return None
+        if received.message is None:
+            try:
+                received.message = decode(received.body)
+            except SerializeError as exc:
+                self.reject(received, exc)
+                return None
+        if self.debug:
+            message = received.message
+            logger.debug("%r: took message #%s (%s)", driver, message.id, message.type)
+        return received
+
+    def reject(self, received: Received, exc: SerializeError) -> None:
+        logger.error(
+            "%r: set aside %s, which is not a Hermes message - %s",
+            self.driver,
+            _describe(received),
+            exc,
+        )
+        self.settle("set aside", received, self.consumer.reject, str(exc))
+        with self.count_lock:
+            self.stats.rejected += 1
+        notify(
+            self._hooks.hermes_message_rejected,
+            body=received.body,
+            priority=received.priority,
+            reason=str(exc),
+        )
+
+    def deliver(self, received: Received) -> None:
+        """Call the handlers, then acknowledge; release and re-raise when the call raises."""
+        message = received.message
+        assert message is not None
+        with self.count_lock:
+            self.stats.started += 1
+        current = set_current(received)
+        try:
+            self.handle(message, received.priority)
+        except BaseException:
+            if self.settle("release", received, self.consumer.release) and self.debug:
+                logger.debug("%r: released message #%s", self.driver, message.id)
+            raise
+        finally:
+            current()
+        if self.settle("acknowledge", received, self.consumer.ack) and self.debug:
+            logger.debug("%r: acknowledged message #%s", self.driver, message.id)
+        with self.count_lock:
+            self.stats.processed += 1
+
+    def settle(
+        self, what: str, received: Received, action: Callable[..., None], *args: Any
+    ) -> bool:
+        """Call ``action(received, *args)``; a broker gone meanwhile is logged, not raised.
+
+        True if it worked.
+        """
+        if self.abandoned:
+            logger.info(
+                "%r: did not %s %s: its handler outlived the grace period and the consumer "
+                "is closed; the broker delivers it again",
+                self.driver,
+                what,
+                _describe(received),
+            )
+            return False
+        try:
+            with self.driver.translating(f"{what} {_describe(received)}"):
+                action(received, *args)
+        except BrokerUnavailableError as exc:
+            logger.warning(
+                "%r: could not %s %s - %s",
+                self.driver,
+                what,
+                _describe(received),
+                exc,
+                exc_info=True,
+            )
+            return False
+        return True
+
+
+class _ConcurrentRun:
+    """``concurrency`` handler threads fed by this thread, never more taken than they can run.
+
+    This thread receives only while a handler thread is free, so at most
+    ``concurrency`` messages are off the broker at once (plus what a consumer
+    prefetches). When the run stops -- a stop condition, or a handle function
+    that raised -- no more are taken; the handlers in flight get ``grace_s``
+    to finish, and what has not finished by then is left unsettled: the
+    consumer is closed with it held, and a late handler settles nothing (the
+    broker's own timeout decides). Handler threads are daemon threads: a
+    second Ctrl-C ends the process at once.
+    """
+
+    def __init__(self, loop: _Loop, concurrency: int, grace_s: float) -> None:
+        self.loop = loop
+        self.concurrency = concurrency
+        self.grace_s = grace_s
+        self.free = threading.Semaphore(concurrency)
+        self.work: queue.SimpleQueue[Received | None] = queue.SimpleQueue()
+        self.lock = threading.Condition()
+        self.in_flight = 0
+        #: The first exception a handle function raised: the run stops and re-raises it.
+        self.error: BaseException | None = None
+        #: Set once the run gave up waiting: late handlers must not settle any more.
+        self.abandoned = False
+
+    def run(self) -> None:
+        threads = [
+            threading.Thread(target=self._work, name=f"hermes-handler-{i + 1}", daemon=True)
+            for i in range(self.concurrency)
+        ]
+        for thread in threads:
+            thread.start()
+        try:
+            self._feed()
+        finally:
+            for _ in threads:
+                self.work.put(None)
+            self._drain()
+        if self.error is not None:
+            raise self.error
+
+    def _feed(self) -> None:
+        stop = self.loop.stop
+        while not stop.should_stop():
+            if not self.free.acquire(timeout=IDLE_WAIT_S):
+                continue  # every handler busy: look at the stop conditions again
+            received = self.loop.take() if not stop.should_stop() else None
+            if received is None:
+                self.free.release()
+                continue
+            with self.lock:
+                self.in_flight += 1
+            stop.started += 1
+            self.work.put(received)
+
+    def _work(self) -> None:
+        loop = self.loop
+        while (received := self.work.get()) is not None:
+            try:
+                if self.abandoned:  # taken, never started: give it back
+                    loop.settle("release", received, loop.consumer.release)
+                    continue
+                loop.deliver(received)
+            except BaseException as exc:
+                with self.lock:
+                    if self.error is None:
+                        self.error = exc
+                        loop.stop.request("a handler raised")
+            finally:
+                self.free.release()
+                with self.lock:
+                    self.in_flight -= 1
+                    self.lock.notify_all()
+
+    def _drain(self) -> None:
+        deadline = time.monotonic() + self.grace_s
+        with self.lock:
+            while self.in_flight:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self.abandoned = self.loop.abandoned = True
+                    logger.warning(
+                        "%r: %d handler(s) still running after the %.0f s grace period; "
+                        "their messages are not acknowledged (an at-least-once broker "
+                        "delivers them again)",
+                        self.loop.driver,
+                        self.in_flight,
+                        self.grace_s,
+                    )
+                    return
+                self.lock.wait(min(left, 0.5))

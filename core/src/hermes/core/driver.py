@@ -1,0 +1,96 @@
+"""What a driver author needs: the Driver and Consumer contracts and core's helpers for them.
+
+A driver is one distribution with one entry point in the group ``hermes``
+whose plugin returns a :class:`DriverPlugin`. The driver implements only what
+differs about its broker -- :meth:`Driver.put` (bodies core already
+serialized) and :meth:`Driver.consumer` (take, acknowledge, release, reject)
+-- and declares which of its client's exceptions mean what
+(:attr:`Driver.refused_errors`, :attr:`~Driver.unavailable_errors`,
+:attr:`~Driver.client_errors`). Core's :class:`~hermes.core.Worker` owns the
+run. ``conformance/README.md`` ("Write a driver") walks through a whole one.
+"""
+
+from typing import TYPE_CHECKING
+
+from hermes.core._consumer import IDLE_WAIT_S, Consumer, Received, current_received
+from hermes.core._driver import (
+    DEFAULT_PRIORITY,
+    Callback,
+    Capabilities,
+    Delay,
+    Delivery,
+    Driver,
+    Outgoing,
+    QueueStats,
+    SupportsPurge,
+    SupportsStats,
+    SupportsTeardown,
+    outgoing,
+)
+from hermes.core._errors import (
+    BrokerRefusedError,
+    BrokerUnavailableError,
+    ConfigurationError,
+    DeliveryError,
+    DriverError,
+    NotSupportedError,
+    SerializeError,
+    UnknownPriorityError,
+    error_text,
+)
+from hermes.core._lazy import lazy_exports
+from hermes.core._leases import Handover, LeaseKeeper
+from hermes.core._message import Message
+from hermes.core._process import PerProcess
+from hermes.core._registry import DriverPlugin, hookimpl, isolated_url
+from hermes.core._serializer import MessageSerializer, Serializer
+from hermes.core._shutdown import SHUTDOWN_CHECK_INTERVAL_S
+from hermes.core._url import DriverUrl, redact_url
+
+if TYPE_CHECKING:
+    from hermes.core._failed import QueueBrowser
+
+__all__ = [
+    "DEFAULT_PRIORITY",
+    "IDLE_WAIT_S",
+    "SHUTDOWN_CHECK_INTERVAL_S",
+    "BrokerRefusedError",
+    "BrokerUnavailableError",
+    "Callback",
+    "Capabilities",
+    "ConfigurationError",
+    "Consumer",
+    "Delay",
+    "Delivery",
+    "DeliveryError",
+    "Driver",
+    "DriverError",
+    "DriverPlugin",
+    "DriverUrl",
+    "Handover",
+    "LeaseKeeper",
+    "Message",
+    "MessageSerializer",
+    "NotSupportedError",
+    "Outgoing",
+    "PerProcess",
+    "QueueBrowser",
+    "QueueStats",
+    "Received",
+    "SerializeError",
+    "Serializer",
+    "SupportsPurge",
+    "SupportsStats",
+    "SupportsTeardown",
+    "UnknownPriorityError",
+    "current_received",
+    "error_text",
+    "hookimpl",
+    "isolated_url",
+    "lazy_exports",
+    "outgoing",
+    "redact_url",
+]
+
+if not TYPE_CHECKING:  # type checkers read the import above
+    __getattr__, __dir__ = lazy_exports(__name__, {"QueueBrowser": "._failed"})
