@@ -9,7 +9,9 @@ from typing import Any
 
 import pytest
 
-from hermes.core import DEFAULT_PRIORITY, MemoryDriver, Message
+from hermes.core import DEFAULT_PRIORITY, Message
+from hermes.core._consumer import decode
+from hermes.core.driver import MemoryDriver
 
 _names = itertools.count()
 
@@ -44,14 +46,14 @@ def broker_name() -> str:
 def driver(broker_name: str) -> Iterator[MemoryDriver]:
     memory = MemoryDriver(broker_name)
     yield memory
-    memory.purge()
+    memory.teardown()
 
 
 @pytest.fixture
 def recording_driver(broker_name: str) -> Iterator[RecordingDriver]:
     recording = RecordingDriver(broker_name)
     yield recording
-    recording.purge()
+    recording.teardown()
 
 
 @pytest.fixture
@@ -70,7 +72,7 @@ class Peek:
         broker = driver._broker
         with broker.condition:
             bodies = list(broker.queues[priority])
-        return [driver.serializer.unserialize(body) for body in bodies]
+        return [decode(body) for body in bodies]
 
     @staticmethod
     def scheduled(driver: MemoryDriver) -> list[tuple[int, Message]]:
@@ -78,7 +80,7 @@ class Peek:
         broker = driver._broker
         with broker.condition:
             entries = sorted(broker.scheduled)
-        return [(priority, driver.serializer.unserialize(body)) for _, _, priority, body in entries]
+        return [(priority, decode(body)) for _, _, priority, body in entries]
 
     @staticmethod
     def total(driver: MemoryDriver) -> int:

@@ -13,12 +13,12 @@ import pytest
 from hermes.core import (
     ConfigurationError,
     Dispatcher,
-    MemoryDriver,
     Message,
     RetryableHandler,
     RetryMixin,
     TimeLimitExceeded,
 )
+from hermes.core.driver import MemoryDriver
 
 from .conftest import RecordingDriver
 

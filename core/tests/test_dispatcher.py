@@ -17,7 +17,6 @@ from hermes.core import (
     ConfigurationError,
     Dispatcher,
     Emitter,
-    MemoryDriver,
     Message,
     RetryableHandler,
     RetryMixin,
@@ -25,6 +24,7 @@ from hermes.core import (
 )
 from hermes.core._dispatcher import readable_time
 from hermes.core._worker import NOTICE
+from hermes.core.driver import MemoryDriver
 
 
 class Recorder:

@@ -10,13 +10,8 @@ from typing import Any
 
 import pytest
 
-from hermes.core import (
-    DEFAULT_PRIORITY,
-    Emitter,
-    MemoryDriver,
-    Message,
-    UnknownPriorityError,
-)
+from hermes.core import DEFAULT_PRIORITY, Emitter, Message, UnknownPriorityError
+from hermes.core.driver import MemoryDriver
 
 
 def test_the_default_priority_is_100() -> None:
@@ -115,7 +110,7 @@ def test_emit_batch_uses_the_driver_s_send_batch_and_logs_each_message(
             f"Dispatcher send message #{m.id} to driver _BatchingDriver" for m in messages
         ]
     finally:
-        driver.purge()
+        driver.teardown()
 
 
 def test_emit_batch_sends_one_by_one_without_send_batch(recording_driver: Any, peek: Any) -> None:
@@ -167,7 +162,7 @@ def test_emit_async_keeps_the_event_loop_running_while_send_blocks(
         assert asyncio.run(main()) is emitter
         assert peek.queued(driver) == [message]
     finally:
-        driver.purge()
+        driver.teardown()
 
 
 def test_emit_async_sends_on_the_priority_it_is_given_and_logs_like_emit(

@@ -16,7 +16,6 @@ from hermes.core import (
     DriverError,
     FailedMessage,
     FailedStore,
-    MemoryDriver,
     Message,
     NotSupportedError,
     RetryableHandler,
@@ -24,14 +23,14 @@ from hermes.core import (
 )
 from hermes.core._failed import NO_REASON, FailedMessageSerializer
 from hermes.core._memory import _MemoryBrowser as MemoryBrowser
-from hermes.core.driver import MessageSerializer
+from hermes.core.driver import MemoryDriver, MessageSerializer
 
 
 @pytest.fixture
 def store_driver(broker_name: str) -> Iterator[MemoryDriver]:
     driver = MemoryDriver(f"{broker_name}-failed")
     yield driver
-    driver.purge()
+    driver.teardown()
 
 
 @pytest.fixture

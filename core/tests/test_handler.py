@@ -15,13 +15,13 @@ from hermes.core import (
     ConfigurationError,
     Dispatcher,
     HandlerRegistry,
-    MemoryDriver,
     Message,
     RetryableHandler,
 )
 from hermes.core._errors import HandlerResultError
 from hermes.core._handler import FunctionHandler, RetryableFunctionHandler
 from hermes.core._retry import next_retry
+from hermes.core.driver import MemoryDriver
 
 
 def retry_copies(driver: Any) -> list[Message]:

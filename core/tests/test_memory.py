@@ -13,14 +13,19 @@ from hermes_test_support import StopWhen
 from hermes.core import (
     DEFAULT_PRIORITY,
     ConfigurationError,
-    MemoryDriver,
     Message,
-    SupportsRawSend,
     UnknownPriorityError,
     connect,
 )
-from hermes.core._consumer import Run
-from hermes.core.driver import Delay, Delivery, SupportsPurge, isolated_url
+from hermes.core._worker import StopConditions
+from hermes.core.driver import (
+    Delay,
+    Delivery,
+    MemoryDriver,
+    SupportsPurge,
+    SupportsTeardown,
+    isolated_url,
+)
 
 
 class Collect:
@@ -59,9 +64,9 @@ def test_the_memory_driver_declares_what_it_does() -> None:
     assert capabilities.cross_process is False
 
 
-def test_the_memory_driver_offers_raw_send_and_purge(driver: MemoryDriver) -> None:
-    assert isinstance(driver, SupportsRawSend)
+def test_the_memory_driver_offers_purge_and_teardown(driver: MemoryDriver) -> None:
     assert isinstance(driver, SupportsPurge)
+    assert isinstance(driver, SupportsTeardown)
 
 
 def test_a_sent_message_comes_back_equal(driver: MemoryDriver) -> None:
@@ -145,13 +150,13 @@ def test_an_unknown_priority_error_names_the_driver_the_known_priorities_and_the
 
 def test_a_runs_pause_sleeps_its_time_unless_the_run_must_stop() -> None:
     started = time.monotonic()
-    Run(0, None, time.time()).pause(0.2, step_s=0.05)
+    StopConditions(0, (), time.time()).pause(0.2, step_s=0.05)
     assert time.monotonic() - started >= 0.2
 
     stop = StopWhen()
     stop.shutdown()
     started = time.monotonic()
-    Run(0, stop, time.time()).pause(60, step_s=0.05)
+    StopConditions(0, (stop,), time.time()).pause(60, step_s=0.05)
     assert time.monotonic() - started < 30  # returned at once, not after 60 s
 
 
@@ -204,7 +209,6 @@ def test_wait_returns_after_max_items(driver: MemoryDriver, peek: Any) -> None:
     collect = drain(driver, 3)
 
     assert len(collect.received) == 3
-    assert driver.processed_items == 3
     assert len(peek.queued(driver)) == 2
 
 
@@ -294,7 +298,7 @@ def test_drivers_with_the_same_name_share_one_broker(broker_name: str) -> None:
 
         assert drain(waiting, 1).received == [(message, 300)]
     finally:
-        waiting.purge()
+        waiting.teardown()
 
 
 def test_drivers_with_different_names_share_nothing(broker_name: str, peek: Any) -> None:
@@ -307,8 +311,8 @@ def test_drivers_with_different_names_share_nothing(broker_name: str, peek: Any)
         with pytest.raises(UnknownPriorityError):
             other.send(Message("job"), 300)
     finally:
-        one.purge()
-        other.purge()
+        one.teardown()
+        other.teardown()
 
 
 def test_purge_empties_every_queue_and_forgets_extra_priorities(
@@ -319,7 +323,7 @@ def test_purge_empties_every_queue_and_forgets_extra_priorities(
     driver.send(Message("job", execute_at=time.time() + 3600))
     driver.send_raw(b"junk")
 
-    driver.purge()
+    driver.teardown()
 
     assert peek.total(driver) == 0
     with pytest.raises(UnknownPriorityError):
@@ -332,13 +336,13 @@ def test_purge_empties_the_broker_for_every_driver_object_of_that_name(
     emitting, waiting = MemoryDriver(broker_name), MemoryDriver(broker_name)
     emitting.send(Message("job"))
 
-    waiting.purge()
+    waiting.teardown()
 
     assert peek.total(emitting) == 0
     message = Message("job")
     emitting.send(message)
     assert drain(waiting, 1).ids == [message.id]
-    waiting.purge()
+    waiting.teardown()
 
 
 def test_a_priority_queue_set_up_while_a_worker_waits_is_read_too(broker_name: str) -> None:
@@ -356,7 +360,7 @@ def test_a_priority_queue_set_up_while_a_worker_waits_is_read_too(broker_name: s
         assert drain(waiting, 1).received == [(message, 500)]
     finally:
         emitter.join()
-        waiting.purge()
+        waiting.teardown()
 
 
 def test_competing_waits_get_every_message_exactly_once(broker_name: str) -> None:
@@ -386,7 +390,7 @@ def test_competing_waits_get_every_message_exactly_once(broker_name: str) -> Non
         thread.start()
     for thread in workers:
         thread.join(timeout=15)
-    MemoryDriver(broker_name).purge()
+    MemoryDriver(broker_name).teardown()
 
     assert sorted(received) == sorted(m.id for m in messages)
 

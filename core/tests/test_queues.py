@@ -71,7 +71,7 @@ def test_connect_sets_up_the_queues_of_the_url(broker_name: str) -> None:
         driver.set_max_process_items(2)
         got: list[tuple[str, int]] = []
         driver.wait(lambda message, priority: got.append((message.id, priority)) or True)
-        driver.purge()
+        driver.teardown()
 
     assert got == [("h", 200), ("l", 50)]
 

@@ -19,7 +19,6 @@ from hermes.core import (
     ConfigurationError,
     Dispatcher,
     Emitter,
-    MemoryDriver,
     Message,
     RetryableHandler,
     RetryMixin,
@@ -32,7 +31,7 @@ from hermes.core import (
 )
 from hermes.core._errors import UnknownDriverError
 from hermes.core._registry import plugin_manager
-from hermes.core.driver import DriverPlugin, DriverUrl, isolated_url
+from hermes.core.driver import DriverPlugin, DriverUrl, MemoryDriver, isolated_url
 
 
 @pytest.fixture

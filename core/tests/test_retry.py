@@ -9,16 +9,9 @@ from typing import Any
 
 import pytest
 
-from hermes.core import (
-    DEFAULT_PRIORITY,
-    Dispatcher,
-    Emitter,
-    MemoryDriver,
-    Message,
-    RetryableHandler,
-    RetryMixin,
-)
+from hermes.core import DEFAULT_PRIORITY, Dispatcher, Emitter, Message, RetryableHandler, RetryMixin
 from hermes.core._retry import next_retry
+from hermes.core.driver import MemoryDriver
 
 
 class Flaky(RetryMixin, RetryableHandler):
@@ -257,7 +250,7 @@ def test_random_42_as_the_fourth_argument_gives_the_same_delays_on_every_run(
                 jitters.append(jitter_of(driver.sent[-1], t0, retries))
             return jitters
         finally:
-            driver.purge()
+            driver.teardown()
 
     first, second = one_run(1), one_run(2)
 

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hermes.core import Emitter, MemoryDriver, Message, SerializeError
-from hermes.core.driver import MessageSerializer, Serializer
+from hermes.core import Emitter, Message, SerializeError
+from hermes.core.driver import MemoryDriver, MessageSerializer, Serializer
 
 serializer = MessageSerializer()
 

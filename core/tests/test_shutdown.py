@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
-from hermes.core import Dispatcher, Emitter, MemoryDriver, Message, SharedFileShutdown, Shutdown
+from hermes.core import Dispatcher, Emitter, Message, SharedFileShutdown, Shutdown
 from hermes.core._worker import NOTICE
+from hermes.core.driver import MemoryDriver
 
 # SharedFileShutdown --------------------------------------------------------------------
 

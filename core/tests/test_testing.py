@@ -8,15 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from hermes.core import (
-    DEFAULT_PRIORITY,
-    Dispatcher,
-    Emitter,
-    MemoryDriver,
-    Message,
-    SharedFileShutdown,
-)
-from hermes.core.driver import Consumer, Driver
+from hermes.core import DEFAULT_PRIORITY, Dispatcher, Emitter, Message, SharedFileShutdown
+from hermes.core.driver import Consumer, Driver, MemoryDriver
 from hermes.core.testing import drain, due, scheduled
 
 

@@ -17,15 +17,8 @@ from pathlib import Path
 import pytest
 from prometheus_client import REGISTRY
 
-from hermes.core import (
-    Dispatcher,
-    Emitter,
-    MemoryDriver,
-    Message,
-    RetryableHandler,
-    RetryMixin,
-    connect,
-)
+from hermes.core import Dispatcher, Emitter, Message, RetryableHandler, RetryMixin, connect
+from hermes.core.driver import MemoryDriver
 
 DEADLINE_S = 30.0
 #: The sampled ready count of the default queue, in the exposition format.

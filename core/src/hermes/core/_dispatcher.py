@@ -305,7 +305,7 @@ class Dispatcher:
         if not handlers:
             self._count("failed")
             reason = "no handler is registered for its type"
-            self._give_up(message, priority, None, reason, None)
+            self._give_up(message, priority, None, reason, None, Outcome.NO_HANDLER)
             if self.failed is not None:
                 self._store(self.failed, message, [reason])
             return Outcome.NO_HANDLER
@@ -355,12 +355,13 @@ class Dispatcher:
             if verdict.refused is None:
                 self._retry(message, handler, verdict.max_retry, exc)
                 return (Outcome.TIME_LIMIT if timed_out else Outcome.RETRIED), None
-            reason = self._give_up(message, priority, handler, verdict.refused, exc)
             if timed_out:
-                return Outcome.TIME_LIMIT, reason
-            return (
-                Outcome.GAVE_UP if verdict.max_retry is not None else Outcome.NOT_RETRYABLE
-            ), reason
+                outcome = Outcome.TIME_LIMIT
+            elif verdict.max_retry is not None:
+                outcome = Outcome.GAVE_UP
+            else:
+                outcome = Outcome.NOT_RETRYABLE
+            return outcome, self._give_up(message, priority, handler, verdict.refused, exc, outcome)
         if debug:
             self._took(handler, message, started, f"returned {ok}")
         if ok:
@@ -368,12 +369,17 @@ class Dispatcher:
             if info:
                 self.logger.info("End handle message #%s (%s)", message.id, message.type)
             notify(
-                hooks.hermes_message_succeeded, message=message, priority=priority, handler=handler
+                hooks.hermes_message_succeeded,
+                message=message,
+                priority=priority,
+                handler=handler,
+                result=True,
             )
             return Outcome.SUCCEEDED, None
         self._count("failed")
         reason = "it returned False (a handler that returns False is never retried)"
-        return Outcome.RETURNED_FALSE, self._give_up(message, priority, handler, reason, None)
+        outcome = Outcome.RETURNED_FALSE
+        return outcome, self._give_up(message, priority, handler, reason, None, outcome)
 
     def _took(self, handler: Handler, message: Message, started: float, outcome: str) -> None:
         self.logger.debug(
@@ -449,6 +455,7 @@ class Dispatcher:
         handler: Handler | None,
         reason: str,
         exc: Exception | None,
+        outcome: Outcome,
     ) -> str:
         """Log and announce that ``handler`` will not run ``message`` again; the store's reason."""
         self._count("gave_up")
@@ -476,6 +483,7 @@ class Dispatcher:
             handler=handler,
             reason=reason,
             exception=exc,
+            outcome=outcome,
         )
         return reason if handler is None else f"{handler_name(handler)}: {reason}"
 

@@ -340,7 +340,10 @@ def translate_errors(driver: Driver, doing: str, failed: type[DriverError]) -> I
             raise
         if kind is DriverError:
             kind = failed
-        raise kind(f"{driver!r}: {_verb(kind)} while {doing}: {error_text(exc)}") from exc
+        text = f"{driver!r}: {_verb(kind)} while {doing}: {error_text(exc)}"
+        if kind is BrokerRefusedError:
+            text += "; check the URL's credentials, database or vhost, and permissions"
+        raise kind(text) from exc
 
 
 def _verb(kind: type[DriverError]) -> str:

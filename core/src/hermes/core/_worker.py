@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from hermes.core._consumer import IDLE_WAIT_S, Consumer, Received, decode, set_current
 from hermes.core._errors import (
+    BrokerRefusedError,
     BrokerUnavailableError,
     ConfigurationError,
     DriverError,
@@ -240,6 +241,8 @@ class Worker:
                     _ConcurrentRun(loop, self.concurrency, self.grace_s).run()
                 else:
                     loop.run_serial()
+        except BrokerRefusedError:
+            raise  # the caller's mistake, said in one line by whoever runs the worker
         except DriverError as exc:
             self.logger.error("Driver %r failed - %s", self.driver, exc, exc_info=True)
             raise

@@ -40,6 +40,7 @@ from hermes.core._errors import (
 )
 from hermes.core._lazy import lazy_exports
 from hermes.core._leases import Handover, LeaseKeeper
+from hermes.core._memory import MemoryDriver
 from hermes.core._message import Message
 from hermes.core._process import PerProcess
 from hermes.core._registry import DriverPlugin, hookimpl, isolated_url
@@ -69,6 +70,7 @@ __all__ = [
     "DriverUrl",
     "Handover",
     "LeaseKeeper",
+    "MemoryDriver",
     "Message",
     "MessageSerializer",
     "NotSupportedError",

@@ -83,10 +83,14 @@ def hermes_handler_call(
 
 
 @hookspec
-def hermes_message_succeeded(message: Message, priority: int, handler: object) -> None:
+def hermes_message_succeeded(
+    message: Message, priority: int, handler: object, result: bool
+) -> None:
     """Called by the Dispatcher after ``handler.handle(message)`` succeeded (None or True).
 
-    A handler that returns False has failed: :func:`hermes_message_gave_up` follows it.
+    ``result`` is always True (kept for plugins written when this hook also
+    saw False). A handler that returns False has failed:
+    :func:`hermes_message_gave_up` follows it instead.
     """
 
 
@@ -118,6 +122,7 @@ def hermes_message_gave_up(
     handler: object | None,
     reason: str,
     exception: BaseException | None,
+    outcome: Outcome,
 ) -> None:
     """Called by the Dispatcher when ``handler``'s failure on ``message`` ends without a retry.
 
@@ -126,7 +131,8 @@ def hermes_message_gave_up(
     retries are used up, or its retry policy raised). ``handler`` is None and
     ``exception`` None when no handler is registered for ``message.type``.
     ``reason`` is the sentence the Dispatcher logs, e.g. ``"gave up after 25
-    retries"``. Called once per such handler; the message is sent to the
+    retries"``; ``outcome`` says the same as a code (RETURNED_FALSE, GAVE_UP,
+    NOT_RETRYABLE, TIME_LIMIT, NO_HANDLER). Called once per such handler; the message is sent to the
     Dispatcher's failed-message store (when it has one) after its last handler.
     """
 

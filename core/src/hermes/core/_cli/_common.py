@@ -13,6 +13,7 @@ from pathlib import Path
 
 from hermes.core._driver import DEFAULT_PRIORITY, Driver
 from hermes.core._errors import (
+    BrokerRefusedError,
     BrokerUnavailableError,
     ConfigurationError,
     DriverError,
@@ -71,6 +72,8 @@ def describe_error(exc: HermesError) -> str:
     text = str(exc)
     if isinstance(exc, BrokerUnavailableError):
         text = f"broker unreachable: {text}"
+    elif isinstance(exc, BrokerRefusedError):
+        text = f"broker refused: {text}"
     elif isinstance(exc, DriverError):
         text = f"broker error: {text}"
     cause = exc.__cause__

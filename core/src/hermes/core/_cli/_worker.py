@@ -1,4 +1,4 @@
-"""``hermes worker``: a Dispatcher on a broker URL with handlers from ``module:object``."""
+"""``hermes worker``: a Worker on a broker URL with handlers from ``module:object``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from hermes.core._cli._common import (
@@ -32,25 +32,9 @@ from hermes.core._message import Message
 from hermes.core._registry import connect, driver_for_url, plugin_manager
 from hermes.core._shutdown import SharedFileShutdown, Shutdown
 from hermes.core._url import redact_url
+from hermes.core._worker import Worker
 
 logger = logging.getLogger("hermes")
-
-
-class AnyShutdown:
-    """Stops when any of several shutdowns asks (a shared file, a Redis key)."""
-
-    def __init__(self, shutdowns: Iterable[Shutdown]) -> None:
-        self.shutdowns = tuple(shutdowns)
-
-    def should_shutdown(self, start_time: float) -> bool:
-        return any(s.should_shutdown(start_time) for s in self.shutdowns)
-
-    def shutdown(self, at: float | None = None) -> bool:
-        results = [s.shutdown(at) for s in self.shutdowns]
-        return any(results)
-
-    def __repr__(self) -> str:
-        return " or ".join(repr(s) for s in self.shutdowns)
 
 
 def load_object(spec: str) -> object:
@@ -216,19 +200,15 @@ def run(args: argparse.Namespace) -> int:
                 "redis://HOST:6379/0?prefix=failed: or another file:// directory"
             )
         setup_priorities(driver, priorities, from_cli, preset=from_url)
-        if args.max_items:
-            driver.set_max_process_items(args.max_items)
         shutdowns: list[Shutdown] = []
         if args.shutdown_file:
             shutdowns.append(SharedFileShutdown(args.shutdown_file))
         broker_shutdown = driver_for_url(url)[0].shutdown
         if broker_shutdown is not None:  # e.g. Redis: the key hermes shutdown --url sets
             shutdowns.append(broker_shutdown(driver))
-        shutdown = AnyShutdown(shutdowns) if shutdowns else None
         dispatcher = Dispatcher(
             driver,
             logger,
-            shutdown=shutdown,
             concurrency=args.concurrency,
             time_limit_s=args.time_limit,
             grace_s=args.grace,
@@ -258,13 +238,16 @@ def run(args: argparse.Namespace) -> int:
             priorities,
             names,
             args.max_items,
-            shutdown,
+            shutdowns,
             args.concurrency,
             failed_url,
         )
+        worker = Worker(
+            driver, dispatcher, priorities=priorities, max_items=args.max_items, shutdown=shutdowns
+        )
         started = time.monotonic()
         try:
-            dispatcher.handle(priorities)
+            worker.run()
         finally:
             print(_summary(dispatcher, time.monotonic() - started), flush=True)
     return 0
@@ -289,7 +272,7 @@ def _log_start(
     priorities: list[int],
     names: Mapping[int, str],
     max_items: int,
-    shutdown: Shutdown | None,
+    shutdowns: list[Shutdown],
     concurrency: int,
     failed_url: str | None,
 ) -> None:
@@ -321,7 +304,7 @@ def _log_start(
     if concurrency > 1:
         reading += f"; {concurrency} handlers at once"
     stops = [f"after {max_items} message{'s' if max_items != 1 else ''}"] if max_items else []
-    stops += ["on Ctrl-C", "SIGTERM"] + ([repr(shutdown)] if shutdown else [])
+    stops += ["on Ctrl-C", "SIGTERM", *map(repr, shutdowns)]
     logger.info(one_line(f"{reading}; stopping {', '.join(stops)}"))
     if failed_url:
         shown = redact_url(failed_url)

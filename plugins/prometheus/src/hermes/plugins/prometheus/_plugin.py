@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from hermes.core import Message, hookimpl
+from hermes.core import Message, Outcome, hookimpl
 from hermes.plugins.prometheus import _metrics
 
 #: Per handler thread: when the running handler started (the last mark).
@@ -27,14 +27,11 @@ def hermes_message_started(message: Message, priority: int) -> None:
 
 
 @hookimpl
-def hermes_message_succeeded(message: Message, handler: object, result: bool) -> None:
+def hermes_message_succeeded(message: Message) -> None:
     elapsed = _since_mark()
     if elapsed is not None:
         _metrics.DURATION.labels(message.type).observe(elapsed)
-    if result:
-        _metrics.HANDLED.labels(message.type).inc()
-    else:
-        _metrics.FAILED.labels(message.type, "returned False").inc()
+    _metrics.HANDLED.labels(message.type).inc()
 
 
 @hookimpl
@@ -62,20 +59,22 @@ def hermes_worker_metrics(port: int, url: str) -> str:
 
 
 @hookimpl
-def hermes_message_gave_up(message: Message, reason: str) -> None:
-    _metrics.GAVE_UP.labels(message.type, _reason_label(reason)).inc()
+def hermes_message_gave_up(message: Message, outcome: Outcome) -> None:
+    if outcome is Outcome.RETURNED_FALSE:
+        elapsed = _since_mark()
+        if elapsed is not None:
+            _metrics.DURATION.labels(message.type).observe(elapsed)
+        _metrics.FAILED.labels(message.type, "returned False").inc()
+    _metrics.GAVE_UP.labels(message.type, _REASONS[outcome]).inc()
 
 
-def _reason_label(reason: str) -> str:
-    """A short, bounded label for a give-up reason (the full sentence is in the log)."""
-    for label, marker in (
-        ("no handler", "no handler"),
-        ("returned False", "returned False"),
-        ("retries used up", "gave up after"),
-        ("retries off", "retries are off"),
-        ("can_retry said no", "can_retry"),
-        ("not retryable", "RetryableHandler"),
-    ):
-        if marker in reason:
-            return label
-    return "other"
+#: A short, bounded label per way of giving up (the full sentence is in the log).
+_REASONS = {
+    Outcome.NO_HANDLER: "no handler",
+    Outcome.RETURNED_FALSE: "returned False",
+    Outcome.GAVE_UP: "gave up",
+    Outcome.NOT_RETRYABLE: "not retryable",
+    Outcome.TIME_LIMIT: "time limit",
+    Outcome.RETRIED: "other",
+    Outcome.SUCCEEDED: "other",
+}

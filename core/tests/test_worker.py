@@ -1,0 +1,305 @@
+"""The Worker: one run over a driver's consumer, and the hooks plugins see on every path."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+
+from hermes.core import (
+    BrokerRefusedError,
+    Dispatcher,
+    HandlerRegistry,
+    Message,
+    Outcome,
+    RetryableHandler,
+    RetryMixin,
+    Worker,
+    hookimpl,
+)
+from hermes.core._registry import plugin_manager
+from hermes.core.driver import Consumer, Driver, MemoryDriver, Received
+
+
+class Spy:
+    """A plugin that records, per message id, the order of lifecycle hooks and outcomes."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, Any]] = []
+        self.lock = threading.Lock()
+
+    def _add(self, name: str, key: str, detail: Any = None) -> None:
+        with self.lock:
+            self.events.append((name, key, detail))
+
+    @hookimpl
+    def hermes_message_started(self, message: Message) -> None:
+        self._add("started", message.id)
+
+    @hookimpl
+    def hermes_handler_call(self, message: Message) -> Any:
+        @contextmanager
+        def around() -> Iterator[None]:
+            self._add("call", message.id)
+            yield
+
+        return around()
+
+    @hookimpl
+    def hermes_message_finished(self, message: Message, outcome: Outcome, result: bool) -> None:
+        self._add("finished", message.id, (outcome, result))
+
+    @hookimpl
+    def hermes_message_rejected(self, body: bytes, reason: str) -> None:
+        self._add("rejected", body.decode(errors="replace"), reason)
+
+    def for_message(self, message_id: str) -> list[tuple[str, Any]]:
+        return [(name, detail) for name, key, detail in self.events if key == message_id]
+
+
+@pytest.fixture
+def spy() -> Iterator[Spy]:
+    plugin = Spy()
+    plugin_manager().register(plugin, name="test-spy")
+    yield plugin
+    plugin_manager().unregister(plugin)
+
+
+class Flaky(RetryMixin, RetryableHandler):
+    def handle(self, message: Message) -> bool:
+        raise RuntimeError("flaky")
+
+
+class Broken(RetryableHandler):
+    """Retryable, but its retries are used up at once."""
+
+    def handle(self, message: Message) -> bool:
+        raise RuntimeError("broken")
+
+    def can_retry(self, message: Message, exception: Exception) -> bool:
+        return True
+
+    def max_retry(self) -> int:
+        return 0
+
+
+def test_started_comes_before_finished_with_an_outcome_on_every_path(
+    driver: MemoryDriver, spy: Spy
+) -> None:
+    handlers = HandlerRegistry()
+    handlers.register_handler("ok", lambda message: None)
+    handlers.register_handler("false", lambda message: False)
+
+    def raises(message: Message) -> None:
+        raise RuntimeError("no retry")
+
+    def slow(message: Message) -> None:
+        time.sleep(5)
+
+    handlers.register_handler("raises", raises)
+    handlers.register_handler("retried", Flaky())
+    handlers.register_handler("given-up", Broken())
+    handlers.register_handler("slow", slow)
+    dispatcher = handlers.register(Dispatcher(driver, time_limit_s=0.2))
+    expected = {
+        "ok": Outcome.SUCCEEDED,
+        "false": Outcome.RETURNED_FALSE,
+        "raises": Outcome.NOT_RETRYABLE,
+        "retried": Outcome.RETRIED,
+        "given-up": Outcome.GAVE_UP,
+        "slow": Outcome.TIME_LIMIT,
+        "nobody": Outcome.NO_HANDLER,
+    }
+    messages = {kind: Message(kind) for kind in expected}
+    for message in messages.values():
+        driver.send(message)
+    driver.send_raw(b"not a message")
+
+    Worker(driver, dispatcher, max_items=len(messages), handle_signals=False).run()
+    # The poison body is set aside while the worker looks for its last message.
+
+    for kind, message in messages.items():
+        events = spy.for_message(message.id)
+        names = [name for name, _ in events]
+        assert names[0] == "started", (kind, names)
+        assert names[-1] == "finished", (kind, names)
+        assert names.count("started") == names.count("finished") == 1, (kind, names)
+        outcome, result = events[-1][1]
+        assert outcome is expected[kind], kind
+        assert result is (outcome is Outcome.SUCCEEDED)
+        assert ("call" in names) is (kind != "nobody"), (kind, names)
+    rejected = [event for event in spy.events if event[0] == "rejected"]
+    assert [body for _, body, _ in rejected] == ["not a message"]
+
+
+def test_a_plugin_that_raises_around_the_handler_changes_nothing(
+    driver: MemoryDriver, hermes_log: pytest.LogCaptureFixture
+) -> None:
+    class Rude:
+        @hookimpl
+        def hermes_handler_call(self) -> Any:
+            @contextmanager
+            def around() -> Iterator[None]:
+                raise RuntimeError("plugin broke on entry")
+                yield
+
+            return around()
+
+    class Swallower:
+        @hookimpl
+        def hermes_handler_call(self) -> Any:
+            @contextmanager
+            def around() -> Iterator[None]:
+                try:
+                    yield
+                except RuntimeError:
+                    pass  # would swallow the handler's exception: core must not let it
+
+            return around()
+
+    plugins = [Rude(), Swallower()]
+    for i, plugin in enumerate(plugins):
+        plugin_manager().register(plugin, name=f"test-wrapper-{i}")
+    calls: list[str] = []
+
+    def handler(message: Message) -> None:
+        calls.append(message.id)
+        raise RuntimeError("the job failed")
+
+    try:
+        dispatcher = Dispatcher(driver).register_handler("job", handler)
+        message = Message("job")
+        assert dispatcher.handle_message(message, 100) is False
+    finally:
+        for plugin in plugins:
+            plugin_manager().unregister(plugin)
+
+    assert calls == [message.id]
+    assert dispatcher.stats.failed == 1
+    assert "plugin broke on entry" in hermes_log.text
+
+
+def test_a_worker_takes_a_registry_a_dict_or_a_function(driver: MemoryDriver) -> None:
+    seen: list[str] = []
+    registry = HandlerRegistry()
+    registry.register_handler("a", lambda message: seen.append("registry"))
+    driver.send(Message("a"))
+    Worker(driver, registry, max_items=1, handle_signals=False).run()
+
+    driver.send(Message("a"))
+    Worker(driver, {"a": lambda m: seen.append("dict")}, max_items=1, handle_signals=False).run()
+
+    def callback(message: Message, priority: int) -> bool:
+        seen.append(f"callback {priority}")
+        return True
+
+    driver.send(Message("a"))
+    stats = Worker(driver, callback, max_items=1, handle_signals=False).run()
+
+    assert seen == ["registry", "dict", "callback 100"]
+    assert stats.processed == 1
+    assert stats.stopped_by == "max items"
+
+
+def test_stop_from_another_thread_ends_the_run_after_the_message_in_flight(
+    driver: MemoryDriver,
+) -> None:
+    started = threading.Event()
+    finished: list[str] = []
+
+    def slow(message: Message) -> None:
+        started.set()
+        time.sleep(0.3)
+        finished.append(message.id)
+
+    message = Message("slow")
+    driver.send(message)
+    driver.send(Message("slow"))
+    worker = Worker(driver, {"slow": slow}, handle_signals=False)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    assert started.wait(10)
+    worker.stop()
+    thread.join(10)
+
+    assert not thread.is_alive()
+    assert finished == [message.id]
+    assert worker.stats.stopped_by == "stop()"
+
+
+def test_bad_settings_are_refused_with_the_name_of_the_setting(driver: MemoryDriver) -> None:
+    with pytest.raises(ValueError, match="concurrency must be an int >= 1"):
+        Worker(driver, {}, concurrency=0)
+    with pytest.raises(ValueError, match="max_items must be an int >= 0"):
+        Worker(driver, {}, max_items=-1)
+    with pytest.raises(ValueError, match="grace_s must be >= 0"):
+        Worker(driver, {}, grace_s=-1)
+    with pytest.raises(ValueError, match="Worker handlers must be"):
+        Worker(driver, 42)  # type: ignore[arg-type]
+
+
+class _RefusingConsumer(Consumer):
+    def receive(self, timeout_s: float) -> Received | None:
+        raise PermissionError("password authentication failed for user 'app'")
+
+
+class _RefusingDriver(MemoryDriver):
+    refused_errors = (PermissionError,)
+
+    def consumer(self, priorities: Any, *, concurrency: int = 1) -> Consumer:
+        return _RefusingConsumer()
+
+
+def test_a_driver_that_declares_an_error_refused_ends_the_run_at_once(broker_name: str) -> None:
+    driver: Driver = _RefusingDriver(broker_name)
+
+    with pytest.raises(BrokerRefusedError) as caught:
+        Worker(driver, {"job": lambda m: None}, handle_signals=False).run()
+
+    text = str(caught.value)
+    assert "refused while receiving" in text
+    assert "password authentication failed" in text
+    assert "check the URL's credentials" in text
+    assert isinstance(caught.value.__cause__, PermissionError)
+
+
+def test_a_handler_still_running_after_the_grace_period_is_not_settled_after_close(
+    driver: MemoryDriver, hermes_log: pytest.LogCaptureFixture
+) -> None:
+    release = threading.Event()
+    settled: list[str] = []
+
+    class Watching(MemoryDriver):
+        def consumer(self, priorities: Any, *, concurrency: int = 1) -> Consumer:
+            inner = super().consumer(priorities, concurrency=concurrency)
+            original_ack = inner.ack
+
+            def ack(received: Received) -> None:
+                settled.append("ack")
+                original_ack(received)
+
+            inner.ack = ack  # type: ignore[method-assign]
+            return inner
+
+    watching = Watching(driver.name)
+    watching.send(Message("stuck"))
+
+    def stuck(message: Message) -> None:
+        release.wait(10)
+
+    worker = Worker(
+        watching, {"stuck": stuck}, concurrency=2, grace_s=0.1, max_items=1, handle_signals=False
+    )
+    worker.run()
+    release.set()
+    deadline = time.monotonic() + 10
+    while "did not acknowledge" not in hermes_log.text and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+    assert settled == []
+    assert "still running after the 0 s grace period" in hermes_log.text
+    assert "did not acknowledge" in hermes_log.text
