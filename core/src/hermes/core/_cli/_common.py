@@ -8,8 +8,9 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeAlias, TypeVar
 
 from hermes.core._driver import DEFAULT_PRIORITY, Driver
 from hermes.core._errors import (
@@ -22,10 +23,21 @@ from hermes.core._queues import PRIORITY_QUEUES_OPTION, parse_queue, parse_queue
 from hermes.core._registry import available_drivers
 from hermes.core._url import DriverUrl, redact_url
 
+if TYPE_CHECKING:
+    #: What ``add_subparsers()`` returns: each command's ``add_parser`` adds itself to it.
+    Commands: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
+
+T = TypeVar("T")
+
 #: The environment variable that names the broker when ``--url`` is not given.
 URL_ENV = "HERMES_URL"
 #: The queue directory, relative to the current directory, used when neither is given.
 DEFAULT_QUEUE_DIR = "hermes-queue"
+#: The help of every command's ``--url`` that names the broker.
+URL_HELP = (
+    f"broker URL, e.g. redis://localhost:6379/0 (default: ${URL_ENV}, "
+    "else file://./hermes-queue, a queue directory here, which needs hermes-filesystem)"
+)
 
 
 #: Client libraries that log every failed connection attempt at ERROR, then raise the
@@ -40,6 +52,60 @@ class CliError(Exception):
         super().__init__(text)
         #: Lines shown under the error, e.g. the bad JSON and a caret under the fault.
         self.context = tuple(context)
+
+
+def whole_number(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer from ``minimum`` (to ``maximum``, when given)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} must be >= {minimum}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"{value} must be <= {maximum}")
+        return value
+
+    return parse
+
+
+def seconds(text: str) -> float:
+    """An argparse type: a number of seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{value:g} must be > 0 seconds")
+    return value
+
+
+def env_default(name: str, parse: Callable[[str], T], fallback: T) -> T:
+    """``$name`` parsed as an option would be, else ``fallback``; a bad value is a usage error."""
+    text = os.environ.get(name)
+    if text is None or text == "":
+        return fallback
+    try:
+        return parse(text)
+    except argparse.ArgumentTypeError as exc:
+        raise SystemExit(f"hermes: error: ${name}: {exc}") from None
+
+
+def add_verbosity(
+    parser: argparse.ArgumentParser,
+    default: object = 0,
+    more: str = "-v debug lines, -vv also full tracebacks",
+) -> None:
+    """``-v``/``-q``, counted into ``args.verbose`` and ``args.quiet``."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument(
+        "-v", "--verbose", action="count", default=default, help=f"more detail: {more}"
+    )
+    group.add_argument(
+        "-q", "--quiet", action="count", default=default, help="only warnings and errors"
+    )
 
 
 def default_url() -> str:

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hermes.core._cli._common import CliError, clock, exception_origin, scheme_installed
 from hermes.core._dispatcher import Dispatcher
@@ -33,6 +34,9 @@ from hermes.core._registry import connect
 from hermes.core._retry import RetryableHandler, RetryMixin
 from hermes.core._shutdown import SharedFileShutdown
 from hermes.core._url import redact_url
+
+if TYPE_CHECKING:
+    from hermes.core._cli._common import Commands
 
 #: Retry copies are due this many times sooner than Hermes's backoff says.
 FAST_FORWARD = 20
@@ -217,6 +221,23 @@ MEMORY_NOTE = (
 INSTALL_FILESYSTEM = (
     "\n  pip install hermes-filesystem   # the ./hermes-queue directory queue, no server"
 )
+
+
+def add_parser(commands: Commands) -> None:
+    """``hermes demo``: only ``--url``."""
+    demo = commands.add_parser(
+        "demo",
+        help="the whole story on a temporary queue, no server",
+        description="Emit, priorities, a failing handler retried with backoff and a delayed "
+        "message, on a temporary file:// queue (memory:// in this process when "
+        "hermes-filesystem is not installed); finishes in seconds.",
+    )
+    demo.add_argument(
+        "--url",
+        help="run it on this broker instead (needs priorities and native delay; "
+        "default: a temporary file:// queue, else memory://)",
+    )
+    demo.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -9,21 +9,28 @@ import json
 import logging
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hermes.core._cli._common import (
+    URL_HELP,
     CliError,
+    add_verbosity,
     clock,
     configure_logging,
     default_url,
     named_queues,
+    queue_option,
     setup_priorities,
+    whole_number,
 )
-from hermes.core._driver import Delay, Driver, SupportsBatchSend
+from hermes.core._driver import DEFAULT_PRIORITY, Delay, Driver, SupportsBatchSend
 from hermes.core._emitter import Emitter
 from hermes.core._message import Message
 from hermes.core._registry import connect
 from hermes.core._url import redact_url
+
+if TYPE_CHECKING:
+    from hermes.core._cli._common import Commands
 
 #: Messages per ``send_batch`` call when the driver has one.
 BATCH_SIZE = 100
@@ -31,6 +38,56 @@ BATCH_SIZE = 100
 PROGRESS_EVERY_S = 1.0
 #: Characters of the bad JSON shown around the fault.
 _EXCERPT_WIDTH = 60
+
+
+def add_parser(commands: Commands) -> None:
+    """``hermes emit``: its arguments and options."""
+    emit = commands.add_parser(
+        "emit",
+        help="put a message on the broker",
+        description="Emit a message of TYPE with a JSON payload.",
+    )
+    emit.add_argument("--url", help=URL_HELP)
+    emit.add_argument("type", metavar="TYPE", help="the message type handlers are registered for")
+    emit.add_argument(
+        "payload",
+        metavar="PAYLOAD_JSON",
+        nargs="?",
+        help="the payload as JSON, or - to read it from stdin (default: null)",
+    )
+    where = emit.add_mutually_exclusive_group()
+    where.add_argument(
+        "--priority",
+        type=int,
+        default=DEFAULT_PRIORITY,
+        metavar="P",
+        help=f"priority queue, higher first (default {DEFAULT_PRIORITY}); the queue of a "
+        "priority other than the default is <key>_priority_<P> unless the URL's "
+        "priority_queues names it",
+    )
+    where.add_argument(
+        "--queue",
+        type=queue_option,
+        metavar="NAME:P",
+        help="like --priority P, sending to the queue NAME, e.g. --queue hermes_high:200 for a "
+        "PHP deployment's queue",
+    )
+    when = emit.add_mutually_exclusive_group()
+    when.add_argument("--delay", type=float, metavar="SECONDS", help="not before SECONDS from now")
+    when.add_argument(
+        "--at",
+        metavar="TIMESTAMP",
+        help="not before this UNIX timestamp or ISO 8601 date-time",
+    )
+    emit.add_argument(
+        "--count",
+        type=whole_number(1),
+        default=1,
+        metavar="N",
+        help="emit N messages; shows the rate",
+    )
+    add_verbosity(emit)
+    emit.set_defaults(run=run)
 
 
 def parse_payload(text: str, source: str) -> Any:

@@ -6,15 +6,65 @@ import argparse
 import os
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from hermes.core._cli._common import CliError, configure_logging, default_url
+from hermes.core._cli._common import (
+    URL_ENV,
+    CliError,
+    add_verbosity,
+    configure_logging,
+    default_url,
+)
 from hermes.core._cli._drivers import table
 from hermes.core._failed import FailedMessage, FailedStore
 from hermes.core._registry import connect
 from hermes.core._url import redact_url
 
+if TYPE_CHECKING:
+    from hermes.core._cli._common import Commands
+
 #: The environment variable that names the failed-message store when ``--url`` is not given.
 FAILED_URL_ENV = "HERMES_FAILED_URL"
+
+
+def add_parser(commands: Commands) -> None:
+    """``hermes failed``: its actions (list, retry, purge) and their options."""
+    failed = commands.add_parser(
+        "failed",
+        help="list, retry or purge the messages workers gave up on",
+        description="Read the failed-message store workers keep with --failed-url: list what "
+        "is in it, put messages back on a worker's queue with their retries reset, or delete "
+        "them. Needs a store its driver can list without taking messages: file:// or redis://.",
+    )
+    url_help = f"the failed-message store, the workers' --failed-url (default: ${FAILED_URL_ENV})"
+    failed.add_argument("--url", help=url_help)
+    add_verbosity(failed)
+    actions = failed.add_subparsers(dest="action", metavar="ACTION", required=True)
+    listing = actions.add_parser(
+        "list", help="id, type, retries, when and why, oldest first", description="List the store."
+    )
+    retry = actions.add_parser(
+        "retry",
+        help="put messages back on a worker's queue, retries reset",
+        description="Send the messages (all without IDs) to --to, due at once with retries 0 "
+        "and their id, type and payload kept, then delete them from the store.",
+    )
+    retry.add_argument("ids", nargs="*", metavar="ID", help="ids from `hermes failed list`")
+    retry.add_argument(
+        "--to",
+        metavar="URL",
+        help=f"the workers' queue (default: ${URL_ENV}, else file://./hermes-queue)",
+    )
+    purge = actions.add_parser(
+        "purge", help="delete messages from the store", description="Delete messages for good."
+    )
+    purge.add_argument("ids", nargs="*", metavar="ID", help="ids from `hermes failed list`")
+    purge.add_argument("--all", action="store_true", help="delete every message in the store")
+    for action in (listing, retry, purge):
+        # `hermes failed list --url U -v` works as well as `hermes failed --url U -v list`.
+        action.add_argument("--url", default=argparse.SUPPRESS, help=url_help)
+        add_verbosity(action, default=argparse.SUPPRESS)
+    failed.set_defaults(run=run)
 
 
 def store_url(given: str | None, option: str) -> str:

@@ -12,15 +12,22 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hermes.core._cli._common import (
+    URL_HELP,
     CliError,
+    add_verbosity,
     configure_logging,
     default_url,
+    env_default,
     named_queues,
     one_line,
+    queue_option,
     raise_site,
+    seconds,
     setup_priorities,
+    whole_number,
 )
 from hermes.core._cli._failed import FAILED_URL_ENV
 from hermes.core._dispatcher import Dispatcher
@@ -33,7 +40,112 @@ from hermes.core._registry import connect, driver_for_url, plugin_manager
 from hermes.core._shutdown import SharedFileShutdown, Shutdown
 from hermes.core._url import redact_url
 
+if TYPE_CHECKING:
+    from hermes.core._cli._common import Commands
+
 logger = logging.getLogger("hermes")
+
+
+def add_parser(commands: Commands) -> None:
+    """``hermes worker``: its options."""
+    worker = commands.add_parser(
+        "worker",
+        help="handle messages until stopped",
+        description="Run a Dispatcher: handle messages from the broker until Ctrl-C, SIGTERM, "
+        "--max-items or a shutdown request (hermes shutdown --file F with --shutdown-file F; "
+        "on redis:// also hermes shutdown --url, through the key hermes_shutdown, as PHP "
+        "Hermes); then print the counts.",
+    )
+    worker.add_argument("--url", help=URL_HELP)
+    worker.add_argument(
+        "--handlers",
+        required=True,
+        metavar="MODULE:OBJECT",
+        help="what to run, imported from MODULE (the current directory is importable). "
+        "OBJECT is one of: a hermes.core.HandlerRegistry (functions decorated with "
+        "@registry.handler('TYPE')); a dict {'TYPE': handler or [handlers]}, where a handler "
+        "is a function taking the message, an object with handle(message), or a class "
+        "(created once, without arguments); or a function taking the Dispatcher, called once "
+        "to register handlers (dispatcher.register_handler('TYPE', handler))",
+    )
+    _add_queue_options(worker)
+    worker.add_argument(
+        "--max-items", type=whole_number(0), default=0, metavar="N", help="stop after N messages"
+    )
+    worker.add_argument(
+        "--concurrency",
+        type=whole_number(1),
+        default=env_default("HERMES_CONCURRENCY", whole_number(1), 1),
+        metavar="N",
+        help="run up to N handlers at once on threads (async handlers on the worker's event "
+        "loop); each message is acknowledged after its own handlers (default: "
+        "$HERMES_CONCURRENCY, else 1)",
+    )
+    worker.add_argument(
+        "--time-limit",
+        type=seconds,
+        default=env_default("HERMES_TIME_LIMIT", seconds, None),
+        metavar="SECONDS",
+        help="interrupt a handler that runs longer (a failure, retried by the usual rule); "
+        "a handler's own time_limit_s attribute overrides it (default: $HERMES_TIME_LIMIT, "
+        "else no limit)",
+    )
+    worker.add_argument(
+        "--grace",
+        type=seconds,
+        default=30.0,
+        metavar="SECONDS",
+        help="on Ctrl-C, SIGTERM or a shutdown request, how long handlers in flight may "
+        "finish before the worker exits without acknowledging them (default 30)",
+    )
+    worker.add_argument(
+        "--metrics-port",
+        type=whole_number(1),
+        default=env_default("HERMES_METRICS_PORT", whole_number(1), None),
+        metavar="PORT",
+        help="serve Prometheus metrics on http://0.0.0.0:PORT/metrics (needs "
+        "hermes-prometheus; default: $HERMES_METRICS_PORT, else none)",
+    )
+    worker.add_argument(
+        "--shutdown-file",
+        metavar="F",
+        help="stop when F is touched after the worker started (hermes shutdown --file F)",
+    )
+    worker.add_argument(
+        "--failed-url",
+        metavar="URL",
+        help="keep the messages the worker gives up on (a handler returned False or is not "
+        "retried, or no handler) on this broker URL, another queue than --url, e.g. "
+        "redis://localhost:6379/0?prefix=failed: ; read them with hermes failed "
+        f"(default: ${FAILED_URL_ENV}; unset: they are dropped after their log line)",
+    )
+    add_verbosity(
+        worker,
+        more="-v a line as each message starts and ends, and debug lines; -vv also full tracebacks",
+    )
+    worker.set_defaults(run=run)
+
+
+def _add_queue_options(worker: argparse.ArgumentParser) -> None:
+    worker.add_argument(
+        "--priority",
+        type=int,
+        action="append",
+        default=[],
+        metavar="P",
+        help="read only the queue of this priority (repeat for several); default: priority "
+        f"{DEFAULT_PRIORITY}, the URL's priority_queues and the queues the handlers function "
+        "sets up",
+    )
+    worker.add_argument(
+        "--queue",
+        type=queue_option,
+        action="append",
+        default=[],
+        metavar="NAME:P",
+        help="like --priority P, reading the queue NAME, e.g. --queue hermes_high:200 for a PHP "
+        "deployment's queue (repeat for several; without it priority P is in <key>_priority_<P>)",
+    )
 
 
 class AnyShutdown:
