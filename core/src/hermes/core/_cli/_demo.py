@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from hermes.core._cli._common import CliError, clock, exception_origin, scheme_installed
 from hermes.core._dispatcher import Dispatcher
-from hermes.core._driver import DEFAULT_PRIORITY, Delay
+from hermes.core._driver import DEFAULT_PRIORITY, Delay, Driver
 from hermes.core._emitter import Emitter
 from hermes.core._message import Message
 from hermes.core._registry import connect
@@ -252,9 +252,8 @@ def run(args: argparse.Namespace) -> int:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _tell(url: str, shutdown_file: Path, note: str | None = None) -> int:
-    started = time.time()
-    story = _Story()
+def _open(url: str) -> tuple[Driver, Driver]:
+    """The emitter's and the worker's drivers on ``url``, once it has what the demo shows."""
     emit_driver = connect(url)
     worker_driver = connect(url)
     caps = emit_driver.capabilities
@@ -265,22 +264,39 @@ def _tell(url: str, shutdown_file: Path, note: str | None = None) -> int:
             f"the demo needs a driver with priorities and native delay; {redact_url(url)} has "
             f"priorities={'yes' if caps.priorities else 'no'}, delay={caps.delay.value}"
         )
+    return emit_driver, worker_driver
+
+
+def _introduce(url: str, driver: Driver, note: str | None) -> None:
     print(
         "Hermes demo: emit, priorities, a failing handler retried with backoff and a delayed "
         "message, with no server."
     )
-    print(f"Queue: {redact_url(url)} ({type(emit_driver).__name__}, {caps.delivery.value})")
+    print(
+        f"Queue: {redact_url(url)} ({type(driver).__name__}, {driver.capabilities.delivery.value})"
+    )
     if note:
         print(note)
     print(
         "The emitter and the worker each have their own driver on it: the queue is all they share."
     )
 
+
+def _worker_logger(story: _Story) -> tuple[logging.Logger, _WorkerLines]:
     log_handler = _WorkerLines(story)
     worker_logger = logging.getLogger("hermes.demo.worker")
     worker_logger.addHandler(log_handler)
     worker_logger.setLevel(logging.INFO)
     worker_logger.propagate = False
+    return worker_logger, log_handler
+
+
+def _tell(url: str, shutdown_file: Path, note: str | None = None) -> int:
+    started = time.time()
+    story = _Story()
+    emit_driver, worker_driver = _open(url)
+    _introduce(url, emit_driver, note)
+    worker_logger, log_handler = _worker_logger(story)
     quiet = logging.getLogger("hermes.demo.emitter")
     quiet.setLevel(logging.WARNING)
 
