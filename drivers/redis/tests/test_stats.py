@@ -126,3 +126,17 @@ def test_stats_and_purge_of_a_priority_use_the_name_the_url_gives_it(
     assert main(["purge", "--url", url, "--priority", str(HIGH), "--yes"]) == 0
     assert "Deleted 1 waiting message (priority 200)" in capsys.readouterr().out
     assert client.exists(f"{namespace}:php_high") == 0
+
+
+def test_a_priority_the_cli_names_gets_the_prefix_once(client, namespace, redis_url, capsys):
+    # What a worker on the same prefix given --priority 200 reads: the CLI's name for it.
+    emitter = RedisSetDriver(client, prefix=f"{namespace}:")
+    emitter.setup_priority_queue("hermes_priority_200", 200)
+    emitter.send(Message("job"), 200)
+
+    assert main(["stats", "--url", f"{redis_url}?prefix={namespace}:", "--priority", "200",
+                 "--json"]) == 0  # fmt: skip
+
+    document = json.loads(capsys.readouterr().out.splitlines()[-1])
+    high = document["queues"][0]
+    assert (high["name"], high["ready"]) == (f"{namespace}:hermes_priority_200", 1)

@@ -174,13 +174,20 @@ def queue_name(driver: Driver, priority: int) -> str:
     """The name the CLI gives the queue of ``priority`` that nobody named: ``<key>_priority_<P>``.
 
     ``key`` is the driver's base queue key where it has one (Redis: ``hermes``),
-    so the name is a neighbour of its default queue; emitters and workers of the
+    without the driver's ``prefix``, which the driver puts in front of every
+    name it is given, so the name is a neighbour of its default queue; emitters and workers of the
     CLI agree on it. ``--queue NAME:P`` or the URL's ``priority_queues`` name it
     otherwise (PHP deployments use their own names, e.g. ``hermes_high``), and a
     handlers function may set the queue up under another name.
     """
     key = getattr(driver, "key", None)
-    return f"{key if isinstance(key, str) and key else 'hermes'}_priority_{priority}"
+    if not isinstance(key, str) or not key:
+        key = "hermes"
+    # ``key`` carries the driver's prefix, and setup_priority_queue() adds it again.
+    prefix = getattr(driver, "prefix", "")
+    if isinstance(prefix, str) and prefix and key.startswith(prefix):
+        key = key[len(prefix) :]
+    return f"{key}_priority_{priority}"
 
 
 def queue_option(text: str) -> tuple[str, int]:

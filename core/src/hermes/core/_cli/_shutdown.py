@@ -26,8 +26,9 @@ def add_parser(commands: Commands) -> None:
     target = shutdown.add_mutually_exclusive_group()
     target.add_argument(
         "--url",
-        help="a redis:// URL: the workers that watch its key hermes_shutdown stop: hermes "
-        f"worker, and PHP and Python Dispatchers given RedisShutdown (default: ${URL_ENV})",
+        help="a redis:// URL: the workers that watch its key <prefix>hermes_shutdown stop: "
+        "hermes worker on the same URL, and PHP and Python Dispatchers given RedisShutdown "
+        f"(default: ${URL_ENV})",
     )
     target.add_argument("--file", metavar="F", help="workers started with --shutdown-file F stop")
     shutdown.set_defaults(run=run)
