@@ -485,6 +485,27 @@ def test_a_worker_reads_the_sets_named_by_queue_or_by_the_url(
     assert names(project) == ["high", "default", "low"]
 
 
+def test_emit_to_a_priority_no_queue_is_named_for_is_refused_as_in_python(
+    tmp_path: Path, queue_url: str
+) -> None:
+    line = assert_one_line_error(
+        hermes("emit", "--url", queue_url, "--priority", "999", "job", cwd=tmp_path)
+    )
+
+    assert "priority 999 has no queue" in line
+    assert "--queue hermes_priority_999:999" in line and "priority_queues" in line
+    assert not (tmp_path / "queue").exists()
+
+
+def test_emit_to_a_priority_the_url_names_is_sent(tmp_path: Path) -> None:
+    result = hermes(
+        "emit", "--url", "memory://cli?priority_queues=high:200", "--priority", "200", "job",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "priority:200 (high)" in result.stdout
+
+
 def test_a_queue_that_contradicts_the_url_is_refused_in_one_line(tmp_path: Path) -> None:
     line = assert_one_line_error(
         hermes("emit", "--url", "memory://cli?priority_queues=hermes_high:200",

@@ -19,6 +19,7 @@ from hermes.core._cli._common import (
     configure_logging,
     default_url,
     named_queues,
+    queue_name,
     queue_option,
     setup_priorities,
     whole_number,
@@ -61,9 +62,8 @@ def add_parser(commands: Commands) -> None:
         type=int,
         default=DEFAULT_PRIORITY,
         metavar="P",
-        help=f"priority queue, higher first (default {DEFAULT_PRIORITY}); the queue of a "
-        "priority other than the default is <key>_priority_<P> unless the URL's "
-        "priority_queues names it",
+        help=f"priority queue, higher first (default {DEFAULT_PRIORITY}); a priority other "
+        "than the default needs a queue the URL's priority_queues names (else use --queue)",
     )
     where.add_argument(
         "--queue",
@@ -178,6 +178,16 @@ def run(args: argparse.Namespace) -> int:
     queue = from_cli.get(priority) or from_url.get(priority)
     shown = f"priority:{priority}" + (f" ({queue})" if queue else "")
     with connect(url) as driver:
+        if queue is None and priority != DEFAULT_PRIORITY:
+            # As Emitter.emit() from Python: a queue nobody named is one no worker reads
+            # unless told, and a message sent there silently waits forever.
+            raise CliError(
+                f"priority {priority} has no queue on {redact_url(url)}: a worker reads "
+                f"priority {DEFAULT_PRIORITY} and the URL's priority_queues unless told "
+                f"otherwise; name the queue with --queue {queue_name(driver, priority)}:"
+                f"{priority} (and start the worker with the same --queue or --priority "
+                f"{priority}), or add it to the URL's priority_queues"
+            )
         setup_priorities(driver, [priority], from_cli, preset=from_url)
         if execute_at is not None and driver.capabilities.delay is Delay.IGNORED:
             print(
