@@ -635,6 +635,22 @@ def test_an_unknown_id_changes_nothing_and_says_where_to_find_the_ids(
     assert kept.id in listed.stdout
 
 
+def test_failed_retry_without_a_target_asks_for_to_not_for_the_store_s_url(
+    tmp_path: Path, core_only_env: dict[str, str]
+) -> None:
+    assert HERMES is not None
+    result = subprocess.run(
+        [sys.executable, "-S", HERMES, "failed", "--url", "memory://store", "retry"],
+        cwd=tmp_path, env=core_only_env, capture_output=True, text=True,
+        timeout=COMMAND_TIMEOUT_S,
+    )  # fmt: skip
+
+    line = assert_one_line_error(result)
+    assert "no --to and no $HERMES_URL" in line
+    assert "give the workers' queue with --to or $HERMES_URL" in line
+    assert "with --url" not in line
+
+
 def test_a_store_that_cannot_be_listed_says_which_urls_can(project: Path) -> None:
     pytest.importorskip("hermes.drivers.rabbitmq", reason="hermes-rabbitmq is not installed")
 

@@ -108,11 +108,12 @@ def add_verbosity(
     )
 
 
-def default_url() -> str:
+def default_url(option: str = "--url", what: str = "your broker's URL") -> str:
     """``$HERMES_URL``, else ``file://`` of ``./hermes-queue`` (made absolute).
 
     The ``file://`` default needs hermes-filesystem; without it (hermes-core and
-    another driver only) this is a :class:`CliError` that says what to install or give.
+    another driver only) this is a :class:`CliError` that says what to install or
+    give: ``what`` through ``option``, the option this default stands in for.
     """
     url = os.environ.get(URL_ENV)
     if url:
@@ -120,9 +121,10 @@ def default_url() -> str:
     url = Path(DEFAULT_QUEUE_DIR).resolve().as_uri()
     if not scheme_installed("file"):
         raise CliError(
-            f"no --url and no ${URL_ENV}: the default queue, the directory ./{DEFAULT_QUEUE_DIR}, "
-            f"needs hermes-filesystem, which is not installed; `pip install hermes-filesystem`, "
-            f"or give your broker's URL with --url or ${URL_ENV}, e.g. redis://localhost:6379/0"
+            f"no {option} and no ${URL_ENV}: the default queue, the directory "
+            f"./{DEFAULT_QUEUE_DIR}, needs hermes-filesystem, which is not installed; "
+            f"`pip install hermes-filesystem`, or give {what} with {option} or ${URL_ENV}, "
+            "e.g. redis://localhost:6379/0"
         )
     return url
 

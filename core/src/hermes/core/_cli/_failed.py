@@ -85,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
         if args.action == "list":
             return _list(store, url)
         if args.action == "retry":
-            return _retry(store, url, args.ids, args.to or default_url())
+            to = args.to or default_url("--to", "the workers' queue")
+            return _retry(store, url, args.ids, to)
         return _purge(store, url, args.ids, args.all)
 
 
