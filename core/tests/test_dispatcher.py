@@ -381,6 +381,25 @@ def test_without_log_each_message_failures_and_retries_are_still_logged(
     assert (dispatcher.stats.handled, dispatcher.stats.retried) == (1, 1)
 
 
+def test_a_function_that_raises_without_max_retry_is_told_to_use_max_retry(
+    driver: MemoryDriver, hermes_log: pytest.LogCaptureFixture
+) -> None:
+    dispatcher = Dispatcher(driver)
+
+    @dispatcher.handler("job")
+    def send_email(message: Message) -> None:
+        raise ValueError("no SMTP")
+
+    dispatcher.handle_message(Message("job"), DEFAULT_PRIORITY)
+
+    outcome = [r for r in hermes_log.records if r.levelno == logging.ERROR][-1].getMessage()
+    assert "RetryMixin" not in outcome
+    assert outcome.endswith(
+        "not retried: the function has no max_retry (give it one, "
+        "@handler('job', max_retry=25), to retry it when it raises)"
+    )
+
+
 def test_a_handler_exception_is_logged_as_error_with_the_class_text_and_traceback(
     driver: MemoryDriver, hermes_log: pytest.LogCaptureFixture
 ) -> None:

@@ -117,8 +117,14 @@ def judge_retry(
         if message.retries >= limit:
             return RetryVerdict(_used_up(message.retries, limit), limit)
         return RetryVerdict(None, limit)
-    from hermes.core._handler import handler_name  # _handler imports this module
+    from hermes.core._handler import FunctionHandler, handler_name  # _handler imports this module
 
+    if isinstance(handler, FunctionHandler):
+        # A function is made retryable by its decorator, not by a base class.
+        return RetryVerdict(
+            "the function has no max_retry (give it one, "
+            f"@handler({message.type!r}, max_retry=25), to retry it when it raises)"
+        )
     return RetryVerdict(
         f"{handler_name(handler)} is not a RetryableHandler "
         "(subclass RetryableHandler with RetryMixin to retry it when it raises)"
