@@ -651,6 +651,21 @@ def test_failed_retry_without_a_target_asks_for_to_not_for_the_store_s_url(
     assert "with --url" not in line
 
 
+def test_failed_list_on_a_live_queue_warns_that_it_is_not_a_failed_message_store(
+    project: Path, queue_url: str
+) -> None:
+    seed(queue_url, ("job", {"n": 1}, 100), ("job", {"n": 2}, 100))
+
+    result = hermes("failed", "--url", queue_url, "list", cwd=project)
+
+    assert result.returncode == 0, result.stderr
+    assert "2 failed messages" in result.stdout
+    [warning] = result.stderr.splitlines()
+    assert warning.startswith("hermes: warning: 2 of 2 messages")
+    assert "no failed_reason" in warning and "a worker's queue" in warning
+    assert "--failed-url" in warning
+
+
 def test_a_store_that_cannot_be_listed_says_which_urls_can(project: Path) -> None:
     pytest.importorskip("hermes.drivers.rabbitmq", reason="hermes-rabbitmq is not installed")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -16,7 +17,7 @@ from hermes.core._cli._common import (
     default_url,
 )
 from hermes.core._cli._drivers import table
-from hermes.core._failed import FailedMessage, FailedStore
+from hermes.core._failed import NO_REASON, FailedMessage, FailedStore
 from hermes.core._registry import connect
 from hermes.core._url import redact_url
 
@@ -95,6 +96,7 @@ def _list(store: FailedStore, url: str) -> int:
     if not messages:
         print(f"No failed messages in {redact_url(url)}", flush=True)
         return 0
+    _warn_unless_a_store(messages, url)
     rows = [["ID", "TYPE", "RETRIES", "FAILED AT", "REASON"]]
     rows += [
         [m.id, m.type, str(m.retries), _when(m.failed_at), " ".join(m.failed_reason.split())]
@@ -106,8 +108,28 @@ def _list(store: FailedStore, url: str) -> int:
     return 0
 
 
+def _warn_unless_a_store(messages: Sequence[FailedMessage], url: str) -> None:
+    """A warning on stderr when messages were not put in the store by a worker.
+
+    A Dispatcher writes ``failed_reason`` with every message it keeps; messages
+    without one are most likely jobs waiting on a worker's queue, given as
+    ``--url`` by mistake, which ``retry`` and ``purge`` would then move or delete.
+    """
+    plain = sum(1 for message in messages if message.failed_reason == NO_REASON)
+    if not plain:
+        return
+    print(
+        f"hermes: warning: {plain} of {len(messages)} messages in {redact_url(url)} carry no "
+        "failed_reason: no worker gave up on them; is this a worker's queue rather than the "
+        "failed-message store its --failed-url names?",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
 def _retry(store: FailedStore, url: str, ids: Sequence[str], to: str) -> int:
     wanted = _existing(store, url, ids)
+    _warn_unless_a_store([m for m in store.messages() if wanted is None or m.id in wanted], url)
     with connect(to) as target:
         sent = store.retry(target, wanted)
     if not sent:
