@@ -968,6 +968,12 @@ def test_a_bad_at_time_is_one_line(tmp_path: Path) -> None:
         ("class H:\n    def handle(self, m):\n        return True\n", "jobs2:H",
          "is a handler, not a registration"),
         ("def register(d):\n    pass\n", "jobs2:register", "registered no handlers"),
+        ("x = 1\n", "./jobs2.py:register",
+         "--handlers './jobs2.py:register' names a file; give the module: "
+         "--handlers jobs2:register, run from the directory that holds jobs2.py"),
+        ("x = 1\n", "app/jobs2.py:register",
+         "--handlers 'app/jobs2.py:register' names a file; give the module: "
+         "--handlers app.jobs2:register, run from the directory that holds app/"),
     ],
 )  # fmt: skip
 def test_handlers_that_do_not_load_say_which_module_and_why(

@@ -176,6 +176,8 @@ def load_object(spec: str) -> object:
             f"--handlers {spec!r} must be module:object, e.g. myapp.jobs:handlers "
             "(a HandlerRegistry, a dict of type -> handler, or a function that registers handlers)"
         )
+    if "/" in module_name or "\\" in module_name or module_name.endswith(".py"):
+        raise CliError(_file_path_hint(spec, module_name, attr_path))
     # Like `python -m`: modules in the current directory are importable.
     cwd = os.getcwd()
     if cwd not in sys.path and "" not in sys.path:
@@ -213,6 +215,21 @@ def load_object(spec: str) -> object:
                 f"attribute {attr_path!r}"
             ) from None
     return obj
+
+
+def _file_path_hint(spec: str, path: str, attr_path: str) -> str:
+    """What to give instead of a file path: the module, and where to run the worker."""
+    file = Path(path.removesuffix(".py"))
+    if file.is_absolute():
+        module, where = file.name, f"{file.name}.py ({file.parent})"
+    else:
+        parts = [part for part in file.parts if part not in (".", "")]
+        module = ".".join(parts) or path
+        where = f"{parts[0]}/" if len(parts) > 1 else f"{module}.py"
+    return (
+        f"--handlers {spec!r} names a file; give the module: --handlers {module}:{attr_path}, "
+        f"run from the directory that holds {where}"
+    )
 
 
 def _module_file(module: object) -> str:
