@@ -779,6 +779,79 @@ def test_shutdown_without_a_target_says_what_to_give(tmp_path: Path) -> None:
 # Mistakes a user makes: one line on stderr, exit code 2 ---------------------------
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+#: Each mistake the README's list names, with what its one line must say.
+README_MISTAKES = [
+    pytest.param(["emit", "--url", "nats://localhost:4222/jobs", "job"],
+                 "no installed Hermes driver handles nats://", id="unknown scheme"),
+    pytest.param(["emit", "--url", "memory://cli", "job", "{not json"],
+                 "PAYLOAD_JSON is not valid JSON", id="bad JSON"),
+    pytest.param(["emit", "--url", "memory://cli", "job", "42"],
+                 "must be a JSON object, an array or null", id="scalar payload"),
+    pytest.param(["worker", "--url", "memory://cli", "--handlers", "missing:register"],
+                 "cannot import handlers module 'missing'", id="handlers that do not import"),
+    pytest.param(["worker", "--url", "memory://cli", "--handlers", "jobs:register", "--bogus"],
+                 "unrecognized arguments: --bogus", id="unknown option"),
+    pytest.param(["emit", "--url", "memory://cli", "job", "--count", "many"],
+                 "argument --count: 'many' is not a whole number", id="bad option value"),
+    pytest.param(["worker", "--url", "memory://cli"],
+                 "the following arguments are required: --handlers", id="missing option"),
+    pytest.param(["emit", "--url", "redis://127.0.0.1:1/0", "job"],
+                 "unreachable", id="emit to an unreachable broker"),
+    pytest.param(["worker", "--url", "memory://cli", "--handlers", "jobs:register",
+                  "--metrics-port", "99999"],
+                 "argument --metrics-port: 99999 must be <= 65535", id="metrics port too big"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("command", "expected"), README_MISTAKES)
+def test_every_mistake_the_readme_lists_is_one_line_and_exit_2(
+    project: Path, command: list[str], expected: str
+) -> None:
+    if "redis://127.0.0.1:1/0" in command:
+        pytest.importorskip("hermes.drivers.redis", reason="hermes-redis is not installed")
+
+    result = hermes(*command, cwd=project)
+
+    if "{not json" in command:  # the excerpt and a caret under the fault follow the line
+        result.stderr = result.stderr.splitlines()[0] + "\n"
+    line = assert_one_line_error(result)
+    assert expected in line
+
+
+def test_a_metrics_port_in_use_is_one_line_and_exit_2(project: Path, queue_url: str) -> None:
+    pytest.importorskip("hermes.plugins.prometheus", reason="hermes-prometheus is not installed")
+    import socket
+
+    port = _free_port()
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", port))
+        taken.listen()
+        result = hermes(
+            "worker", "--url", queue_url, "--handlers", "jobs:register",
+            "--metrics-port", str(port), cwd=project,
+        )  # fmt: skip
+
+    line = assert_one_line_error(result)
+    assert f"--metrics-port {port}: cannot serve metrics" in line
+    assert "in use" in line
+
+
+def test_a_bad_metrics_port_in_the_environment_is_one_line_and_exit_2(project: Path) -> None:
+    line = assert_one_line_error(
+        hermes("worker", "--url", "memory://cli", "--handlers", "jobs:register", cwd=project,
+               env={"HERMES_METRICS_PORT": "70000"})
+    )  # fmt: skip
+    assert line == "hermes: error: $HERMES_METRICS_PORT: 70000 must be <= 65535"
+
+
 def test_an_unknown_scheme_lists_the_installed_drivers_and_hides_the_password(
     tmp_path: Path,
 ) -> None:

@@ -14,6 +14,7 @@ import signal
 import sys
 from collections.abc import Sequence
 from importlib import metadata
+from typing import NoReturn
 
 from hermes.core._cli import (
     _demo,
@@ -42,8 +43,20 @@ def _version() -> str:
         return "unknown"
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a usage mistake as one line on stderr like every other mistake.
+
+    argparse prints the whole usage block before its error; ``--help`` still
+    shows it, and the line says so.
+    """
+
+    def error(self, message: str) -> NoReturn:
+        print_error(f"{self.prog}: {message} (`{self.prog} --help` shows the usage)")
+        raise SystemExit(2)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="hermes",
         description="Hermes background jobs: run workers, emit messages, list drivers.",
         epilog="Start with `hermes demo`: the whole story on a temporary queue, no server.",

@@ -90,7 +90,8 @@ def env_default(name: str, parse: Callable[[str], T], fallback: T) -> T:
     try:
         return parse(text)
     except argparse.ArgumentTypeError as exc:
-        raise SystemExit(f"hermes: error: ${name}: {exc}") from None
+        print_error(f"${name}: {exc}")
+        raise SystemExit(2) from None
 
 
 def add_verbosity(

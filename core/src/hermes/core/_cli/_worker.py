@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import importlib
 import inspect
 import logging
@@ -100,8 +101,8 @@ def add_parser(commands: Commands) -> None:
     )
     worker.add_argument(
         "--metrics-port",
-        type=whole_number(1),
-        default=env_default("HERMES_METRICS_PORT", whole_number(1), None),
+        type=whole_number(1, 65535),
+        default=env_default("HERMES_METRICS_PORT", whole_number(1, 65535), None),
         metavar="PORT",
         help="serve Prometheus metrics on http://0.0.0.0:PORT/metrics (needs "
         "hermes-prometheus; default: $HERMES_METRICS_PORT, else none)",
@@ -366,12 +367,7 @@ def run(args: argparse.Namespace) -> int:
         dispatcher.log_each_message = verbosity > 0
         register_handlers(dispatcher, target, spec)
         if args.metrics_port is not None:
-            served = plugin_manager().hook.hermes_worker_metrics(port=args.metrics_port, url=url)
-            if served is None:
-                raise CliError(
-                    "--metrics-port needs a metrics plugin: pip install hermes-prometheus"
-                )
-            logger.info("Metrics on %s", served)
+            _serve_metrics(args.metrics_port, url)
         registered = dispatcher.registered()
         if not registered:
             name = getattr(target, "__name__", None) or spec
@@ -397,6 +393,22 @@ def run(args: argparse.Namespace) -> int:
         finally:
             print(_summary(dispatcher, time.monotonic() - started), flush=True)
     return 0
+
+
+def _serve_metrics(port: int, url: str) -> None:
+    try:
+        served = plugin_manager().hook.hermes_worker_metrics(port=port, url=url)
+    except OSError as exc:
+        # Most often a second worker on the same port: with several worker processes,
+        # give each its own port (or see hermes-prometheus's multiprocess mode).
+        why = "the port is in use" if exc.errno == errno.EADDRINUSE else exc.strerror or exc
+        raise CliError(
+            f"--metrics-port {port}: cannot serve metrics there: {why}; give another port "
+            "(each worker process needs its own)"
+        ) from None
+    if served is None:
+        raise CliError("--metrics-port needs a metrics plugin: pip install hermes-prometheus")
+    logger.info("Metrics on %s", served)
 
 
 def _summary(dispatcher: Dispatcher, elapsed_s: float) -> str:

@@ -75,6 +75,7 @@ def _reason_label(reason: str) -> str:
         ("retries off", "retries are off"),
         ("can_retry said no", "can_retry"),
         ("not retryable", "RetryableHandler"),
+        ("not retryable", "has no max_retry"),
     ):
         if marker in reason:
             return label
