@@ -10,9 +10,9 @@ import time
 import traceback
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeAlias, TypeVar, runtime_checkable
 
-from hermes.core._driver import DEFAULT_PRIORITY, Driver
+from hermes.core._driver import DEFAULT_PRIORITY, Driver, SupportsStats
 from hermes.core._errors import (
     BrokerUnavailableError,
     ConfigurationError,
@@ -238,6 +238,57 @@ def setup_priorities(
             driver.setup_priority_queue(named[priority], priority)
         elif priority != DEFAULT_PRIORITY and priority not in preset:
             driver.setup_priority_queue(queue_name(driver, priority), priority)
+
+
+@runtime_checkable
+class FindsPriorityQueues(Protocol):
+    """A driver that can list the priority queues its broker holds (Redis, file://)."""
+
+    def find_priority_queues(self) -> dict[int, str]:
+        """Priority -> name of each queue on the broker not set up on this driver."""
+        ...
+
+
+def add_found_queues(driver: Driver) -> bool:
+    """Set up the queues the broker holds that this process was not told about.
+
+    Returns whether the driver could look; when it cannot, what the CLI shows
+    is the queues it knows, and it says so (:func:`known_queues_note`).
+    """
+    if not isinstance(driver, FindsPriorityQueues):
+        return False
+    for priority, name in sorted(driver.find_priority_queues().items(), reverse=True):
+        driver.setup_priority_queue(name, priority)
+    return True
+
+
+def known_queues_note(driver: Driver) -> str:
+    """What a count or a purge covered on a driver that cannot list its queues."""
+    return (
+        f"{type(driver).__name__} cannot list its queues: these are the ones this process "
+        f"knows (priority {DEFAULT_PRIORITY}, the URL's priority_queues, --priority P); "
+        "a queue set up elsewhere is not included"
+    )
+
+
+def queues_looked_at(driver: Driver) -> str:
+    """``app:hermes_priority_200 (200), app:hermes (100)``: the queues a command covered."""
+    if not isinstance(driver, SupportsStats):
+        return "every queue this process knows"
+    names = [f"{row.name} ({row.priority})" for row in driver.queue_stats()]
+    return ", ".join(dict.fromkeys(names))
+
+
+def queue_of(driver: Driver, priority: int) -> str | None:
+    """The broker's name for the queue of ``priority`` where the driver says (Redis: the key)."""
+    key_of = getattr(driver, "queue_key", None)
+    if not callable(key_of):
+        return None
+    try:
+        key = key_of(priority)
+    except HermesError:
+        return None
+    return key if isinstance(key, str) else None
 
 
 class LineFormatter(logging.Formatter):

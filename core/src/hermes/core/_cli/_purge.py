@@ -10,10 +10,13 @@ from typing import TYPE_CHECKING
 from hermes.core._cli._common import (
     URL_HELP,
     CliError,
+    add_found_queues,
     add_verbosity,
     configure_logging,
     default_url,
+    known_queues_note,
     named_queues,
+    queues_looked_at,
     setup_priorities,
 )
 from hermes.core._driver import SupportsClear
@@ -51,7 +54,11 @@ def run(args: argparse.Namespace) -> int:
                 f"{type(driver).__name__} ({redact_url(url)}) cannot delete waiting messages: "
                 "it does not implement clear()"
             )
-        which = f"priority {args.priority}" if args.priority is not None else "every queue"
+        if args.priority is None:
+            finds = add_found_queues(driver)
+            which = queues_looked_at(driver) + ("" if finds else f" ({known_queues_note(driver)})")
+        else:
+            which = f"priority {args.priority}"
         if not args.yes:
             if not sys.stdin.isatty():
                 raise CliError(
@@ -66,5 +73,8 @@ def run(args: argparse.Namespace) -> int:
                 print("Nothing deleted", flush=True)
                 return 1
         removed = driver.clear(args.priority)
-    print(f"Deleted {removed:,} waiting message{'s' if removed != 1 else ''} ({which})", flush=True)
+    print(
+        f"Deleted {removed:,} waiting message{'s' if removed != 1 else ''} from {which}",
+        flush=True,
+    )
     return 0

@@ -14,10 +14,12 @@ from typing import TYPE_CHECKING
 from hermes.core._cli._common import (
     URL_HELP,
     CliError,
+    add_found_queues,
     add_verbosity,
     clock,
     configure_logging,
     default_url,
+    known_queues_note,
     named_queues,
     seconds,
     setup_priorities,
@@ -105,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
     with connect(url) as driver:
         setup_priorities(driver, args.priority, preset=from_url)
         while True:
+            finds = add_found_queues(driver)
             rows = _stats(driver, url)
             now = time.time()
             if args.json:
@@ -112,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
                     "url": redact_url(url),
                     "at": now,
                     "queues": [dataclasses.asdict(row) for row in rows],
+                    "every_queue": finds,
                 }
                 print(json.dumps(document), flush=True)
             else:
@@ -121,6 +125,8 @@ def run(args: argparse.Namespace) -> int:
                 print(table(rows))
                 if any(getattr(r, f) is None for r in rows for f, _ in _COLUMNS):
                     print(f"{UNKNOWN}: this broker cannot say")
+                if not finds:
+                    print(known_queues_note(driver))
                 print(end="", flush=True)
             if not args.watch:
                 return 0
