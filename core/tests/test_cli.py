@@ -367,6 +367,63 @@ def test_a_worker_given_priorities_reads_only_those(project: Path, queue_url: st
     assert names(project) == ["high", "default", "low"]
 
 
+def test_a_worker_given_queues_still_reads_the_default_queue(project: Path, queue_url: str) -> None:
+    seed(queue_url, ("job", {"name": "default"}, 100), ("job", {"name": "high"}, 200))
+
+    worker = hermes(
+        "worker", "--url", queue_url, "--handlers", "jobs:register", "--queue", "hermes_high:200",
+        "--queue", "hermes_low:50", "--max-items", "2", cwd=project,
+    )  # fmt: skip
+
+    assert worker.returncode == 0, worker.stdout + worker.stderr
+    assert names(project) == ["high", "default"]
+    assert "Reading priorities 200 (hermes_high), 100, 50 (hermes_low)" in worker.stderr
+
+
+def test_a_worker_restricted_by_priority_says_what_it_leaves_unread(
+    project: Path, queue_url: str
+) -> None:
+    seed(queue_url, ("job", {"name": "high"}, 200))
+
+    worker = hermes(
+        "worker", "--url", queue_url, "--handlers", "jobs:register", "--priority", "200",
+        "--max-items", "1", cwd=project,
+    )  # fmt: skip
+
+    assert worker.returncode == 0, worker.stdout + worker.stderr
+    [warning] = [line for line in worker.stderr.splitlines() if "WARNING" in line]
+    assert "does not read priority 100" in warning
+    assert "where retry copies land" in warning
+
+
+def test_worker_help_says_which_queue_option_adds_and_which_restricts(tmp_path: Path) -> None:
+    text = " ".join(hermes("worker", "--help", cwd=tmp_path).stdout.split())
+
+    assert "--priority P read only the queues of the priorities given" in text
+    assert "--queue NAME:P also read the queue NAME" in text
+
+
+def test_the_worker_and_emit_name_the_redis_key_they_use(
+    project: Path, redis_test_db_url: str
+) -> None:
+    import redis
+
+    prefix = f"cli-{uuid.uuid4().hex[:8]}:"
+    url = f"{redis_test_db_url}&prefix={prefix}"
+    key = DriverUrl.parse(redis_test_db_url).options["key"]
+    try:
+        emitted = hermes("emit", "--url", url, "job", '{"name": "a"}', cwd=project)
+        worker = hermes("worker", "--url", url, "--handlers", "jobs:register", "--max-items", "1",
+                        cwd=project)  # fmt: skip
+    finally:
+        client = redis.Redis.from_url(redis_test_db_url.split("?")[0])
+        client.delete(*(client.keys(f"{prefix}*") or [f"{prefix}none"]))
+        client.close()
+
+    assert f"priority:100 ({prefix}{key}) to redis://" in emitted.stdout
+    assert f"Reading priority 100 ({prefix}{key})" in worker.stderr
+
+
 def test_a_delayed_emit_carries_its_execute_at_and_is_handled_no_sooner(
     project: Path, queue_url: str
 ) -> None:
@@ -474,14 +531,15 @@ def test_a_worker_reads_the_sets_named_by_queue_or_by_the_url(
         "--max-items", "1", cwd=project,
     )  # fmt: skip
     assert named.returncode == 0, named.stdout + named.stderr
-    assert f"Reading priorities 200 ({high});" in named.stderr
+    assert f"Reading priorities 200 ({high}), 100 (" in named.stderr
     assert names(project) == ["high"]
 
     rest = hermes(
         "worker", "--url", php_like, "--handlers", "jobs:register", "--max-items", "2", cwd=project
     )
     assert rest.returncode == 0, rest.stdout + rest.stderr
-    assert f"Reading priority 100, the URL's queues 200 ({high}), 50 ({low}) and" in rest.stderr
+    assert f"Reading priorities 200 ({high}), 100 (" in rest.stderr
+    assert f"), 50 ({low}) and the queues the handlers set up" in rest.stderr
     assert names(project) == ["high", "default", "low"]
 
 

@@ -20,6 +20,7 @@ from hermes.core._cli._common import (
     default_url,
     named_queues,
     queue_name,
+    queue_of,
     queue_option,
     setup_priorities,
     whole_number,
@@ -176,7 +177,6 @@ def run(args: argparse.Namespace) -> int:
     from_cli, from_url = named_queues(url, given)
     priority: int = args.queue[1] if args.queue else args.priority
     queue = from_cli.get(priority) or from_url.get(priority)
-    shown = f"priority:{priority}" + (f" ({queue})" if queue else "")
     with connect(url) as driver:
         if queue is None and priority != DEFAULT_PRIORITY:
             # As Emitter.emit() from Python: a queue nobody named is one no worker reads
@@ -189,6 +189,9 @@ def run(args: argparse.Namespace) -> int:
                 f"{priority}), or add it to the URL's priority_queues"
             )
         setup_priorities(driver, [priority], from_cli, preset=from_url)
+        # The broker's own name (Redis: the key with its prefix), to compare with the worker's.
+        key = queue_of(driver, priority) or queue
+        shown = f"priority:{priority}" + (f" ({key})" if key else "")
         if execute_at is not None and driver.capabilities.delay is Delay.IGNORED:
             print(
                 f"note: {type(driver).__name__} delivers at once (delay {Delay.IGNORED.value}); "

@@ -24,6 +24,7 @@ from hermes.core._cli._common import (
     env_default,
     named_queues,
     one_line,
+    queue_of,
     queue_option,
     raise_site,
     seconds,
@@ -134,9 +135,10 @@ def _add_queue_options(worker: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="P",
-        help="read only the queue of this priority (repeat for several); default: priority "
-        f"{DEFAULT_PRIORITY}, the URL's priority_queues and the queues the handlers function "
-        "sets up",
+        help="read only the queues of the priorities given (repeat for several). Without "
+        f"it the worker reads every queue it knows: priority {DEFAULT_PRIORITY}, where retry "
+        "copies (and on Redis due delayed messages) land, the URL's priority_queues, the "
+        "--queue queues and those the handlers function sets up",
     )
     worker.add_argument(
         "--queue",
@@ -144,8 +146,10 @@ def _add_queue_options(worker: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="NAME:P",
-        help="like --priority P, reading the queue NAME, e.g. --queue hermes_high:200 for a PHP "
-        "deployment's queue (repeat for several; without it priority P is in <key>_priority_<P>)",
+        help="also read the queue NAME, which holds priority P, e.g. --queue hermes_high:200 "
+        "for a PHP deployment's queue (repeat for several); the worker still reads priority "
+        f"{DEFAULT_PRIORITY} and its other queues unless --priority restricts it (without "
+        "--queue, priority P is in <key>_priority_<P>)",
     )
 
 
@@ -334,7 +338,8 @@ def run(args: argparse.Namespace) -> int:
     verbosity = args.verbose - args.quiet
     configure_logging(verbosity)
     from_cli, from_url = named_queues(url, args.queue)
-    priorities: list[int] = sorted(set(args.priority) | set(from_cli), reverse=True)
+    # --queue adds a queue; only --priority restricts the worker (an empty list: every queue).
+    priorities: list[int] = sorted(set(args.priority), reverse=True)
 
     with contextlib.ExitStack() as stack:
         driver = stack.enter_context(connect(url))
@@ -345,7 +350,7 @@ def run(args: argparse.Namespace) -> int:
                 "would come straight back; give the store its own queue, e.g. "
                 "redis://HOST:6379/0?prefix=failed: or another file:// directory"
             )
-        setup_priorities(driver, priorities, from_cli, preset=from_url)
+        setup_priorities(driver, [*priorities, *from_cli], from_cli, preset=from_url)
         if args.max_items:
             driver.set_max_process_items(args.max_items)
         shutdowns: list[Shutdown] = []
@@ -449,21 +454,27 @@ def _log_start(
     logger.info("Handlers: %s", handlers)
 
     def named(priority: int) -> str:
-        return f"{priority} ({names[priority]})" if priority in names else str(priority)
+        # The broker's own name (Redis: the key, prefix included) makes a worker and an
+        # emitter on different prefixes or keys visible at a glance.
+        name = queue_of(driver, priority) or names.get(priority)
+        return f"{priority} ({name})" if name else str(priority)
 
-    if priorities:
-        reading = f"Reading priorities {', '.join(map(named, priorities))}"
-    else:
-        from_url = sorted(set(names) - {DEFAULT_PRIORITY}, reverse=True)
-        reading = f"Reading priority {named(DEFAULT_PRIORITY)}" + (
-            f", the URL's queues {', '.join(map(named, from_url))}" if from_url else ""
-        )
-        reading += " and the queues the handlers set up (--priority P or --queue NAME:P for others)"
+    read = priorities or sorted({DEFAULT_PRIORITY, *names}, reverse=True)
+    plural = "priorities" if len(read) > 1 else "priority"
+    reading = f"Reading {plural} {', '.join(map(named, read))}"
+    if not priorities:
+        reading += " and the queues the handlers set up (--priority P restricts the worker)"
     if concurrency > 1:
         reading += f"; {concurrency} handlers at once"
     stops = [f"after {max_items} message{'s' if max_items != 1 else ''}"] if max_items else []
     stops += ["on Ctrl-C", "SIGTERM"] + ([repr(shutdown)] if shutdown else [])
     logger.info(one_line(f"{reading}; stopping {', '.join(stops)}"))
+    if priorities and DEFAULT_PRIORITY not in priorities:
+        logger.warning(
+            "This worker does not read priority %s, where retry copies land (and on Redis "
+            "due delayed messages): another worker must, or they wait there",
+            named(DEFAULT_PRIORITY),
+        )
     if failed_url:
         shown = redact_url(failed_url)
         logger.info("Messages given up on go to %s (hermes failed --url %s list)", shown, shown)
