@@ -329,7 +329,7 @@ def _tell(url: str, shutdown_file: Path, note: str | None = None) -> int:
             story.say("emit", f"#{order_id} (order.paid) priority:{priority}")
             emitter.emit(Message("order.paid", {"amount": amount}, id=order_id), priority)
 
-        story.heading("2. A worker starts: highest priority first, first in first out within one")
+        story.heading(f"2. A worker starts: highest priority first, {_order_within(url)}")
         worker.start()
         # The Dispatcher counts a message after its last log line: wait for the count.
         stats = dispatcher.stats
@@ -373,13 +373,24 @@ def _tell(url: str, shutdown_file: Path, note: str | None = None) -> int:
     return 0
 
 
+def _order_within(url: str) -> str:
+    """The order within one priority, which is the driver's, not Hermes's."""
+    scheme = url.partition("://")[0]
+    if scheme in ("redis", "rediss"):
+        return "in no particular order within one (a Redis set keeps no order within a priority)"
+    return (
+        f"first in first out within one on this {scheme}:// queue (a Redis set keeps no "
+        "order within a priority)"
+    )
+
+
 def _summary(
     story: _Story, dispatcher: Dispatcher, elapsed: float, *, install_filesystem: bool
 ) -> None:
     priority_of = {order_id: priority for order_id, _, priority in ORDERS}
     expected = [order_id for order_id, _, _ in sorted(ORDERS, key=lambda row: -row[2])]
     verdict = (
-        "highest priority first, FIFO within a priority"
+        "highest priority first, FIFO within a priority on this queue"
         if story.orders_handled == expected
         else f"NOT the expected {', '.join(expected)}"
     )
