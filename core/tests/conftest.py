@@ -123,3 +123,9 @@ def core_only_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     environ = {k: v for k, v in os.environ.items() if k not in ("HERMES_URL", "PYTHONPATH")}
     environ["PYTHONPATH"] = str(site)
     return environ
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", 'slow: builds or installs things (minutes); deselect with -m "not slow"'
+    )

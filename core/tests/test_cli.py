@@ -367,6 +367,63 @@ def test_a_worker_given_priorities_reads_only_those(project: Path, queue_url: st
     assert names(project) == ["high", "default", "low"]
 
 
+def test_a_worker_given_queues_still_reads_the_default_queue(project: Path, queue_url: str) -> None:
+    seed(queue_url, ("job", {"name": "default"}, 100), ("job", {"name": "high"}, 200))
+
+    worker = hermes(
+        "worker", "--url", queue_url, "--handlers", "jobs:register", "--queue", "hermes_high:200",
+        "--queue", "hermes_low:50", "--max-items", "2", cwd=project,
+    )  # fmt: skip
+
+    assert worker.returncode == 0, worker.stdout + worker.stderr
+    assert names(project) == ["high", "default"]
+    assert "Reading priorities 200 (hermes_high), 100, 50 (hermes_low)" in worker.stderr
+
+
+def test_a_worker_restricted_by_priority_says_what_it_leaves_unread(
+    project: Path, queue_url: str
+) -> None:
+    seed(queue_url, ("job", {"name": "high"}, 200))
+
+    worker = hermes(
+        "worker", "--url", queue_url, "--handlers", "jobs:register", "--priority", "200",
+        "--max-items", "1", cwd=project,
+    )  # fmt: skip
+
+    assert worker.returncode == 0, worker.stdout + worker.stderr
+    [warning] = [line for line in worker.stderr.splitlines() if "WARNING" in line]
+    assert "does not read priority 100" in warning
+    assert "where retry copies land" in warning
+
+
+def test_worker_help_says_which_queue_option_adds_and_which_restricts(tmp_path: Path) -> None:
+    text = " ".join(hermes("worker", "--help", cwd=tmp_path).stdout.split())
+
+    assert "--priority P read only the queues of the priorities given" in text
+    assert "--queue NAME:P also read the queue NAME" in text
+
+
+def test_the_worker_and_emit_name_the_redis_key_they_use(
+    project: Path, redis_test_db_url: str
+) -> None:
+    import redis
+
+    prefix = f"cli-{uuid.uuid4().hex[:8]}:"
+    url = f"{redis_test_db_url}&prefix={prefix}"
+    key = DriverUrl.parse(redis_test_db_url).options["key"]
+    try:
+        emitted = hermes("emit", "--url", url, "job", '{"name": "a"}', cwd=project)
+        worker = hermes("worker", "--url", url, "--handlers", "jobs:register", "--max-items", "1",
+                        cwd=project)  # fmt: skip
+    finally:
+        client = redis.Redis.from_url(redis_test_db_url.split("?")[0])
+        client.delete(*(client.keys(f"{prefix}*") or [f"{prefix}none"]))
+        client.close()
+
+    assert f"priority:100 ({prefix}{key}) to redis://" in emitted.stdout
+    assert f"Reading priority 100 ({prefix}{key})" in worker.stderr
+
+
 def test_a_delayed_emit_carries_its_execute_at_and_is_handled_no_sooner(
     project: Path, queue_url: str
 ) -> None:
@@ -474,15 +531,37 @@ def test_a_worker_reads_the_sets_named_by_queue_or_by_the_url(
         "--max-items", "1", cwd=project,
     )  # fmt: skip
     assert named.returncode == 0, named.stdout + named.stderr
-    assert f"Reading priorities 200 ({high});" in named.stderr
+    assert f"Reading priorities 200 ({high}), 100 (" in named.stderr
     assert names(project) == ["high"]
 
     rest = hermes(
         "worker", "--url", php_like, "--handlers", "jobs:register", "--max-items", "2", cwd=project
     )
     assert rest.returncode == 0, rest.stdout + rest.stderr
-    assert f"Reading priority 100, the URL's queues 200 ({high}), 50 ({low}) and" in rest.stderr
+    assert f"Reading priorities 200 ({high}), 100 (" in rest.stderr
+    assert f"), 50 ({low}) and the queues the handlers set up" in rest.stderr
     assert names(project) == ["high", "default", "low"]
+
+
+def test_emit_to_a_priority_no_queue_is_named_for_is_refused_as_in_python(
+    tmp_path: Path, queue_url: str
+) -> None:
+    line = assert_one_line_error(
+        hermes("emit", "--url", queue_url, "--priority", "999", "job", cwd=tmp_path)
+    )
+
+    assert "priority 999 has no queue" in line
+    assert "--queue hermes_priority_999:999" in line and "priority_queues" in line
+    assert not (tmp_path / "queue").exists()
+
+
+def test_emit_to_a_priority_the_url_names_is_sent(tmp_path: Path) -> None:
+    result = hermes(
+        "emit", "--url", "memory://cli?priority_queues=high:200", "--priority", "200", "job",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "priority:200 (high)" in result.stdout
 
 
 def test_a_queue_that_contradicts_the_url_is_refused_in_one_line(tmp_path: Path) -> None:
@@ -614,6 +693,37 @@ def test_an_unknown_id_changes_nothing_and_says_where_to_find_the_ids(
     assert kept.id in listed.stdout
 
 
+def test_failed_retry_without_a_target_asks_for_to_not_for_the_store_s_url(
+    tmp_path: Path, core_only_env: dict[str, str]
+) -> None:
+    assert HERMES is not None
+    result = subprocess.run(
+        [sys.executable, "-S", HERMES, "failed", "--url", "memory://store", "retry"],
+        cwd=tmp_path, env=core_only_env, capture_output=True, text=True,
+        timeout=COMMAND_TIMEOUT_S,
+    )  # fmt: skip
+
+    line = assert_one_line_error(result)
+    assert "no --to and no $HERMES_URL" in line
+    assert "give the workers' queue with --to or $HERMES_URL" in line
+    assert "with --url" not in line
+
+
+def test_failed_list_on_a_live_queue_warns_that_it_is_not_a_failed_message_store(
+    project: Path, queue_url: str
+) -> None:
+    seed(queue_url, ("job", {"n": 1}, 100), ("job", {"n": 2}, 100))
+
+    result = hermes("failed", "--url", queue_url, "list", cwd=project)
+
+    assert result.returncode == 0, result.stderr
+    assert "2 failed messages" in result.stdout
+    [warning] = result.stderr.splitlines()
+    assert warning.startswith("hermes: warning: 2 of 2 messages")
+    assert "no failed_reason" in warning and "a worker's queue" in warning
+    assert "--failed-url" in warning
+
+
 def test_a_store_that_cannot_be_listed_says_which_urls_can(project: Path) -> None:
     pytest.importorskip("hermes.drivers.rabbitmq", reason="hermes-rabbitmq is not installed")
 
@@ -725,6 +835,79 @@ def test_shutdown_without_a_target_says_what_to_give(tmp_path: Path) -> None:
 
 
 # Mistakes a user makes: one line on stderr, exit code 2 ---------------------------
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+#: Each mistake the README's list names, with what its one line must say.
+README_MISTAKES = [
+    pytest.param(["emit", "--url", "nats://localhost:4222/jobs", "job"],
+                 "no installed Hermes driver handles nats://", id="unknown scheme"),
+    pytest.param(["emit", "--url", "memory://cli", "job", "{not json"],
+                 "PAYLOAD_JSON is not valid JSON", id="bad JSON"),
+    pytest.param(["emit", "--url", "memory://cli", "job", "42"],
+                 "must be a JSON object, an array or null", id="scalar payload"),
+    pytest.param(["worker", "--url", "memory://cli", "--handlers", "missing:register"],
+                 "cannot import handlers module 'missing'", id="handlers that do not import"),
+    pytest.param(["worker", "--url", "memory://cli", "--handlers", "jobs:register", "--bogus"],
+                 "unrecognized arguments: --bogus", id="unknown option"),
+    pytest.param(["emit", "--url", "memory://cli", "job", "--count", "many"],
+                 "argument --count: 'many' is not a whole number", id="bad option value"),
+    pytest.param(["worker", "--url", "memory://cli"],
+                 "the following arguments are required: --handlers", id="missing option"),
+    pytest.param(["emit", "--url", "redis://127.0.0.1:1/0", "job"],
+                 "unreachable", id="emit to an unreachable broker"),
+    pytest.param(["worker", "--url", "memory://cli", "--handlers", "jobs:register",
+                  "--metrics-port", "99999"],
+                 "argument --metrics-port: 99999 must be <= 65535", id="metrics port too big"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("command", "expected"), README_MISTAKES)
+def test_every_mistake_the_readme_lists_is_one_line_and_exit_2(
+    project: Path, command: list[str], expected: str
+) -> None:
+    if "redis://127.0.0.1:1/0" in command:
+        pytest.importorskip("hermes.drivers.redis", reason="hermes-redis is not installed")
+
+    result = hermes(*command, cwd=project)
+
+    if "{not json" in command:  # the excerpt and a caret under the fault follow the line
+        result.stderr = result.stderr.splitlines()[0] + "\n"
+    line = assert_one_line_error(result)
+    assert expected in line
+
+
+def test_a_metrics_port_in_use_is_one_line_and_exit_2(project: Path, queue_url: str) -> None:
+    pytest.importorskip("hermes.plugins.prometheus", reason="hermes-prometheus is not installed")
+    import socket
+
+    port = _free_port()
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", port))
+        taken.listen()
+        result = hermes(
+            "worker", "--url", queue_url, "--handlers", "jobs:register",
+            "--metrics-port", str(port), cwd=project,
+        )  # fmt: skip
+
+    line = assert_one_line_error(result)
+    assert f"--metrics-port {port}: cannot serve metrics" in line
+    assert "in use" in line
+
+
+def test_a_bad_metrics_port_in_the_environment_is_one_line_and_exit_2(project: Path) -> None:
+    line = assert_one_line_error(
+        hermes("worker", "--url", "memory://cli", "--handlers", "jobs:register", cwd=project,
+               env={"HERMES_METRICS_PORT": "70000"})
+    )  # fmt: skip
+    assert line == "hermes: error: $HERMES_METRICS_PORT: 70000 must be <= 65535"
 
 
 def test_an_unknown_scheme_lists_the_installed_drivers_and_hides_the_password(
@@ -916,6 +1099,12 @@ def test_a_bad_at_time_is_one_line(tmp_path: Path) -> None:
         ("class H:\n    def handle(self, m):\n        return True\n", "jobs2:H",
          "is a handler, not a registration"),
         ("def register(d):\n    pass\n", "jobs2:register", "registered no handlers"),
+        ("x = 1\n", "./jobs2.py:register",
+         "--handlers './jobs2.py:register' names a file; give the module: "
+         "--handlers jobs2:register, run from the directory that holds jobs2.py"),
+        ("x = 1\n", "app/jobs2.py:register",
+         "--handlers 'app/jobs2.py:register' names a file; give the module: "
+         "--handlers app.jobs2:register, run from the directory that holds app/"),
     ],
 )  # fmt: skip
 def test_handlers_that_do_not_load_say_which_module_and_why(

@@ -59,7 +59,23 @@ def test_the_demo_handles_the_batch_highest_priority_first(
         ("order-1", "50"),
         ("order-4", "50"),
     ]
-    assert "highest priority first, FIFO within a priority" in demo.stdout
+    assert "highest priority first, FIFO within a priority on this queue" in demo.stdout
+
+
+def test_the_demo_says_the_order_within_a_priority_is_the_driver_s(
+    demo: subprocess.CompletedProcess[str],
+) -> None:
+    text = " ".join(demo.stdout.split())
+    assert "first in first out within one on this file:// queue" in text
+    assert "a Redis set keeps no order within a priority" in text
+
+
+def test_the_readme_says_on_its_main_page_that_redis_keeps_no_order_within_a_priority() -> None:
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    guarantees = readme[readme.index("## Delivery guarantees") :]
+    guarantees = " ".join(guarantees[: guarantees.index("\n## ", 3)].split()).lower()
+    assert "order within a priority" in guarantees
+    assert "redis sets are unordered" in guarantees
 
 
 def test_the_demo_retries_the_failing_handler_with_the_backoff_and_says_it_fast_forwards(

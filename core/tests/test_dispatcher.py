@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import re
@@ -15,6 +16,7 @@ from hermes.core import (
     DEFAULT_PRIORITY,
     BrokerUnavailableError,
     ConfigurationError,
+    Delay,
     Dispatcher,
     Emitter,
     Message,
@@ -381,6 +383,25 @@ def test_without_log_each_message_failures_and_retries_are_still_logged(
     assert (dispatcher.stats.handled, dispatcher.stats.retried) == (1, 1)
 
 
+def test_a_function_that_raises_without_max_retry_is_told_to_use_max_retry(
+    driver: MemoryDriver, hermes_log: pytest.LogCaptureFixture
+) -> None:
+    dispatcher = Dispatcher(driver)
+
+    @dispatcher.handler("job")
+    def send_email(message: Message) -> None:
+        raise ValueError("no SMTP")
+
+    dispatcher.handle_message(Message("job"), DEFAULT_PRIORITY)
+
+    outcome = [r for r in hermes_log.records if r.levelno == logging.ERROR][-1].getMessage()
+    assert "RetryMixin" not in outcome
+    assert outcome.endswith(
+        "not retried: the function has no max_retry (give it one, "
+        "@handler('job', max_retry=25), to retry it when it raises)"
+    )
+
+
 def test_a_handler_exception_is_logged_as_error_with_the_class_text_and_traceback(
     driver: MemoryDriver, hermes_log: pytest.LogCaptureFixture
 ) -> None:
@@ -593,3 +614,91 @@ def test_at_debug_each_handler_call_says_how_it_ended_and_how_long_it_took(
         f"Handler Recorder returned True on message #{message.id} (mail) after N ms",
         f"Handler Plain raised RuntimeError on message #{message.id} (mail) after N ms",
     ]
+
+
+# When a retry runs: the driver's delay, and a handler's own backoff --------------------
+
+
+class _DeliversAtOnce(MemoryDriver):
+    """A memory broker that declares what RabbitMQ does by default: execute_at ignored."""
+
+    capabilities = dataclasses.replace(MemoryDriver.capabilities, delay=Delay.IGNORED)
+
+
+def test_a_retry_on_a_driver_that_ignores_delay_says_it_runs_at_once(
+    broker_name: str, hermes_log: pytest.LogCaptureFixture
+) -> None:
+    dispatcher = Dispatcher(_DeliversAtOnce(broker_name)).register_handler("job", Flaky())
+
+    dispatcher.handle_message(Message("job"), DEFAULT_PRIORITY)
+
+    [retry] = [r.getMessage() for r in hermes_log.records if r.levelno == logging.WARNING]
+    assert "failed in Flaky, retry 1 of 25 at once:" in retry
+    assert "delivers at once (delay ignored)" in retry
+    assert " in 1" not in retry and " in 2" not in retry and " in 3" not in retry
+
+
+def test_a_function_handler_chooses_its_own_backoff_from_the_retry_number(
+    recording_driver: Any,
+) -> None:
+    dispatcher = Dispatcher(recording_driver)
+    numbers: list[int] = []
+
+    def backoff(retry: int) -> float:
+        numbers.append(retry)
+        return 2.0**retry
+
+    @dispatcher.handler("job", max_retry=5, backoff=backoff)
+    def charge(message: Message) -> None:
+        raise RuntimeError("card service down")
+
+    before = time.time()
+    dispatcher.handle_message(Message("job", retries=2), DEFAULT_PRIORITY)
+
+    [copy] = recording_driver.sent
+    assert numbers == [3]  # the copy is the third retry
+    assert copy.retries == 3
+    assert before + 8 <= copy.execute_at <= time.time() + 8
+
+
+def test_a_class_handler_chooses_its_own_backoff_with_a_method(recording_driver: Any) -> None:
+    class Quick(RetryMixin, RetryableHandler):
+        def handle(self, message: Message) -> bool:
+            raise RuntimeError("busy")
+
+        def backoff(self, retry: int) -> float:
+            return 0.5
+
+    Dispatcher(recording_driver).register_handler("job", Quick()).handle_message(
+        Message("job"), DEFAULT_PRIORITY
+    )
+
+    [copy] = recording_driver.sent
+    assert copy.execute_at <= time.time() + 0.5
+
+
+def test_without_a_backoff_the_retry_keeps_the_sidekiq_formula(recording_driver: Any) -> None:
+    before = time.time()
+    Dispatcher(recording_driver).register_handler("job", Flaky()).handle_message(
+        Message("job"), DEFAULT_PRIORITY
+    )
+
+    [copy] = recording_driver.sent
+    assert before + 16 <= copy.execute_at <= time.time() + 45
+
+
+def test_a_backoff_that_raises_is_logged_and_the_formula_is_used(
+    recording_driver: Any, hermes_log: pytest.LogCaptureFixture
+) -> None:
+    class Broken(Flaky):
+        def backoff(self, retry: int) -> float:
+            raise ZeroDivisionError("oops")
+
+    before = time.time()
+    Dispatcher(recording_driver).register_handler("job", Broken()).handle_message(
+        Message("job"), DEFAULT_PRIORITY
+    )
+
+    [copy] = recording_driver.sent
+    assert before + 16 <= copy.execute_at <= time.time() + 45
+    assert any("backoff raised ZeroDivisionError: oops" in m for m in hermes_log.messages)

@@ -132,3 +132,16 @@ def test_replace_rejects_a_field_a_message_does_not_have() -> None:
 def test_messages_with_equal_fields_are_equal() -> None:
     assert Message("job", [1], id="i", created=1.0) == Message("job", [1], id="i", created=1.0)
     assert Message("job", [1], id="i", created=1.0) != Message("job", [2], id="i", created=1.0)
+
+
+def test_execute_at_may_be_a_datetime_and_is_kept_as_its_timestamp() -> None:
+    import datetime
+
+    moment = datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=datetime.UTC)
+
+    assert Message("t", execute_at=moment).execute_at == moment.timestamp()
+
+
+def test_an_execute_at_that_is_not_a_time_is_a_value_error_naming_the_field() -> None:
+    with pytest.raises(ValueError, match=r"^Message execute_at must be a UNIX timestamp"):
+        Message("t", execute_at="tomorrow")  # type: ignore[arg-type]

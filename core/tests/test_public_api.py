@@ -40,7 +40,8 @@ def test_the_signatures_are_the_documented_ones() -> None:
     assert str(inspect.signature(Message)) == (
         "(type: 'str', payload: 'dict[str, Any] | list[Any] | None' = None, *, "
         "id: 'str | None' = None, "
-        "created: 'float | None' = None, execute_at: 'float | None' = None, retries: 'int' = 0)"
+        "created: 'float | None' = None, "
+        "execute_at: 'float | datetime.datetime | None' = None, retries: 'int' = 0)"
         " -> 'None'"
     )
     parameters = inspect.signature(Dispatcher).parameters

@@ -293,3 +293,28 @@ def test_a_circular_payload_fails_with_serialize_error() -> None:
 
     with pytest.raises(SerializeError, match="Cannot serialize message"):
         serializer.serialize(Message("job", payload))
+
+
+@pytest.mark.parametrize(
+    ("payload", "where", "fix"),
+    [
+        ({"order": {"paid_at": __import__("datetime").datetime(2026, 1, 2, 3, 4)}},
+         "payload['order']['paid_at'] is a datetime", "paid_at.isoformat()"),
+        ({"amount": __import__("decimal").Decimal("9.99")},
+         "payload['amount'] is a Decimal", "str(amount)"),
+        ({"tags": {"a", "b"}}, "payload['tags'] is a set", "sorted(tags)"),
+        ([1, {"ratio": math.nan}], "payload[1]['ratio'] is nan", "None"),
+        ({"blob": b"\x00"}, "payload['blob'] is a bytes", "base64"),
+    ],
+)  # fmt: skip
+def test_an_unencodable_value_is_named_by_its_path_with_the_fix(
+    payload: Any, where: str, fix: str
+) -> None:
+    message = Message("job", payload)
+
+    with pytest.raises(SerializeError) as caught:
+        serializer.serialize(message)
+
+    text = str(caught.value)
+    assert text.startswith(f"Cannot serialize message {message.id}: {where}")
+    assert fix in text

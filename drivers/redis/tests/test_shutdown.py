@@ -173,3 +173,35 @@ def test_the_same_garbage_is_logged_once(caplog):
 def test_a_check_interval_that_is_not_seconds_is_refused(interval):
     with pytest.raises(ValueError, match="check_interval_s must be a number of seconds"):
         RedisShutdown(CountingClient(), check_interval_s=interval)
+
+
+# hermes shutdown and hermes worker on a shared Redis, apps apart by prefix ----------------
+
+
+def test_hermes_shutdown_with_a_prefix_stops_only_the_workers_of_that_prefix(
+    redis_url, client, namespace
+):
+    from hermes.core import connect
+    from hermes.core.cli import main
+
+    app1, app2 = f"{namespace}-app1:", f"{namespace}-app2:"
+    base = redis_url.rsplit("/", 1)[0] + "/0"
+    started = time.time() - 10
+
+    assert main(["shutdown", "--url", f"{base}?prefix={app1}"]) == 0
+
+    with connect(f"{base}?prefix={app1}") as one, connect(f"{base}?prefix={app2}") as two:
+        from hermes.drivers.redis._plugin import _shutdown
+
+        assert _shutdown(one).should_shutdown(started) is True
+        assert _shutdown(two).should_shutdown(started) is False
+    assert client.get(f"{app1}hermes_shutdown") is not None
+    assert client.get(f"{app2}hermes_shutdown") is None
+
+
+def test_without_a_prefix_the_shutdown_key_is_php_s_own(redis_url):
+    from hermes.core import connect
+    from hermes.drivers.redis._plugin import _shutdown
+
+    with connect(redis_url) as driver:
+        assert _shutdown(driver).key == "hermes_shutdown"

@@ -119,5 +119,53 @@ def test_stats_and_purge_of_a_priority_use_the_name_the_url_gives_it(
         (f"{namespace}:php_high", 1)
     ]
     assert main(["purge", "--url", url, "--priority", str(HIGH), "--yes"]) == 0
-    assert "Deleted 1 waiting message (priority 200)" in capsys.readouterr().out
+    assert "Deleted 1 waiting message from priority 200" in capsys.readouterr().out
     assert client.exists(f"{namespace}:php_high") == 0
+
+
+def test_a_priority_the_cli_names_gets_the_prefix_once(client, namespace, redis_url, capsys):
+    # What a worker on the same prefix given --priority 200 reads: the CLI's name for it.
+    emitter = RedisSetDriver(client, prefix=f"{namespace}:")
+    emitter.setup_priority_queue("hermes_priority_200", 200)
+    emitter.send(Message("job"), 200)
+
+    assert main(["stats", "--url", f"{redis_url}?prefix={namespace}:", "--priority", "200",
+                 "--json"]) == 0  # fmt: skip
+
+    document = json.loads(capsys.readouterr().out.splitlines()[-1])
+    high = document["queues"][0]
+    assert (high["name"], high["ready"]) == (f"{namespace}:hermes_priority_200", 1)
+
+
+# Queues this process was not told about ------------------------------------------------
+
+
+@pytest.fixture
+def unnamed_high(client, namespace, redis_url):
+    """A message on ``<ns>:hermes_priority_200``, a queue the CLI names and nobody told stats."""
+    emitter = RedisSetDriver(client, prefix=f"{namespace}:")
+    emitter.setup_priority_queue("hermes_priority_200", 200)
+    emitter.send(Message("job"), 200)
+    emitter.send_batch([Message("d", {"i": i}) for i in range(2)])
+    return f"{redis_url}?prefix={namespace}:"
+
+
+def test_stats_shows_a_priority_set_it_was_not_told_about(unnamed_high, namespace, capsys):
+    assert main(["stats", "--url", unnamed_high, "--json"]) == 0
+
+    queues = json.loads(capsys.readouterr().out)["queues"]
+    assert [(q["priority"], q["name"], q["ready"]) for q in queues] == [
+        (200, f"{namespace}:hermes_priority_200", 1),
+        (100, f"{namespace}:hermes", 2),
+    ]
+
+
+def test_purge_of_every_queue_deletes_a_set_it_was_not_told_about_and_names_each(
+    unnamed_high, client, namespace, capsys
+):
+    assert main(["purge", "--url", unnamed_high, "--yes"]) == 0
+
+    out = capsys.readouterr().out
+    assert "Deleted 3 waiting messages" in out
+    assert f"{namespace}:hermes_priority_200" in out and f"{namespace}:hermes (100)" in out
+    assert client.scard(f"{namespace}:hermes_priority_200") == 0

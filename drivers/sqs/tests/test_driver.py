@@ -1021,7 +1021,9 @@ def test_hermes_purge_prints_what_it_deleted_and_what_it_could_not(
     driver.send(Message("later", execute_at=time.time() + 600))
 
     assert main(["purge", "--url", sqs_url + "&delay=true", "--yes"]) == 0
-    assert capsys.readouterr().out == "Deleted 3 waiting messages (every queue)\n"
+    out = capsys.readouterr().out
+    assert out.startswith("Deleted 3 waiting messages from ")
+    assert "AmazonSqsDriver cannot list its queues" in out and out.count("\n") == 1
 
     driver.send(Message("later", execute_at=time.time() + 600))
     assert main(["purge", "--url", sqs_url + "&delay=true", "--yes"]) != 0

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from hermes.core._driver import Driver
+from hermes.core._driver import Delay, Driver
 from hermes.core._errors import ConfigurationError
 from hermes.core._handler import (
     CanRetry,
@@ -25,11 +25,15 @@ from hermes.core._invoke import EventLoopThread, TimeLimitExceeded, Watchdog
 from hermes.core._message import Message
 from hermes.core._registry import notify, plugin_manager, wrap_call
 from hermes.core._retry import (
+    Backoff,
     Randomizer,
     RetryVerdict,
     default_randomizer,
+    describe_due,
     judge_retry,
     next_retry,
+    readable_time,
+    retry_at,
 )
 from hermes.core._shutdown import Shutdown
 
@@ -164,7 +168,12 @@ class Dispatcher:
         return self
 
     def handler(
-        self, type: str, *, max_retry: int | None = None, can_retry: CanRetry | None = None
+        self,
+        type: str,
+        *,
+        max_retry: int | None = None,
+        can_retry: CanRetry | None = None,
+        backoff: Backoff | float | None = None,
     ) -> Callable[[F], F]:
         """Decorator: register the function as a handler of ``type``; the function is unchanged.
 
@@ -173,10 +182,14 @@ class Dispatcher:
         published while ``message.retries < max_retry`` and then only if
         ``can_retry`` agrees; ``max_retry=0`` never retries. ``can_retry``
         alone means ``max_retry=25``. Without either, the function is never retried.
+        ``backoff`` -- seconds, or a function of the retry number (1 for the first
+        retry) returning seconds -- replaces :meth:`next_retry` for this handler.
         """
 
         def register(function: F) -> F:
-            handler = function_handler(function, max_retry=max_retry, can_retry=can_retry)
+            handler = function_handler(
+                function, max_retry=max_retry, can_retry=can_retry, backoff=backoff
+            )
             self.register_handler(type, handler)
             return function
 
@@ -414,7 +427,8 @@ class Dispatcher:
     def _retry(
         self, message: Message, handler: Handler, max_retry: int | None, exc: Exception
     ) -> None:
-        retry = message.replace(retries=message.retries + 1, execute_at=self.next_retry(message))
+        due_at = retry_at(handler, message, self.next_retry, self.logger)
+        retry = message.replace(retries=message.retries + 1, execute_at=due_at)
         name = handler_name(handler)
         try:
             # No priority: the copy lands on the default priority queue, as in PHP Hermes.
@@ -429,16 +443,14 @@ class Dispatcher:
             )
             raise
         self._count("retried")
-        due = retry.execute_at if retry.execute_at is not None else time.time()
         self.logger.warning(
-            "Message #%s (%s) failed in %s, retry %d%s in %.1f s at %s",
+            "Message #%s (%s) failed in %s, retry %d%s %s",
             retry.id,
             retry.type,
             name,
             retry.retries,
             f" of {max_retry}" if max_retry is not None else "",
-            max(0.0, due - time.time()),
-            readable_time(due),
+            describe_due(due_at, self.driver.capabilities.delay is Delay.IGNORED),
         )
         notify(
             self._hooks.hermes_message_retried,
@@ -521,11 +533,3 @@ def _failed_store(failed: Driver | FailedStore, driver: Driver) -> FailedStore:
             "would come straight back; connect the store to another queue"
         )
     return failed if isinstance(failed, FailedStore) else FailedStore(failed)
-
-
-def readable_time(timestamp: float) -> str:
-    """A UNIX timestamp as local ``HH:MM:SS``, with the date in front when it is not today."""
-    moment = time.localtime(timestamp)
-    if moment[:3] == time.localtime()[:3]:
-        return time.strftime("%H:%M:%S", moment)
-    return time.strftime("%Y-%m-%d %H:%M:%S", moment)

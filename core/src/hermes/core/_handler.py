@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 from hermes.core._errors import ConfigurationError, HandlerResultError
 from hermes.core._message import Message
-from hermes.core._retry import RetryableHandler, RetryMixin
+from hermes.core._retry import Backoff, RetryableHandler, RetryMixin
 
 if TYPE_CHECKING:
     from hermes.core._dispatcher import Dispatcher
@@ -109,8 +109,12 @@ class RetryableFunctionHandler(FunctionHandler, RetryableHandler):
         *,
         max_retry: int = DEFAULT_MAX_RETRY,
         can_retry: CanRetry | None = None,
+        backoff: Backoff | float | None = None,
     ) -> None:
         super().__init__(function)
+        if backoff is not None:
+            #: Seconds before retry number N (1 for the first); the Dispatcher calls it.
+            self.backoff = _backoff(backoff, self.name)
         if isinstance(max_retry, bool) or not isinstance(max_retry, int) or max_retry < 0:
             raise ConfigurationError(
                 f"max_retry of handler function {self.name} must be a whole number >= 0 "
@@ -135,13 +139,33 @@ class RetryableFunctionHandler(FunctionHandler, RetryableHandler):
         return True if self._can_retry is None else bool(self._can_retry(message, exception))
 
 
+def _backoff(backoff: Backoff | float, name: str) -> Backoff:
+    """``backoff=`` as a function of the retry number: a number of seconds is the same for all."""
+    if isinstance(backoff, int | float) and not isinstance(backoff, bool) and backoff >= 0:
+        seconds = float(backoff)
+        return lambda retry: seconds
+    if not callable(backoff):
+        raise ConfigurationError(
+            f"backoff of handler function {name} must be a number of seconds >= 0 or a "
+            f"function of the retry number returning seconds, got {backoff!r}"
+        )
+    _check_signature(backoff, 1, f"backoff of handler function {name}", "take the retry number")
+    return backoff
+
+
 def function_handler(
-    function: HandlerFunction, *, max_retry: int | None = None, can_retry: CanRetry | None = None
+    function: HandlerFunction,
+    *,
+    max_retry: int | None = None,
+    can_retry: CanRetry | None = None,
+    backoff: Backoff | float | None = None,
 ) -> FunctionHandler:
-    """``function`` as a handler: retried when ``max_retry`` or ``can_retry`` is given.
+    """``function`` as a handler: retried when ``max_retry``, ``can_retry`` or ``backoff`` is given.
 
     ``max_retry`` defaults to 25 (as :class:`RetryMixin`) when only
-    ``can_retry`` is given; without either the function is never retried.
+    ``can_retry`` or ``backoff`` is given; without any the function is never
+    retried. ``backoff`` -- seconds, or a function of the retry number (1 for
+    the first retry) returning seconds -- replaces the Dispatcher's formula.
     """
     if inspect.isclass(function) or callable(getattr(function, "handle", None)):
         what = "is a class" if inspect.isclass(function) else "has a handle() method"
@@ -149,12 +173,13 @@ def function_handler(
             f"{function!r} {what}: the decorator takes a function; register a handler "
             "object with register_handler(type, handler)"
         )
-    if max_retry is None and can_retry is None:
+    if max_retry is None and can_retry is None and backoff is None:
         return FunctionHandler(function)
     return RetryableFunctionHandler(
         function,
         max_retry=DEFAULT_MAX_RETRY if max_retry is None else max_retry,
         can_retry=can_retry,
+        backoff=backoff,
     )
 
 
@@ -246,15 +271,23 @@ class HandlerRegistry:
         self._entries: list[tuple[str, Handler]] = []
 
     def handler(
-        self, type: str, *, max_retry: int | None = None, can_retry: CanRetry | None = None
+        self,
+        type: str,
+        *,
+        max_retry: int | None = None,
+        can_retry: CanRetry | None = None,
+        backoff: Backoff | float | None = None,
     ) -> Callable[[F], F]:
         """Decorator: collect the function as a handler of ``type``; the function is unchanged.
 
-        ``max_retry`` and ``can_retry`` retry it as :class:`RetryableFunctionHandler`.
+        ``max_retry`` and ``can_retry`` retry it as :class:`RetryableFunctionHandler`;
+        ``backoff`` (seconds, or a function of the retry number) sets when.
         """
 
         def collect(function: F) -> F:
-            handler = function_handler(function, max_retry=max_retry, can_retry=can_retry)
+            handler = function_handler(
+                function, max_retry=max_retry, can_retry=can_retry, backoff=backoff
+            )
             self._entries.append((type, handler))
             return function
 

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import datetime
 import time
 import uuid
 from dataclasses import dataclass
@@ -16,6 +17,19 @@ def _describe(value: Any) -> str:
     if len(text) > 60:
         text = text[:57] + "..."
     return f"{type(value).__name__} {text}"
+
+
+def _timestamp(value: Any) -> float:
+    """``execute_at`` as a UNIX timestamp: a number, or a ``datetime`` (naive: local time)."""
+    if isinstance(value, datetime.datetime):
+        return value.timestamp()
+    # Any real number (int, float, Decimal, numpy's) but a bool, which is surely a mistake.
+    if hasattr(value, "__float__") and not isinstance(value, bool | str | bytes):
+        return float(value)
+    raise ValueError(
+        "Message execute_at must be a UNIX timestamp (a number, e.g. time.time() + 60) or a "
+        f"datetime, got {_describe(value)}"
+    )
 
 
 @dataclass(frozen=True, slots=True, init=False)
@@ -53,7 +67,7 @@ class Message:
         *,
         id: str | None = None,
         created: float | None = None,
-        execute_at: float | None = None,
+        execute_at: float | datetime.datetime | None = None,
         retries: int = 0,
     ) -> None:
         if not isinstance(type, str) or not type:
@@ -68,7 +82,7 @@ class Message:
         if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
             raise ValueError(f"Message retries must be an int >= 0, got {retries!r}")
         if execute_at is not None:
-            execute_at = float(execute_at)
+            execute_at = _timestamp(execute_at)
         setattr_ = object.__setattr__
         setattr_(self, "type", type)
         setattr_(self, "payload", payload)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import logging
+import math
 import random
 import threading
 import time
 import warnings
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -117,8 +119,14 @@ def judge_retry(
         if message.retries >= limit:
             return RetryVerdict(_used_up(message.retries, limit), limit)
         return RetryVerdict(None, limit)
-    from hermes.core._handler import handler_name  # _handler imports this module
+    from hermes.core._handler import FunctionHandler, handler_name  # _handler imports this module
 
+    if isinstance(handler, FunctionHandler):
+        # A function is made retryable by its decorator, not by a base class.
+        return RetryVerdict(
+            "the function has no max_retry (give it one, "
+            f"@handler({message.type!r}, max_retry=25), to retry it when it raises)"
+        )
     return RetryVerdict(
         f"{handler_name(handler)} is not a RetryableHandler "
         "(subclass RetryableHandler with RetryMixin to retry it when it raises)"
@@ -138,3 +146,65 @@ def next_retry(message: Message, randomizer: Randomizer, now: float | None = Non
 
 def default_randomizer() -> Randomizer:
     return random.SystemRandom()
+
+
+#: A handler's own backoff: the retry number (1 for the first retry) -> seconds to wait.
+Backoff = Callable[[int], float]
+
+
+def retry_at(
+    handler: object,
+    message: Message,
+    default: Callable[[Message], float],
+    logger: logging.Logger,
+) -> float:
+    """When the retry copy of ``message`` after ``handler`` failed is due.
+
+    ``handler.backoff(retry)`` -- a method of a class handler, or the
+    ``backoff=`` of a decorated function -- gives the seconds to wait for
+    retry number ``retry`` (``message.retries + 1``); without one, ``default``
+    (the Dispatcher's :meth:`next_retry`, the Sidekiq formula). A backoff that
+    raises or gives no number of seconds >= 0 is logged and ``default`` is used:
+    it must not cost the retry.
+    """
+    backoff = getattr(handler, "backoff", None)
+    if not callable(backoff):
+        return default(message)
+    retry = message.retries + 1
+    try:
+        seconds = float(backoff(retry))
+        if not math.isfinite(seconds) or seconds < 0:
+            raise ValueError(f"it gave {seconds!r}, not a number of seconds >= 0")
+    except Exception as exc:
+        from hermes.core._handler import handler_name  # _handler imports this module
+
+        logger.error(
+            "Handler %s backoff raised %s: %s for retry %d; the default backoff is used",
+            handler_name(handler),
+            type(exc).__name__,
+            exc,
+            retry,
+        )
+        return default(message)
+    return time.time() + seconds
+
+
+def describe_due(due: float, delivers_at_once: bool) -> str:
+    """``in 20.0 s at 12:00:20``, or, on a driver that ignores ``execute_at``, that it runs now.
+
+    A retry's log line must not promise a wait the broker will not keep.
+    """
+    if delivers_at_once:
+        return (
+            f"at once: the driver delivers at once (delay ignored); the copy keeps its "
+            f"execute_at {readable_time(due)}"
+        )
+    return f"in {max(0.0, due - time.time()):.1f} s at {readable_time(due)}"
+
+
+def readable_time(timestamp: float) -> str:
+    """A UNIX timestamp as local ``HH:MM:SS``, with the date in front when it is not today."""
+    moment = time.localtime(timestamp)
+    if moment[:3] == time.localtime()[:3]:
+        return time.strftime("%H:%M:%S", moment)
+    return time.strftime("%Y-%m-%d %H:%M:%S", moment)

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import datetime
+import decimal
 import json
 import math
 from typing import Any, Protocol, runtime_checkable
@@ -53,6 +55,55 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def unencodable(payload: Any) -> str | None:
+    """Where in ``payload`` the first value JSON cannot hold is, what it is and the fix.
+
+    ``payload['order']['paid_at'] is a datetime: ...``; None when every value
+    encodes (the failure was elsewhere, e.g. a payload that contains itself).
+    Walked without recursion: a payload may be nested deeper than the stack.
+    """
+    seen: set[int] = set()
+    pending: list[tuple[str, str, Any]] = [("payload", "value", payload)]
+    while pending:
+        path, name, value = pending.pop()
+        if isinstance(value, str | int | bool) or value is None:
+            continue
+        if isinstance(value, float):
+            if math.isfinite(value):
+                continue
+            return f"{path} is {value!r}: JSON has no NaN or Infinity; send None or a string"
+        if isinstance(value, dict | list):
+            if id(value) in seen:
+                return f"{path} holds itself: JSON cannot hold a circular payload"
+            seen.add(id(value))
+            if isinstance(value, list):
+                items = [(f"{path}[{i}]", name, item) for i, item in enumerate(value)]
+            else:
+                for key in value:
+                    if not isinstance(key, str | int | float | bool) and key is not None:
+                        return f"{path} has the key {key!r}: JSON object keys are strings"
+                items = [(f"{path}[{k!r}]", str(k), item) for k, item in value.items()]
+            pending.extend(reversed(items))
+            continue
+        return f"{path} is a {type(value).__name__}: {_fix(value, name)}"
+    return None
+
+
+def _fix(value: Any, name: str) -> str:
+    """How to send ``value`` in a payload instead."""
+    if isinstance(value, datetime.datetime | datetime.date | datetime.time):
+        return f"JSON has no dates; send {name}.isoformat() (or a UNIX timestamp)"
+    if isinstance(value, decimal.Decimal):
+        return f"send str({name}) to keep every digit (or float({name}))"
+    if isinstance(value, set | frozenset):
+        return f"JSON has no sets; send sorted({name}) or list({name})"
+    if isinstance(value, bytes | bytearray):
+        return "JSON holds text; send a decoded str, or base64.b64encode(...).decode()"
+    if isinstance(value, tuple):
+        return f"send list({name})"
+    return "a payload holds only str, int, float, bool, None, list and dict"
+
+
 class MessageSerializer:
     """The PHP Hermes 4.x JSON envelope, in the same key order::
 
@@ -85,7 +136,9 @@ class MessageSerializer:
         try:
             return _encoder.encode(envelope)
         except (TypeError, ValueError, RecursionError) as exc:
-            raise SerializeError(f"Cannot serialize message {message.id}: {exc}") from exc
+            found = unencodable(message.payload)
+            why = found if found is not None else str(exc)
+            raise SerializeError(f"Cannot serialize message {message.id}: {why}") from exc
 
     def unserialize(self, data: str | bytes) -> Message:
         try:

@@ -8,10 +8,11 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, TypeAlias, TypeVar, runtime_checkable
 
-from hermes.core._driver import DEFAULT_PRIORITY, Driver
+from hermes.core._driver import DEFAULT_PRIORITY, Driver, SupportsStats
 from hermes.core._errors import (
     BrokerRefusedError,
     BrokerUnavailableError,
@@ -23,10 +24,21 @@ from hermes.core._queues import PRIORITY_QUEUES_OPTION, parse_queue, parse_queue
 from hermes.core._registry import available_drivers
 from hermes.core._url import DriverUrl, redact_url
 
+if TYPE_CHECKING:
+    #: What ``add_subparsers()`` returns: each command's ``add_parser`` adds itself to it.
+    Commands: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
+
+T = TypeVar("T")
+
 #: The environment variable that names the broker when ``--url`` is not given.
 URL_ENV = "HERMES_URL"
 #: The queue directory, relative to the current directory, used when neither is given.
 DEFAULT_QUEUE_DIR = "hermes-queue"
+#: The help of every command's ``--url`` that names the broker.
+URL_HELP = (
+    f"broker URL, e.g. redis://localhost:6379/0 (default: ${URL_ENV}, "
+    "else file://./hermes-queue, a queue directory here, which needs hermes-filesystem)"
+)
 
 
 #: Client libraries that log every failed connection attempt at ERROR, then raise the
@@ -43,11 +55,67 @@ class CliError(Exception):
         self.context = tuple(context)
 
 
-def default_url() -> str:
+def whole_number(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer from ``minimum`` (to ``maximum``, when given)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} must be >= {minimum}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"{value} must be <= {maximum}")
+        return value
+
+    return parse
+
+
+def seconds(text: str) -> float:
+    """An argparse type: a number of seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{value:g} must be > 0 seconds")
+    return value
+
+
+def env_default(name: str, parse: Callable[[str], T], fallback: T) -> T:
+    """``$name`` parsed as an option would be, else ``fallback``; a bad value is a usage error."""
+    text = os.environ.get(name)
+    if text is None or text == "":
+        return fallback
+    try:
+        return parse(text)
+    except argparse.ArgumentTypeError as exc:
+        print_error(f"${name}: {exc}")
+        raise SystemExit(2) from None
+
+
+def add_verbosity(
+    parser: argparse.ArgumentParser,
+    default: object = 0,
+    more: str = "-v debug lines, -vv also full tracebacks",
+) -> None:
+    """``-v``/``-q``, counted into ``args.verbose`` and ``args.quiet``."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument(
+        "-v", "--verbose", action="count", default=default, help=f"more detail: {more}"
+    )
+    group.add_argument(
+        "-q", "--quiet", action="count", default=default, help="only warnings and errors"
+    )
+
+
+def default_url(option: str = "--url", what: str = "your broker's URL") -> str:
     """``$HERMES_URL``, else ``file://`` of ``./hermes-queue`` (made absolute).
 
     The ``file://`` default needs hermes-filesystem; without it (hermes-core and
-    another driver only) this is a :class:`CliError` that says what to install or give.
+    another driver only) this is a :class:`CliError` that says what to install or
+    give: ``what`` through ``option``, the option this default stands in for.
     """
     url = os.environ.get(URL_ENV)
     if url:
@@ -55,9 +123,10 @@ def default_url() -> str:
     url = Path(DEFAULT_QUEUE_DIR).resolve().as_uri()
     if not scheme_installed("file"):
         raise CliError(
-            f"no --url and no ${URL_ENV}: the default queue, the directory ./{DEFAULT_QUEUE_DIR}, "
-            f"needs hermes-filesystem, which is not installed; `pip install hermes-filesystem`, "
-            f"or give your broker's URL with --url or ${URL_ENV}, e.g. redis://localhost:6379/0"
+            f"no {option} and no ${URL_ENV}: the default queue, the directory "
+            f"./{DEFAULT_QUEUE_DIR}, needs hermes-filesystem, which is not installed; "
+            f"`pip install hermes-filesystem`, or give {what} with {option} or ${URL_ENV}, "
+            "e.g. redis://localhost:6379/0"
         )
     return url
 
@@ -111,13 +180,20 @@ def queue_name(driver: Driver, priority: int) -> str:
     """The name the CLI gives the queue of ``priority`` that nobody named: ``<key>_priority_<P>``.
 
     ``key`` is the driver's base queue key where it has one (Redis: ``hermes``),
-    so the name is a neighbour of its default queue; emitters and workers of the
+    without the driver's ``prefix``, which the driver puts in front of every
+    name it is given, so the name is a neighbour of its default queue; emitters and workers of the
     CLI agree on it. ``--queue NAME:P`` or the URL's ``priority_queues`` name it
     otherwise (PHP deployments use their own names, e.g. ``hermes_high``), and a
     handlers function may set the queue up under another name.
     """
     key = getattr(driver, "key", None)
-    return f"{key if isinstance(key, str) and key else 'hermes'}_priority_{priority}"
+    if not isinstance(key, str) or not key:
+        key = "hermes"
+    # ``key`` carries the driver's prefix, and setup_priority_queue() adds it again.
+    prefix = getattr(driver, "prefix", "")
+    if isinstance(prefix, str) and prefix and key.startswith(prefix):
+        key = key[len(prefix) :]
+    return f"{key}_priority_{priority}"
 
 
 def queue_option(text: str) -> tuple[str, int]:
@@ -165,6 +241,57 @@ def setup_priorities(
             driver.setup_priority_queue(named[priority], priority)
         elif priority != DEFAULT_PRIORITY and priority not in preset:
             driver.setup_priority_queue(queue_name(driver, priority), priority)
+
+
+@runtime_checkable
+class FindsPriorityQueues(Protocol):
+    """A driver that can list the priority queues its broker holds (Redis, file://)."""
+
+    def find_priority_queues(self) -> dict[int, str]:
+        """Priority -> name of each queue on the broker not set up on this driver."""
+        ...
+
+
+def add_found_queues(driver: Driver) -> bool:
+    """Set up the queues the broker holds that this process was not told about.
+
+    Returns whether the driver could look; when it cannot, what the CLI shows
+    is the queues it knows, and it says so (:func:`known_queues_note`).
+    """
+    if not isinstance(driver, FindsPriorityQueues):
+        return False
+    for priority, name in sorted(driver.find_priority_queues().items(), reverse=True):
+        driver.setup_priority_queue(name, priority)
+    return True
+
+
+def known_queues_note(driver: Driver) -> str:
+    """What a count or a purge covered on a driver that cannot list its queues."""
+    return (
+        f"{type(driver).__name__} cannot list its queues: these are the ones this process "
+        f"knows (priority {DEFAULT_PRIORITY}, the URL's priority_queues, --priority P); "
+        "a queue set up elsewhere is not included"
+    )
+
+
+def queues_looked_at(driver: Driver) -> str:
+    """``app:hermes_priority_200 (200), app:hermes (100)``: the queues a command covered."""
+    if not isinstance(driver, SupportsStats):
+        return "every queue this process knows"
+    names = [f"{row.name} ({row.priority})" for row in driver.queue_stats()]
+    return ", ".join(dict.fromkeys(names))
+
+
+def queue_of(driver: Driver, priority: int) -> str | None:
+    """The broker's name for the queue of ``priority`` where the driver says (Redis: the key)."""
+    key_of = getattr(driver, "queue_key", None)
+    if not callable(key_of):
+        return None
+    try:
+        key = key_of(priority)
+    except HermesError:
+        return None
+    return key if isinstance(key, str) else None
 
 
 class LineFormatter(logging.Formatter):

@@ -23,16 +23,20 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hermes.core._cli._common import CliError, clock, exception_origin, scheme_installed
 from hermes.core._dispatcher import Dispatcher
-from hermes.core._driver import DEFAULT_PRIORITY, Delay
+from hermes.core._driver import DEFAULT_PRIORITY, Delay, Driver
 from hermes.core._emitter import Emitter
 from hermes.core._message import Message
 from hermes.core._registry import connect
 from hermes.core._retry import RetryableHandler, RetryMixin
 from hermes.core._shutdown import SharedFileShutdown
 from hermes.core._url import redact_url
+
+if TYPE_CHECKING:
+    from hermes.core._cli._common import Commands
 
 #: Retry copies are due this many times sooner than Hermes's backoff says.
 FAST_FORWARD = 20
@@ -219,6 +223,23 @@ INSTALL_FILESYSTEM = (
 )
 
 
+def add_parser(commands: Commands) -> None:
+    """``hermes demo``: only ``--url``."""
+    demo = commands.add_parser(
+        "demo",
+        help="the whole story on a temporary queue, no server",
+        description="Emit, priorities, a failing handler retried with backoff and a delayed "
+        "message, on a temporary file:// queue (memory:// in this process when "
+        "hermes-filesystem is not installed); finishes in seconds.",
+    )
+    demo.add_argument(
+        "--url",
+        help="run it on this broker instead (needs priorities and native delay; "
+        "default: a temporary file:// queue, else memory://)",
+    )
+    demo.set_defaults(run=run)
+
+
 def run(args: argparse.Namespace) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="hermes-demo-"))
     try:
@@ -231,9 +252,8 @@ def run(args: argparse.Namespace) -> int:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _tell(url: str, shutdown_file: Path, note: str | None = None) -> int:
-    started = time.time()
-    story = _Story()
+def _open(url: str) -> tuple[Driver, Driver]:
+    """The emitter's and the worker's drivers on ``url``, once it has what the demo shows."""
     emit_driver = connect(url)
     worker_driver = connect(url)
     caps = emit_driver.capabilities
@@ -244,22 +264,39 @@ def _tell(url: str, shutdown_file: Path, note: str | None = None) -> int:
             f"the demo needs a driver with priorities and native delay; {redact_url(url)} has "
             f"priorities={'yes' if caps.priorities else 'no'}, delay={caps.delay.value}"
         )
+    return emit_driver, worker_driver
+
+
+def _introduce(url: str, driver: Driver, note: str | None) -> None:
     print(
         "Hermes demo: emit, priorities, a failing handler retried with backoff and a delayed "
         "message, with no server."
     )
-    print(f"Queue: {redact_url(url)} ({type(emit_driver).__name__}, {caps.delivery.value})")
+    print(
+        f"Queue: {redact_url(url)} ({type(driver).__name__}, {driver.capabilities.delivery.value})"
+    )
     if note:
         print(note)
     print(
         "The emitter and the worker each have their own driver on it: the queue is all they share."
     )
 
+
+def _worker_logger(story: _Story) -> tuple[logging.Logger, _WorkerLines]:
     log_handler = _WorkerLines(story)
     worker_logger = logging.getLogger("hermes.demo.worker")
     worker_logger.addHandler(log_handler)
     worker_logger.setLevel(logging.INFO)
     worker_logger.propagate = False
+    return worker_logger, log_handler
+
+
+def _tell(url: str, shutdown_file: Path, note: str | None = None) -> int:
+    started = time.time()
+    story = _Story()
+    emit_driver, worker_driver = _open(url)
+    _introduce(url, emit_driver, note)
+    worker_logger, log_handler = _worker_logger(story)
     quiet = logging.getLogger("hermes.demo.emitter")
     quiet.setLevel(logging.WARNING)
 
@@ -292,7 +329,7 @@ def _tell(url: str, shutdown_file: Path, note: str | None = None) -> int:
             story.say("emit", f"#{order_id} (order.paid) priority:{priority}")
             emitter.emit(Message("order.paid", {"amount": amount}, id=order_id), priority)
 
-        story.heading("2. A worker starts: highest priority first, first in first out within one")
+        story.heading(f"2. A worker starts: highest priority first, {_order_within(url)}")
         worker.start()
         # The Dispatcher counts a message after its last log line: wait for the count.
         stats = dispatcher.stats
@@ -336,13 +373,24 @@ def _tell(url: str, shutdown_file: Path, note: str | None = None) -> int:
     return 0
 
 
+def _order_within(url: str) -> str:
+    """The order within one priority, which is the driver's, not Hermes's."""
+    scheme = url.partition("://")[0]
+    if scheme in ("redis", "rediss"):
+        return "in no particular order within one (a Redis set keeps no order within a priority)"
+    return (
+        f"first in first out within one on this {scheme}:// queue (a Redis set keeps no "
+        "order within a priority)"
+    )
+
+
 def _summary(
     story: _Story, dispatcher: Dispatcher, elapsed: float, *, install_filesystem: bool
 ) -> None:
     priority_of = {order_id: priority for order_id, _, priority in ORDERS}
     expected = [order_id for order_id, _, _ in sorted(ORDERS, key=lambda row: -row[2])]
     verdict = (
-        "highest priority first, FIFO within a priority"
+        "highest priority first, FIFO within a priority on this queue"
         if story.orders_handled == expected
         else f"NOT the expected {', '.join(expected)}"
     )

@@ -1,13 +1,27 @@
-"""``hermes drivers`` and ``hermes plugins``: what is installed and what it offers."""
+"""``hermes drivers``: the installed drivers and what each promises."""
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from hermes.core._registry import KNOWN_DISTRIBUTIONS, available_drivers, installed_plugins
+from hermes.core._registry import KNOWN_DISTRIBUTIONS, available_drivers
+
+if TYPE_CHECKING:
+    from hermes.core._cli._common import Commands
 
 _COLUMNS = ("NAME", "DISTRIBUTION", "VERSION", "SCHEMES", "DELIVERY", "DELAY", "PRIORITIES")
+
+
+def add_parser(commands: Commands) -> None:
+    """``hermes drivers``: no options."""
+    drivers = commands.add_parser(
+        "drivers",
+        help="list installed drivers and their capabilities",
+        description="The installed drivers: distribution, URL schemes and what each promises.",
+    )
+    drivers.set_defaults(run=run)
 
 
 def table(rows: Sequence[Sequence[str]]) -> list[str]:
@@ -48,14 +62,4 @@ def run(args: argparse.Namespace) -> int:
         print("Not installed:")
         for dist, schemes in sorted(missing.items()):
             print(f"  {', '.join(schemes):<20} pip install {dist}")
-    return 0
-
-
-def run_plugins(args: argparse.Namespace) -> int:
-    rows = [["NAME", "DISTRIBUTION", "VERSION", "HOOKS"]]
-    for plugin in installed_plugins():
-        hooks = ", ".join(hook.removeprefix("hermes_") for hook in plugin.hooks)
-        rows.append([plugin.name, plugin.distribution or "-", plugin.version or "-", hooks])
-    for line in table(rows):
-        print(line)
     return 0

@@ -9,21 +9,30 @@ import json
 import logging
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hermes.core._cli._common import (
+    URL_HELP,
     CliError,
+    add_verbosity,
     clock,
     configure_logging,
     default_url,
     named_queues,
+    queue_name,
+    queue_of,
+    queue_option,
     setup_priorities,
+    whole_number,
 )
-from hermes.core._driver import Delay, Driver
+from hermes.core._driver import DEFAULT_PRIORITY, Delay, Driver
 from hermes.core._emitter import Emitter
 from hermes.core._message import Message
 from hermes.core._registry import connect
 from hermes.core._url import redact_url
+
+if TYPE_CHECKING:
+    from hermes.core._cli._common import Commands
 
 #: Messages per ``send_batch`` call.
 BATCH_SIZE = 100
@@ -31,6 +40,55 @@ BATCH_SIZE = 100
 PROGRESS_EVERY_S = 1.0
 #: Characters of the bad JSON shown around the fault.
 _EXCERPT_WIDTH = 60
+
+
+def add_parser(commands: Commands) -> None:
+    """``hermes emit``: its arguments and options."""
+    emit = commands.add_parser(
+        "emit",
+        help="put a message on the broker",
+        description="Emit a message of TYPE with a JSON payload.",
+    )
+    emit.add_argument("--url", help=URL_HELP)
+    emit.add_argument("type", metavar="TYPE", help="the message type handlers are registered for")
+    emit.add_argument(
+        "payload",
+        metavar="PAYLOAD_JSON",
+        nargs="?",
+        help="the payload as JSON, or - to read it from stdin (default: null)",
+    )
+    where = emit.add_mutually_exclusive_group()
+    where.add_argument(
+        "--priority",
+        type=int,
+        default=DEFAULT_PRIORITY,
+        metavar="P",
+        help=f"priority queue, higher first (default {DEFAULT_PRIORITY}); a priority other "
+        "than the default needs a queue the URL's priority_queues names (else use --queue)",
+    )
+    where.add_argument(
+        "--queue",
+        type=queue_option,
+        metavar="NAME:P",
+        help="like --priority P, sending to the queue NAME, e.g. --queue hermes_high:200 for a "
+        "PHP deployment's queue",
+    )
+    when = emit.add_mutually_exclusive_group()
+    when.add_argument("--delay", type=float, metavar="SECONDS", help="not before SECONDS from now")
+    when.add_argument(
+        "--at",
+        metavar="TIMESTAMP",
+        help="not before this UNIX timestamp or ISO 8601 date-time",
+    )
+    emit.add_argument(
+        "--count",
+        type=whole_number(1),
+        default=1,
+        metavar="N",
+        help="emit N messages; shows the rate",
+    )
+    add_verbosity(emit)
+    emit.set_defaults(run=run)
 
 
 def parse_payload(text: str, source: str) -> Any:
@@ -119,9 +177,21 @@ def run(args: argparse.Namespace) -> int:
     from_cli, from_url = named_queues(url, given)
     priority: int = args.queue[1] if args.queue else args.priority
     queue = from_cli.get(priority) or from_url.get(priority)
-    shown = f"priority:{priority}" + (f" ({queue})" if queue else "")
     with connect(url) as driver:
+        if queue is None and priority != DEFAULT_PRIORITY:
+            # As Emitter.emit() from Python: a queue nobody named is one no worker reads
+            # unless told, and a message sent there silently waits forever.
+            raise CliError(
+                f"priority {priority} has no queue on {redact_url(url)}: a worker reads "
+                f"priority {DEFAULT_PRIORITY} and the URL's priority_queues unless told "
+                f"otherwise; name the queue with --queue {queue_name(driver, priority)}:"
+                f"{priority} (and start the worker with the same --queue or --priority "
+                f"{priority}), or add it to the URL's priority_queues"
+            )
         setup_priorities(driver, [priority], from_cli, preset=from_url)
+        # The broker's own name (Redis: the key with its prefix), to compare with the worker's.
+        key = queue_of(driver, priority) or queue
+        shown = f"priority:{priority}" + (f" ({key})" if key else "")
         if execute_at is not None and driver.capabilities.delay is Delay.IGNORED:
             print(
                 f"note: {type(driver).__name__} delivers at once (delay {Delay.IGNORED.value}); "

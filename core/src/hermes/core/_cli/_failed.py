@@ -4,17 +4,68 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from hermes.core._cli._common import CliError, configure_logging, default_url
+from hermes.core._cli._common import (
+    URL_ENV,
+    CliError,
+    add_verbosity,
+    configure_logging,
+    default_url,
+)
 from hermes.core._cli._drivers import table
-from hermes.core._failed import FailedMessage, FailedStore
+from hermes.core._failed import NO_REASON, FailedMessage, FailedStore
 from hermes.core._registry import connect
 from hermes.core._url import redact_url
 
+if TYPE_CHECKING:
+    from hermes.core._cli._common import Commands
+
 #: The environment variable that names the failed-message store when ``--url`` is not given.
 FAILED_URL_ENV = "HERMES_FAILED_URL"
+
+
+def add_parser(commands: Commands) -> None:
+    """``hermes failed``: its actions (list, retry, purge) and their options."""
+    failed = commands.add_parser(
+        "failed",
+        help="list, retry or purge the messages workers gave up on",
+        description="Read the failed-message store workers keep with --failed-url: list what "
+        "is in it, put messages back on a worker's queue with their retries reset, or delete "
+        "them. Needs a store its driver can list without taking messages: file:// or redis://.",
+    )
+    url_help = f"the failed-message store, the workers' --failed-url (default: ${FAILED_URL_ENV})"
+    failed.add_argument("--url", help=url_help)
+    add_verbosity(failed)
+    actions = failed.add_subparsers(dest="action", metavar="ACTION", required=True)
+    listing = actions.add_parser(
+        "list", help="id, type, retries, when and why, oldest first", description="List the store."
+    )
+    retry = actions.add_parser(
+        "retry",
+        help="put messages back on a worker's queue, retries reset",
+        description="Send the messages (all without IDs) to --to, due at once with retries 0 "
+        "and their id, type and payload kept, then delete them from the store.",
+    )
+    retry.add_argument("ids", nargs="*", metavar="ID", help="ids from `hermes failed list`")
+    retry.add_argument(
+        "--to",
+        metavar="URL",
+        help=f"the workers' queue (default: ${URL_ENV}, else file://./hermes-queue)",
+    )
+    purge = actions.add_parser(
+        "purge", help="delete messages from the store", description="Delete messages for good."
+    )
+    purge.add_argument("ids", nargs="*", metavar="ID", help="ids from `hermes failed list`")
+    purge.add_argument("--all", action="store_true", help="delete every message in the store")
+    for action in (listing, retry, purge):
+        # `hermes failed list --url U -v` works as well as `hermes failed --url U -v list`.
+        action.add_argument("--url", default=argparse.SUPPRESS, help=url_help)
+        add_verbosity(action, default=argparse.SUPPRESS)
+    failed.set_defaults(run=run)
 
 
 def store_url(given: str | None, option: str) -> str:
@@ -35,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
         if args.action == "list":
             return _list(store, url)
         if args.action == "retry":
-            return _retry(store, url, args.ids, args.to or default_url())
+            to = args.to or default_url("--to", "the workers' queue")
+            return _retry(store, url, args.ids, to)
         return _purge(store, url, args.ids, args.all)
 
 
@@ -44,6 +96,7 @@ def _list(store: FailedStore, url: str) -> int:
     if not messages:
         print(f"No failed messages in {redact_url(url)}", flush=True)
         return 0
+    _warn_unless_a_store(messages, url)
     rows = [["ID", "TYPE", "RETRIES", "FAILED AT", "REASON"]]
     rows += [
         [m.id, m.type, str(m.retries), _when(m.failed_at), " ".join(m.failed_reason.split())]
@@ -55,8 +108,28 @@ def _list(store: FailedStore, url: str) -> int:
     return 0
 
 
+def _warn_unless_a_store(messages: Sequence[FailedMessage], url: str) -> None:
+    """A warning on stderr when messages were not put in the store by a worker.
+
+    A Dispatcher writes ``failed_reason`` with every message it keeps; messages
+    without one are most likely jobs waiting on a worker's queue, given as
+    ``--url`` by mistake, which ``retry`` and ``purge`` would then move or delete.
+    """
+    plain = sum(1 for message in messages if message.failed_reason == NO_REASON)
+    if not plain:
+        return
+    print(
+        f"hermes: warning: {plain} of {len(messages)} messages in {redact_url(url)} carry no "
+        "failed_reason: no worker gave up on them; is this a worker's queue rather than the "
+        "failed-message store its --failed-url names?",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
 def _retry(store: FailedStore, url: str, ids: Sequence[str], to: str) -> int:
     wanted = _existing(store, url, ids)
+    _warn_unless_a_store([m for m in store.messages() if wanted is None or m.id in wanted], url)
     with connect(to) as target:
         sent = store.retry(target, wanted)
     if not sent:

@@ -5,11 +5,33 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from typing import TYPE_CHECKING
 
 from hermes.core._cli._common import URL_ENV, CliError, clock
 from hermes.core._registry import connect, driver_for_url
 from hermes.core._shutdown import SharedFileShutdown
 from hermes.core._url import redact_url
+
+if TYPE_CHECKING:
+    from hermes.core._cli._common import Commands
+
+
+def add_parser(commands: Commands) -> None:
+    """``hermes shutdown``: a URL or a file to ask workers through."""
+    shutdown = commands.add_parser(
+        "shutdown",
+        help="ask running workers to stop",
+        description="Ask the workers started before now to stop after the message in progress.",
+    )
+    target = shutdown.add_mutually_exclusive_group()
+    target.add_argument(
+        "--url",
+        help="a redis:// URL: the workers that watch its key <prefix>hermes_shutdown stop: "
+        "hermes worker on the same URL, and PHP and Python Dispatchers given RedisShutdown "
+        f"(default: ${URL_ENV})",
+    )
+    target.add_argument("--file", metavar="F", help="workers started with --shutdown-file F stop")
+    shutdown.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,4 +1,4 @@
-"""``hermes stats`` and ``hermes purge``: what the queues hold, and emptying them."""
+"""``hermes stats``: what each queue holds."""
 
 from __future__ import annotations
 
@@ -9,18 +9,27 @@ import logging
 import sys
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from hermes.core._cli._common import (
+    URL_HELP,
     CliError,
+    add_found_queues,
+    add_verbosity,
     clock,
     configure_logging,
     default_url,
+    known_queues_note,
     named_queues,
+    seconds,
     setup_priorities,
 )
-from hermes.core._driver import Driver, QueueStats, SupportsPurge, SupportsStats
+from hermes.core._driver import Driver, QueueStats, SupportsStats
 from hermes.core._registry import connect
 from hermes.core._url import redact_url
+
+if TYPE_CHECKING:
+    from hermes.core._cli._common import Commands
 
 #: Columns of the stats table: (QueueStats field, heading).
 _COLUMNS = (
@@ -31,6 +40,35 @@ _COLUMNS = (
 )
 #: What the table shows for a count the broker cannot give.
 UNKNOWN = "?"
+
+
+def add_parser(commands: Commands) -> None:
+    """``hermes stats``: its options."""
+    stats = commands.add_parser(
+        "stats",
+        help="count what each priority queue holds",
+        description="Per priority queue: messages ready, scheduled (held until execute_at), "
+        "in flight (taken, not acknowledged) and set aside (quarantined or dead-lettered). "
+        "? marks a count the broker cannot give.",
+    )
+    stats.add_argument("--url", help=URL_HELP)
+    stats.add_argument(
+        "--priority",
+        type=int,
+        action="append",
+        default=[],
+        metavar="P",
+        help="also show the queue of this priority (repeat for several)",
+    )
+    stats.add_argument(
+        "--watch",
+        type=seconds,
+        metavar="SECONDS",
+        help="refresh every SECONDS (in place on a terminal) until Ctrl-C",
+    )
+    stats.add_argument("--json", action="store_true", help="one JSON document per refresh")
+    add_verbosity(stats)
+    stats.set_defaults(run=run)
 
 
 def _stats(driver: Driver, url: str) -> list[QueueStats]:
@@ -62,13 +100,14 @@ def table(rows: Sequence[QueueStats]) -> str:
     return "\n".join(render(cells) for cells in [header, *lines])
 
 
-def run_stats(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     url: str = args.url or default_url()
     configure_logging(args.verbose - args.quiet, default_level=logging.WARNING)
     _, from_url = named_queues(url, [])
     with connect(url) as driver:
         setup_priorities(driver, args.priority, preset=from_url)
         while True:
+            finds = add_found_queues(driver)
             rows = _stats(driver, url)
             now = time.time()
             if args.json:
@@ -76,6 +115,7 @@ def run_stats(args: argparse.Namespace) -> int:
                     "url": redact_url(url),
                     "at": now,
                     "queues": [dataclasses.asdict(row) for row in rows],
+                    "every_queue": finds,
                 }
                 print(json.dumps(document), flush=True)
             else:
@@ -85,6 +125,8 @@ def run_stats(args: argparse.Namespace) -> int:
                 print(table(rows))
                 if any(getattr(r, f) is None for r in rows for f, _ in _COLUMNS):
                     print(f"{UNKNOWN}: this broker cannot say")
+                if not finds:
+                    print(known_queues_note(driver))
                 print(end="", flush=True)
             if not args.watch:
                 return 0
@@ -92,34 +134,3 @@ def run_stats(args: argparse.Namespace) -> int:
                 time.sleep(args.watch)
             except KeyboardInterrupt:
                 return 0  # the way to end --watch, not a failure
-
-
-def run_purge(args: argparse.Namespace) -> int:
-    url: str = args.url or default_url()
-    configure_logging(args.verbose - args.quiet, default_level=logging.WARNING)
-    _, from_url = named_queues(url, [])
-    with connect(url) as driver:
-        wanted = [args.priority] if args.priority is not None else []
-        setup_priorities(driver, wanted, preset=from_url)
-        if not isinstance(driver, SupportsPurge):
-            raise CliError(
-                f"{type(driver).__name__} ({redact_url(url)}) cannot delete waiting messages: "
-                "it does not implement purge()"
-            )
-        which = f"priority {args.priority}" if args.priority is not None else "every queue"
-        if not args.yes:
-            if not sys.stdin.isatty():
-                raise CliError(
-                    f"hermes purge deletes the waiting messages of {which} on "
-                    f"{redact_url(url)}: add --yes to confirm when not on a terminal"
-                )
-            answer = input(
-                f"Delete every message waiting (ready or scheduled) in {which} on "
-                f"{redact_url(url)}? [y/N] "
-            )
-            if answer.strip().lower() not in ("y", "yes"):
-                print("Nothing deleted", flush=True)
-                return 1
-        removed = driver.purge(args.priority)
-    print(f"Deleted {removed:,} waiting message{'s' if removed != 1 else ''} ({which})", flush=True)
-    return 0

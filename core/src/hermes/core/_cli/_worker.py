@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import importlib
 import inspect
 import logging
@@ -12,15 +13,23 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hermes.core._cli._common import (
+    URL_HELP,
     CliError,
+    add_verbosity,
     configure_logging,
     default_url,
+    env_default,
     named_queues,
     one_line,
+    queue_of,
+    queue_option,
     raise_site,
+    seconds,
     setup_priorities,
+    whole_number,
 )
 from hermes.core._cli._failed import FAILED_URL_ENV
 from hermes.core._dispatcher import Dispatcher
@@ -34,7 +43,115 @@ from hermes.core._shutdown import SharedFileShutdown, Shutdown
 from hermes.core._url import redact_url
 from hermes.core._worker import Worker
 
+if TYPE_CHECKING:
+    from hermes.core._cli._common import Commands
+
 logger = logging.getLogger("hermes")
+
+
+def add_parser(commands: Commands) -> None:
+    """``hermes worker``: its options."""
+    worker = commands.add_parser(
+        "worker",
+        help="handle messages until stopped",
+        description="Run a Dispatcher: handle messages from the broker until Ctrl-C, SIGTERM, "
+        "--max-items or a shutdown request (hermes shutdown --file F with --shutdown-file F; "
+        "on redis:// also hermes shutdown --url, through the key hermes_shutdown, as PHP "
+        "Hermes); then print the counts.",
+    )
+    worker.add_argument("--url", help=URL_HELP)
+    worker.add_argument(
+        "--handlers",
+        required=True,
+        metavar="MODULE:OBJECT",
+        help="what to run, imported from MODULE (the current directory is importable). "
+        "OBJECT is one of: a hermes.core.HandlerRegistry (functions decorated with "
+        "@registry.handler('TYPE')); a dict {'TYPE': handler or [handlers]}, where a handler "
+        "is a function taking the message, an object with handle(message), or a class "
+        "(created once, without arguments); or a function taking the Dispatcher, called once "
+        "to register handlers (dispatcher.register_handler('TYPE', handler))",
+    )
+    _add_queue_options(worker)
+    worker.add_argument(
+        "--max-items", type=whole_number(0), default=0, metavar="N", help="stop after N messages"
+    )
+    worker.add_argument(
+        "--concurrency",
+        type=whole_number(1),
+        default=env_default("HERMES_CONCURRENCY", whole_number(1), 1),
+        metavar="N",
+        help="run up to N handlers at once on threads (async handlers on the worker's event "
+        "loop); each message is acknowledged after its own handlers (default: "
+        "$HERMES_CONCURRENCY, else 1)",
+    )
+    worker.add_argument(
+        "--time-limit",
+        type=seconds,
+        default=env_default("HERMES_TIME_LIMIT", seconds, None),
+        metavar="SECONDS",
+        help="interrupt a handler that runs longer (a failure, retried by the usual rule); "
+        "a handler's own time_limit_s attribute overrides it (default: $HERMES_TIME_LIMIT, "
+        "else no limit)",
+    )
+    worker.add_argument(
+        "--grace",
+        type=seconds,
+        default=30.0,
+        metavar="SECONDS",
+        help="on Ctrl-C, SIGTERM or a shutdown request, how long handlers in flight may "
+        "finish before the worker exits without acknowledging them (default 30)",
+    )
+    worker.add_argument(
+        "--metrics-port",
+        type=whole_number(1, 65535),
+        default=env_default("HERMES_METRICS_PORT", whole_number(1, 65535), None),
+        metavar="PORT",
+        help="serve Prometheus metrics on http://0.0.0.0:PORT/metrics (needs "
+        "hermes-prometheus; default: $HERMES_METRICS_PORT, else none)",
+    )
+    worker.add_argument(
+        "--shutdown-file",
+        metavar="F",
+        help="stop when F is touched after the worker started (hermes shutdown --file F)",
+    )
+    worker.add_argument(
+        "--failed-url",
+        metavar="URL",
+        help="keep the messages the worker gives up on (a handler returned False or is not "
+        "retried, or no handler) on this broker URL, another queue than --url, e.g. "
+        "redis://localhost:6379/0?prefix=failed: ; read them with hermes failed "
+        f"(default: ${FAILED_URL_ENV}; unset: they are dropped after their log line)",
+    )
+    add_verbosity(
+        worker,
+        more="-v a line as each message starts and ends, and debug lines; -vv also full tracebacks",
+    )
+    worker.set_defaults(run=run)
+
+
+def _add_queue_options(worker: argparse.ArgumentParser) -> None:
+    worker.add_argument(
+        "--priority",
+        type=int,
+        action="append",
+        default=[],
+        metavar="P",
+        help="read only the queues of the priorities given (repeat for several). Without "
+        f"it the worker reads every queue it knows: priority {DEFAULT_PRIORITY}, where retry "
+        "copies (and on Redis due delayed messages) land, the URL's priority_queues, the "
+        "--queue queues and those the handlers function sets up",
+    )
+    worker.add_argument(
+        "--queue",
+        type=queue_option,
+        action="append",
+        default=[],
+        metavar="NAME:P",
+        help="also read the queue NAME, which holds priority P, e.g. --queue hermes_high:200 "
+        "for a PHP deployment's queue (repeat for several); the worker still reads priority "
+        f"{DEFAULT_PRIORITY} and its other queues unless --priority restricts it (without "
+        "--queue, priority P is in <key>_priority_<P>)",
+    )
 
 
 def load_object(spec: str) -> object:
@@ -48,6 +165,8 @@ def load_object(spec: str) -> object:
             f"--handlers {spec!r} must be module:object, e.g. myapp.jobs:handlers "
             "(a HandlerRegistry, a dict of type -> handler, or a function that registers handlers)"
         )
+    if "/" in module_name or "\\" in module_name or module_name.endswith(".py"):
+        raise CliError(_file_path_hint(spec, module_name, attr_path))
     # Like `python -m`: modules in the current directory are importable.
     cwd = os.getcwd()
     if cwd not in sys.path and "" not in sys.path:
@@ -85,6 +204,21 @@ def load_object(spec: str) -> object:
                 f"attribute {attr_path!r}"
             ) from None
     return obj
+
+
+def _file_path_hint(spec: str, path: str, attr_path: str) -> str:
+    """What to give instead of a file path: the module, and where to run the worker."""
+    file = Path(path.removesuffix(".py"))
+    if file.is_absolute():
+        module, where = file.name, f"{file.name}.py ({file.parent})"
+    else:
+        parts = [part for part in file.parts if part not in (".", "")]
+        module = ".".join(parts) or path
+        where = f"{parts[0]}/" if len(parts) > 1 else f"{module}.py"
+    return (
+        f"--handlers {spec!r} names a file; give the module: --handlers {module}:{attr_path}, "
+        f"run from the directory that holds {where}"
+    )
 
 
 def _module_file(module: object) -> str:
@@ -188,7 +322,8 @@ def run(args: argparse.Namespace) -> int:
     verbosity = args.verbose - args.quiet
     configure_logging(verbosity)
     from_cli, from_url = named_queues(url, args.queue)
-    priorities: list[int] = sorted(set(args.priority) | set(from_cli), reverse=True)
+    # --queue adds a queue; only --priority restricts the worker (an empty list: every queue).
+    priorities: list[int] = sorted(set(args.priority), reverse=True)
 
     with contextlib.ExitStack() as stack:
         driver = stack.enter_context(connect(url))
@@ -199,7 +334,7 @@ def run(args: argparse.Namespace) -> int:
                 "would come straight back; give the store its own queue, e.g. "
                 "redis://HOST:6379/0?prefix=failed: or another file:// directory"
             )
-        setup_priorities(driver, priorities, from_cli, preset=from_url)
+        setup_priorities(driver, [*priorities, *from_cli], from_cli, preset=from_url)
         shutdowns: list[Shutdown] = []
         if args.shutdown_file:
             shutdowns.append(SharedFileShutdown(args.shutdown_file))
@@ -217,12 +352,7 @@ def run(args: argparse.Namespace) -> int:
         dispatcher.log_each_message = verbosity > 0
         register_handlers(dispatcher, target, spec)
         if args.metrics_port is not None:
-            served = plugin_manager().hook.hermes_worker_metrics(port=args.metrics_port, url=url)
-            if served is None:
-                raise CliError(
-                    "--metrics-port needs a metrics plugin: pip install hermes-prometheus"
-                )
-            logger.info("Metrics on %s", served)
+            _serve_metrics(args.metrics_port, url)
         registered = dispatcher.registered()
         if not registered:
             name = getattr(target, "__name__", None) or spec
@@ -251,6 +381,22 @@ def run(args: argparse.Namespace) -> int:
         finally:
             print(_summary(dispatcher, time.monotonic() - started), flush=True)
     return 0
+
+
+def _serve_metrics(port: int, url: str) -> None:
+    try:
+        served = plugin_manager().hook.hermes_worker_metrics(port=port, url=url)
+    except OSError as exc:
+        # Most often a second worker on the same port: with several worker processes,
+        # give each its own port (or see hermes-prometheus's multiprocess mode).
+        why = "the port is in use" if exc.errno == errno.EADDRINUSE else exc.strerror or exc
+        raise CliError(
+            f"--metrics-port {port}: cannot serve metrics there: {why}; give another port "
+            "(each worker process needs its own)"
+        ) from None
+    if served is None:
+        raise CliError("--metrics-port needs a metrics plugin: pip install hermes-prometheus")
+    logger.info("Metrics on %s", served)
 
 
 def _summary(dispatcher: Dispatcher, elapsed_s: float) -> str:
@@ -291,21 +437,27 @@ def _log_start(
     logger.info("Handlers: %s", handlers)
 
     def named(priority: int) -> str:
-        return f"{priority} ({names[priority]})" if priority in names else str(priority)
+        # The broker's own name (Redis: the key, prefix included) makes a worker and an
+        # emitter on different prefixes or keys visible at a glance.
+        name = queue_of(driver, priority) or names.get(priority)
+        return f"{priority} ({name})" if name else str(priority)
 
-    if priorities:
-        reading = f"Reading priorities {', '.join(map(named, priorities))}"
-    else:
-        from_url = sorted(set(names) - {DEFAULT_PRIORITY}, reverse=True)
-        reading = f"Reading priority {named(DEFAULT_PRIORITY)}" + (
-            f", the URL's queues {', '.join(map(named, from_url))}" if from_url else ""
-        )
-        reading += " and the queues the handlers set up (--priority P or --queue NAME:P for others)"
+    read = priorities or sorted({DEFAULT_PRIORITY, *names}, reverse=True)
+    plural = "priorities" if len(read) > 1 else "priority"
+    reading = f"Reading {plural} {', '.join(map(named, read))}"
+    if not priorities:
+        reading += " and the queues the handlers set up (--priority P restricts the worker)"
     if concurrency > 1:
         reading += f"; {concurrency} handlers at once"
     stops = [f"after {max_items} message{'s' if max_items != 1 else ''}"] if max_items else []
     stops += ["on Ctrl-C", "SIGTERM", *map(repr, shutdowns)]
     logger.info(one_line(f"{reading}; stopping {', '.join(stops)}"))
+    if priorities and DEFAULT_PRIORITY not in priorities:
+        logger.warning(
+            "This worker does not read priority %s, where retry copies land (and on Redis "
+            "due delayed messages): another worker must, or they wait there",
+            named(DEFAULT_PRIORITY),
+        )
     if failed_url:
         shown = redact_url(failed_url)
         logger.info("Messages given up on go to %s (hermes failed --url %s list)", shown, shown)

@@ -296,6 +296,20 @@ class FileSystemDriver(Driver):
                 entry.path,
             )
 
+    def find_priority_queues(self) -> dict[int, str]:
+        """Priorities of the files waiting in ``new/`` that are not set up here.
+
+        File names carry their priority, so every queue is in one directory;
+        the names returned are only labels (this driver keeps none).
+        """
+        found: dict[int, str] = {}
+        with self._errors("list new/"):
+            for name in _names_in(self._new_dir):
+                queued = parse(name)
+                if queued is not None and queued.priority not in self._priorities:
+                    found[queued.priority] = f"priority_{queued.priority}"
+        return found
+
     def queue_stats(self) -> list[QueueStats]:
         """Counts from directory listings: ``new/`` (ready or scheduled by the file name's
         time), every worker's ``processing/`` directory, and ``quarantine/``."""

@@ -279,6 +279,38 @@ class RedisSetDriver(Driver):
         except KeyError:
             raise self.unknown_priority(priority, self._queues) from None
 
+    def queue_key(self, priority: int) -> str:
+        """The Redis key (prefix included) of the set that holds ``priority``."""
+        return self._queue_key(priority)
+
+    def find_priority_queues(self) -> dict[int, str]:
+        """Priority sets on the server named as the CLI names them, not set up here.
+
+        ``<key>_priority_<P>`` (``SCAN``, the prefix included): what ``hermes
+        worker --priority P`` reads, so ``hermes stats`` and ``hermes purge``
+        see a queue they were not told about. Sets named otherwise (PHP's
+        ``hermes_high``) carry no priority in their name: give them with
+        ``priority_queues`` or ``--priority``. Returns priority -> the name to
+        give :meth:`setup_priority_queue` (without the prefix).
+        """
+        base = self.key + "_priority_"
+        pattern = "".join(f"\\{c}" if c in "*?[]\\" else c for c in base) + "*"
+        known = set(self._queues.values())
+        found: dict[int, str] = {}
+        try:
+            for raw in self.client.scan_iter(match=pattern, count=1000):
+                key = raw.decode() if isinstance(raw, bytes) else str(raw)
+                suffix = key[len(base) :]
+                # <set>_wakeup, <set>_rejected and the lease keys share the pattern.
+                if key in known or not suffix.lstrip("-").isdigit():
+                    continue
+                priority = int(suffix)
+                if priority not in self._queues:
+                    found[priority] = key[len(self.prefix) :]
+        except redis.RedisError as exc:
+            raise translate_error(exc, f"listing the sets of {self!r}", DriverError) from exc
+        return found
+
     def _send_bodies(
         self, bodies: Sequence[tuple[str | bytes, float | None]], priority: int
     ) -> None:

@@ -98,13 +98,18 @@ def _isolate(url: DriverUrl, namespace: str) -> str:
 
 
 def _shutdown(driver: Driver) -> Shutdown:
-    """PHP Hermes's ``RedisShutdown`` (key ``hermes_shutdown``) on the driver's Redis."""
+    """PHP Hermes's ``RedisShutdown`` on the driver's Redis: ``<prefix>hermes_shutdown``.
+
+    The prefix keeps apart the apps that share one Redis by prefix: stopping
+    one app's workers must not stop another's. Without a prefix the key is
+    PHP's own, ``hermes_shutdown``.
+    """
     from hermes.drivers.redis._driver import RedisSetDriver
     from hermes.drivers.redis._shutdown import RedisShutdown
 
     if not isinstance(driver, RedisSetDriver):
         raise ConfigurationError(f"{driver!r} is not a Redis driver: it has no Redis to ask")
-    return RedisShutdown(driver.client)
+    return RedisShutdown(driver.client, key=f"{driver.prefix}hermes_shutdown")
 
 
 def _browse(driver: Driver) -> QueueBrowser:
