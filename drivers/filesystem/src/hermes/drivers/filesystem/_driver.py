@@ -82,7 +82,9 @@ class FileSystemDriver(Driver):
     Crashes: each worker holds a lock on its ``processing/`` directory while it
     runs. Workers check every ``recovery_interval_s`` (and when they start)
     for directories whose lock is free -- their owner died -- and return those
-    files to ``new/``; a live worker's files are never touched.
+    files to ``new/``; a live worker's files are never touched. A file whose
+    handler outlived the worker's grace period stays claimed, its lock held,
+    until the worker's process exits; then it is recovered the same way.
 
     Errors are declared for core to translate: no permission, a file where a
     directory should be, or a read-only filesystem mean the queue refused
@@ -396,6 +398,12 @@ class _FileConsumer(Consumer):
     ``ack`` deletes the claimed file, ``release`` renames it back into ``new/``
     under its old name, ``reject`` moves it to ``quarantine/``: each is one
     filesystem call, safe from any thread.
+
+    ``close`` returns to ``new/`` only what was claimed and never handed out.
+    A file handed out and not settled (its handler outlived the grace period)
+    stays claimed, and the worker directory stays locked, until this process
+    exits: giving it back now would let another worker run it while its
+    handler may still be running. Then the dead-worker recovery returns it.
     """
 
     def __init__(self, driver: FileSystemDriver, order: list[int]) -> None:
@@ -405,6 +413,9 @@ class _FileConsumer(Consumer):
         self.scan = _Scan(driver._new_dir, order, driver.poll_interval_s, driver._make_dirs)
         self.warned = set(driver._priorities)  # known priorities need no warning
         self.next_recovery = self.next_cleanup = self.next_housekeeping = 0.0
+        #: Names of the files handed out and not settled yet (set.add and
+        #: set.discard are atomic: handler threads settle concurrently).
+        self.held: set[str] = set()
 
     def receive(self, timeout_s: float) -> Received | None:
         driver, claims = self.driver, self.claims
@@ -434,25 +445,33 @@ class _FileConsumer(Consumer):
                 continue
             data = driver._read(claimed, queued)
             if data is not None:
+                self.held.add(queued.name)
                 return Received(
                     data, queued.priority, (claimed, queued.name), origin=f"new/{queued.name}"
                 )
 
+    # Each settle forgets the file first: if the settle fails, the file is still
+    # claimed but no handler holds it any more, so close may give it back.
+
     def ack(self, received: Received) -> None:
+        claimed, name = received.token
+        self.held.discard(name)
         with contextlib.suppress(FileNotFoundError):  # purged meanwhile: nothing to delete
-            os.unlink(received.token[0])
+            os.unlink(claimed)
 
     def release(self, received: Received) -> None:
+        self.held.discard(received.token[1])
         self.driver._put_back(*received.token)
 
     def reject(self, received: Received, reason: str) -> None:
         # Core has logged the reason already; the move itself is an INFO line.
         claimed, name = received.token
+        self.held.discard(name)
         self.driver._quarantine(claimed, name, reason, level=logging.INFO)
 
     def close(self) -> None:
         try:
-            self.claims.release()
+            self.claims.release(keep=set(self.held))
         except OSError as exc:
             logger.error(
                 "%s: could not remove worker directory %s - %s",
