@@ -461,10 +461,9 @@ def test_a_stray_file_named_like_the_lock_does_not_break_the_worker(
     assert (queue_dir / "quarantine" / ".lock").read_text() == "user data"
 
 
-def test_a_read_error_puts_the_message_back_instead_of_quarantining_it(
-    driver, queue_dir, receive, files, monkeypatch
-):
-    driver.send(Message("job"))
+@pytest.fixture
+def open_fails_once(monkeypatch) -> list[str]:
+    """The driver's first open() of a claimed file fails with EMFILE; the paths it failed."""
     failed: list[str] = []
 
     def open_failing_once(path, *args, **kwargs):
@@ -474,6 +473,13 @@ def test_a_read_error_puts_the_message_back_instead_of_quarantining_it(
         return open(path, *args, **kwargs)
 
     monkeypatch.setattr(driver_module, "open", open_failing_once, raising=False)
+    return failed
+
+
+def test_a_read_error_puts_the_message_back_instead_of_quarantining_it(
+    driver, queue_dir, files, open_fails_once
+):
+    driver.send(Message("job"))
     with driver.consumer(()) as consumer:
         with pytest.raises(BrokerUnavailableError, match="unavailable while receiving") as info:
             with driver.translating("receiving"):  # as the Worker calls it
@@ -485,20 +491,11 @@ def test_a_read_error_puts_the_message_back_instead_of_quarantining_it(
 
 
 def test_the_worker_retries_a_read_error_and_then_handles_the_message(
-    driver, queue_dir, receive, files, monkeypatch, caplog
+    driver, queue_dir, receive, files, open_fails_once, caplog
 ):
     driver.send(Message("job"))
-    failed: list[str] = []
-
-    def open_failing_once(path, *args, **kwargs):
-        if not failed and os.sep + "processing" + os.sep in os.fspath(path):
-            failed.append(path)
-            raise OSError(errno.EMFILE, "Too many open files", path)
-        return open(path, *args, **kwargs)
-
-    monkeypatch.setattr(driver_module, "open", open_failing_once, raising=False)
     assert receive(driver, 1).types == ["job"]
-    assert failed
+    assert open_fails_once
     assert any("Too many open files" in r.getMessage() for r in caplog.records)
     assert files(queue_dir / "quarantine") == []
 
