@@ -4,6 +4,11 @@ MODE ``record`` appends each handled message id to ``OUT_DIR/handled-<pid>``;
 MODE ``block`` appends it to ``OUT_DIR/started-<pid>`` and then never returns
 (the test SIGKILLs it inside the handler). ``OUT_DIR/ready-<pid>`` appears once
 the worker waits for messages; SIGTERM then stops a recording worker.
+
+MODE ``outlive`` blocks in the handler of its one message like ``block``, but
+its worker gives the handler a grace period of 0.1 s and closes its consumer
+without it, then writes ``OUT_DIR/closed-<pid>``; the process (the handler
+still running) exits once ``OUT_DIR/exit`` appears.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ import os
 import sys
 import time
 
-from hermes.core import Dispatcher, Message, connect
+from hermes.core import Dispatcher, Message, Worker, connect
 
 
 class Record:
@@ -53,6 +58,14 @@ class MarkReady:
 
 def main(url: str, mode: str, out_dir: str) -> None:
     pid = os.getpid()
+    if mode == "outlive":
+        blocked = Block(os.path.join(out_dir, f"started-{pid}"))
+        worker = Worker(connect(url), {"job": blocked}, concurrency=2, grace_s=0.1, max_items=1)
+        worker.run()
+        open(os.path.join(out_dir, f"closed-{pid}"), "w").close()
+        while not os.path.exists(os.path.join(out_dir, "exit")):
+            time.sleep(0.02)
+        return
     if mode == "block":
         handler: Record = Block(os.path.join(out_dir, f"started-{pid}"))
     else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hermes.core import FailedStore, Message
+from hermes.core.driver import MessageSerializer
 from hermes.drivers.filesystem import FileSystemDriver
 from hermes.drivers.filesystem._browse import DirectoryBrowser
 
@@ -19,7 +20,7 @@ def test_the_browser_lists_new_in_dequeue_order_and_skips_strays(
     (queue_dir / "new" / "not-a-message.txt").write_text("x")
 
     listed = [
-        driver.serializer.unserialize(body).id for _, body in DirectoryBrowser(driver).entries()
+        MessageSerializer().unserialize(body).id for _, body in DirectoryBrowser(driver).entries()
     ]
 
     assert listed == [high.id, low.id]
@@ -53,5 +54,5 @@ def test_the_plugin_offers_the_browser_to_a_store(tmp_path: Path) -> None:
         assert store.messages() == []
 
     ((_, body),) = DirectoryBrowser(queue).entries()
-    again = queue.serializer.unserialize(body)
+    again = MessageSerializer().unserialize(body)
     assert (again.id, again.payload, again.retries) == (message.id, {"to": "ana"}, 0)

@@ -177,3 +177,28 @@ def test_nothing_is_lost_or_doubled_when_workers_are_killed_at_random_points(
     # At-least-once: a message being handled when its worker died may run
     # twice (at most once per kill), never zero times.
     assert sum(count - 1 for count in handled.values()) <= 4
+
+
+def test_a_message_whose_handler_outlives_the_grace_period_stays_claimed_until_its_process_exits(
+    queue_dir, out_dir, start_worker, files, receive
+):
+    driver = FileSystemDriver(queue_dir, fsync=False, recovery_interval_s=0.1)
+    message = Message("job")
+    driver.send(message)
+    stuck = start_worker("outlive")
+    poll(lambda: list(out_dir.glob("closed-*")), "the worker to close with its handler running")
+    [worker_dir] = files(queue_dir / "processing")
+    claimed = files(queue_dir / "processing" / worker_dir)
+    assert len(claimed) == 2 and ".lock" in claimed  # not given back by close
+    assert files(queue_dir / "new") == []
+
+    # Another worker, looking for dead workers as it goes, leaves it alone.
+    with driver.consumer(()) as consumer:
+        assert consumer.receive(0.5) is None
+    assert message.id not in ids_in(out_dir, "handled")
+
+    (out_dir / "exit").touch()
+    assert stuck.wait(DEADLINE_S) == 0
+    # The process is gone, and its lock with it: the recovery returns the file.
+    assert [m.id for m in receive(driver, 1, deadline_s=DEADLINE_S).messages] == [message.id]
+    assert files(queue_dir / "processing") == []

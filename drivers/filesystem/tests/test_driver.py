@@ -19,11 +19,9 @@ from hermes.core import (
     Emitter,
     Message,
     SerializeError,
-    SupportsBatchSend,
-    SupportsRawSend,
     UnknownPriorityError,
 )
-from hermes.core.driver import SupportsPurge
+from hermes.core.driver import SupportsPurge, SupportsTeardown
 from hermes.drivers.filesystem import FileSystemDriver
 from hermes.drivers.filesystem import _driver as driver_module
 
@@ -188,12 +186,12 @@ def test_a_shutdown_ends_an_idle_wait(driver):
             return True
 
     driver.set_shutdown(Stop())
-    driver.start_time = time.time()
     errors: list[BaseException] = []
+    handled: list[Message] = []
 
     def run() -> None:
         try:
-            driver.wait(lambda message, priority: True)
+            driver.wait(lambda message, priority: handled.append(message) is None)
         except BaseException as exc:
             errors.append(exc)
 
@@ -202,7 +200,7 @@ def test_a_shutdown_ends_an_idle_wait(driver):
     worker.join(DEADLINE_S)
     assert not worker.is_alive(), "wait() did not return after shutdown"
     assert errors == []
-    assert driver.processed_items == 0
+    assert handled == []
 
 
 def test_a_callback_that_raises_puts_the_message_back_at_the_head_of_the_queue(
@@ -237,7 +235,6 @@ def test_directories_are_created_on_first_use_only(queue_dir, files):
 
 
 def test_send_batch_queues_every_message_in_order(driver, receive):
-    assert isinstance(driver, SupportsBatchSend)
     batch = [Message(f"b{i}") for i in range(20)]
     driver.send_batch(batch)
     assert receive(driver, 20).messages == batch
@@ -249,13 +246,16 @@ def test_send_batch_serializes_all_before_writing_any(driver, queue_dir, files):
     assert files(queue_dir / "new") == []
 
 
-def test_a_send_that_cannot_write_raises_a_delivery_error(tmp_path):
-    blocker = tmp_path / "a-file"
-    blocker.write_text("not a directory")
-    driver = FileSystemDriver(blocker / "queue")
-    with pytest.raises(DeliveryError, match="cannot queue a message") as info:
+def test_a_send_that_cannot_write_raises_a_delivery_error(driver, queue_dir, monkeypatch):
+    def no_fsync(fd):
+        raise OSError(errno.EINVAL, "Invalid argument")
+
+    monkeypatch.setattr(driver_module.os, "fsync", no_fsync)
+    driver.fsync = True
+    with pytest.raises(DeliveryError, match="failed while sending") as info:
         driver.send(Message("job"))
     assert isinstance(info.value.__cause__, OSError)
+    assert list((queue_dir / "tmp").iterdir()) == []  # the partial file is gone
 
 
 def test_sending_from_many_threads_at_once_loses_nothing(driver, receive):
@@ -296,46 +296,61 @@ def test_a_driver_created_before_fork_sends_from_parent_and_child(driver, queue_
     assert child == list(range(30))
 
 
-def test_purge_deletes_every_message_and_the_directory(driver, queue_dir):
+def test_purge_deletes_what_waits_in_new_and_says_how_many(driver, queue_dir, files):
     assert isinstance(driver, SupportsPurge)
+    driver.setup_priority_queue("high", 200)
+    driver.send_batch([Message("a"), Message("b", execute_at=time.time() + 3600)])
+    driver.send(Message("c"), 200)
+    assert driver.purge(200) == 1
+    assert len(files(queue_dir / "new")) == 2
+    assert driver.purge() == 2
+    assert files(queue_dir / "new") == []
+    with pytest.raises(UnknownPriorityError, match="priority 7"):
+        driver.purge(7)
+
+
+def test_teardown_deletes_every_message_and_the_directory(driver, queue_dir):
+    assert isinstance(driver, SupportsTeardown)
     driver.send(Message("queued"))
     driver.send_raw(b"poison")
     driver.send(Message("later", execute_at=time.time() + 3600))
     driver.set_max_process_items(1)
     driver.wait(lambda message, priority: True)  # quarantines the poison on the way
-    driver.purge()
+    driver.teardown()
     assert not queue_dir.exists()
-    driver.purge()  # idempotent
+    driver.teardown()  # idempotent
 
 
-def test_purge_keeps_files_of_the_user_next_to_the_queue(driver, queue_dir, files):
+def test_teardown_keeps_files_of_the_user_next_to_the_queue(driver, queue_dir, files):
     driver.send(Message("queued"))
     (queue_dir / "notes.txt").write_text("mine")
-    driver.purge()
+    driver.teardown()
     assert files(queue_dir) == ["notes.txt"]
 
 
-def test_a_queue_purged_by_another_process_works_again_on_the_next_send(driver, queue_dir, receive):
+def test_a_queue_torn_down_by_another_process_works_again_on_the_next_send(
+    driver, queue_dir, receive
+):
     driver.send(Message("old"))
-    FileSystemDriver(queue_dir).purge()
+    FileSystemDriver(queue_dir).teardown()
     driver.send(Message("new"))
     assert receive(driver, 1).types == ["new"]
 
 
-def test_a_worker_whose_queue_is_purged_while_it_waits_goes_on_with_new_messages(
+def test_a_worker_whose_queue_is_torn_down_while_it_waits_goes_on_with_new_messages(
     driver, queue_dir, receive, files
 ):
     driver.send(Message("before"))
     seen: list[str] = []
 
-    def purge_then_send(message: Message, priority: int) -> bool:
+    def tear_down_then_send(message: Message, priority: int) -> bool:
         seen.append(message.type)
         if message.type == "before":
-            FileSystemDriver(queue_dir).purge()  # removes this worker's own directory too
+            FileSystemDriver(queue_dir).teardown()  # removes this worker's own directory too
             FileSystemDriver(queue_dir, fsync=False).send(Message("after"))
         return True
 
-    receive(driver, 2, callback=purge_then_send)
+    receive(driver, 2, callback=tear_down_then_send)
     assert seen == ["before", "after"]
     assert files(queue_dir / "processing") == []
 
@@ -361,7 +376,6 @@ def test_the_emitter_and_dispatcher_work_on_it(driver, receive):
 def test_a_file_that_is_not_json_is_quarantined_with_its_reason_and_the_rest_still_arrive(
     driver, queue_dir, receive, files, caplog
 ):
-    assert isinstance(driver, SupportsRawSend)
     driver.send(Message("before"))
     driver.send_raw(b"{not json")
     driver.send(Message("after"))
@@ -447,10 +461,9 @@ def test_a_stray_file_named_like_the_lock_does_not_break_the_worker(
     assert (queue_dir / "quarantine" / ".lock").read_text() == "user data"
 
 
-def test_a_read_error_puts_the_message_back_instead_of_quarantining_it(
-    driver, queue_dir, receive, files, monkeypatch
-):
-    driver.send(Message("job"))
+@pytest.fixture
+def open_fails_once(monkeypatch) -> list[str]:
+    """The driver's first open() of a claimed file fails with EMFILE; the paths it failed."""
     failed: list[str] = []
 
     def open_failing_once(path, *args, **kwargs):
@@ -460,9 +473,17 @@ def test_a_read_error_puts_the_message_back_instead_of_quarantining_it(
         return open(path, *args, **kwargs)
 
     monkeypatch.setattr(driver_module, "open", open_failing_once, raising=False)
+    return failed
+
+
+def test_a_read_error_puts_the_message_back_instead_of_quarantining_it(
+    driver, queue_dir, files, open_fails_once
+):
+    driver.send(Message("job"))
     with driver.consumer(()) as consumer:
-        with pytest.raises(BrokerUnavailableError, match="cannot read") as info:
-            consumer.receive(1.0)
+        with pytest.raises(BrokerUnavailableError, match="unavailable while receiving") as info:
+            with driver.translating("receiving"):  # as the Worker calls it
+                consumer.receive(1.0)
         assert info.value.__cause__.errno == errno.EMFILE
         assert files(queue_dir / "quarantine") == []
         assert len(files(queue_dir / "new")) == 1
@@ -470,20 +491,11 @@ def test_a_read_error_puts_the_message_back_instead_of_quarantining_it(
 
 
 def test_the_worker_retries_a_read_error_and_then_handles_the_message(
-    driver, queue_dir, receive, files, monkeypatch, caplog
+    driver, queue_dir, receive, files, open_fails_once, caplog
 ):
     driver.send(Message("job"))
-    failed: list[str] = []
-
-    def open_failing_once(path, *args, **kwargs):
-        if not failed and os.sep + "processing" + os.sep in os.fspath(path):
-            failed.append(path)
-            raise OSError(errno.EMFILE, "Too many open files", path)
-        return open(path, *args, **kwargs)
-
-    monkeypatch.setattr(driver_module, "open", open_failing_once, raising=False)
     assert receive(driver, 1).types == ["job"]
-    assert failed
+    assert open_fails_once
     assert any("Too many open files" in r.getMessage() for r in caplog.records)
     assert files(queue_dir / "quarantine") == []
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import shutil
+import subprocess
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -97,3 +100,29 @@ def start_worker() -> Iterator[Callable[..., Worker]]:
     for worker in workers:
         if worker.thread is not None:
             worker.thread.join(DEADLINE_S)
+
+
+@contextlib.contextmanager
+def _redis_server(port: int, *args: str) -> Iterator[subprocess.Popen[bytes]]:
+    import hermes_test_services
+
+    if shutil.which("redis-server") is None:
+        pytest.fail("redis-server is not installed; tools/services.py installs it with apt")
+    argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+    argv += ["--appendonly", "no", *args]
+    server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        hermes_test_services.wait_for_port(port, 30, "redis-server", server)
+        yield server
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Callable[..., contextlib.AbstractContextManager[subprocess.Popen[bytes]]]:
+    """``with redis_server(port, *options):`` a throwaway redis-server of the test's own.
+
+    For what the shared server on 6379 must never see: a restart, a password.
+    """
+    return _redis_server

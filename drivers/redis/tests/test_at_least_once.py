@@ -14,7 +14,7 @@ import redis
 from hermes_test_support import DEADLINE_S
 
 from hermes.core import ConfigurationError, Dispatcher, Message, connect
-from hermes.core.driver import Delivery, Received
+from hermes.core.driver import Delivery, Received, outgoing
 from hermes.drivers.redis import (
     RedisSetDriver,
     _scripts,
@@ -110,7 +110,7 @@ def test_a_bad_delivery_option_fails_at_connect_naming_the_problem(url, complain
 def test_a_received_message_is_held_under_a_lease_naming_its_worker(driver, client, namespace):
     message = Message("held")
     driver.send(message)
-    body = driver.serializer.serialize(message).encode()
+    body = outgoing(message).body
     with driver.consumer([]) as consumer:
         before = server_ms(client)
         received = consumer.receive(1)
@@ -207,7 +207,7 @@ def test_a_callback_that_raises_puts_its_message_back(driver, client, namespace)
     driver.send(message)
     with pytest.raises(Boom):
         driver.wait(explode)
-    assert client.smembers(namespace) == {driver.serializer.serialize(message).encode()}
+    assert client.smembers(namespace) == {outgoing(message).body}
     assert leases(client, namespace) == {}
 
 
@@ -221,7 +221,7 @@ def test_a_lease_that_runs_out_is_put_back_and_delivered_to_another_worker(
     dead = driver.consumer([])
     taken = dead.receive(1)
     assert taken is not None
-    dead.stopping.set()  # the worker "dies": no more renewals, no acknowledgement
+    dead.leases.stop()  # the worker "dies": no more renewals, no acknowledgement
     with driver.consumer([]) as live:
         got = eventually(lambda: live.receive(0.2), "the run-out lease to be delivered again")
         assert got.body == taken.body and got.token != taken.token
@@ -309,7 +309,7 @@ def test_the_same_body_taken_twice_is_held_twice_and_each_lease_settles_alone(
             thread.start()
             thread.join(DEADLINE_S)
         assert list(leases(client, namespace)) == [lease_of(two, second)]
-        two.stopping.set()  # the second worker dies: its lease runs out
+        two.leases.stop()  # the second worker dies: its lease runs out
         got = eventually(lambda: one.receive(0.2), "the second lease to be put back")
         assert got.body == second.body
         one.ack(got)
@@ -353,7 +353,7 @@ def test_a_run_out_lease_goes_back_to_the_set_it_came_from(client, namespace, ev
     driver.send(Message("high"), HIGH)
     dead = driver.consumer([])
     assert dead.receive(1) is not None
-    dead.stopping.set()
+    dead.leases.stop()
     with driver.consumer([]) as live:
         got = eventually(lambda: live.receive(0.2), "the high-priority message again")
         assert got.priority == HIGH
@@ -420,14 +420,14 @@ def test_the_take_works_on_a_server_that_does_not_know_the_script_yet(
     assert leases(client, namespace) == {}
 
 
-def test_purge_deletes_the_leases_too(driver, client, namespace):
+def test_teardown_deletes_the_leases_too(driver, client, namespace):
     driver.send(Message("a"))
     consumer = driver.consumer([])
     assert consumer.receive(1) is not None
-    consumer.stopping.set()
+    consumer.leases.stop()
     held = held_key(namespace, consumer.owner)
     assert client.exists(inflight_key(namespace), held) == 2
-    driver.purge()
+    driver.teardown()
     assert client.exists(inflight_key(namespace), held) == 0
     consumer.close()
 
@@ -441,13 +441,15 @@ def test_a_renewal_that_cannot_reach_redis_is_logged_once_until_it_works_again(
         received = consumer.receive(1)
         reachable = driver._execute
 
+        keeper = consumer.leases
         monkeypatch.setattr(driver, "_execute", unreachable)
-        consumer._renew()
-        consumer._renew()
-        assert caplog.text.count("could not renew its lease") == 1
+        keeper.renew_now()
+        keeper.renew_now()
+        assert caplog.text.count("could not renew the lease of") == 1
+        assert "unavailable while renewing the lease" in caplog.text
         monkeypatch.setattr(driver, "_execute", reachable)
-        consumer._renew()
-        assert "renews its lease again" in caplog.text
+        keeper.renew_now()
+        assert f"renews the lease of {consumer.owner}" in caplog.text
         consumer.ack(received)
 
 

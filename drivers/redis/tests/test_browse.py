@@ -8,6 +8,7 @@ import pytest
 import redis
 
 from hermes.core import BrokerUnavailableError, FailedStore, Message
+from hermes.core.driver import MessageSerializer
 from hermes.drivers.redis import RedisSetDriver
 from hermes.drivers.redis._browse import SetBrowser
 
@@ -47,7 +48,7 @@ def test_the_plugin_offers_the_browser_to_a_store_on_another_prefix_of_the_same_
         assert store.messages() == []
 
     assert client.smembers(f"{namespace}-failed:hermes") == set()
-    waiting = {driver.serializer.unserialize(body).id for body in client.smembers(driver.key)}
+    waiting = {MessageSerializer().unserialize(body).id for body in client.smembers(driver.key)}
     assert waiting == {queued.id, message.id}
 
 

@@ -5,39 +5,18 @@ Uses a throwaway redis-server of its own: the shared one on 6379 is never restar
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import shutil
-import subprocess
-from collections.abc import Iterator
 
 import pytest
 
 from hermes.core import BrokerUnavailableError, HermesError, Message, connect
 
 
-@contextlib.contextmanager
-def redis_server(port: int) -> Iterator[subprocess.Popen[bytes]]:
-    import hermes_test_services
-
-    argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
-    argv += ["--appendonly", "no"]
-    server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        hermes_test_services.wait_for_port(port, 30, "redis-server", server)
-        yield server
-    finally:
-        server.terminate()
-        server.wait(10)
-
-
 def test_a_waiting_worker_survives_a_redis_restart_and_send_fails_loudly_meanwhile(
-    redis_url, start_worker, eventually, caplog
+    redis_url, start_worker, eventually, caplog, redis_server
 ):
     import hermes_test_services
 
-    if shutil.which("redis-server") is None:
-        pytest.fail("redis-server is not installed; tools/services.py installs it with apt")
     caplog.set_level(logging.INFO, logger="hermes")
     port = hermes_test_services.free_port()
     url = f"redis://127.0.0.1:{port}/0?refresh_interval=0.2"
@@ -48,7 +27,7 @@ def test_a_waiting_worker_survives_a_redis_restart_and_send_fails_loudly_meanwhi
         emitter.send(Message("before"))
         eventually(lambda: len(worker.handled) == 1, "the message sent before the restart")
 
-    eventually(lambda: "Redis is unavailable" in caplog.text, "the worker to log the outage")
+    eventually(lambda: "unavailable while" in caplog.text, "the worker to log the outage")
     with pytest.raises(BrokerUnavailableError) as info:
         emitter.send(Message("during"))
     assert isinstance(info.value, HermesError)
@@ -63,6 +42,6 @@ def test_a_waiting_worker_survives_a_redis_restart_and_send_fails_loudly_meanwhi
     assert "broker is back after" in caplog.text
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warnings
-    assert all("retrying in" in text and "Redis is unavailable" in text for text in warnings)
+    assert all("retrying in" in text and "unavailable while" in text for text in warnings)
     driver.close()
     emitter.close()

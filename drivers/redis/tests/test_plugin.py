@@ -133,8 +133,8 @@ def test_isolated_urls_address_disjoint_keys_on_the_same_redis(redis_url, client
         assert client.scard("hermes-test-iso-a:high") == 1
         assert client.exists("hermes-test-iso-b:high", "high") == 0
     finally:
-        one.purge()
-        two.purge()
+        one.teardown()
+        two.teardown()
         one.close()
         two.close()
 

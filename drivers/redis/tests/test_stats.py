@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from hermes.core import Message, SupportsClear, UnknownPriorityError
+from hermes.core import Message, UnknownPriorityError
 from hermes.core.cli import main
-from hermes.core.driver import QueueStats, SupportsStats
+from hermes.core.driver import QueueStats, SupportsPurge, SupportsStats
 from hermes.drivers.redis import RedisSetDriver, rejected_key
 
 HIGH, LOW = 200, 50
@@ -59,29 +59,29 @@ def test_an_at_least_once_driver_counts_what_every_worker_holds_as_in_flight(cli
         assert (row.ready, row.in_flight) == (3, 2)
 
 
-def test_clear_deletes_every_set_and_the_schedule_and_says_how_many(queues, client, namespace):
-    assert isinstance(queues, SupportsClear)
+def test_purge_deletes_every_set_and_the_schedule_and_says_how_many(queues, client, namespace):
+    assert isinstance(queues, SupportsPurge)
     client.lpush(rejected_key(namespace), b"bad")
-    assert queues.clear() == 3 + 2 + 4 + 1
+    assert queues.purge() == 3 + 2 + 4 + 1
     assert [(r.ready, r.scheduled) for r in queues.queue_stats()] == [
         (0, None),
         (0, 0),
         (0, None),
     ]
     assert client.llen(rejected_key(namespace)) == 1  # set aside stays
-    assert queues.clear() == 0
+    assert queues.purge() == 0
 
 
-def test_clearing_one_priority_leaves_the_others_and_the_schedule_goes_with_the_default(
+def test_purging_one_priority_leaves_the_others_and_the_schedule_goes_with_the_default(
     queues, client, namespace
 ):
-    assert queues.clear(HIGH) == 3
+    assert queues.purge(HIGH) == 3
     assert client.scard(f"{namespace}-high") == 0
     assert client.scard(namespace) == 2 and client.zcard(f"{namespace}_schedule") == 4
-    assert queues.clear(100) == 2 + 4
+    assert queues.purge(100) == 2 + 4
     assert client.scard(f"{namespace}-low") == 1
     with pytest.raises(UnknownPriorityError, match="priority 7"):
-        queues.clear(7)
+        queues.purge(7)
     assert client.scard(f"{namespace}-low") == 1
 
 

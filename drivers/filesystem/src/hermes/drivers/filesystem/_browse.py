@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 from collections.abc import Hashable, Iterator
 
-from hermes.core import DriverError
 from hermes.core.driver import Driver
 from hermes.drivers.filesystem._driver import FileSystemDriver
 from hermes.drivers.filesystem._names import QueuedName, parse
@@ -23,32 +22,31 @@ class DirectoryBrowser:
         self.driver = driver
         self._new_dir = os.path.join(driver.path, "new")
 
+    # A store calls these directly, outside core's translation.
+
     def entries(self) -> Iterator[tuple[Hashable, bytes]]:
-        try:
-            names = os.listdir(self._new_dir)
-        except FileNotFoundError:
-            return  # nothing was ever sent here
-        except OSError as exc:
-            raise DriverError(f"{self.driver.url}: cannot list new/: {exc}") from exc
+        with self.driver.translating("listing new/"):
+            try:
+                names = os.listdir(self._new_dir)
+            except FileNotFoundError:
+                return  # nothing was ever sent here
         queued = [parsed for parsed in map(parse, names) if parsed is not None]
         queued.sort(key=_dequeue_order)
         for item in queued:
-            try:
-                with open(os.path.join(self._new_dir, item.name), "rb") as file:
-                    body = file.read()
-            except FileNotFoundError:
-                continue  # a worker took it meanwhile
-            except OSError as exc:
-                raise DriverError(f"{self.driver.url}: cannot read new/{item.name}: {exc}") from exc
+            with self.driver.translating(f"reading new/{item.name}"):
+                try:
+                    with open(os.path.join(self._new_dir, item.name), "rb") as file:
+                        body = file.read()
+                except FileNotFoundError:
+                    continue  # a worker took it meanwhile
             yield item.name, body
 
     def remove(self, entry: Hashable) -> bool:
-        try:
-            os.unlink(os.path.join(self._new_dir, str(entry)))
-        except FileNotFoundError:
-            return False
-        except OSError as exc:
-            raise DriverError(f"{self.driver.url}: cannot delete new/{entry}: {exc}") from exc
+        with self.driver.translating(f"deleting new/{entry}"):
+            try:
+                os.unlink(os.path.join(self._new_dir, str(entry)))
+            except FileNotFoundError:
+                return False
         return True
 
 

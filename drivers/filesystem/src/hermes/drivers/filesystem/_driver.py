@@ -11,20 +11,28 @@ import os
 import shutil
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from urllib.parse import quote
 
 from hermes.core import (
     DEFAULT_PRIORITY,
+    BrokerRefusedError,
     BrokerUnavailableError,
     ConfigurationError,
-    DeliveryError,
     DriverError,
-    Message,
 )
-from hermes.core.driver import Capabilities, Consumer, Delay, Delivery, Driver, QueueStats, Received
+from hermes.core.driver import (
+    Capabilities,
+    Consumer,
+    Delay,
+    Delivery,
+    Driver,
+    Outgoing,
+    QueueStats,
+    Received,
+)
 from hermes.drivers.filesystem._names import SCHEME, QueuedName, next_name, parse
 from hermes.drivers.filesystem._worker import LOCK_NAME, WorkerClaims, recover_dead_workers
 
@@ -40,6 +48,12 @@ _TMP_MAX_AGE_S = 3600.0
 _TMP_CLEANUP_S = 60.0
 #: link() failures that mean "this filesystem has no hard links here".
 _NO_HARD_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK, errno.EXDEV}
+#: OS errors no retry fixes, beyond PermissionError and NotADirectoryError: a
+#: read-only mount. The worker stops and says so.
+_REFUSED_ERRNOS = {errno.EROFS}
+#: OS errors that often pass and are no fault of the queue (out of file
+#: descriptors, memory or space, a flaky disk): a worker backs off and tries again.
+_PASSING_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOSPC, errno.EIO, errno.EBUSY}
 
 
 class FileSystemDriver(Driver):
@@ -53,7 +67,8 @@ class FileSystemDriver(Driver):
         quarantine/   files found in new/ that are not Hermes messages, each with
                       a <name>.reason text file saying why
 
-    ``send()`` writes the file in ``tmp/`` and renames it into ``new/`` (atomic;
+    :meth:`put` writes each body (serialized by core) to a file in ``tmp/``
+    and renames it into ``new/`` (atomic;
     with ``fsync`` the file and ``new/`` are flushed to disk first, so a sent
     message survives a power cut). A worker claims the next due file by an
     atomic rename into its own directory under ``processing/``, calls the
@@ -67,7 +82,15 @@ class FileSystemDriver(Driver):
     Crashes: each worker holds a lock on its ``processing/`` directory while it
     runs. Workers check every ``recovery_interval_s`` (and when they start)
     for directories whose lock is free -- their owner died -- and return those
-    files to ``new/``; a live worker's files are never touched.
+    files to ``new/``; a live worker's files are never touched. A file whose
+    handler outlived the worker's grace period stays claimed, its lock held,
+    until the worker's process exits; then it is recovered the same way.
+
+    Errors are declared for core to translate: no permission, a file where a
+    directory should be, or a read-only filesystem mean the queue refused
+    this process (a worker stops); running out of file descriptors, memory
+    or space, or an I/O error, mean it is unavailable for now (a worker backs
+    off and tries again); any other OS error is a :class:`DriverError`.
 
     An idle worker stats ``new/`` every ``poll_interval_s`` and lists it only
     when it changed (or every second regardless). While busy it relists at most
@@ -88,6 +111,8 @@ class FileSystemDriver(Driver):
         max_message_bytes=16 * 1024 * 1024,
         redelivery_timeout_s=1.0,
     )
+    refused_errors = (PermissionError, NotADirectoryError)
+    client_errors = (OSError,)
 
     def __init__(
         self,
@@ -97,7 +122,6 @@ class FileSystemDriver(Driver):
         poll_interval_s: float = 0.02,
         recovery_interval_s: float = 1.0,
     ) -> None:
-        super().__init__()
         if not 0 < poll_interval_s <= 1:
             raise ConfigurationError(
                 f"poll_interval_s must be > 0 and <= 1 second, got {poll_interval_s!r}"
@@ -147,51 +171,52 @@ class FileSystemDriver(Driver):
             raise ConfigurationError(f"priority must be between ±10**18, got {priority}")
         self._priorities.add(priority)
 
-    def send(self, message: Message, priority: int = DEFAULT_PRIORITY) -> None:
-        self._store([(_encode(self.serializer.serialize(message)), message.execute_at)], priority)
+    def put(self, items: Sequence[Outgoing], priority: int = DEFAULT_PRIORITY) -> None:
+        """Write every item to ``tmp/``, then rename them into ``new/`` with one flush of it.
 
-    def send_batch(self, messages: Sequence[Message], priority: int = DEFAULT_PRIORITY) -> None:
-        """Send ``messages`` with one flush of ``new/``; all are serialized before any I/O."""
-        bodies = [(_encode(self.serializer.serialize(m)), m.execute_at) for m in messages]
-        self._store(bodies, priority)
-
-    def send_raw(self, body: bytes, priority: int = DEFAULT_PRIORITY) -> None:
-        """Queue ``body`` as it is, due now (the conformance kit's poison messages)."""
-        self._store([(bytes(body), None)], priority)
-
-    def _store(self, bodies: list[tuple[bytes, float | None]], priority: int) -> None:
+        A future ``execute_at`` becomes the file name's due time. An item not
+        renamed when a write fails is deleted from ``tmp/``.
+        """
         if priority not in self._priorities:
             raise self.unknown_priority(priority, self._priorities)
-        with self._errors("queue a message", DeliveryError):
-            staged: list[str] = []
-            renamed = 0
-            try:
-                for body, execute_at in bodies:
-                    name = next_name(priority, execute_at)
-                    fd = self._create_tmp(name)
-                    staged.append(name)
-                    try:
-                        _write_all(fd, body)
-                        if self.fsync:
-                            os.fsync(fd)
-                    finally:
-                        os.close(fd)
-                for name in staged:
-                    source = os.path.join(self._tmp_dir, name)
-                    target = os.path.join(self._new_dir, name)
-                    try:
-                        os.rename(source, target)
-                    except FileNotFoundError:
-                        # new/ went away under us (a purge racing this send): make it again.
-                        self._make_dirs()
-                        os.rename(source, target)
-                    renamed += 1
-                if self.fsync:
-                    _fsync_dir(self._new_dir)
-            finally:
-                for name in staged[renamed:]:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(os.path.join(self._tmp_dir, name))
+        staged: list[str] = []
+        renamed = 0
+        try:
+            for item in items:
+                name = next_name(priority, item.execute_at)
+                fd = self._create_tmp(name)
+                staged.append(name)
+                try:
+                    _write_all(fd, item.body)
+                    if self.fsync:
+                        os.fsync(fd)
+                finally:
+                    os.close(fd)
+            for name in staged:
+                source = os.path.join(self._tmp_dir, name)
+                target = os.path.join(self._new_dir, name)
+                try:
+                    os.rename(source, target)
+                except FileNotFoundError:
+                    # new/ went away under us (a purge racing this send): make it again.
+                    self._make_dirs()
+                    os.rename(source, target)
+                renamed += 1
+            if self.fsync:
+                _fsync_dir(self._new_dir)
+        finally:
+            for name in staged[renamed:]:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(self._tmp_dir, name))
+
+    def classify_error(self, exc: BaseException) -> type[DriverError] | None:
+        """OS errors by their errno where the exception class alone does not say it."""
+        if isinstance(exc, OSError):
+            if exc.errno in _REFUSED_ERRNOS:
+                return BrokerRefusedError
+            if exc.errno in _PASSING_ERRNOS:
+                return BrokerUnavailableError
+        return super().classify_error(exc)
 
     def _create_tmp(self, name: str) -> int:
         path = os.path.join(self._tmp_dir, name)
@@ -214,27 +239,26 @@ class FileSystemDriver(Driver):
             os.rename(f"{self._new_dir}/{name}", claimed)
         except FileNotFoundError:
             # Another worker won it -- or the queue was purged under us.
-            with self._errors("register a worker again"):
-                if not claims.is_registered():
-                    self._make_dirs()
-                    claims.register()
+            if not claims.is_registered():
+                self._make_dirs()
+                claims.register()
             return False
-        except OSError as exc:
-            raise self._unavailable(f"claim {name}", exc) from exc
         return True
 
     def _read(self, claimed: str, queued: QueuedName) -> bytes | None:
-        """The claimed file's bytes; None if it was quarantined as unreadable."""
+        """The claimed file's bytes; None if it was quarantined as unreadable, or purged."""
         try:
             with open(claimed, "rb") as file:
                 return file.read()
         except IsADirectoryError as exc:
             self._quarantine(claimed, queued.name, f"cannot read the file: {exc}")
             return None
-        except OSError as exc:
+        except FileNotFoundError:
+            return None  # the queue was purged between the claim and the read
+        except OSError:
             # Often passing (EMFILE, EIO) and no fault of the message: it keeps its place.
             self._put_back(claimed, queued.name)
-            raise self._unavailable(f"read {queued.name}", exc) from exc
+            raise
 
     def _put_back(self, claimed: str, name: str) -> None:
         try:
@@ -246,15 +270,14 @@ class FileSystemDriver(Driver):
     # Poison ------------------------------------------------------------------
 
     def _quarantine(self, claimed: str, name: str, reason: str, level: int = logging.ERROR) -> None:
-        with self._errors(f"quarantine {name}"):
-            os.makedirs(self.quarantine_dir, exist_ok=True)
-            target = _move_without_overwriting(claimed, self.quarantine_dir, name)
-            when = datetime.now(UTC).isoformat(timespec="seconds")
-            with open(target + ".reason", "x", encoding="utf-8") as file:
-                file.write(
-                    f"{reason}\n\nfile: new/{name}\nqueue: {self.path}\n"
-                    f"quarantined: {when} by process {os.getpid()}\n"
-                )
+        _make_dir(self.quarantine_dir)
+        target = _move_without_overwriting(claimed, self.quarantine_dir, name)
+        when = datetime.now(UTC).isoformat(timespec="seconds")
+        with open(target + ".reason", "x", encoding="utf-8") as file:
+            file.write(
+                f"{reason}\n\nfile: new/{name}\nqueue: {self.path}\n"
+                f"quarantined: {when} by process {os.getpid()}\n"
+            )
         logger.log(
             level,
             "%s: quarantined new/%s as %s - %s (reason in %s.reason)",
@@ -271,7 +294,7 @@ class FileSystemDriver(Driver):
         # tmp/ last: a sender that finds tmp/ (made by another thread or process a
         # moment ago) must also find new/ for its rename.
         for path in (self._new_dir, self._processing_dir, self.quarantine_dir, self._tmp_dir):
-            os.makedirs(path, exist_ok=True)
+            _make_dir(path)
 
     def _clean_tmp(self) -> None:
         cutoff = time.time() - _TMP_MAX_AGE_S
@@ -303,7 +326,7 @@ class FileSystemDriver(Driver):
         the names returned are only labels (this driver keeps none).
         """
         found: dict[int, str] = {}
-        with self._errors("list new/"):
+        with self.translating("listing new/"):
             for name in _names_in(self._new_dir):
                 queued = parse(name)
                 if queued is not None and queued.priority not in self._priorities:
@@ -327,7 +350,8 @@ class FileSystemDriver(Driver):
                 row = counts.setdefault(priority, collections.Counter())
                 row[what(queued) if queued is not None else "set_aside"] += 1
 
-        with self._errors("count the queue"):
+        # hermes stats calls this directly, outside core's translation.
+        with self.translating("counting the queue"):
             count(
                 self._new_dir,
                 lambda q: "ready" if q.available_ns <= now_ns else "scheduled",
@@ -347,12 +371,13 @@ class FileSystemDriver(Driver):
             for priority, row in sorted(counts.items(), reverse=True)
         ]
 
-    def clear(self, priority: int | None = None) -> int:
+    def purge(self, priority: int | None = None) -> int:
         """Delete the message files of ``priority`` (every priority: None) in ``new/``."""
         if priority is not None and priority not in self._priorities:
             raise self.unknown_priority(priority, self._priorities)
         removed = 0
-        with self._errors("clear new/"):
+        # hermes purge calls this directly, outside core's translation.
+        with self.translating("purging new/"):
             for name in _names_in(self._new_dir):
                 queued = parse(name)
                 if queued is None or (priority is not None and queued.priority != priority):
@@ -364,9 +389,9 @@ class FileSystemDriver(Driver):
                 removed += 1
         return removed
 
-    def purge(self) -> None:
+    def teardown(self) -> None:
         """Delete the queue: every message (queued, claimed, quarantined) and the directories."""
-        with self._errors("purge"):
+        with self.translating("deleting the queue"):
             for path in (self._new_dir, self._processing_dir, self.quarantine_dir, self._tmp_dir):
                 _remove_tree(path)
             try:
@@ -379,22 +404,6 @@ class FileSystemDriver(Driver):
                     raise
                 # Files of the user's own next to our directories: not ours to delete.
 
-    @contextlib.contextmanager
-    def _errors(
-        self, action: str, error: type[DriverError] = BrokerUnavailableError
-    ) -> Iterator[None]:
-        """Where OS errors become Hermes errors (the hot path calls :meth:`_unavailable`)."""
-        try:
-            yield
-        except OSError as exc:
-            raise self._unavailable(action, exc, error) from exc
-
-    def _unavailable(
-        self, action: str, exc: OSError, error: type[DriverError] = BrokerUnavailableError
-    ) -> DriverError:
-        """The Hermes error for ``exc``, met while trying to ``action``."""
-        return error(f"{self.url}: cannot {action}: {exc}")
-
 
 class _FileConsumer(Consumer):
     """One worker's claims on the queue directory.
@@ -403,6 +412,12 @@ class _FileConsumer(Consumer):
     ``ack`` deletes the claimed file, ``release`` renames it back into ``new/``
     under its old name, ``reject`` moves it to ``quarantine/``: each is one
     filesystem call, safe from any thread.
+
+    ``close`` returns to ``new/`` only what was claimed and never handed out.
+    A file handed out and not settled (its handler outlived the grace period)
+    stays claimed, and the worker directory stays locked, until this process
+    exits: giving it back now would let another worker run it while its
+    handler may still be running. Then the dead-worker recovery returns it.
     """
 
     def __init__(self, driver: FileSystemDriver, order: list[int]) -> None:
@@ -412,21 +427,20 @@ class _FileConsumer(Consumer):
         self.scan = _Scan(driver._new_dir, order, driver.poll_interval_s, driver._make_dirs)
         self.warned = set(driver._priorities)  # known priorities need no warning
         self.next_recovery = self.next_cleanup = self.next_housekeeping = 0.0
+        #: Names of the files handed out and not settled yet (set.add and
+        #: set.discard are atomic: handler threads settle concurrently).
+        self.held: set[str] = set()
 
     def receive(self, timeout_s: float) -> Received | None:
         driver, claims = self.driver, self.claims
         if not claims.registered:
-            with driver._errors("register a worker"):
-                driver._make_dirs()
-                claims.register()
+            driver._make_dirs()
+            claims.register()
         deadline = time.monotonic() + timeout_s
         while True:
             if time.monotonic() >= self.next_housekeeping:
                 self._housekeeping()
-            try:
-                queued = self.scan.next_due()
-            except OSError as exc:
-                raise driver._unavailable("list new/", exc) from exc
+            queued = self.scan.next_due()
             if self.scan.strays:
                 for stray in self.scan.take_strays():
                     self._quarantine_stray(stray)
@@ -445,29 +459,33 @@ class _FileConsumer(Consumer):
                 continue
             data = driver._read(claimed, queued)
             if data is not None:
+                self.held.add(queued.name)
                 return Received(
                     data, queued.priority, (claimed, queued.name), origin=f"new/{queued.name}"
                 )
 
+    # Each settle forgets the file first: if the settle fails, the file is still
+    # claimed but no handler holds it any more, so close may give it back.
+
     def ack(self, received: Received) -> None:
-        try:
-            os.unlink(received.token[0])
-        except FileNotFoundError:
-            pass  # the queue was purged meanwhile: nothing left to delete
-        except OSError as exc:
-            raise self.driver._unavailable(f"acknowledge {received.token[1]}", exc) from exc
+        claimed, name = received.token
+        self.held.discard(name)
+        with contextlib.suppress(FileNotFoundError):  # purged meanwhile: nothing to delete
+            os.unlink(claimed)
 
     def release(self, received: Received) -> None:
+        self.held.discard(received.token[1])
         self.driver._put_back(*received.token)
 
     def reject(self, received: Received, reason: str) -> None:
         # Core has logged the reason already; the move itself is an INFO line.
         claimed, name = received.token
+        self.held.discard(name)
         self.driver._quarantine(claimed, name, reason, level=logging.INFO)
 
     def close(self) -> None:
         try:
-            self.claims.release()
+            self.claims.release(keep=set(self.held))
         except OSError as exc:
             logger.error(
                 "%s: could not remove worker directory %s - %s",
@@ -480,12 +498,10 @@ class _FileConsumer(Consumer):
         driver = self.driver
         now = time.monotonic()
         if now >= self.next_recovery:
-            with driver._errors("return the files of dead workers"):
-                recover_dead_workers(driver._processing_dir, driver._new_dir, self.claims.worker_id)
+            recover_dead_workers(driver._processing_dir, driver._new_dir, self.claims.worker_id)
             self.next_recovery = now + driver.recovery_interval_s
         if now >= self.next_cleanup:
-            with driver._errors("clean tmp/"):
-                driver._clean_tmp()
+            driver._clean_tmp()
             self.next_cleanup = now + _TMP_CLEANUP_S
         self.next_housekeeping = min(self.next_recovery, self.next_cleanup)
 
@@ -613,16 +629,20 @@ class _Scan:
         self._listing_cost_s = time.monotonic() - started
 
 
+def _make_dir(path: str) -> None:
+    try:
+        os.makedirs(path, exist_ok=True)
+    except FileExistsError as exc:
+        # A file where the directory should be: refused like a path under a file.
+        raise NotADirectoryError(errno.ENOTDIR, "a file is in the way", path) from exc
+
+
 def _names_in(directory: str) -> list[str]:
     """The entries of ``directory``; none if it does not exist (yet, or any more)."""
     try:
         return os.listdir(directory)
     except FileNotFoundError:
         return []
-
-
-def _encode(data: str | bytes) -> bytes:
-    return data.encode("utf-8") if isinstance(data, str) else data
 
 
 def _write_all(fd: int, body: bytes) -> None:

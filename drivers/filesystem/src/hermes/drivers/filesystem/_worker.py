@@ -11,6 +11,10 @@ ever compared, so pid reuse cannot confuse it.
 
 A worker directory appears under ``processing/`` only with its lock already
 held: it is built in ``tmp/`` and renamed into place.
+
+A worker that stops while handlers still run (they outlived the grace period)
+keeps the lock of their files until its process exits, so that nobody runs
+them twice at once; the recovery above then returns them.
 """
 
 from __future__ import annotations
@@ -21,11 +25,16 @@ import fcntl
 import logging
 import os
 import secrets
+from collections.abc import Collection
 
 logger = logging.getLogger("hermes.drivers.filesystem")
 
 #: The lock file inside every worker directory.
 LOCK_NAME = ".lock"
+
+#: Lock descriptors of worker directories left with files whose handlers still
+#: ran: held on purpose until the process exits (the kernel then drops them).
+_KEPT_LOCKS: list[int] = []
 
 
 class WorkerClaims:
@@ -66,13 +75,19 @@ class WorkerClaims:
         """False when the directory vanished (the queue was purged while we ran)."""
         return self._lock_fd is not None and os.path.isdir(self.path)
 
-    def release(self) -> None:
-        """Return anything still claimed to ``new/``, then remove the directory and unlock."""
+    def release(self, keep: Collection[str] = ()) -> None:
+        """Return what is claimed to ``new/``, except ``keep``; then remove the directory, unlock.
+
+        ``keep`` names files whose handlers may still run. If any of them is
+        still here, the directory stays, and stays locked, until the process
+        exits: the dead-worker recovery of another worker returns them then.
+        """
         fd, self._lock_fd = self._lock_fd, None
         if fd is None:
             return
+        kept = 0
         try:
-            returned = return_files(self.path, self._new_dir)
+            returned = return_files(self.path, self._new_dir, keep)
             if returned:
                 logger.warning(
                     "worker %s returned %d unfinished message(s) to %s on exit",
@@ -80,11 +95,25 @@ class WorkerClaims:
                     returned,
                     self._new_dir,
                 )
+            kept = len(set(keep) & set(_claimed_names(self.path)))
+            if kept:
+                logger.warning(
+                    "worker %s leaves %d message(s) claimed in %s: their handlers still run; "
+                    "they return to %s once this process (pid %d) exits",
+                    self.worker_id,
+                    kept,
+                    self.path,
+                    self._new_dir,
+                    os.getpid(),
+                )
+                _KEPT_LOCKS.append(fd)
+                return
             with contextlib.suppress(FileNotFoundError):  # purged under us: nothing to remove
                 os.unlink(os.path.join(self.path, LOCK_NAME))
             _remove_dir(self.path)
         finally:
-            os.close(fd)
+            if not kept:
+                os.close(fd)
 
 
 def _remove_dir(path: str) -> None:
@@ -98,15 +127,19 @@ def _remove_dir(path: str) -> None:
         # A racing recoverer is still returning files; it removes the directory.
 
 
-def return_files(worker_dir: str, new_dir: str) -> int:
-    """Move every claimed file of ``worker_dir`` back to ``new/``; the number moved."""
+def _claimed_names(worker_dir: str) -> list[str]:
+    """The message files in ``worker_dir`` (its lock file aside); none if it is gone."""
     try:
-        names = os.listdir(worker_dir)
+        return [name for name in os.listdir(worker_dir) if name != LOCK_NAME]
     except FileNotFoundError:
-        return 0
+        return []
+
+
+def return_files(worker_dir: str, new_dir: str, keep: Collection[str] = ()) -> int:
+    """Move the claimed files of ``worker_dir``, but ``keep``, back to ``new/``; how many."""
     returned = 0
-    for name in names:
-        if name == LOCK_NAME:
+    for name in _claimed_names(worker_dir):
+        if name in keep:
             continue
         try:
             os.rename(os.path.join(worker_dir, name), os.path.join(new_dir, name))

@@ -12,6 +12,7 @@ from hermes.core.driver import lazy_exports
 
 if TYPE_CHECKING:
     from hermes.drivers.redis._driver import (
+        RedisRefusedError,
         RedisSetDriver,
         held_key,
         inflight_key,
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     from hermes.drivers.redis._shutdown import RedisShutdown
 
 __all__ = [
+    "RedisRefusedError",
     "RedisSetDriver",
     "RedisShutdown",
     "held_key",
@@ -35,6 +37,7 @@ if not TYPE_CHECKING:  # type checkers read the imports above, and still flag ty
     __getattr__, __dir__ = lazy_exports(
         __name__,
         {
+            "RedisRefusedError": "._driver",
             "RedisSetDriver": "._driver",
             "held_key": "._driver",
             "inflight_key": "._driver",

@@ -4,11 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Iterator
 
-import redis
-
-from hermes.core import DriverError
 from hermes.core.driver import Driver
-from hermes.drivers.redis._driver import RedisSetDriver, translate_error
+from hermes.drivers.redis._driver import RedisSetDriver
 
 #: Members fetched per ``SSCAN`` round trip.
 _SCAN_COUNT = 500
@@ -26,21 +23,18 @@ class SetBrowser:
         self.driver = driver
 
     def entries(self) -> Iterator[tuple[Hashable, bytes | str]]:
-        try:
+        # A store calls this directly, outside core's translation.
+        with self.driver.translating(f"listing {self.driver.key!r}"):
             # SSCAN may return a member twice while the set changes; list each once.
             members = dict.fromkeys(
                 self.driver.client.sscan_iter(self.driver.key, count=_SCAN_COUNT)
             )
-        except redis.RedisError as exc:
-            raise translate_error(exc, f"listing {self.driver.key!r}", DriverError) from exc
         for member in members:
             yield member, member
 
     def remove(self, entry: Hashable) -> bool:
-        try:
+        with self.driver.translating(f"deleting from {self.driver.key!r}"):
             return bool(self.driver.client.srem(self.driver.key, entry))  # type: ignore[arg-type]
-        except redis.RedisError as exc:
-            raise translate_error(exc, f"deleting from {self.driver.key!r}", DriverError) from exc
 
 
 def browse(driver: Driver) -> SetBrowser:

@@ -15,17 +15,29 @@ from typing import Any
 
 import redis
 from redis.connection import Connection
-from redis.exceptions import AuthenticationError, AuthorizationError, NoScriptError
+from redis.exceptions import (
+    AuthenticationError,
+    AuthenticationWrongNumberOfArgsError,
+    AuthorizationError,
+    NoPermissionError,
+    NoScriptError,
+)
 
 from hermes.core import (
     DEFAULT_PRIORITY,
-    BrokerUnavailableError,
+    BrokerRefusedError,
     ConfigurationError,
-    DeliveryError,
     DriverError,
-    Message,
 )
-from hermes.core.driver import Consumer, Delivery, Driver, QueueStats, Received
+from hermes.core.driver import (
+    Consumer,
+    Delivery,
+    Driver,
+    LeaseKeeper,
+    Outgoing,
+    QueueStats,
+    Received,
+)
 from hermes.drivers.redis import _scripts
 from hermes.drivers.redis._capabilities import CAPABILITIES
 
@@ -37,7 +49,7 @@ WAKE_LIST_CAP = 32
 #: producer sends, bounded so that it cannot fill Redis.
 REJECTED_CAP = 1000
 #: How long closing a consumer waits for a lease renewal in progress.
-_RENEWER_JOIN_S = 5.0
+_RENEWAL_JOIN_S = 5.0
 #: Redis wakes blocked clients on its ``hz`` tick (100 ms by default); a shorter
 #: wait for a scheduled message is a plain sleep instead.
 _SHORT_WAIT_S = 0.1
@@ -48,11 +60,6 @@ LEASE_TIMEOUT_S = 30.0
 RENEWALS_PER_LEASE = 3
 
 logger = logging.getLogger("hermes.drivers.redis")
-
-#: Errors after which a new connection may work.
-_RECONNECTABLE = (redis.ConnectionError, redis.TimeoutError)
-#: Connection errors that no new connection fixes.
-_REFUSED = (AuthenticationError, AuthorizationError)
 
 
 def wake_key(queue_key: str) -> str:
@@ -91,29 +98,56 @@ def held_key(queue_key: str, owner: str | bytes) -> str:
     return f"{queue_key}_inflight:{owner}"
 
 
-def translate_error(exc: redis.RedisError, doing: str, failed: type[DriverError]) -> DriverError:
-    """The Hermes error for a redis-py error raised while ``doing`` something.
+class RedisRefusedError(BrokerRefusedError):
+    """Redis refused this client; the text ends with what to change in the URL."""
 
-    The one place the driver maps client exceptions; the caller chains it
-    (``raise translate_error(...) from exc``). Unreachable broker ->
-    :class:`BrokerUnavailableError` (a worker reconnects with backoff);
-    refused credentials and anything else -> ``failed``, since no new
-    connection fixes them (a worker stops and says why).
-    """
-    if isinstance(exc, _REFUSED):
-        return failed(f"Redis refused the credentials while {doing}: {exc}")
-    if isinstance(exc, _RECONNECTABLE):
-        return BrokerUnavailableError(f"Redis is unavailable while {doing}: {exc}")
-    return failed(f"Redis failed while {doing}: {type(exc).__name__}: {exc}")
+    #: What to fix, appended to core's text about the refusal.
+    hint = "check the user, password and database number in the redis:// URL"
+
+    def __init__(self, text: str) -> None:
+        super().__init__(f"{text} - {self.hint}")
+
+
+class RedisCredentialsError(RedisRefusedError):
+    """Wrong or missing password (or user)."""
+
+    # No URL in the hint: the CLI masks anything shaped like a password in one.
+    hint = (
+        "give the server's password in the URL, before the host "
+        "(:password@host, or user:password@host for an ACL user)"
+    )
+
+
+class RedisPermissionError(RedisRefusedError):
+    """The ACL user may not run a command or touch a key the driver uses."""
+
+    hint = "the URL's ACL user lacks a command or key this driver needs: widen its ACL rules"
+
+
+class RedisDatabaseError(RedisRefusedError):
+    """The URL's database number is beyond the server's ``databases``."""
+
+    hint = "the database number in the URL's path does not exist on this server (see 'databases')"
+
+
+#: Text in a reply that redis-py raises as a plain ``ResponseError`` (a script's
+#: error, a ``SELECT`` at connect) but that means the server refused this client.
+_REFUSAL_REPLIES: tuple[tuple[str, type[RedisRefusedError]], ...] = (
+    ("noauth", RedisCredentialsError),
+    ("wrongpass", RedisCredentialsError),
+    ("noperm", RedisPermissionError),
+    ("db index is out of range", RedisDatabaseError),
+)
 
 
 class RedisSetDriver(Driver):
     """Messages in Redis sets, compatible with PHP Hermes 4.x's ``RedisSetDriver``.
 
-    * ``send`` adds the serialized message to the set of its priority
+    * :meth:`put` adds each body (serialized by core) to the set of its priority
       (``key`` for the default priority 100, the ``name`` given to
       :meth:`setup_priority_queue` for others). A message whose ``execute_at``
-      is in the future goes to the sorted set ``schedule_key`` (score =
+      is in the future (``Outgoing.execute_at``; a body is never decoded here)
+      goes to the sorted set ``schedule_key`` (score =
       ``execute_at``) and is moved to the default-priority set when due, by one
       Lua script, so several workers never move one message twice or lose it.
     * By default (``delivery="at-most-once"``, PHP's way) a worker ``SPOP``\\ s
@@ -131,7 +165,7 @@ class RedisSetDriver(Driver):
     * Sets are read from the highest priority down. A body that is not a
       Hermes message is pushed to ``<queue>_rejected`` (:func:`rejected_key`,
       the newest :data:`REJECTED_CAP` kept).
-    * Wake-up: ``send`` also pushes a token to ``<queue>_wakeup`` (capped at
+    * Wake-up: :meth:`put` also pushes a token to ``<queue>_wakeup`` (capped at
       :data:`WAKE_LIST_CAP`) in the same script call; an idle worker blocks on
       those lists, so it starts a Python-emitted message within a round trip.
       Messages other producers add (PHP) are found within ``refresh_interval``.
@@ -148,17 +182,31 @@ class RedisSetDriver(Driver):
     second), kept below the client's ``socket_timeout``. The driver works
     across ``fork()``: redis-py's pool opens new connections in the child and
     leaves the parent's alone, and a worker takes its connection in the
-    process that runs it. ``send`` is thread-safe (``redis.Redis`` is). When
-    Redis goes away, a worker's receive raises
-    :class:`BrokerUnavailableError` and core's loop reconnects with backoff;
+    process that runs it. :meth:`put` is thread-safe (``redis.Redis`` is).
+
+    Errors are declared for core to translate: a connection that fails or
+    times out means Redis is unavailable (a worker reconnects with backoff;
     ``send`` tries once more on a fresh connection, then raises
-    :class:`BrokerUnavailableError` (other failures: :class:`DeliveryError`),
-    so a message is never lost silently.
+    :class:`BrokerUnavailableError`, so a message is never lost silently);
+    wrong credentials, a missing ACL permission or a database number the
+    server lacks mean it refused this client (:class:`RedisRefusedError`,
+    whose text says what to change in the URL); any other redis-py error is
+    a :class:`DriverError` (:class:`DeliveryError` on a send).
     ``close_client=True`` makes :meth:`close` close ``client`` (the URL
     factory does this for the client it builds).
     """
 
     capabilities = CAPABILITIES
+    # AuthenticationError and AuthorizationError are ConnectionErrors in redis-py:
+    # refused is looked at first, so a wrong password is not retried forever.
+    refused_errors = (
+        AuthenticationError,
+        AuthenticationWrongNumberOfArgsError,
+        AuthorizationError,
+        NoPermissionError,
+    )
+    unavailable_errors = (redis.ConnectionError, redis.TimeoutError)
+    client_errors = (redis.RedisError,)
 
     def __init__(
         self,
@@ -172,7 +220,6 @@ class RedisSetDriver(Driver):
         delivery: Delivery | str = Delivery.AT_MOST_ONCE,
         lease_timeout_s: float | None = None,
     ) -> None:
-        super().__init__()
         try:
             delivery = Delivery(delivery)
         except ValueError:
@@ -261,17 +308,29 @@ class RedisSetDriver(Driver):
             )
         self._queues[priority] = key
 
-    def send(self, message: Message, priority: int = DEFAULT_PRIORITY) -> None:
-        self._send_bodies([(self.serializer.serialize(message), message.execute_at)], priority)
-
-    def send_batch(self, messages: Sequence[Message], priority: int = DEFAULT_PRIORITY) -> None:
-        """Send ``messages`` with one script call per 500 (the calls after the first pipelined)."""
-        bodies = [(self.serializer.serialize(m), m.execute_at) for m in messages]
-        self._send_bodies(bodies, priority)
-
-    def send_raw(self, body: bytes, priority: int = DEFAULT_PRIORITY) -> None:
-        """Add ``body`` to the set of ``priority`` as it is (tests use it for poison messages)."""
-        self._send_bodies([(body, None)], priority)
+    def put(self, items: Sequence[Outgoing], priority: int = DEFAULT_PRIORITY) -> None:
+        """Add ``items`` with one script call per 500 (the calls after the first pipelined)."""
+        queue = self._queue_key(priority)
+        default = self._queues[DEFAULT_PRIORITY]
+        keys = (queue, self.schedule_key, wake_key(queue), wake_key(default))
+        now = time.time()
+        calls: list[list[str | bytes | float | int]] = []
+        chunk_size = _scripts.MAX_SCRIPT_VALUES // 2
+        for start in range(0, len(items), chunk_size):
+            chunk = items[start : start + chunk_size]
+            due = [item.body for item in chunk if item.execute_at is None or item.execute_at <= now]
+            args: list[str | bytes | float | int] = [WAKE_LIST_CAP, len(due), *due]
+            for item in chunk:
+                if item.execute_at is not None and item.execute_at > now:
+                    args += [repr(item.execute_at), item.body]
+            calls.append(args)
+        if not calls:
+            return
+        # The first call loads the script if the server lacks it; a pipeline
+        # cannot fall back from EVALSHA to EVAL per command.
+        _scripts.SEND(self._execute, keys, calls[0])
+        if len(calls) > 1:
+            self._send_pipelined(keys, calls[1:])
 
     def _queue_key(self, priority: int) -> str:
         try:
@@ -297,7 +356,7 @@ class RedisSetDriver(Driver):
         pattern = "".join(f"\\{c}" if c in "*?[]\\" else c for c in base) + "*"
         known = set(self._queues.values())
         found: dict[int, str] = {}
-        try:
+        with self.translating("listing its sets"):
             for raw in self.client.scan_iter(match=pattern, count=1000):
                 key = raw.decode() if isinstance(raw, bytes) else str(raw)
                 suffix = key[len(base) :]
@@ -307,37 +366,20 @@ class RedisSetDriver(Driver):
                 priority = int(suffix)
                 if priority not in self._queues:
                     found[priority] = key[len(self.prefix) :]
-        except redis.RedisError as exc:
-            raise translate_error(exc, f"listing the sets of {self!r}", DriverError) from exc
         return found
 
-    def _send_bodies(
-        self, bodies: Sequence[tuple[str | bytes, float | None]], priority: int
-    ) -> None:
-        queue = self._queue_key(priority)
-        default = self._queues[DEFAULT_PRIORITY]
-        keys = (queue, self.schedule_key, wake_key(queue), wake_key(default))
-        now = time.time()
-        calls: list[list[str | bytes | float | int]] = []
-        chunk_size = _scripts.MAX_SCRIPT_VALUES // 2
-        for start in range(0, len(bodies), chunk_size):
-            chunk = bodies[start : start + chunk_size]
-            immediate = [body for body, at in chunk if at is None or at <= now]
-            args: list[str | bytes | float | int] = [WAKE_LIST_CAP, len(immediate), *immediate]
-            for body, at in chunk:
-                if at is not None and at > now:
-                    args += [repr(at), body]
-            calls.append(args)
-        if not calls:
-            return
-        try:
-            # The first call loads the script if the server lacks it; a pipeline
-            # cannot fall back from EVALSHA to EVAL per command.
-            _scripts.SEND(self._execute, keys, calls[0])
-            if len(calls) > 1:
-                self._send_pipelined(keys, calls[1:])
-        except redis.RedisError as exc:
-            raise translate_error(exc, f"sending to {queue!r} on {self!r}", DeliveryError) from exc
+    def classify_error(self, exc: BaseException) -> type[DriverError] | None:
+        """Refusals carry what to fix; some arrive as a plain ``ResponseError`` with a code."""
+        if isinstance(exc, AuthenticationError | AuthenticationWrongNumberOfArgsError):
+            return RedisCredentialsError
+        if isinstance(exc, AuthorizationError | NoPermissionError):
+            return RedisPermissionError
+        if isinstance(exc, redis.ResponseError):
+            text = str(exc).lower()
+            for needle, kind in _REFUSAL_REPLIES:
+                if needle in text:
+                    return kind
+        return super().classify_error(exc)
 
     def _send_pipelined(
         self, keys: Sequence[str], calls: Sequence[Sequence[str | bytes | float | int]]
@@ -369,7 +411,8 @@ class RedisSetDriver(Driver):
         """
         order = sorted(self._queues.items(), reverse=True)
         in_flight: list[int | None] = [None] * len(order)
-        try:
+        # hermes stats calls this directly, outside core's translation.
+        with self.translating("counting the queues"):
             if self.delivery is Delivery.AT_LEAST_ONCE:
                 counts = _scripts.IN_FLIGHT(self._execute, [queue for _, queue in order])
                 in_flight = [int(held) for held in counts]
@@ -379,8 +422,6 @@ class RedisSetDriver(Driver):
                     pipe.scard(queue)
                     pipe.llen(rejected_key(queue))
                 replies = iter(pipe.execute())
-        except redis.RedisError as exc:
-            raise translate_error(exc, f"counting the queues of {self!r}", DriverError) from exc
         scheduled = int(next(replies))
         rows = []
         for (priority, queue), held in zip(order, in_flight, strict=True):
@@ -397,7 +438,7 @@ class RedisSetDriver(Driver):
             )
         return rows
 
-    def clear(self, priority: int | None = None) -> int:
+    def purge(self, priority: int | None = None) -> int:
         """Delete the waiting messages of ``priority`` (every priority: None); how many.
 
         One script call, so nothing is half deleted: the set of each priority,
@@ -410,22 +451,19 @@ class RedisSetDriver(Driver):
             keys, schedule = [self._queue_key(priority)], priority == DEFAULT_PRIORITY
         if schedule:
             keys.append(self.schedule_key)
-        try:
+        # hermes purge calls this directly, outside core's translation.
+        with self.translating("purging the queues"):
             removed = _scripts.CLEAR(self._execute, keys, ("1" if schedule else "0",))
-        except redis.RedisError as exc:
-            raise translate_error(exc, f"clearing {self!r}", DriverError) from exc
         return int(removed)
 
-    def purge(self) -> None:
+    def teardown(self) -> None:
         """Delete every key this driver uses: sets, schedule, leases, wake and rejected lists."""
         keys = {self.schedule_key}
         for queue in self._queues.values():
             keys |= {queue, wake_key(queue), rejected_key(queue)}
-        try:
+        with self.translating("deleting its keys"):
             _scripts.DROP_LEASES(self._execute, sorted(self._queues.values()))
             self.client.delete(*sorted(keys))
-        except redis.RedisError as exc:
-            raise translate_error(exc, f"purging {self!r}", DriverError) from exc
 
     def close(self) -> None:
         if self._close_client:
@@ -492,28 +530,22 @@ class _RedisConsumer(Consumer):
         self.next_due: float | None = None
 
     def receive(self, timeout_s: float) -> Received | None:
-        try:
-            busy = time.monotonic() < self.move_at
-            if busy:  # the schedule was looked at a moment ago: pop first
-                received = self._pop()
-                if received is not None:
-                    return received
-            moved = self._move_due()
-            if moved or not busy:
-                received = self._pop()
-                if received is not None:
-                    return received
-            # Woken by a send: pop now, the message is there.
-            return self._pop() if self._idle_wait(timeout_s) else None
-        except redis.RedisError as exc:
-            raise translate_error(exc, f"receiving on {self.driver!r}", DriverError) from exc
+        busy = time.monotonic() < self.move_at
+        if busy:  # the schedule was looked at a moment ago: pop first
+            received = self._pop()
+            if received is not None:
+                return received
+        moved = self._move_due()
+        if moved or not busy:
+            received = self._pop()
+            if received is not None:
+                return received
+        # Woken by a send: pop now, the message is there.
+        return self._pop() if self._idle_wait(timeout_s) else None
 
     def reject(self, received: Received, reason: str) -> None:
         key = rejected_key(received.token)
-        try:
-            _scripts.SET_ASIDE(self.driver._execute, (key,), (REJECTED_CAP, received.body))
-        except redis.RedisError as exc:
-            raise translate_error(exc, f"setting a body aside in {key!r}", DriverError) from exc
+        _scripts.SET_ASIDE(self.driver._execute, (key,), (REJECTED_CAP, received.body))
 
     def close(self) -> None:
         if self.connection is not None:
@@ -591,7 +623,8 @@ class _LeasingConsumer(_RedisConsumer):
       back what the workers whose leases ran out held: a script does it, so
       only one worker puts a body back, and the set hands it to one worker.
     * The lease is the consumer's, not each message's: its owner id in
-      :func:`inflight_key` with a deadline, which a daemon thread renews
+      :func:`inflight_key` with a deadline, which core's
+      :class:`~hermes.core.driver.LeaseKeeper` renews on a daemon thread
       :data:`RENEWALS_PER_LEASE` times per lease timeout (one script call,
       however many messages are held), so a handler that runs longer than the
       lease keeps its message. A worker that dies stops renewing; its lease
@@ -632,12 +665,11 @@ class _LeasingConsumer(_RedisConsumer):
         #: Indexes (1-based) of the sets this consumer has taken from: where it has a
         #: lease. Replaced, never changed, by the receiving thread; read by the renewer.
         self.taken_from: frozenset[int] = frozenset()
-        self.stopping = threading.Event()
-        self.renewer: threading.Thread | None = None
-        self.renew_failing = False
+        #: Renews the lease on a daemon thread; made on the first receive.
+        self.leases: LeaseKeeper | None = None
 
     def receive(self, timeout_s: float) -> Received | None:
-        if self.renewer is None:
+        if self.leases is None:
             self._start()
         return super().receive(timeout_s)
 
@@ -646,40 +678,31 @@ class _LeasingConsumer(_RedisConsumer):
         if threading.get_ident() == self.receiver:
             self.acks += (b"%d" % index, number)  # sent with the next take
             return
-        held = self.held_keys[index - 1]
-        try:
-            self.driver._execute(("HDEL", held, number), True)
-        except redis.RedisError as exc:
-            raise translate_error(exc, f"acknowledging in {held!r}", DriverError) from exc
+        self.driver._execute(("HDEL", self.held_keys[index - 1], number), True)
 
     def release(self, received: Received) -> None:
         index, number = received.token
         queue = self.keys[index - 1]
         keys = (queue, self.held_keys[index - 1], wake_key(queue))
-        try:
-            _scripts.RELEASE(self.driver._execute, keys, (number, WAKE_LIST_CAP))
-        except redis.RedisError as exc:
-            raise translate_error(exc, f"releasing to {queue!r}", DriverError) from exc
+        _scripts.RELEASE(self.driver._execute, keys, (number, WAKE_LIST_CAP))
 
     def reject(self, received: Received, reason: str) -> None:
         index, number = received.token
         queue = self.keys[index - 1]
         keys = (rejected_key(queue), self.held_keys[index - 1])
-        try:
-            _scripts.SET_ASIDE_LEASED(self.driver._execute, keys, (REJECTED_CAP, number))
-        except redis.RedisError as exc:
-            raise translate_error(exc, f"setting a body aside from {queue!r}", DriverError) from exc
+        _scripts.SET_ASIDE_LEASED(self.driver._execute, keys, (REJECTED_CAP, number))
 
     def close(self) -> None:
-        self.stopping.set()
-        if self.renewer is not None:
+        if self.leases is not None:
             # At most one renewal is in progress; one stuck on a dead server is not waited for.
-            self.renewer.join(_RENEWER_JOIN_S)
+            self.leases.stop(_RENEWAL_JOIN_S)
         try:
             if self.claim is not None:
-                self._claim(b"")  # no take number: acknowledge, take nothing, leave
-        except redis.RedisError as exc:
-            error = translate_error(exc, "closing", DriverError)
+                # Here, not in core's translation around close: what a failure
+                # costs depends on what was still to acknowledge.
+                with self.driver.translating("closing"):
+                    self._claim(b"")  # no take number: acknowledge, take nothing, leave
+        except DriverError as error:
             if self.acks:
                 logger.warning(
                     "%r: could not acknowledge %d message(s), which are delivered again once "
@@ -702,10 +725,12 @@ class _LeasingConsumer(_RedisConsumer):
             [*self.keys, *self.lease_keys, *self.held_keys],
             [self.lease_ms, self.owner],
         )
-        self.renewer = threading.Thread(
-            target=self._renew_loop, name="hermes-redis-leases", daemon=True
-        )
-        self.renewer.start()
+        self.leases = LeaseKeeper(
+            self._renew,
+            self.driver.lease_timeout_s / RENEWALS_PER_LEASE,
+            f"the lease of {self.owner} on {self.driver!r}",
+            name="hermes-redis-leases",
+        ).start()
 
     def _claim(self, number: bytes) -> Any:
         """Acknowledge the deferred acknowledgements and, with a take number, take a body."""
@@ -754,32 +779,18 @@ class _LeasingConsumer(_RedisConsumer):
             self.move_at = time.monotonic() + MOVE_INTERVAL_S
         return int(moved) + int(recovered)
 
-    def _renew_loop(self) -> None:
-        interval = self.driver.lease_timeout_s / RENEWALS_PER_LEASE
-        while not self.stopping.wait(interval):
-            self._renew()
-
     def _renew(self) -> None:
-        """Extend the lease on each set taken from; log once per outage if Redis is unreachable."""
+        """Extend the lease on each set taken from (the :class:`LeaseKeeper` calls it).
+
+        Runs on the keeper's thread, outside core's translation: it translates
+        for itself, so an outage reaches the keeper as a :class:`DriverError`.
+        """
         indexes = sorted(self.taken_from)
         if not indexes:
             return
         keys = [self.lease_keys[index - 1] for index in indexes]
-        try:
+        with self.driver.translating("renewing the lease"):
             lost = _scripts.RENEW(self.driver._execute, keys, (self.lease_ms, self.owner), raw=True)
-        except redis.RedisError as exc:
-            if not self.renew_failing:
-                logger.warning(
-                    "%r: could not renew its lease, trying again every %.1f s - %s",
-                    self.driver,
-                    self.driver.lease_timeout_s / RENEWALS_PER_LEASE,
-                    translate_error(exc, "renewing the lease", DriverError),
-                )
-            self.renew_failing = True
-            return
-        if self.renew_failing:
-            logger.info("%r: renews its lease again", self.driver)
-        self.renew_failing = False
         for position in lost:
             index = indexes[int(position) - 1]
             logger.warning(

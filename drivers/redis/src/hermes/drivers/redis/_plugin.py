@@ -26,9 +26,9 @@ _CLIENT_OPTIONS = ("socket_connect_timeout", *_TLS_OPTIONS)
 def build_client(url: DriverUrl) -> redis.Redis[Any]:
     """The redis-py client for ``url``: host, port, database, credentials, TLS.
 
-    Its own commands (``purge``, ``RedisShutdown``) are retried 3 times within
-    about half a second after a dropped connection; ``send`` and ``wait``
-    handle connections themselves (see :class:`RedisSetDriver`).
+    Its own commands (``put``, ``purge``, ``teardown``, ``RedisShutdown``) are
+    retried 3 times within about half a second after a dropped connection; a
+    consumer handles its connection itself (see :class:`RedisSetDriver`).
     """
     import redis
     from redis.backoff import ExponentialBackoff
