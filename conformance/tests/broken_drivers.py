@@ -27,7 +27,6 @@ from typing import Any
 from hermes.core import (
     DEFAULT_PRIORITY,
     BrokerUnavailableError,
-    MemoryDriver,
     Message,
     NotSupportedError,
     SerializeError,
@@ -44,6 +43,7 @@ from hermes.core.driver import (
     Driver,
     DriverPlugin,
     DriverUrl,
+    MemoryDriver,
     MessageSerializer,
     QueueStats,
     Received,

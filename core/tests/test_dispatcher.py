@@ -7,7 +7,7 @@ import logging
 import random
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -16,8 +16,8 @@ from hermes.core import (
     DEFAULT_PRIORITY,
     BrokerUnavailableError,
     ConfigurationError,
-    Delay,
     Dispatcher,
+    DriverError,
     Emitter,
     Message,
     RetryableHandler,
@@ -26,7 +26,7 @@ from hermes.core import (
 )
 from hermes.core._dispatcher import readable_time
 from hermes.core._worker import NOTICE
-from hermes.core.driver import MemoryDriver
+from hermes.core.driver import Delay, MemoryDriver
 
 
 class Recorder:
@@ -254,19 +254,19 @@ def test_handle_reads_only_the_priorities_it_is_given(driver: MemoryDriver, peek
     assert [m.id for m in peek.queued(driver, 300)] == [high.id]
 
 
-def test_a_driver_error_in_wait_is_logged_and_raised_by_handle(
+def test_a_driver_error_other_than_an_outage_is_logged_and_raised_by_handle(
     broker_name: str, hermes_log: pytest.LogCaptureFixture
 ) -> None:
-    class Unreachable(MemoryDriver):
-        def wait(self, callback: Callable[[Message, int], bool], priorities: Any = ()) -> None:
-            raise BrokerUnavailableError("connection refused by memory://nowhere")
+    class Corrupt(MemoryDriver):
+        def consumer(self, priorities: Any, *, concurrency: int = 1) -> Any:
+            raise DriverError("the queue's index is corrupt on memory://nowhere")
 
-    with pytest.raises(BrokerUnavailableError, match="connection refused"):
-        Dispatcher(Unreachable(broker_name)).handle()
+    with pytest.raises(DriverError, match="index is corrupt"):
+        Dispatcher(Corrupt(broker_name)).handle()
 
     (record,) = [r for r in hermes_log.records if r.levelno == logging.ERROR]
-    assert "Unreachable" in record.getMessage()
-    assert "connection refused by memory://nowhere" in record.getMessage()
+    assert "MemoryDriver memory://" in record.getMessage()
+    assert "index is corrupt on memory://nowhere" in record.getMessage()
     assert record.exc_info is not None
 
 
@@ -312,7 +312,7 @@ def test_a_shutdown_set_on_the_driver_itself_is_honoured_and_kept(
     Dispatcher(driver).register_handler("job", StopsTheWorker(calls, "h")).handle()
 
     assert len(calls) == 1
-    assert driver.shutdown is shutdown
+    assert driver.__dict__["_php_settings"].shutdown is shutdown  # kept for the next run
 
 
 def test_handle_returns_after_max_items_without_the_shutdown_notice(
