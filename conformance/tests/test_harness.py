@@ -22,7 +22,8 @@ from hermes.conformance._harness import (
 )
 from hermes.conformance._worker import JOB, Record, read_records
 from hermes.conformance.plugin import cause
-from hermes.core import Emitter, MemoryDriver, Message
+from hermes.core import Emitter, Message
+from hermes.core.testing import MemoryDriver
 
 
 @pytest.mark.parametrize(
