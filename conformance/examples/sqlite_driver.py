@@ -17,15 +17,20 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from hermes.core import DEFAULT_PRIORITY, Message, hookimpl, translate_errors
+from hermes.core import DEFAULT_PRIORITY, hookimpl
 from hermes.core.driver import (
+    BrokerRefusedError,
+    BrokerUnavailableError,
     Capabilities,
     Consumer,
     Delay,
     Delivery,
     Driver,
+    DriverError,
     DriverPlugin,
     DriverUrl,
+    LeaseKeeper,
+    Outgoing,
     PerProcess,
     Received,
 )
@@ -44,9 +49,10 @@ class SqliteDriver(Driver):
         competing_consumers=True,
         redelivery_timeout_s=LEASE_S,
     )
+    # Core turns these into Hermes errors around every call it makes.
+    client_errors = (sqlite3.Error,)
 
     def __init__(self, path: str, table: str = "hermes") -> None:
-        super().__init__()
         if not table.isidentifier():
             raise ValueError(f"table must be a plain identifier, got {table!r}")
         self.path, self.table = path, table
@@ -54,6 +60,16 @@ class SqliteDriver(Driver):
         # One connection per process (fork-safe), shared by its threads under a lock.
         self._connection = PerProcess(self._connect, sqlite3.Connection.close)
         self._lock = threading.Lock()
+
+    def classify_error(self, exc: BaseException) -> type[DriverError] | None:
+        # One exception class, OperationalError, means both "cannot ever work"
+        # and "try again"; only its text tells them apart.
+        if isinstance(exc, sqlite3.OperationalError):
+            if "unable to open database" in str(exc):
+                return BrokerRefusedError  # a missing directory or no permission
+            if "locked" in str(exc) or "busy" in str(exc):
+                return BrokerUnavailableError  # another process holds the lock
+        return super().classify_error(exc)
 
     def _connect(self) -> sqlite3.Connection:
         connection = sqlite3.connect(
@@ -67,33 +83,25 @@ class SqliteDriver(Driver):
         return connection
 
     def execute(self, sql: str, *args: Any) -> list[Any]:
-        """Run one statement in this process's connection; SQLite errors become Hermes's."""
-        doing = f"{sql.split()[0]} on {self.path}"
-        # "database is locked" passes: core's loop backs off and tries again.
-        with self._lock, translate_errors(doing, unavailable=(sqlite3.OperationalError,)):
+        """Run one statement on this process's connection."""
+        with self._lock:
             return self._connection.get().execute(sql, args).fetchall()
 
     def setup_priority_queue(self, name: str, priority: int) -> None:
         self.priorities.add(priority)  # one table holds every priority
 
-    def send(self, message: Message, priority: int = DEFAULT_PRIORITY) -> None:
-        body = self.serializer.serialize(message)  # before any I/O
-        self._insert(body, priority, message.execute_at or 0.0)
-
-    def send_raw(self, body: bytes, priority: int = DEFAULT_PRIORITY) -> None:
-        """Store bytes as they are (the kit puts poison on the broker with it)."""
-        self._insert(body, priority, 0.0)
-
-    def _insert(self, body: str | bytes, priority: int, due: float) -> None:
+    def put(self, items: Sequence[Outgoing], priority: int = DEFAULT_PRIORITY) -> None:
         if priority not in self.priorities:
             raise self.unknown_priority(priority, self.priorities)
+        rows = [(priority, item.execute_at or 0.0, item.body) for item in items]
         sql = f"INSERT INTO {self.table} (priority, due, body) VALUES (?, ?, ?)"
-        self.execute(sql, priority, due, body)
+        with self._lock:  # one statement for the whole batch: one transaction
+            self._connection.get().executemany(sql, rows)
 
     def consumer(self, priorities: Sequence[int], *, concurrency: int = 1) -> Consumer:
         return _SqliteConsumer(self, self.check_priorities(self.priorities, priorities))
 
-    def purge(self) -> None:
+    def teardown(self) -> None:
         self.execute(f"DROP TABLE IF EXISTS {self.table}")
         self._connection.discard()
 
@@ -102,15 +110,15 @@ class SqliteDriver(Driver):
 
 
 class _SqliteConsumer(Consumer):
-    """Takes a row by setting its lease; renews the leases of rows in handlers."""
+    """Takes a row by setting its lease; core's LeaseKeeper renews the rows in handlers."""
 
     def __init__(self, driver: SqliteDriver, order: list[int]) -> None:
         self.driver = driver
         self.marks = ",".join("?" * len(order))
         self.order = order
         self.held: set[int] = set()
-        self.stop = threading.Event()
-        threading.Thread(target=self._renew, daemon=True).start()
+        self.leases = LeaseKeeper(self._renew, LEASE_S / 3, f"the leases in {driver.path}")
+        self.leases.start()
 
     def receive(self, timeout_s: float) -> Received | None:
         deadline = time.monotonic() + timeout_s
@@ -144,16 +152,19 @@ class _SqliteConsumer(Consumer):
         self.driver.execute(sql, received.token)
 
     def close(self) -> None:
-        self.stop.set()
-        for row_id in list(self.held):  # taken, never settled: give them back
-            self.release(Received(b"", DEFAULT_PRIORITY, row_id))
+        # Rows still held belong to handlers that outlived the grace period: they
+        # keep their lease, which runs out, and then another worker takes them.
+        self.leases.stop()
 
     def _renew(self) -> None:
         # A handler may run longer than the lease: keep its row from being taken again.
-        while not self.stop.wait(LEASE_S / 3):
-            for row_id in list(self.held):
-                sql = f"UPDATE {self.driver.table} SET lease_until = ? WHERE id = ?"
-                self.driver.execute(sql, time.time() + LEASE_S, row_id)
+        held = list(self.held)
+        if not held:
+            return
+        marks = ",".join("?" * len(held))
+        sql = f"UPDATE {self.driver.table} SET lease_until = ? WHERE id IN ({marks})"
+        with self.driver.translating("renewing leases"):  # our own thread: core is not there
+            self.driver.execute(sql, time.time() + LEASE_S, *held)
 
 
 def _from_url(url: DriverUrl) -> SqliteDriver:

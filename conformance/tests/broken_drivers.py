@@ -27,36 +27,50 @@ from typing import Any
 from hermes.core import (
     DEFAULT_PRIORITY,
     BrokerUnavailableError,
+    DriverError,
     Message,
-    NotSupportedError,
     SerializeError,
-    Shutdown,
-    SupportsRawSend,
     connect,
     hookimpl,
 )
+from hermes.core._memory import MemoryDriver
 from hermes.core.driver import (
-    Callback,
     Consumer,
     Delay,
     Delivery,
     Driver,
     DriverPlugin,
     DriverUrl,
-    MemoryDriver,
     MessageSerializer,
+    Outgoing,
     QueueStats,
     Received,
-    SupportsPurge,
+    SupportsTeardown,
     isolated_url,
+    outgoing,
 )
 
 
-def _should_stop(driver: Driver) -> bool:
-    """What a driver that runs its own loop checks: max items reached, or shutdown asked."""
-    if driver.max_process_items and driver.processed_items >= driver.max_process_items:
-        return True
-    return driver.shutdown is not None and driver.shutdown.should_shutdown(driver.start_time)
+class _Relay(Consumer):
+    """Passes every call on to ``inner``; subclasses break one thing."""
+
+    def __init__(self, inner: Consumer) -> None:
+        self.inner = inner
+
+    def receive(self, timeout_s: float) -> Received | None:
+        return self.inner.receive(timeout_s)
+
+    def ack(self, received: Received) -> None:
+        self.inner.ack(received)
+
+    def release(self, received: Received) -> None:
+        self.inner.release(received)
+
+    def reject(self, received: Received, reason: str) -> None:
+        self.inner.reject(received, reason)
+
+    def close(self) -> None:
+        self.inner.close()
 
 
 # Memory subclasses ---------------------------------------------------------------
@@ -75,8 +89,8 @@ class IgnoresExecuteAt(_BrokenMemory):
 
     scheme = "ignores-delay"
 
-    def send(self, message: Message, priority: int = DEFAULT_PRIORITY) -> None:
-        self._put(self.serializer.serialize(message), priority, None)
+    def put(self, items: Sequence[Outgoing], priority: int = DEFAULT_PRIORITY) -> None:
+        super().put([replace(item, execute_at=None) for item in items], priority)
 
 
 class ReadsInRegistrationOrder(_BrokenMemory):
@@ -90,7 +104,7 @@ class ReadsInRegistrationOrder(_BrokenMemory):
 
 
 class IgnoresRestriction(_BrokenMemory):
-    """``handle(priorities=[...])`` reads every queue anyway."""
+    """A worker restricted to some priorities reads every queue anyway."""
 
     scheme = "ignores-restriction"
 
@@ -99,14 +113,14 @@ class IgnoresRestriction(_BrokenMemory):
 
 
 class AcceptsUnknownPriority(_BrokenMemory):
-    """Sends a message for a priority without a queue to the default queue."""
+    """Puts a message for a priority without a queue on the default queue."""
 
     scheme = "accepts-unknown-priority"
 
-    def _put(self, data: str | bytes, priority: int, execute_at: float | None) -> None:
+    def put(self, items: Sequence[Outgoing], priority: int = DEFAULT_PRIORITY) -> None:
         if priority not in self._broker.queues:
             priority = DEFAULT_PRIORITY
-        super()._put(data, priority, execute_at)
+        super().put(items, priority)
 
 
 class DeclaresNoPriorities(_BrokenMemory):
@@ -123,24 +137,44 @@ class DeclaresIgnoredDelay(_BrokenMemory):
     capabilities = replace(MemoryDriver.capabilities, delay=Delay.IGNORED)
 
 
+class _HeadOfLine(_Relay):
+    """Holds the first body not yet due, and everything behind it, until it is due."""
+
+    def __init__(self, inner: Consumer) -> None:
+        super().__init__(inner)
+        self.head: Received | None = None
+
+    def receive(self, timeout_s: float) -> Received | None:
+        if self.head is None:
+            self.head = self.inner.receive(timeout_s)
+            if self.head is None:
+                return None
+        message = self.head.decoded()
+        due = message.execute_at if message is not None else None
+        if due is not None and due > time.time():
+            left = due - time.time()
+            time.sleep(min(left, timeout_s))
+            return None
+        received, self.head = self.head, None
+        return received
+
+    def close(self) -> None:
+        if self.head is not None:
+            self.inner.release(self.head)
+            self.head = None
+        self.inner.close()
+
+
 class WaitsBehindTheHead(_BrokenMemory):
     """Keeps delayed messages in line: one due later holds up every message behind it."""
 
     scheme = "head-of-line"
 
-    def send(self, message: Message, priority: int = DEFAULT_PRIORITY) -> None:
-        self._put(self.serializer.serialize(message), priority, None)
+    def put(self, items: Sequence[Outgoing], priority: int = DEFAULT_PRIORITY) -> None:
+        super().put([replace(item, execute_at=None) for item in items], priority)
 
-    def wait(self, callback: Callback, priorities: Sequence[int] = (), **options: Any) -> None:
-        def when_due(message: Message, priority: int) -> bool:
-            while message.execute_at is not None and not _should_stop(self):
-                left = message.execute_at - time.time()
-                if left <= 0:
-                    break
-                time.sleep(min(left, 0.05))
-            return callback(message, priority)
-
-        super().wait(when_due, priorities, **options)
+    def consumer(self, priorities: Sequence[int], *, concurrency: int = 1) -> Consumer:
+        return _HeadOfLine(super().consumer(priorities, concurrency=concurrency))
 
 
 _twice_lock = threading.Lock()
@@ -148,33 +182,56 @@ _waiting: dict[str, set[int]] = {}
 _handed_twice: set[str] = set()
 
 
+class _AndToAnother(_Relay):
+    def __init__(self, driver: HandsOneMessageToTwoConsumers, inner: Consumer) -> None:
+        super().__init__(inner)
+        self.driver = driver
+        self.waiting = _waiting.setdefault(driver.name, set())
+        with _twice_lock:
+            self.waiting.add(id(self))
+
+    def ack(self, received: Received) -> None:
+        super().ack(received)
+        message_id = received.message.id if received.message is not None else ""
+        with _twice_lock:
+            again = len(self.waiting) > 1 and message_id not in _handed_twice
+            _handed_twice.add(message_id)
+        if again:
+            self.driver.put([Outgoing(bytes(_as_bytes(received.body)))], received.priority)
+
+    def close(self) -> None:
+        with _twice_lock:
+            self.waiting.discard(id(self))
+        super().close()
+
+
+def _as_bytes(body: str | bytes) -> bytes:
+    return body.encode() if isinstance(body, str) else body
+
+
 class HandsOneMessageToTwoConsumers(_BrokenMemory):
     """While another consumer waits on the queue, gives it a copy of each handled message."""
 
     scheme = "two-consumers"
 
-    def wait(self, callback: Callback, priorities: Sequence[int] = (), **options: Any) -> None:
-        waiting = _waiting.setdefault(self.name, set())
-
-        def and_to_another(message: Message, priority: int) -> bool:
-            ok = callback(message, priority)
-            with _twice_lock:
-                again = len(waiting) > 1 and message.id not in _handed_twice
-                _handed_twice.add(message.id)
-            if again:
-                self._put(self.serializer.serialize(message), priority, None)
-            return ok
-
-        with _twice_lock:
-            waiting.add(id(self))
-        try:
-            super().wait(and_to_another, priorities, **options)
-        finally:
-            with _twice_lock:
-                waiting.discard(id(self))
+    def consumer(self, priorities: Sequence[int], *, concurrency: int = 1) -> Consumer:
+        return _AndToAnother(self, super().consumer(priorities, concurrency=concurrency))
 
 
 _redelivered: set[str] = set()
+
+
+class _ForgetsAcks(_Relay):
+    def __init__(self, driver: Driver, inner: Consumer) -> None:
+        super().__init__(inner)
+        self.driver = driver
+
+    def ack(self, received: Received) -> None:
+        super().ack(received)
+        message_id = received.message.id if received.message is not None else ""
+        if message_id not in _redelivered:
+            _redelivered.add(message_id)
+            self.driver.put([Outgoing(_as_bytes(received.body))], received.priority)
 
 
 class ForgetsAcks(_BrokenMemory):
@@ -182,15 +239,8 @@ class ForgetsAcks(_BrokenMemory):
 
     scheme = "forgets-acks"
 
-    def wait(self, callback: Callback, priorities: Sequence[int] = (), **options: Any) -> None:
-        def and_again(message: Message, priority: int) -> bool:
-            ok = callback(message, priority)
-            if message.id not in _redelivered:
-                _redelivered.add(message.id)
-                self._put(self.serializer.serialize(message), priority, None)
-            return ok
-
-        super().wait(and_again, priorities, **options)
+    def consumer(self, priorities: Sequence[int], *, concurrency: int = 1) -> Consumer:
+        return _ForgetsAcks(self, super().consumer(priorities, concurrency=concurrency))
 
 
 class CountsUnknownAsZero(_BrokenMemory):
@@ -207,32 +257,43 @@ class DropsRetries(_BrokenMemory):
 
     scheme = "drops-retries"
 
-    def send(self, message: Message, priority: int = DEFAULT_PRIORITY) -> None:
-        super().send(message.replace(retries=0), priority)
+    def put(self, items: Sequence[Outgoing], priority: int = DEFAULT_PRIORITY) -> None:
+        super().put([_without_retries(item) for item in items], priority)
 
 
-class _RaisesKeyError:
-    def __init__(self) -> None:
-        self.inner = MessageSerializer()
+def _without_retries(item: Outgoing) -> Outgoing:
+    serializer = MessageSerializer()
+    try:
+        message = serializer.unserialize(item.body)
+    except SerializeError:
+        return item  # the kit's poison: nothing to lose
+    return replace(item, body=serializer.serialize(message.replace(retries=0)).encode())
 
-    def serialize(self, message: Message) -> str:
-        return self.inner.serialize(message)
 
-    def unserialize(self, data: str | bytes) -> Message:
-        try:
-            return self.inner.unserialize(data)
-        except SerializeError as exc:
-            raise KeyError("message") from exc
+def _message_id(body: str | bytes) -> str:
+    """The id a log line names: read straight from the JSON, with no thought for poison."""
+    try:
+        document = json.loads(body)
+    except ValueError:
+        document = {}
+    return str(document["message"]["id"])
+
+
+class _ReadsIds(_Relay):
+    def receive(self, timeout_s: float) -> Received | None:
+        received = self.inner.receive(timeout_s)
+        if received is not None:
+            logging.getLogger("broken_drivers").debug("took #%s", _message_id(received.body))
+        return received
 
 
 class CrashesOnPoison(_BrokenMemory):
-    """A body that is not a message raises out of wait(): the worker dies."""
+    """Reads each body's id for a log line: a body that is not a message raises out of receive."""
 
     scheme = "crashes-on-poison"
 
-    def __init__(self, name: str = "default") -> None:
-        super().__init__(name)
-        self.serializer = _RaisesKeyError()
+    def consumer(self, priorities: Sequence[int], *, concurrency: int = 1) -> Consumer:
+        return _ReadsIds(super().consumer(priorities, concurrency=concurrency))
 
 
 class TruncatesLargeBodies(_BrokenMemory):
@@ -240,12 +301,13 @@ class TruncatesLargeBodies(_BrokenMemory):
 
     scheme = "truncates-large"
 
-    def _put(self, data: str | bytes, priority: int, execute_at: float | None) -> None:
-        super()._put(data[: 64 * 1024], priority, execute_at)
+    def put(self, items: Sequence[Outgoing], priority: int = DEFAULT_PRIORITY) -> None:
+        super().put([replace(item, body=item.body[: 64 * 1024]) for item in items], priority)
 
 
 class WritesBeforeSerializing(_BrokenMemory):
-    """Puts a best-effort body on the broker, then finds out the payload cannot be encoded."""
+    """Defines its own ``send``, against the contract: puts a best-effort body on the
+    broker, then finds out the payload cannot be encoded."""
 
     scheme = "writes-before-serializing"
 
@@ -260,22 +322,22 @@ class WritesBeforeSerializing(_BrokenMemory):
                 "retries": message.retries,
             }
         }
-        self._put(json.dumps(body, default=repr), priority, message.execute_at)
-        self.serializer.serialize(message)
+        self.put([Outgoing(json.dumps(body, default=repr).encode(), message.execute_at)], priority)
+        outgoing(message)
 
 
 class ThreadUnsafeSend(_BrokenMemory):
-    """``send()`` updates the queue without a lock, like an unguarded client connection."""
+    """``put()`` updates the queue without a lock, like an unguarded client connection."""
 
     scheme = "thread-unsafe"
 
-    def _put(self, data: str | bytes, priority: int, execute_at: float | None) -> None:
+    def put(self, items: Sequence[Outgoing], priority: int = DEFAULT_PRIORITY) -> None:
         queue = self._broker.queues[priority]
-        items = list(queue)
-        time.sleep(0.0005)  # another thread's send() lands here and is overwritten
-        items.append(data)
+        bodies = list(queue)
+        time.sleep(0.0005)  # another thread's put() lands here and is overwritten
+        bodies.extend(item.body for item in items)
         queue.clear()
-        queue.extend(items)
+        queue.extend(bodies)
         with self._broker.condition:
             self._broker.condition.notify_all()
 
@@ -295,13 +357,13 @@ class SharesItsConnectionAcrossFork(_BrokenMemory):
                 f"{self!r}: the connection belongs to process {self._owner}, not {os.getpid()}"
             )
 
-    def send(self, message: Message, priority: int = DEFAULT_PRIORITY) -> None:
+    def put(self, items: Sequence[Outgoing], priority: int = DEFAULT_PRIORITY) -> None:
         self._connection()
-        super().send(message, priority)
+        super().put(items, priority)
 
-    def wait(self, callback: Callback, priorities: Sequence[int] = (), **options: Any) -> None:
+    def consumer(self, priorities: Sequence[int], *, concurrency: int = 1) -> Consumer:
         self._connection()
-        super().wait(callback, priorities, **options)
+        return super().consumer(priorities, concurrency=concurrency)
 
 
 class CapsDelays(_BrokenMemory):
@@ -310,11 +372,18 @@ class CapsDelays(_BrokenMemory):
 
     scheme = "caps-delay"
 
-    def _put(self, data: str | bytes, priority: int, execute_at: float | None) -> None:
-        if execute_at is not None:
-            scale = float(os.environ.get("HERMES_KIT_TIME_SCALE") or 1.0)
-            execute_at = min(execute_at, time.time() + 10.0 * scale)
-        super()._put(data, priority, execute_at)
+    def put(self, items: Sequence[Outgoing], priority: int = DEFAULT_PRIORITY) -> None:
+        scale = float(os.environ.get("HERMES_KIT_TIME_SCALE") or 1.0)
+        cap = time.time() + 10.0 * scale
+        super().put(
+            [
+                replace(item, execute_at=min(item.execute_at, cap))
+                if item.execute_at is not None
+                else item
+                for item in items
+            ],
+            priority,
+        )
 
 
 class StretchesDelays(_BrokenMemory):
@@ -322,11 +391,17 @@ class StretchesDelays(_BrokenMemory):
 
     scheme = "stretches-delay"
 
-    def _put(self, data: str | bytes, priority: int, execute_at: float | None) -> None:
+    def put(self, items: Sequence[Outgoing], priority: int = DEFAULT_PRIORITY) -> None:
         now = time.time()
-        if execute_at is not None and execute_at > now:
-            execute_at = now + 2 * (execute_at - now)
-        super()._put(data, priority, execute_at)
+        super().put(
+            [
+                replace(item, execute_at=now + 2 * (item.execute_at - now))
+                if item.execute_at is not None and item.execute_at > now
+                else item
+                for item in items
+            ],
+            priority,
+        )
 
 
 class _StaleView(Consumer):
@@ -442,20 +517,20 @@ class PushesInArrivalOrder(_BrokenMemory):
 
     scheme = "push-in-arrival-order"
 
-    def _put(self, data: str | bytes, priority: int, execute_at: float | None) -> None:
+    def put(self, items: Sequence[Outgoing], priority: int = DEFAULT_PRIORITY) -> None:
         broker = self._broker
         with broker.condition:
             subscriber = _subscribers.get(self.name)
-            if (
-                subscriber is not None
-                and priority in broker.queues
-                and (execute_at is None or execute_at <= time.time())
-            ):
-                subscriber.inbox.append(Received(data, priority))
-                broker.in_flight[priority] += 1
+            if subscriber is not None and priority in broker.queues:
+                now = time.time()
+                due = [item for item in items if item.execute_at is None or item.execute_at <= now]
+                for item in due:
+                    subscriber.inbox.append(Received(item.body, priority))
+                    broker.in_flight[priority] += 1
                 broker.condition.notify_all()
-                return
-        super()._put(data, priority, execute_at)
+                items = [item for item in items if item not in due]
+        if items:
+            super().put(items, priority)
 
     def consumer(self, priorities: Sequence[int], *, concurrency: int = 1) -> Consumer:
         return _Pushed(self, super().consumer(priorities, concurrency=concurrency))
@@ -471,31 +546,36 @@ class ReadsEveryQueueForAnUnknownPriority(_BrokenMemory):
         return super().consumer(known, concurrency=concurrency)
 
 
-class _OnlyWhenIdle:
-    """A shutdown honoured only once no message waits."""
+class _LosesPrefetch(_Relay):
+    """Takes everything waiting ahead of the handlers; close() drops what it never handed out."""
 
-    def __init__(self, shutdown: Shutdown, driver: MemoryDriver) -> None:
-        self.shutdown_ = shutdown
-        self.driver = driver
+    def __init__(self, inner: Consumer) -> None:
+        super().__init__(inner)
+        self.ahead: deque[Received] = deque()
 
-    def should_shutdown(self, start_time: float) -> bool:
-        if not self.shutdown_.should_shutdown(start_time):
-            return False
-        broker = self.driver._broker
-        with broker.condition:
-            return not any(broker.queues.values())
+    def receive(self, timeout_s: float) -> Received | None:
+        if not self.ahead:
+            first = self.inner.receive(timeout_s)
+            if first is None:
+                return None
+            self.ahead.append(first)
+            while (more := self.inner.receive(0)) is not None:
+                self.ahead.append(more)
+        return self.ahead.popleft()
 
-    def shutdown(self, at: float | None = None) -> bool:
-        return self.shutdown_.shutdown(at)
+    def close(self) -> None:
+        while self.ahead:  # acknowledged, not given back: the prefetch is lost
+            self.inner.ack(self.ahead.popleft())
+        self.inner.close()
 
 
-class StopsOnlyWhenIdle(_BrokenMemory):
-    """Honours a shutdown request only once the queues are empty."""
+class LosesItsPrefetchOnClose(_BrokenMemory):
+    """Prefetches every waiting message; a worker that stops deletes those it never started."""
 
-    scheme = "stops-when-idle"
+    scheme = "loses-prefetch"
 
-    def set_shutdown(self, shutdown: Shutdown | None) -> None:
-        super().set_shutdown(_OnlyWhenIdle(shutdown, self) if shutdown is not None else None)
+    def consumer(self, priorities: Sequence[int], *, concurrency: int = 1) -> Consumer:
+        return _LosesPrefetch(super().consumer(priorities, concurrency=concurrency))
 
 
 _used: set[str] = set()
@@ -506,8 +586,8 @@ class HangsInClose(_BrokenMemory):
 
     scheme = "hangs-close"
 
-    def send(self, message: Message, priority: int = DEFAULT_PRIORITY) -> None:
-        super().send(message, priority)
+    def put(self, items: Sequence[Outgoing], priority: int = DEFAULT_PRIORITY) -> None:
+        super().put(items, priority)
         _used.add(f"close {id(self)}")
 
     def close(self) -> None:
@@ -515,19 +595,19 @@ class HangsInClose(_BrokenMemory):
             threading.Event().wait()
 
 
-class HangsInPurge(_BrokenMemory):
-    """Once messages were sent on its queues, ``purge()`` waits for a reply that never comes."""
+class HangsInTeardown(_BrokenMemory):
+    """Once messages were sent on its queues, ``teardown()`` waits for a reply that never comes."""
 
-    scheme = "hangs-purge"
+    scheme = "hangs-teardown"
 
-    def send(self, message: Message, priority: int = DEFAULT_PRIORITY) -> None:
-        super().send(message, priority)
-        _used.add(f"purge {self.name}")
+    def put(self, items: Sequence[Outgoing], priority: int = DEFAULT_PRIORITY) -> None:
+        super().put(items, priority)
+        _used.add(f"teardown {self.name}")
 
-    def purge(self) -> None:
-        if f"purge {self.name}" in _used:
+    def teardown(self) -> None:
+        if f"teardown {self.name}" in _used:
             threading.Event().wait()
-        super().purge()
+        super().teardown()
 
 
 _MEMORY_VARIANTS: list[type[_BrokenMemory]] = [
@@ -552,9 +632,9 @@ _MEMORY_VARIANTS: list[type[_BrokenMemory]] = [
     ReadsAStaleView,
     PushesInArrivalOrder,
     ReadsEveryQueueForAnUnknownPriority,
-    StopsOnlyWhenIdle,
+    LosesItsPrefetchOnClose,
     HangsInClose,
-    HangsInPurge,
+    HangsInTeardown,
 ]
 
 
@@ -567,7 +647,6 @@ class _Wrapper(Driver):
     bug = ""
 
     def __init__(self, inner: Driver) -> None:
-        super().__init__()
         self.inner = inner
         self.capabilities = inner.capabilities
 
@@ -575,13 +654,8 @@ class _Wrapper(Driver):
     def build(cls, inner: Driver, url: str) -> _Wrapper:
         return cls(inner)
 
-    def send(self, message: Message, priority: int = DEFAULT_PRIORITY) -> None:
-        self.inner.send(message, priority)
-
-    def send_raw(self, body: bytes, priority: int = DEFAULT_PRIORITY) -> None:
-        if not isinstance(self.inner, SupportsRawSend):
-            raise NotSupportedError(f"{self.inner!r} has no send_raw")
-        self.inner.send_raw(body, priority)
+    def put(self, items: Sequence[Outgoing], priority: int = DEFAULT_PRIORITY) -> None:
+        self.inner.put(items, priority)
 
     def setup_priority_queue(self, name: str, priority: int) -> None:
         self.inner.setup_priority_queue(name, priority)
@@ -589,21 +663,12 @@ class _Wrapper(Driver):
     def consumer(self, priorities: Sequence[int], *, concurrency: int = 1) -> Consumer:
         return self.inner.consumer(priorities, concurrency=concurrency)
 
-    def wait(self, callback: Callback, priorities: Sequence[int] = (), **options: Any) -> None:
-        self.inner.start_time = self.start_time
-        self.inner.wait(callback, priorities, **options)
+    def classify_error(self, exc: BaseException) -> type[DriverError] | None:
+        return self.inner.classify_error(exc)
 
-    def set_max_process_items(self, count: int) -> None:
-        super().set_max_process_items(count)
-        self.inner.set_max_process_items(count)
-
-    def set_shutdown(self, shutdown: Shutdown | None) -> None:
-        super().set_shutdown(shutdown)
-        self.inner.set_shutdown(shutdown)
-
-    def purge(self) -> None:
-        if isinstance(self.inner, SupportsPurge):
-            self.inner.purge()
+    def teardown(self) -> None:
+        if isinstance(self.inner, SupportsTeardown):
+            self.inner.teardown()
 
     def close(self) -> None:
         self.inner.close()
@@ -612,43 +677,21 @@ class _Wrapper(Driver):
         return f"<{type(self).__name__} {self.bug}+{self.inner!r}>"
 
 
-class AcksBeforeTheCallback(_Wrapper):
-    """Takes each message off the broker, and only then calls the callback."""
-
-    bug = "early-ack"
-
-    def wait(self, callback: Callback, priorities: Sequence[int] = (), **options: Any) -> None:
-        taken: list[tuple[Message, int]] = []
-
-        def take(message: Message, priority: int) -> bool:
-            taken.append((message, priority))
-            return True  # the inner driver acks now
-
-        self.inner.set_shutdown(self.shutdown)
-        self.inner.start_time = self.start_time
-        while not _should_stop(self):
-            self.inner.set_max_process_items(1)  # counted per wait() call: one at a time
-            self.inner.wait(take, priorities, **options)
-            while taken:
-                callback(*taken.pop(0))
-                self.processed_items += 1
-
-
-class _AcksOnReceive(Consumer):
-    def __init__(self, inner: Consumer) -> None:
-        self.inner = inner
-
+class _AcksOnReceive(_Relay):
     def receive(self, timeout_s: float) -> Received | None:
         received = self.inner.receive(timeout_s)
         if received is not None:
             self.inner.ack(received)  # before any handler has run
         return received
 
+    def ack(self, received: Received) -> None:
+        """Acknowledged already, when it was taken."""
+
     def release(self, received: Received) -> None:
         """Nothing to give back: it was acknowledged when it was taken."""
 
-    def close(self) -> None:
-        self.inner.close()
+    def reject(self, received: Received, reason: str) -> None:
+        """Acknowledged already, when it was taken."""
 
 
 class AcksWhenTaken(_Wrapper):
@@ -659,8 +702,19 @@ class AcksWhenTaken(_Wrapper):
     def consumer(self, priorities: Sequence[int], *, concurrency: int = 1) -> Consumer:
         return _AcksOnReceive(self.inner.consumer(priorities, concurrency=concurrency))
 
-    def wait(self, callback: Callback, priorities: Sequence[int] = (), **options: Any) -> None:
-        Driver.wait(self, callback, priorities, **options)
+
+class _ReleaseAcks(_Relay):
+    def release(self, received: Received) -> None:
+        self.inner.ack(received)
+
+
+class ReleaseDeletes(_Wrapper):
+    """Its ``release()`` acknowledges: a message whose handler raised is gone."""
+
+    bug = "release-acks"
+
+    def consumer(self, priorities: Sequence[int], *, concurrency: int = 1) -> Consumer:
+        return _ReleaseAcks(self.inner.consumer(priorities, concurrency=concurrency))
 
 
 class DeclaresAtMostOnce(_Wrapper):
@@ -674,39 +728,27 @@ class DeclaresAtMostOnce(_Wrapper):
 
 
 class IgnoresMaxItems(_Wrapper):
-    """Never passes max items on: ``wait()`` does not return after n messages."""
+    """Keeps PHP's ``set_max_process_items`` count on itself, as a driver written for
+    the previous contract did: the worker never sees it."""
 
     bug = "ignores-max-items"
 
     def set_max_process_items(self, count: int) -> None:
-        Driver.set_max_process_items(self, count)
+        self.max_process_items = count
 
 
-class _Late:
-    """A shutdown that is noticed only some seconds after it was asked for."""
-
-    def __init__(self, shutdown: Shutdown, late_s: float) -> None:
-        self.shutdown_ = shutdown
-        self.late_s = late_s
-        self.asked: float | None = None
-
-    def should_shutdown(self, start_time: float) -> bool:
-        if self.asked is None and self.shutdown_.should_shutdown(start_time):
-            self.asked = time.monotonic()
-        return self.asked is not None and time.monotonic() - self.asked >= self.late_s
-
-    def shutdown(self, at: float | None = None) -> bool:
-        return self.shutdown_.shutdown(at)
+class _SleepsLong(_Relay):
+    def receive(self, timeout_s: float) -> Received | None:
+        return self.inner.receive(max(timeout_s, 5.0))
 
 
 class SlowShutdown(_Wrapper):
-    """Notices a shutdown request 5 s late (an idle wait that sleeps too long)."""
+    """Its idle receive waits 5 s, whatever the worker asks: a shutdown is noticed late."""
 
     bug = "slow-shutdown"
 
-    def set_shutdown(self, shutdown: Shutdown | None) -> None:
-        Driver.set_shutdown(self, shutdown)
-        self.inner.set_shutdown(_Late(shutdown, 5.0) if shutdown is not None else None)
+    def consumer(self, priorities: Sequence[int], *, concurrency: int = 1) -> Consumer:
+        return _SleepsLong(self.inner.consumer(priorities, concurrency=concurrency))
 
 
 def _first_time(key: str, message_id: str) -> bool:
@@ -719,6 +761,18 @@ def _first_time(key: str, message_id: str) -> bool:
     except FileExistsError:
         return False
     return True
+
+
+class _AndAgain(_Relay):
+    def __init__(self, driver: DeliversEachMessageTwice, inner: Consumer) -> None:
+        super().__init__(inner)
+        self.driver = driver
+
+    def ack(self, received: Received) -> None:
+        super().ack(received)
+        message_id = received.message.id if received.message is not None else ""
+        if _first_time(self.driver.key, message_id):
+            self.driver.inner.put([Outgoing(_as_bytes(received.body))], received.priority)
 
 
 class DeliversEachMessageTwice(_Wrapper):
@@ -734,40 +788,14 @@ class DeliversEachMessageTwice(_Wrapper):
     def build(cls, inner: Driver, url: str) -> _Wrapper:
         return cls(inner, url)
 
-    def wait(self, callback: Callback, priorities: Sequence[int] = (), **options: Any) -> None:
-        def and_again(message: Message, priority: int) -> bool:
-            ok = callback(message, priority)
-            if _first_time(self.key, message.id):
-                self.inner.send(message, priority)
-            return ok
-
-        self.inner.start_time = self.start_time
-        self.inner.wait(and_again, priorities, **options)
-
-
-logger = logging.getLogger("broken_drivers")
-
-
-class SwallowsCallbackErrors(_Wrapper):
-    """Its ``wait()`` logs an Exception from the callback and goes on; the message is gone."""
-
-    bug = "swallows-errors"
-
-    def wait(self, callback: Callback, priorities: Sequence[int] = (), **options: Any) -> None:
-        def logged(message: Message, priority: int) -> bool:
-            try:
-                return callback(message, priority)
-            except Exception:
-                logger.exception("callback failed for message #%s; going on", message.id)
-                return False
-
-        Driver.wait(self, logged, priorities, **options)
+    def consumer(self, priorities: Sequence[int], *, concurrency: int = 1) -> Consumer:
+        return _AndAgain(self, self.inner.consumer(priorities, concurrency=concurrency))
 
 
 class SharesItsSocketAcrossFork(_Wrapper):
     """Opens its connection once; forked children use the parent's, and confirms go astray.
 
-    Every ``send()`` waits for the broker's confirm on the connection. One
+    Every ``put()`` waits for the broker's confirm on the connection. One
     process at a time gets its own confirm back; when forked children and the
     parent send at once, a process may read another's confirm and report a
     timeout, although its message was stored.
@@ -781,8 +809,8 @@ class SharesItsSocketAcrossFork(_Wrapper):
         self._lock = threading.Lock()  # guards the connection within a process
         self._lock_pid = os.getpid()
 
-    def send(self, message: Message, priority: int = DEFAULT_PRIORITY) -> None:
-        self.inner.send(message, priority)
+    def put(self, items: Sequence[Outgoing], priority: int = DEFAULT_PRIORITY) -> None:
+        self.inner.put(items, priority)
         if self._socket is None:
             self._socket = os.pipe()
         if self._lock_pid != os.getpid():
@@ -795,20 +823,20 @@ class SharesItsSocketAcrossFork(_Wrapper):
             ready, _, _ = select.select([read_fd], [], [], 1.0)
             confirm = os.read(read_fd, 8) if ready else b""
         if confirm != mine:
+            ids = ", ".join(f"#{item.message_id}" for item in items)
             raise BrokerUnavailableError(
-                f"{self!r}: no confirm for message #{message.id} within 1 s "
+                f"{self!r}: no confirm for message {ids} within 1 s "
                 "(it went to another process on the same connection)"
             )
 
 
 _WRAPPERS: list[type[_Wrapper]] = [
-    AcksBeforeTheCallback,
     AcksWhenTaken,
+    ReleaseDeletes,
     DeclaresAtMostOnce,
     IgnoresMaxItems,
     SlowShutdown,
     DeliversEachMessageTwice,
-    SwallowsCallbackErrors,
     SharesItsSocketAcrossFork,
 ]
 _INNER_SCHEMES = ("memory", "file")

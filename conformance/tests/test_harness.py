@@ -23,7 +23,7 @@ from hermes.conformance._harness import (
 from hermes.conformance._worker import JOB, Record, read_records
 from hermes.conformance.plugin import cause
 from hermes.core import Emitter, Message
-from hermes.core.driver import MemoryDriver
+from hermes.core.testing import MemoryDriver
 
 
 @pytest.mark.parametrize(

@@ -53,5 +53,5 @@ def make_driver(sqs_url: str) -> Iterator[Callable[..., AmazonSqsDriver]]:
 
     yield make
     for driver in drivers:
-        driver.purge()
+        driver.teardown()
         driver.close()

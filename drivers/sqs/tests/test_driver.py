@@ -14,13 +14,15 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
 from hermes_test_support import StopWhen, eventually
 
 from hermes.core import (
+    BrokerRefusedError,
     BrokerUnavailableError,
+    DeliveryError,
     DriverError,
     Message,
-    NotSupportedError,
     UnknownPriorityError,
 )
 from hermes.core.cli import main
@@ -30,6 +32,7 @@ from hermes.core.driver import (
     Delay,
     Delivery,
     MessageSerializer,
+    Outgoing,
     QueueStats,
     Received,
 )
@@ -205,13 +208,15 @@ def test_a_driver_created_before_fork_gets_its_own_client_in_the_child(
 # Failures and stopping --------------------------------------------------------
 
 
-def test_a_callback_that_raises_gives_back_its_message_and_the_rest_of_the_batch_at_once(
+def test_a_callback_that_raises_gives_back_its_message_at_once(
     make_driver: MakeDriver,
 ) -> None:
     driver = make_driver()  # visibility timeout 30 s: only a give-back is this fast
     driver.send_batch([Message("n", {"i": i}) for i in range(3)])
+    failed: list[str] = []
 
     def explode(message: Message, priority: int) -> bool:
+        failed.append(message.id)
         raise Boom(message.id)
 
     with pytest.raises(Boom):
@@ -219,10 +224,12 @@ def test_a_callback_that_raises_gives_back_its_message_and_the_rest_of_the_batch
     received = handle_until(driver, 3, timeout_s=10)
 
     assert sorted(m.payload["i"] for m, _, _ in received) == [0, 1, 2]
-    assert all(d is not None and d.receive_count == 2 for _, _, d in received)
+    counts = {m.id: d.receive_count for m, _, d in received if d is not None}
+    # Only the failed one was taken before: a worker with one handler takes one at a time.
+    assert counts == {m.id: 2 if m.id in failed else 1 for m, _, _ in received}
 
 
-def test_a_worker_stopping_after_n_messages_takes_no_more_than_n(
+def test_a_worker_with_one_handler_takes_one_message_at_a_time_and_no_more_than_max_items(
     make_driver: MakeDriver, sqs: Any
 ) -> None:
     first, second = make_driver(), make_driver()
@@ -240,7 +247,7 @@ def test_a_worker_stopping_after_n_messages_takes_no_more_than_n(
     handled_second = handle_until(second, 3, timeout_s=10)
 
     # Taking more and giving it back would count a receipt against the redrive limit.
-    assert [visible for visible, _, _ in seen] == [3, 3]
+    assert [visible for visible, _, _ in seen] == [4, 3]
     assert all(d is not None and d.receive_count == 1 for _, _, d in handled_second)
     assert sorted(m.payload["i"] for m, _, _ in handled_first + handled_second) == list(range(5))
     eventually(lambda: queue_counts(sqs, first.queue_name) == (0, 0, 0), "an empty queue", 15.0)
@@ -267,7 +274,7 @@ def test_an_unreachable_endpoint_raises_broker_unavailable_with_the_cause(
     with pytest.raises(BrokerUnavailableError) as caught:
         driver.send(Message("lost"))
     assert caught.value.__cause__ is not None
-    driver.purge = lambda: None  # type: ignore[method-assign]  # nothing to clean up there
+    driver.teardown = lambda: None  # type: ignore[method-assign]  # nothing to clean up there
 
 
 # The consumer ------------------------------------------------------------------------
@@ -288,6 +295,7 @@ def test_a_released_message_comes_back_at_once_with_a_higher_receive_count(
     assert MessageSerializer().unserialize(second.body).type == "again"
     assert first.token.delivery.receive_count == 1
     assert second.token.delivery.receive_count == 2
+    assert (first.delivery_count, second.delivery_count) == (1, 2)
 
 
 def test_receive_on_an_idle_queue_returns_none_and_never_long_polls_past_its_timeout(
@@ -317,12 +325,46 @@ def test_close_gives_back_at_once_what_was_received_but_not_handed_out(
     driver = make_driver()  # visibility timeout 30 s: only a give-back is this fast
     driver.send_batch([Message("n", {"i": i}) for i in range(3)])
 
-    with driver.consumer([]) as consumer:
+    with driver.consumer([], concurrency=3) as consumer:
         received = receive_within(consumer)
         assert queue_counts(sqs, driver.queue_name) == (0, 3, 0)  # one batch took all three
         consumer.ack(received)
 
     eventually(lambda: queue_counts(sqs, driver.queue_name) == (2, 0, 0), "two messages back", 10.0)
+
+
+def test_a_consumer_takes_no_more_messages_than_the_worker_has_handlers(
+    make_driver: MakeDriver, sqs: Any
+) -> None:
+    driver = make_driver()
+    driver.send_batch([Message("n", {"i": i}) for i in range(5)])
+
+    with driver.consumer([], concurrency=2) as consumer:
+        first = receive_within(consumer)
+        assert queue_counts(sqs, driver.queue_name) == (3, 2, 0)
+        consumer.ack(first)
+        consumer.ack(receive_within(consumer))
+
+
+def test_close_leaves_a_message_whose_handler_still_runs_hidden(
+    make_driver: MakeDriver, sqs: Any
+) -> None:
+    driver = make_driver()  # visibility timeout 30 s: a give-back would show it at once
+    driver.send_batch([Message("n", {"i": i}) for i in range(2)])
+    timeouts: list[int] = []
+    driver._client.get().meta.events.register(
+        "before-parameter-build.sqs.ChangeMessageVisibilityBatch",
+        lambda params, **kwargs: timeouts.extend(e["VisibilityTimeout"] for e in params["Entries"]),
+    )
+
+    consumer = driver.consumer([], concurrency=2)
+    receive_within(consumer)  # its handler is still running when the run ends
+    buffered_or_taken = receive_within(consumer)
+    consumer.release(buffered_or_taken)  # settled: given back
+    consumer.close()  # the grace period ended with ``still_running`` in its handler
+
+    eventually(lambda: queue_counts(sqs, driver.queue_name) == (1, 1, 0), "one back", 10.0)
+    assert timeouts == [0]  # only the released one was made visible
 
 
 def test_the_heartbeat_keeps_buffered_messages_hidden_too(
@@ -332,7 +374,7 @@ def test_the_heartbeat_keeps_buffered_messages_hidden_too(
     driver.send_batch([Message("n", {"i": i}) for i in range(2)])
     seen: list[tuple[int, int, int]] = []
 
-    with driver.consumer([]) as consumer:
+    with driver.consumer([], concurrency=2) as consumer:
         first = receive_within(consumer)
         # A handler of the first runs for more than two visibility timeouts.
         until = time.monotonic() + 5
@@ -354,7 +396,7 @@ def test_a_high_priority_message_does_not_wait_behind_a_buffered_low_priority_ba
     driver.setup_priority_queue("high", 200)
     driver.send_batch([Message("low", {"i": i}) for i in range(3)])
 
-    with driver.consumer([]) as consumer:
+    with driver.consumer([], concurrency=3) as consumer:
         consumer.recheck_higher_s = 0  # type: ignore[attr-defined]  # look up before each one
         order = [receive_within(consumer)]
         assert queue_counts(sqs, queue_name) == (0, 3, 0)  # two low ones wait in the buffer
@@ -554,12 +596,20 @@ def test_a_body_that_is_not_a_message_is_left_for_the_redrive_policy(
     assert bodies == ["{not a message"]
 
 
-def test_send_raw_refuses_bytes_sqs_cannot_carry(make_driver: MakeDriver) -> None:
+def test_put_refuses_bytes_sqs_cannot_carry_before_sending_any(make_driver: MakeDriver) -> None:
     driver = make_driver()
-    with pytest.raises(NotSupportedError, match="not UTF-8"):
+    calls: list[str] = []
+    driver._client.get().meta.events.register(
+        "before-call.sqs.*", lambda model, **kwargs: calls.append(model.name)
+    )
+    good = Outgoing(b'{"message": {}}')
+    with pytest.raises(DeliveryError, match="not UTF-8"):
         driver.send_raw(b"\xff\xfe")
-    with pytest.raises(NotSupportedError, match=r"XML 1\.0 characters only"):
+    with pytest.raises(DeliveryError, match=r"XML 1\.0 characters only"):
         driver.send_raw(b"nul \x00 inside")
+    with pytest.raises(DeliveryError, match="not UTF-8"):
+        driver.put([good, Outgoing(b"\xff")])
+    assert calls == []
 
 
 # Delay ----------------------------------------------------------------------------
@@ -740,19 +790,19 @@ def test_the_dead_letter_queue_is_looked_up_once_for_every_priority_queue(
         assert policy["deadLetterTargetArn"].endswith(f":{dead}")
 
 
-def test_a_purged_driver_creates_its_dead_letter_queue_again(
+def test_a_torn_down_driver_creates_its_dead_letter_queue_again(
     make_driver: MakeDriver, sqs_url: str, sqs: Any, queue_name: str
 ) -> None:
     driver = make_driver(sqs_url + f"&dead_letter_queue={queue_name}-dlq")
     driver.send(Message("x"))
-    driver.purge()
+    driver.teardown()
 
     driver.send(Message("y"))
 
     assert sqs.get_queue_url(QueueName=f"{queue_name}-dlq")["QueueUrl"]
 
 
-def test_purge_deletes_every_queue_of_the_driver(
+def test_teardown_deletes_every_queue_of_the_driver(
     make_driver: MakeDriver, sqs_url: str, sqs: Any, queue_name: str
 ) -> None:
     driver = make_driver(sqs_url + f"&dead_letter_queue={queue_name}-dlq")
@@ -760,13 +810,13 @@ def test_purge_deletes_every_queue_of_the_driver(
     driver.send(Message("x"))
     driver.send(Message("y"), 200)
 
-    driver.purge()
+    driver.teardown()
 
     names = [url.rsplit("/", 1)[1] for url in sqs.list_queues().get("QueueUrls", [])]
     assert not {queue_name, f"{queue_name}-high", f"{queue_name}-dlq"} & set(names)
 
 
-# Counting and clearing -------------------------------------------------------------
+# Counting and purging --------------------------------------------------------------
 
 
 def calls_to(driver: AmazonSqsDriver, operation: str) -> list[str]:
@@ -895,7 +945,7 @@ def test_in_delay_mode_a_message_hidden_until_due_counts_as_in_flight(
     assert (row.ready, row.scheduled, row.in_flight) == (0, 0, 1)
 
 
-def test_clear_of_one_priority_deletes_only_its_queue_and_counts_exactly(
+def test_purge_of_one_priority_deletes_only_its_queue_and_counts_exactly(
     make_driver: MakeDriver, sqs: Any, queue_name: str
 ) -> None:
     driver = make_driver()
@@ -903,41 +953,41 @@ def test_clear_of_one_priority_deletes_only_its_queue_and_counts_exactly(
     driver.send_batch([Message("high") for _ in range(23)], 200)
     driver.send_batch([Message("normal") for _ in range(4)])
 
-    assert driver.clear(200) == 23
+    assert driver.purge(200) == 23
 
     assert queue_counts(sqs, f"{queue_name}-high") == (0, 0, 0)
     assert queue_counts(sqs, queue_name) == (4, 0, 0)
-    assert driver.clear() == 4
+    assert driver.purge() == 4
     assert queue_counts(sqs, queue_name) == (0, 0, 0)
 
 
-def test_clear_of_an_unknown_priority_raises_and_deletes_nothing(
+def test_purge_of_an_unknown_priority_raises_and_deletes_nothing(
     make_driver: MakeDriver, sqs: Any
 ) -> None:
     driver = make_driver()
     driver.send(Message("x"))
 
     with pytest.raises(UnknownPriorityError) as caught:
-        driver.clear(300)
+        driver.purge(300)
 
     assert caught.value.priority == 300
     assert queue_counts(sqs, driver.queue_name) == (1, 0, 0)
 
 
-def test_clear_of_a_queue_nothing_was_sent_to_deletes_nothing_and_creates_nothing(
+def test_purge_of_a_queue_nothing_was_sent_to_deletes_nothing_and_creates_nothing(
     make_driver: MakeDriver, sqs: Any, queue_name: str
 ) -> None:
     driver = make_driver()
     creates = calls_to(driver, "CreateQueue")
 
-    assert driver.clear() == 0
+    assert driver.purge() == 0
 
     assert creates == []
     names = [url.rsplit("/", 1)[1] for url in sqs.list_queues().get("QueueUrls", [])]
     assert queue_name not in names
 
 
-def test_clear_leaves_a_message_in_flight_to_its_worker(make_driver: MakeDriver, sqs: Any) -> None:
+def test_purge_leaves_a_message_in_flight_to_its_worker(make_driver: MakeDriver, sqs: Any) -> None:
     driver = make_driver()
     driver.send(Message("held"))
     worker = make_driver(batch_size=1)
@@ -945,43 +995,43 @@ def test_clear_leaves_a_message_in_flight_to_its_worker(make_driver: MakeDriver,
     with worker.consumer([]) as consumer:
         held = receive_within(consumer)
         driver.send_batch([Message("waiting") for _ in range(5)])
-        assert driver.clear() == 5
+        assert driver.purge() == 5
         assert queue_counts(sqs, driver.queue_name) == (0, 1, 0)
         consumer.ack(held)
 
     eventually(lambda: queue_counts(sqs, driver.queue_name) == (0, 0, 0), "the ack's delete")
 
 
-def test_clear_stops_at_a_receive_that_brings_only_messages_sent_after_it_began(
+def test_purge_stops_at_a_receive_that_brings_only_messages_sent_after_it_began(
     make_driver: MakeDriver, sqs: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # With SQS's clock at 0 every message looks sent after clear() began, as
-    # with an emitter sending faster than clear deletes: the first batch ends it.
+    # With SQS's clock at 0 every message looks sent after purge() began, as
+    # with an emitter sending faster than purge deletes: the first batch ends it.
     monkeypatch.setattr(driver_module, "_server_time_ms", lambda response: 0)
     driver = make_driver()
     driver.send_batch([Message("x") for _ in range(25)])
 
-    deleted = driver.clear()
+    deleted = driver.purge()
 
     assert 1 <= deleted <= 10
     assert queue_counts(sqs, driver.queue_name) == (25 - deleted, 0, 0)
 
 
-def test_clear_purges_delayed_messages_when_none_are_in_flight_once_a_minute(
+def test_purge_purges_delayed_messages_when_none_are_in_flight_once_a_minute(
     make_driver: MakeDriver, sqs_url: str, sqs: Any
 ) -> None:
     driver = make_driver(sqs_url + "&delay=true")
     driver.send_batch([Message("now") for _ in range(3)])
     driver.send_batch([Message("later", execute_at=time.time() + 600) for _ in range(2)])
 
-    assert driver.clear() == 5
+    assert driver.purge() == 5
     assert queue_counts(sqs, driver.queue_name) == (0, 0, 0)
 
     # SQS (and the local server) allow one PurgeQueue per queue every 60 s.
     driver.send(Message("now"))
     driver.send(Message("later", execute_at=time.time() + 600))
     with pytest.raises(DriverError) as caught:
-        driver.clear()
+        driver.purge()
 
     text = str(caught.value)
     assert text.startswith("deleted 1 waiting message(s), but not all: ")
@@ -990,7 +1040,7 @@ def test_clear_purges_delayed_messages_when_none_are_in_flight_once_a_minute(
     assert queue_counts(sqs, driver.queue_name) == (0, 0, 1)
 
 
-def test_clear_leaves_delayed_messages_while_some_are_in_flight_and_says_so(
+def test_purge_leaves_delayed_messages_while_some_are_in_flight_and_says_so(
     make_driver: MakeDriver, sqs_url: str, sqs: Any
 ) -> None:
     driver = make_driver(sqs_url + "&delay=true")
@@ -1002,7 +1052,7 @@ def test_clear_leaves_delayed_messages_while_some_are_in_flight_and_says_so(
         driver.send_batch([Message("now") for _ in range(2)])
         driver.send_batch([Message("later", execute_at=time.time() + 600) for _ in range(3)])
         with pytest.raises(DriverError) as caught:
-            driver.clear()
+            driver.purge()
         assert queue_counts(sqs, driver.queue_name) == (0, 1, 3)
         consumer.ack(held)
 
@@ -1030,3 +1080,62 @@ def test_hermes_purge_prints_what_it_deleted_and_what_it_could_not(
     error = capsys.readouterr().err
     assert error.startswith("hermes: error: broker error: deleted 0 waiting message(s), but not")
     assert "purge again in a minute" in error
+
+
+# What boto3's errors mean ------------------------------------------------------------
+
+
+def _client_error(code: str, query_code: str | None = None) -> ClientError:
+    error: dict[str, Any] = {"Code": code, "Message": f"{code} happened"}
+    if query_code:
+        error["QueryErrorCode"] = query_code
+    return ClientError({"Error": error}, "ReceiveMessage")
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "InvalidClientTokenId",
+        "SignatureDoesNotMatch",
+        "AccessDenied",
+        "UnrecognizedClientException",
+    ],
+)
+def test_rejected_credentials_or_permissions_mean_the_broker_refused(
+    make_driver: MakeDriver, code: str
+) -> None:
+    assert make_driver().classify_error(_client_error(code)) is BrokerRefusedError
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        _client_error("ThrottlingException"),
+        _client_error("RequestThrottled"),
+        _client_error("ServiceUnavailable"),
+        EndpointConnectionError(endpoint_url="http://127.0.0.1:9"),
+    ],
+    ids=repr,
+)
+def test_throttling_and_unreachable_endpoints_mean_the_broker_is_unavailable(
+    make_driver: MakeDriver, exc: Exception
+) -> None:
+    assert make_driver().classify_error(exc) is BrokerUnavailableError
+
+
+def test_a_missing_queue_is_a_driver_error_and_so_is_an_unknown_code(
+    make_driver: MakeDriver,
+) -> None:
+    driver = make_driver()
+    missing = _client_error("QueueDoesNotExist", "AWS.SimpleQueueService.NonExistentQueue")
+    assert driver.classify_error(missing) is DriverError
+    assert driver.classify_error(_client_error("SomethingNew")) is DriverError
+    assert driver.classify_error(ValueError("not boto3's")) is None
+
+
+def test_missing_credentials_stop_the_worker_with_the_cause(make_driver: MakeDriver) -> None:
+    driver = make_driver()
+    with pytest.raises(BrokerRefusedError) as caught:
+        with driver.translating("sending"):
+            raise NoCredentialsError()
+    assert isinstance(caught.value.__cause__, NoCredentialsError)

@@ -9,7 +9,7 @@ from typing import Any
 import boto3
 import pytest
 
-from hermes.core import ConfigurationError, Message, available_drivers, connect
+from hermes.core import ConfigurationError, Message, Worker, available_drivers, connect
 from hermes.core.driver import DriverUrl
 from hermes.drivers.sqs import AmazonSqsDriver
 from hermes.drivers.sqs._plugin import isolate
@@ -31,7 +31,7 @@ def test_url_options_reach_the_driver_and_the_queue_name_keeps_its_case(
         "&visibility_timeout=45&wait_time=20&batch_size=3&heartbeat=false"
         "&dead_letter_queue=Jobs-DLQ&max_receive_count=7&retention=600&delay=yes"
     )
-    driver.purge = lambda: None  # type: ignore[method-assign]  # nothing listens there
+    driver.teardown = lambda: None  # type: ignore[method-assign]  # nothing listens there
 
     assert driver.queue_name == "Jobs_Queue"
     assert (driver.visibility_timeout_s, driver.wait_time_s, driver.batch_size) == (45, 20, 3)
@@ -123,9 +123,8 @@ def test_the_secret_key_appears_in_no_log_and_no_repr(
         driver = make_driver()
         driver.send(Message("x"))
         driver.send_raw(b"not a message")
-        driver.set_max_process_items(1)
-        driver.wait(lambda message, priority: True)
-    assert driver.processed_items == 1
+        stats = Worker(driver, lambda message, priority: True, max_items=1).run()
+    assert stats.processed == 1
     assert "s3cr3t-value" not in caplog.text + repr(driver)
     assert repr(driver).startswith(f"<AmazonSqsDriver sqs://{driver.queue_name} region=us-east-1")
 
@@ -140,7 +139,7 @@ def test_a_client_passed_in_is_used_and_left_open_by_close(sqs_endpoint: str) ->
         driver.close()
         assert client.get_queue_url(QueueName="passed-in-client")["QueueUrl"]
     finally:
-        driver.purge()
+        driver.teardown()
 
 
 def test_isolate_gives_the_namespace_its_own_queue_and_dead_letter_queue() -> None:

@@ -4,10 +4,10 @@ Every test gets a :class:`Kit` (the ``hermes_kit`` fixture). The kit owns a
 namespace of its own on the broker -- ``isolated_url(URL, namespace)``, the
 driver plugin's ``isolate`` -- and everything the test creates there: driver
 objects (each one ``connect(kit.url)``), worker threads, worker processes. When
-the test ends it stops the workers, closes the drivers and calls ``purge()`` on
-a fresh driver object when the driver has it; each of those steps is bounded
-(STOP_S, CLOSE_S), and a call that outlives its bound fails the test naming
-the call and the line it is stuck on.
+the test ends it stops the workers, closes the drivers and calls ``teardown()``
+on a fresh driver object when the driver has it (:class:`SupportsTeardown`);
+each of those steps is bounded (STOP_S, CLOSE_S), and a call that outlives its
+bound fails the test naming the call and the line it is stuck on.
 
 Time: every bound below is in seconds and multiplied by ``HERMES_KIT_TIME_SCALE``
 (default 1.0) before use. The kit waits by polling to a deadline; the only
@@ -52,7 +52,7 @@ from hermes.core.driver import (
     Driver,
     DriverPlugin,
     DriverUrl,
-    SupportsPurge,
+    SupportsTeardown,
     isolated_url,
 )
 
@@ -74,7 +74,7 @@ DELAY_LATE_S = 5.0
 #: ``delay=NATIVE``: how early before ``execute_at`` a delivery is still on time
 #: (timestamps on the broker are often milliseconds). Not scaled.
 EARLY_TOLERANCE_S = 0.1
-#: A driver's ``close()`` and ``purge()`` return within this (the kit's teardown).
+#: A driver's ``close()`` and ``teardown()`` return within this (the kit's cleanup).
 CLOSE_S = 10.0
 #: A running worker's view of the queues is at most this old: a message sent
 #: this long ago is among those its next receive chooses from.
@@ -535,8 +535,8 @@ class Target:
         driver = connect(isolated_url(url, namespace_for("probe")))
         try:
             capabilities, driver_class = driver.capabilities, type(driver).__name__
-            if isinstance(driver, SupportsPurge):
-                call_within("purge()", driver.purge, CLOSE_S, f"probing {driver!r}")
+            if isinstance(driver, SupportsTeardown):
+                call_within("teardown()", driver.teardown, CLOSE_S, f"probing {driver!r}")
         finally:
             call_within("close()", driver.close, CLOSE_S, f"probing {driver!r}")
         return cls(url, plugin, capabilities, driver_class, plugins)
@@ -691,7 +691,7 @@ class Kit:
     # Cleanup
 
     def close(self) -> None:
-        """Stop workers, kill processes, close drivers, purge the namespace; each bounded.
+        """Stop workers, kill processes, close drivers, tear the namespace down; each bounded.
 
         Raises one AssertionError naming every step that failed or hung.
         """
@@ -730,7 +730,10 @@ class Kit:
                 )
         try:
             call_within(
-                "purge()", self._purge, CLOSE_S, f"the test's namespace on {redact_url(self.url)}"
+                "teardown()",
+                self._teardown,
+                CLOSE_S,
+                f"the test's namespace on {redact_url(self.url)}",
             )
         except Exception as exc:
             errors.append(str(exc) if isinstance(exc, AssertionError) else repr(exc))
@@ -744,13 +747,13 @@ class Kit:
         except Exception as exc:
             errors.append(f"close() raised {exc!r} ({driver!r})")
 
-    def _purge(self) -> None:
+    def _teardown(self) -> None:
         driver = connect(self.url)
         try:
-            if isinstance(driver, SupportsPurge):
+            if isinstance(driver, SupportsTeardown):
                 for name, priority in self._priority_queues.items():
                     driver.setup_priority_queue(name, priority)
-                driver.purge()
+                driver.teardown()
         finally:
             driver.close()
 

@@ -37,7 +37,7 @@ pytest.register_assert_rewrite(
 from hermes.conformance import TIME_SCALE_ENV, _harness  # noqa: E402
 from hermes.conformance._worker import register_plugins  # noqa: E402
 from hermes.core import available_drivers, redact_url  # noqa: E402
-from hermes.core.driver import Driver, DriverUrl
+from hermes.core.driver import Driver, DriverUrl  # noqa: E402
 
 _NO_URL = "--hermes-url not given"
 _session_key = pytest.StashKey["KitSession"]()
@@ -288,7 +288,7 @@ def hermes_target(request: pytest.FixtureRequest) -> _harness.Target:
 def hermes_kit(
     hermes_target: _harness.Target, request: pytest.FixtureRequest, tmp_path: Path
 ) -> Iterator[_harness.Kit]:
-    """This test's namespace on the broker; cleaned up (and purged) when the test ends."""
+    """This test's namespace on the broker; cleaned up (and torn down) when the test ends."""
     kit = _harness.Kit(hermes_target, request.node, tmp_path)
     try:
         yield kit

@@ -1,10 +1,10 @@
-"""Queue counts and clearing (``SupportsStats``, ``SupportsClear``): what ``hermes stats`` shows.
+"""Queue counts and purging (``SupportsStats``, ``SupportsPurge``): what ``hermes stats`` shows.
 
 For a driver that counts its queues: 5 messages sent are 5 ready; 3 sent
 for ten minutes from now are 3 scheduled where the driver holds delays (3
 more ready where it delivers at once); a worker blocked inside its handler
 makes 1 in flight. A count the broker cannot give is None, never 0, and is
-reported as not verified. ``clear()`` then deletes what waits and says how
+reported as not verified. ``purge()`` then deletes what waits and says how
 many it deleted. Counts of some brokers are approximate and lag behind (SQS):
 every check polls to a deadline.
 """
@@ -18,8 +18,8 @@ import pytest
 
 from hermes.conformance._harness import DELIVERY_S, STOP_S, Kit, wait_until
 from hermes.conformance._worker import JOB
-from hermes.core import DEFAULT_PRIORITY, Message, SupportsClear
-from hermes.core.driver import Delay, Driver, QueueStats, SupportsStats
+from hermes.core import DEFAULT_PRIORITY, Message
+from hermes.core.driver import Delay, Driver, QueueStats, SupportsPurge, SupportsStats
 
 _READY = 5
 _SCHEDULED = 3
@@ -56,13 +56,13 @@ class _Blocks:
         return True
 
 
-@pytest.mark.hermes_check("queue stats", "ready, scheduled, in flight, then clear")
-def test_queue_stats_count_ready_scheduled_and_in_flight_and_clear_deletes_what_waits(
+@pytest.mark.hermes_check("queue stats", "ready, scheduled, in flight, then purge")
+def test_queue_stats_count_ready_scheduled_and_in_flight_and_purge_deletes_what_waits(
     hermes_kit: Kit,
 ) -> None:
     driver = hermes_kit.driver()
-    if not isinstance(driver, SupportsStats) or not isinstance(driver, SupportsClear):
-        pytest.skip("not verified: the driver has no queue_stats() and clear()")
+    if not isinstance(driver, SupportsStats) or not isinstance(driver, SupportsPurge):
+        pytest.skip("not verified: the driver has no queue_stats() and purge()")
     caps = hermes_kit.capabilities
     unknown: list[str] = []
 
@@ -123,14 +123,14 @@ def test_queue_stats_count_ready_scheduled_and_in_flight_and_clear_deletes_what_
 
     held_apart = _SCHEDULED if caps.delay is Delay.NATIVE and not in_ready else 0
     waiting = waiting_ready - 1 + held_apart
-    removed = driver.clear()
-    assert removed == waiting, f"clear() deleted {removed} messages; {waiting} were waiting"
+    removed = driver.purge()
+    assert removed == waiting, f"purge() deleted {removed} messages; {waiting} were waiting"
     ok, seen = _settles(driver, "ready", 0)
-    assert ok, f"after clear(), ready={seen}"
+    assert ok, f"after purge(), ready={seen}"
     if caps.delay is Delay.NATIVE and "scheduled" not in unknown:
         ok, seen = _settles(driver, "scheduled", 0)
-        assert ok, f"after clear(), scheduled={seen}"
+        assert ok, f"after purge(), scheduled={seen}"
     if unknown:
-        hermes_kit.claim(f"ready and clear ({' and '.join(unknown)}: the broker cannot say)")
+        hermes_kit.claim(f"ready and purge ({' and '.join(unknown)}: the broker cannot say)")
     else:
-        hermes_kit.claim("ready, scheduled, in flight and clear")
+        hermes_kit.claim("ready, scheduled, in flight and purge")

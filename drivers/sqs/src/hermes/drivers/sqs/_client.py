@@ -1,9 +1,7 @@
-"""The boto3 side of the SQS driver: the one place that translates its errors, and client clones."""
+"""The boto3 side of the SQS driver: what its errors mean, and client clones."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 import boto3
@@ -17,9 +15,33 @@ from botocore.exceptions import (
 )
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
-from hermes.core import BrokerUnavailableError, ConfigurationError, DriverError
+from hermes.core import BrokerRefusedError, BrokerUnavailableError, DriverError
 
-#: Error codes that mean "the service is there but cannot answer now".
+#: What boto3 raises when this client may never use SQS: no usable keys or no
+#: region. Retrying cannot help; a worker stops (``hermes`` exits 2).
+REFUSED_ERRORS = (NoCredentialsError, PartialCredentialsError, NoRegionError)
+#: The endpoint cannot be reached now: refused or closed connections,
+#: connect and read timeouts (botocore's EndpointConnectionError,
+#: ConnectTimeoutError, ReadTimeoutError, ConnectionClosedError).
+UNAVAILABLE_ERRORS = (BotoConnectionError, HTTPClientError)
+#: Anything else boto3 raises; a ClientError's code decides (:func:`classify`).
+CLIENT_ERRORS = (ClientError, BotoCoreError)
+
+#: ClientError codes that mean AWS refused these credentials or this permission.
+_REFUSED_CODES = frozenset(
+    {
+        "InvalidClientTokenId",
+        "SignatureDoesNotMatch",
+        "AccessDenied",
+        "AccessDeniedException",
+        "UnrecognizedClientException",
+        "ExpiredToken",
+        "InvalidSecurity",
+        "MissingAuthenticationToken",
+        "AuthFailure",
+    }
+)
+#: ClientError codes that mean "the service is there but cannot answer now".
 _TRANSIENT_CODES = frozenset(
     {
         "ServiceUnavailable",
@@ -28,6 +50,8 @@ _TRANSIENT_CODES = frozenset(
         "RequestThrottled",
         "Throttling",
         "ThrottlingException",
+        "RequestLimitExceeded",
+        "KmsThrottled",
     }
 )
 _MISSING_QUEUE_CODES = frozenset(
@@ -35,54 +59,34 @@ _MISSING_QUEUE_CODES = frozenset(
 )
 
 
+def error_codes(exc: ClientError) -> set[str]:
+    """Both spellings of ``exc``'s SQS error code: the JSON one and the legacy query one."""
+    error = exc.response.get("Error", {})
+    return {str(code) for code in (error.get("Code"), error.get("QueryErrorCode")) if code}
+
+
 def error_code(exc: ClientError) -> str:
-    """The SQS error code of ``exc`` (both the JSON and the legacy query spelling)."""
+    """The SQS error code of ``exc`` (the legacy query spelling where SQS gives it)."""
     error = exc.response.get("Error", {})
     return str(error.get("QueryErrorCode") or error.get("Code") or "Unknown")
 
 
 def is_missing_queue(exc: ClientError) -> bool:
-    error = exc.response.get("Error", {})
-    return bool({error.get("Code"), error.get("QueryErrorCode")} & _MISSING_QUEUE_CODES)
+    return bool(error_codes(exc) & _MISSING_QUEUE_CODES)
 
 
-@contextlib.contextmanager
-def translate_errors(
-    action: str, queue: str, failure: type[DriverError] = DriverError
-) -> Iterator[None]:
-    """Turn what boto3 raises during ``action`` on ``queue`` into Hermes errors.
+def classify(exc: ClientError) -> type[DriverError]:
+    """What a ClientError means for Hermes, by its code.
 
-    Unreachable endpoints and throttling become :class:`BrokerUnavailableError`;
-    missing credentials or region :class:`ConfigurationError`; anything else
-    ``failure``. The boto3 exception is chained as ``__cause__``.
+    A missing queue (deleted meanwhile) and every other refusal of one request
+    is a plain :class:`DriverError` (:class:`DeliveryError` on a send).
     """
-    try:
-        yield
-    except ClientError as exc:
-        code = error_code(exc)
-        text = exc.response.get("Error", {}).get("Message", "")
-        where = f"SQS {action} on queue {queue!r}"
-        if code in _TRANSIENT_CODES:
-            raise BrokerUnavailableError(f"{where}: service unavailable ({code}: {text})") from exc
-        if is_missing_queue(exc):
-            raise failure(f"{where}: the queue does not exist (deleted meanwhile?)") from exc
-        raise failure(f"{where} failed: {code}: {text}") from exc
-    except (BotoConnectionError, HTTPClientError) as exc:
-        raise BrokerUnavailableError(
-            f"SQS {action} on queue {queue!r}: endpoint unreachable - {exc}"
-        ) from exc
-    except (NoCredentialsError, PartialCredentialsError) as exc:
-        raise ConfigurationError(
-            f"SQS {action} on queue {queue!r}: no usable AWS credentials ({exc}); set "
-            "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, a profile, or an instance role"
-        ) from exc
-    except NoRegionError as exc:
-        raise ConfigurationError(
-            f"SQS {action} on queue {queue!r}: no AWS region; add ?region=… to the URL "
-            "or set AWS_DEFAULT_REGION"
-        ) from exc
-    except BotoCoreError as exc:
-        raise failure(f"SQS {action} on queue {queue!r} failed: {exc}") from exc
+    codes = error_codes(exc)
+    if codes & _REFUSED_CODES:
+        return BrokerRefusedError
+    if codes & _TRANSIENT_CODES:
+        return BrokerUnavailableError
+    return DriverError
 
 
 def clone_client(client: Any) -> Any:

@@ -23,14 +23,13 @@ from hermes.core import (
     DeliveryError,
     DriverError,
     Message,
-    NotSupportedError,
-    SerializeError,
     redact_url,
 )
 from hermes.core.driver import (
     Consumer,
     Delay,
     Driver,
+    Outgoing,
     PerProcess,
     QueueStats,
     Received,
@@ -38,10 +37,13 @@ from hermes.core.driver import (
 )
 from hermes.drivers.sqs._capabilities import CAPABILITIES, MAX_MESSAGE_BYTES
 from hermes.drivers.sqs._client import (
+    CLIENT_ERRORS,
+    REFUSED_ERRORS,
+    UNAVAILABLE_ERRORS,
+    classify,
     clone_client,
     error_code,
     is_missing_queue,
-    translate_errors,
 )
 from hermes.drivers.sqs._heartbeat import BATCH_LIMIT, Heartbeat, Held, Queue, SqsDelivery
 
@@ -64,9 +66,9 @@ RECHECK_HIGHER_S = 0.5
 #: seconds, and a poll of 0 s (what rounding down would mostly give) never blocks.
 LONG_POLL_SLACK_S = 0.25
 
-#: How long ``clear`` hides a message between receiving and deleting it: a purge
+#: How long ``purge`` hides a message between receiving and deleting it: a purge
 #: cut short leaves them visible again soon, whatever the workers' timeout.
-CLEAR_VISIBILITY_S = 30
+PURGE_VISIBILITY_S = 30
 #: The counts of a queue that ``hermes stats`` and ``hermes purge`` read, in one call.
 _READY = "ApproximateNumberOfMessages"
 _DELAYED = "ApproximateNumberOfMessagesDelayed"
@@ -114,16 +116,16 @@ def _check_range(name: str, value: int, low: int, high: int) -> int:
 
 
 def _sqs_text(body: bytes) -> str:
-    """``body`` as the text SQS carries, or NotSupportedError if it is not such text."""
+    """``body`` as the text SQS carries; DeliveryError, before any I/O, if it is not such text."""
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise NotSupportedError(
+        raise DeliveryError(
             f"SQS message bodies are text: these bytes are not UTF-8 ({exc})"
         ) from exc
     bad = _NOT_XML.search(text)
     if bad is not None:
-        raise NotSupportedError(
+        raise DeliveryError(
             f"SQS message bodies cannot contain the character {bad.group()!r} "
             f"(at {bad.start()}); SQS allows XML 1.0 characters only"
         )
@@ -166,8 +168,8 @@ def _server_time_ms(response: Mapping[str, Any]) -> int:
 
 
 @dataclass
-class _Cleared:
-    """What ``clear`` did so far: messages deleted, and what it had to leave, with why."""
+class _Purged:
+    """What ``purge`` did so far: messages deleted, and what it had to leave, with why."""
 
     deleted: int = 0
     left: list[str] = field(default_factory=list)
@@ -195,8 +197,9 @@ class AmazonSqsDriver(Driver):
     (``queue_attributes``, ``retention_s``, the redrive policy) are set on an
     existing queue whose values differ.
 
-    Core's worker loop (``wait()``) reads through :meth:`consumer`: each
-    ReceiveMessage takes up to ``batch_size`` (1-10) messages, hidden for
+    Core's :class:`~hermes.core.Worker` reads through :meth:`consumer`: each
+    ReceiveMessage takes as many messages as the worker has free handlers
+    (its ``concurrency``), at most ``batch_size`` (1-10), hidden for
     ``visibility_timeout_s``, and long-polls at most ``wait_time_s`` (0-20)
     and never past the worker's one-second receive. The consumer keeps the
     batch and hands the messages out one at a time. A message is deleted
@@ -204,16 +207,20 @@ class AmazonSqsDriver(Driver):
     (at-least-once: a worker that dies before the delete gets its messages
     delivered again after the visibility timeout). A callback that raises
     makes its message visible again at once; when the worker stops, so does
-    whatever it had received but not handed out yet.
+    whatever it had received but not handed out yet. A message whose handler
+    still runs when the worker's grace period ends is left as it is: it
+    becomes visible once its visibility timeout runs out, not before.
 
-    With ``heartbeat`` (the default) a thread renews the visibility of every
-    message the worker holds -- buffered or in a handler -- whenever less
-    than half of the timeout is left, so a long handler is never handed to a
-    second worker; a dead worker stops renewing. SQS caps a message's
-    visibility at 12 h from its receipt, which bounds a hung handler too.
+    With ``heartbeat`` (the default) core's :class:`~hermes.core.driver.LeaseKeeper`
+    renews the visibility of every message the worker holds -- buffered or
+    in a handler -- whenever less than half of the timeout is left, so a
+    long handler is never handed to a second worker; a dead worker stops
+    renewing. SQS caps a message's visibility at 12 h from its receipt,
+    which bounds a hung handler too.
 
     ``ApproximateReceiveCount`` is requested with every message; a count above
-    1 is logged, and :func:`current_delivery` exposes it to handlers.
+    1 is logged, it is the ``delivery_count`` of what the consumer hands
+    over, and :func:`current_delivery` exposes it to handlers.
 
     ``dead_letter_queue`` (with ``max_receive_count``, default 5) creates that
     queue and sets the ``RedrivePolicy`` of this driver's queues: SQS moves a
@@ -226,7 +233,7 @@ class AmazonSqsDriver(Driver):
     without one it is deleted after the log.
 
     ``execute_at`` is ignored by default (delivered at once, kept in the
-    message). ``delay=True`` honours it: ``send`` sets ``DelaySeconds`` (up to
+    message). ``delay=True`` honours it: ``put`` sets ``DelaySeconds`` (up to
     900 s, rounded up), and a message received before it is due -- longer
     delays, clock skew -- is hidden again for the time left (at most 12 h at
     a time) instead of being handled early. Each such receipt counts towards
@@ -241,13 +248,22 @@ class AmazonSqsDriver(Driver):
     the consumer's buffer, the higher queues are polled again at least every
     :data:`RECHECK_HIGHER_S`.
 
-    ``send`` and ``send_batch`` are safe from many threads. After ``os.fork()``
+    Errors: boto3's are declared (:attr:`refused_errors`,
+    :attr:`unavailable_errors`, :attr:`client_errors`) and a ClientError is
+    sorted by its code (:meth:`classify_error`): rejected credentials or a
+    missing permission stop the worker, throttling and unreachable endpoints
+    make it back off and retry, a missing queue is a :class:`DriverError`.
+
+    ``put`` is safe from many threads. After ``os.fork()``
     the child builds its own client (``client_factory()`` if given, otherwise a
     copy of ``client``'s region, endpoint, config and explicit keys) and
     leaves the parent's alone.
     """
 
     capabilities = CAPABILITIES
+    refused_errors = REFUSED_ERRORS
+    unavailable_errors = UNAVAILABLE_ERRORS
+    client_errors = CLIENT_ERRORS
 
     def __init__(
         self,
@@ -266,7 +282,6 @@ class AmazonSqsDriver(Driver):
         client_factory: Callable[[], Any] | None = None,
         close_client: bool = False,
     ) -> None:
-        super().__init__()
         #: The queue of the default priority.
         self.queue_name = _check_queue_name(queue_name, "queue_name")
         #: Seconds one ReceiveMessage long-polls.
@@ -323,12 +338,18 @@ class AmazonSqsDriver(Driver):
         self._names: dict[int, str] = {DEFAULT_PRIORITY: self.queue_name}
         self._queues: dict[str, Queue] = {}
         self._setup_lock = threading.Lock()
-        #: The dead-letter queue's ARN, found once under ``_setup_lock`` (reset by ``purge``).
+        #: The dead-letter queue's ARN, found once under ``_setup_lock`` (reset by ``teardown``).
         self._dead_letter_arn: str | None = None
-        #: URLs of queues looked up (never created) by ``queue_stats`` and ``clear``.
+        #: URLs of queues looked up (never created) by ``queue_stats`` and ``purge``.
         self._urls: dict[str, str] = {}
-        #: Queues found missing by ``queue_stats`` or ``clear``, logged once each.
+        #: Queues found missing by ``queue_stats`` or ``purge``, logged once each.
         self._missing: set[str] = set()
+
+    def classify_error(self, exc: BaseException) -> type[DriverError] | None:
+        """A ClientError by its code (credentials refused, throttled, ...); the rest by type."""
+        if isinstance(exc, ClientError):
+            return classify(exc)
+        return super().classify_error(exc)
 
     def _make_client(self) -> Any:
         if os.getpid() == self._given_pid:
@@ -380,10 +401,9 @@ class AmazonSqsDriver(Driver):
                 )
                 arn = dead_attributes.get("QueueArn")
                 if arn is None:  # just created: CreateQueue answers with the URL only
-                    with translate_errors("GetQueueAttributes", self.dead_letter_queue):
-                        arn = self._client.get().get_queue_attributes(
-                            QueueUrl=dead_url, AttributeNames=["QueueArn"]
-                        )["Attributes"]["QueueArn"]
+                    arn = self._client.get().get_queue_attributes(
+                        QueueUrl=dead_url, AttributeNames=["QueueArn"]
+                    )["Attributes"]["QueueArn"]
                 self._dead_letter_arn = arn
             wanted["RedrivePolicy"] = json.dumps(
                 {
@@ -401,34 +421,30 @@ class AmazonSqsDriver(Driver):
     ) -> tuple[str, dict[str, str]]:
         """The URL and attributes of queue ``name``, created or updated to ``wanted``."""
         client = self._client.get()
-        with translate_errors("GetQueueUrl", name):
-            try:
-                url: str | None = client.get_queue_url(QueueName=name)["QueueUrl"]
-            except ClientError as exc:
-                if not is_missing_queue(exc):
-                    raise
-                url = None
+        try:
+            url: str | None = client.get_queue_url(QueueName=name)["QueueUrl"]
+        except ClientError as exc:
+            if not is_missing_queue(exc):
+                raise
+            url = None
         if url is None:
             attributes = {**on_create, **wanted}
-            with translate_errors("CreateQueue", name):
-                try:
-                    url = client.create_queue(QueueName=name, Attributes=attributes)["QueueUrl"]
-                    logger.info("Created SQS queue %r", name)
-                    return str(url), attributes
-                except ClientError as exc:
-                    # Created meanwhile by another process with other attributes:
-                    # use it like any existing queue.
-                    if error_code(exc) not in ("QueueAlreadyExists", "QueueNameExists"):
-                        raise
-                    url = client.get_queue_url(QueueName=name)["QueueUrl"]
-        with translate_errors("GetQueueAttributes", name):
-            current: dict[str, str] = client.get_queue_attributes(
-                QueueUrl=url, AttributeNames=["All"]
-            ).get("Attributes", {})
+            try:
+                url = client.create_queue(QueueName=name, Attributes=attributes)["QueueUrl"]
+                logger.info("Created SQS queue %r", name)
+                return str(url), attributes
+            except ClientError as exc:
+                # Created meanwhile by another process with other attributes:
+                # use it like any existing queue.
+                if error_code(exc) not in ("QueueAlreadyExists", "QueueNameExists"):
+                    raise
+                url = client.get_queue_url(QueueName=name)["QueueUrl"]
+        current: dict[str, str] = client.get_queue_attributes(
+            QueueUrl=url, AttributeNames=["All"]
+        ).get("Attributes", {})
         changed = {k: v for k, v in wanted.items() if not _same_attribute(k, current.get(k), v)}
         if changed:
-            with translate_errors("SetQueueAttributes", name):
-                client.set_queue_attributes(QueueUrl=url, Attributes=changed)
+            client.set_queue_attributes(QueueUrl=url, Attributes=changed)
             logger.info("Updated attributes %s of SQS queue %r", ", ".join(sorted(changed)), name)
             current.update(changed)
         return str(url), current
@@ -442,35 +458,29 @@ class AmazonSqsDriver(Driver):
 
     def _send_body(self, queue: Queue, body: str, delay_s: int) -> None:
         extra = {"DelaySeconds": delay_s} if delay_s else {}
-        with translate_errors("SendMessage", queue.name, DeliveryError):
-            self._client.get().send_message(QueueUrl=queue.url, MessageBody=body, **extra)
+        self._client.get().send_message(QueueUrl=queue.url, MessageBody=body, **extra)
 
-    def send(self, message: Message, priority: int = DEFAULT_PRIORITY) -> None:
-        body = self.serializer.serialize(message)
-        self._send_body(self._queue(priority), body, self._delay_seconds(message.execute_at))
+    def put(self, items: Sequence[Outgoing], priority: int = DEFAULT_PRIORITY) -> None:
+        """One SendMessage for one item, SendMessageBatch (ten, at most 256 KiB a call) for more.
 
-    def send_raw(self, body: bytes, priority: int = DEFAULT_PRIORITY) -> None:
-        """Put ``body`` on the queue as it is.
-
-        SQS bodies are text: bytes that are not UTF-8, or that contain
-        characters outside XML 1.0 (most control characters), raise
-        :class:`NotSupportedError` -- no such body can be on an SQS queue.
+        Every body is checked before the first call: SQS bodies are text, so
+        bytes that are not UTF-8, or that contain characters outside XML 1.0
+        (most control characters), raise :class:`DeliveryError` and nothing
+        is sent. Raises :class:`DeliveryError` naming the messages SQS
+        refused in a batch; the others were sent.
         """
-        self._send_body(self._queue(priority), _sqs_text(body), 0)
-
-    def send_batch(self, messages: Sequence[Message], priority: int = DEFAULT_PRIORITY) -> None:
-        """Send ``messages`` with SendMessageBatch, ten (and at most 256 KiB) per call.
-
-        All are serialized before the first call. Raises :class:`DeliveryError`
-        naming the Hermes ids SQS refused; the other messages were sent.
-        """
+        if priority not in self._names:
+            raise self.unknown_priority(priority, self._names)
         entries = [
-            (message, self.serializer.serialize(message), self._delay_seconds(message.execute_at))
-            for message in messages
+            (item, _sqs_text(item.body), self._delay_seconds(item.execute_at)) for item in items
         ]
         if not entries:
             return
         queue = self._queue(priority)
+        if len(entries) == 1:
+            _, body, delay_s = entries[0]
+            self._send_body(queue, body, delay_s)
+            return
         refused: list[str] = []
         for chunk in self._batch_chunks(entries):
             request: list[dict[str, Any]] = []
@@ -479,13 +489,11 @@ class AmazonSqsDriver(Driver):
                 if delay_s:
                     entry["DelaySeconds"] = delay_s
                 request.append(entry)
-            with translate_errors("SendMessageBatch", queue.name, DeliveryError):
-                response = self._client.get().send_message_batch(
-                    QueueUrl=queue.url, Entries=request
-                )
+            response = self._client.get().send_message_batch(QueueUrl=queue.url, Entries=request)
             for failed in response.get("Failed", []):
-                message = chunk[int(failed["Id"])][0]
-                refused.append(f"{message.id} ({failed.get('Code')}: {failed.get('Message', '')})")
+                item = chunk[int(failed["Id"])][0]
+                name = f"#{item.message_id}" if item.message_id else "a raw body"
+                refused.append(f"{name} ({failed.get('Code')}: {failed.get('Message', '')})")
         if refused:
             raise DeliveryError(
                 f"SQS queue {queue.name!r} refused {len(refused)} of {len(entries)} "
@@ -494,9 +502,9 @@ class AmazonSqsDriver(Driver):
 
     @staticmethod
     def _batch_chunks(
-        entries: list[tuple[Message, str, int]],
-    ) -> list[list[tuple[Message, str, int]]]:
-        chunks: list[list[tuple[Message, str, int]]] = [[]]
+        entries: list[tuple[Outgoing, str, int]],
+    ) -> list[list[tuple[Outgoing, str, int]]]:
+        chunks: list[list[tuple[Outgoing, str, int]]] = [[]]
         size = 0
         for entry in entries:
             body_bytes = len(entry[1].encode())
@@ -517,9 +525,9 @@ class AmazonSqsDriver(Driver):
         return current_delivery()
 
     def consumer(self, priorities: Sequence[int], *, concurrency: int = 1) -> Consumer:
-        return _SqsConsumer(self, self.check_priorities(self._names, priorities))
+        return _SqsConsumer(self, self.check_priorities(self._names, priorities), concurrency)
 
-    # Counting and clearing ---------------------------------------------------
+    # Counting and purging ----------------------------------------------------
 
     def queue_stats(self) -> list[QueueStats]:
         """Counts from one GetQueueAttributes call per queue; approximate, as SQS's are.
@@ -536,6 +544,11 @@ class AmazonSqsDriver(Driver):
         redrive policy. A queue that does not exist yet (nothing was sent to
         it) counts as empty and is not created.
         """
+        # ``hermes stats`` calls this directly, outside core's translation.
+        with self.translating("counting the messages of SQS queues"):
+            return self._stats_rows()
+
+    def _stats_rows(self) -> list[QueueStats]:
         order = sorted(self._names, reverse=True)
         found: dict[str, Mapping[str, str] | None] = {}
         for priority in order:
@@ -593,7 +606,7 @@ class AmazonSqsDriver(Driver):
         counts = [_count(answer[1].get("Attributes", {}), name) for name in _COUNTS]
         return None if None in counts else sum(c for c in counts if c is not None)
 
-    def clear(self, priority: int | None = None) -> int:
+    def purge(self, priority: int | None = None) -> int:
         """Delete what waits in the queue of ``priority`` (every queue: None); how many.
 
         Visible messages are received ten at a time and deleted, and counted
@@ -609,22 +622,23 @@ class AmazonSqsDriver(Driver):
         :class:`DriverError` saying how many it deleted and what is left and why.
         """
         priorities = self.check_priorities(self._names, () if priority is None else [priority])
-        cleared = _Cleared()
+        purged = _Purged()
         for name in dict.fromkeys(self._names[p] for p in priorities):
             try:
-                self._clear_queue(name, cleared)
+                with self.translating(f"purging SQS queue {name!r}"):
+                    self._purge_queue(name, purged)
             except DriverError as exc:
                 raise type(exc)(
-                    f"{exc} (after deleting {cleared.deleted} waiting message(s))"
+                    f"{exc} (after deleting {purged.deleted} waiting message(s))"
                 ) from exc
-        if cleared.left:
+        if purged.left:
             raise DriverError(
-                f"deleted {cleared.deleted} waiting message(s), but not all: "
-                + "; ".join(cleared.left)
+                f"deleted {purged.deleted} waiting message(s), but not all: "
+                + "; ".join(purged.left)
             )
-        return cleared.deleted
+        return purged.deleted
 
-    def _clear_queue(self, name: str, cleared: _Cleared) -> None:
+    def _purge_queue(self, name: str, purged: _Purged) -> None:
         answer = self._attributes(name, list(_COUNTS))
         if answer is None:
             return  # nothing was ever sent there
@@ -632,11 +646,11 @@ class AmazonSqsDriver(Driver):
         attributes = response.get("Attributes", {})
         delayed, in_flight = _count(attributes, _DELAYED), _count(attributes, _NOT_VISIBLE)
         # Date is whole seconds: one more keeps every message sent before it.
-        self._delete_visible(name, url, _server_time_ms(response) + 1000, cleared)
+        self._delete_visible(name, url, _server_time_ms(response) + 1000, purged)
         if delayed == 0:
             return
         if delayed is None:
-            cleared.left.append(
+            purged.left.append(
                 f"SQS did not say how many delayed messages queue {name!r} holds, so "
                 "PurgeQueue, which would delete them, was not tried"
             )
@@ -644,7 +658,7 @@ class AmazonSqsDriver(Driver):
         about = f"SQS queue {name!r} still holds about {delayed} delayed message(s)"
         if in_flight != 0:
             hidden = " (in delay mode, also messages hidden until due)" if self.delay else ""
-            cleared.left.append(
+            purged.left.append(
                 f"{about}: SQS deletes those only with PurgeQueue, which would also delete "
                 f"the {'uncounted' if in_flight is None else in_flight} message(s) in "
                 f"flight{hidden}; stop the workers and purge again, or delete every "
@@ -652,52 +666,49 @@ class AmazonSqsDriver(Driver):
             )
             return
         client = self._client.get()
-        with translate_errors("PurgeQueue", name):
-            try:
-                client.purge_queue(QueueUrl=url)
-            except ClientError as exc:
-                error = exc.response.get("Error", {})
-                if not {error.get("Code"), error.get("QueryErrorCode")} & _PURGE_IN_PROGRESS:
-                    raise
-                cleared.left.append(
-                    f"{about}: SQS allows one PurgeQueue per queue every 60 s and one ran "
-                    "less than 60 s ago; purge again in a minute"
-                )
-                return
-        cleared.deleted += delayed
+        try:
+            client.purge_queue(QueueUrl=url)
+        except ClientError as exc:
+            error = exc.response.get("Error", {})
+            if not {error.get("Code"), error.get("QueryErrorCode")} & _PURGE_IN_PROGRESS:
+                raise
+            purged.left.append(
+                f"{about}: SQS allows one PurgeQueue per queue every 60 s and one ran "
+                "less than 60 s ago; purge again in a minute"
+            )
+            return
+        purged.deleted += delayed
         logger.info(
             "SQS queue %r: PurgeQueue for %d delayed message(s) (SQS's approximate count)",
             name,
             delayed,
         )
 
-    def _delete_visible(self, name: str, url: str, before_ms: int, cleared: _Cleared) -> None:
+    def _delete_visible(self, name: str, url: str, before_ms: int, purged: _Purged) -> None:
         """Receive and delete until a receive brings nothing sent before ``before_ms``."""
         client = self._client.get()
         while True:
-            with translate_errors("ReceiveMessage", name):
-                # A long poll asks every SQS server: an empty answer means empty.
-                messages = client.receive_message(
-                    QueueUrl=url,
-                    MaxNumberOfMessages=BATCH_LIMIT,
-                    WaitTimeSeconds=1,
-                    VisibilityTimeout=CLEAR_VISIBILITY_S,
-                    MessageSystemAttributeNames=["SentTimestamp"],
-                ).get("Messages", [])
+            # A long poll asks every SQS server: an empty answer means empty.
+            messages = client.receive_message(
+                QueueUrl=url,
+                MaxNumberOfMessages=BATCH_LIMIT,
+                WaitTimeSeconds=1,
+                VisibilityTimeout=PURGE_VISIBILITY_S,
+                MessageSystemAttributeNames=["SentTimestamp"],
+            ).get("Messages", [])
             if not messages:
                 return
             entries = [
                 {"Id": str(n), "ReceiptHandle": raw["ReceiptHandle"]}
                 for n, raw in enumerate(messages)
             ]
-            with translate_errors("DeleteMessageBatch", name):
-                response = client.delete_message_batch(QueueUrl=url, Entries=entries)
-            cleared.deleted += len(response.get("Successful", []))
+            response = client.delete_message_batch(QueueUrl=url, Entries=entries)
+            purged.deleted += len(response.get("Successful", []))
             for failed in response.get("Failed", []):
-                cleared.left.append(
+                purged.left.append(
                     f"SQS queue {name!r} refused to delete a message ({failed.get('Code')}: "
                     f"{failed.get('Message', '')}); it is visible again after "
-                    f"{CLEAR_VISIBILITY_S} s"
+                    f"{PURGE_VISIBILITY_S} s"
                 )
             sent = [int(raw.get("Attributes", {}).get("SentTimestamp", 0)) for raw in messages]
             if min(sent) >= before_ms:
@@ -716,23 +727,21 @@ class AmazonSqsDriver(Driver):
         client = self._client.get()
         if url is None:
             extra = {"QueueOwnerAWSAccountId": account} if account else {}
-            with translate_errors("GetQueueUrl", name):
-                try:
-                    url = str(client.get_queue_url(QueueName=name, **extra)["QueueUrl"])
-                except ClientError as exc:
-                    if not is_missing_queue(exc):
-                        raise
-                    self._gone(key, name)
-                    return None
-            self._urls[key] = url
-        with translate_errors("GetQueueAttributes", name):
             try:
-                response = client.get_queue_attributes(QueueUrl=url, AttributeNames=attributes)
+                url = str(client.get_queue_url(QueueName=name, **extra)["QueueUrl"])
             except ClientError as exc:
                 if not is_missing_queue(exc):
                     raise
                 self._gone(key, name)
                 return None
+            self._urls[key] = url
+        try:
+            response = client.get_queue_attributes(QueueUrl=url, AttributeNames=attributes)
+        except ClientError as exc:
+            if not is_missing_queue(exc):
+                raise
+            self._gone(key, name)
+            return None
         self._missing.discard(key)
         return url, response
 
@@ -748,26 +757,23 @@ class AmazonSqsDriver(Driver):
 
     # Cleaning up -------------------------------------------------------------
 
-    def purge(self) -> None:
+    def teardown(self) -> None:
         """Delete this driver's queues (every priority's, and the dead-letter queue)."""
         names = list(dict.fromkeys(self._names.values()))
         if self.dead_letter_queue is not None:
             names.append(self.dead_letter_queue)
         client = self._client.get()
-        with self._setup_lock:
+        with self._setup_lock, self.translating("deleting SQS queues"):
             self._dead_letter_arn = None
             self._urls.clear()
             for name in names:
                 known = self._queues.pop(name, None)
-                with translate_errors("DeleteQueue", name):
-                    try:
-                        url = (
-                            known.url if known else client.get_queue_url(QueueName=name)["QueueUrl"]
-                        )
-                        client.delete_queue(QueueUrl=url)
-                    except ClientError as exc:
-                        if not is_missing_queue(exc):
-                            raise
+                try:
+                    url = known.url if known else client.get_queue_url(QueueName=name)["QueueUrl"]
+                    client.delete_queue(QueueUrl=url)
+                except ClientError as exc:
+                    if not is_missing_queue(exc):
+                        raise
 
     def close(self) -> None:
         self._client.close()
@@ -779,14 +785,18 @@ class AmazonSqsDriver(Driver):
 class _SqsConsumer(Consumer):
     """One worker run on the driver's queues: a small buffer of received messages.
 
-    A ReceiveMessage takes up to ``batch_size`` messages; :meth:`receive`
+    A ReceiveMessage takes as many messages as the worker has handlers free
+    (``concurrency`` less those it holds), at most ``batch_size``, so a worker
+    never holds more than it can run; :meth:`receive`
     hands them out one per call, highest priority first, and polls again once
     the buffer is empty. Every message taken and not yet settled -- buffered
     or in a handler -- is held by the :class:`Heartbeat`, which keeps it
     invisible. ``ack`` deletes (batched), ``release`` makes the message
     visible at once, ``reject`` deletes it or, under a redrive policy, leaves
     it for SQS to move to the dead-letter queue; ``close`` gives back what was
-    buffered and never handed out.
+    buffered and never handed out, and leaves what a handler still runs
+    hidden until its visibility timeout runs out (no other worker gets it while
+    the handler may still be running it).
 
     ``ack``, ``release`` and ``reject`` may be called from any thread: they
     only touch the heartbeat (which serializes its SQS calls under one lock)
@@ -795,21 +805,25 @@ class _SqsConsumer(Consumer):
     its visibility timeout. ``receive`` and ``close`` belong to one thread.
     """
 
-    def __init__(self, driver: AmazonSqsDriver, order: list[int]) -> None:
+    def __init__(self, driver: AmazonSqsDriver, order: list[int], concurrency: int = 1) -> None:
         self.driver = driver
         #: The priorities read, highest first.
         self.order = order
+        #: Handlers the worker runs at once: the most this consumer holds.
+        self.concurrency = max(1, concurrency)
         #: Resolved on the first receive (it may need to create them).
         self.queues: list[Queue] = []
         self.heartbeat = Heartbeat(
-            driver._client.get, driver.visibility_timeout_s, enabled=driver.heartbeat
+            driver._client.get,
+            driver.visibility_timeout_s,
+            driver.translating,
+            enabled=driver.heartbeat,
+            what=f"the visibility of messages held from SQS queue {driver.queue_name!r}",
         )
         #: Received and not handed out yet, per priority.
         self.buffer: dict[int, deque[Held]] = {priority: deque() for priority in order}
         #: Handed out and not settled yet.
         self.out: set[Held] = set()
-        #: Acknowledged in this run: with the driver's max items, how many more to take.
-        self.acked = 0
         self.lock = threading.Lock()
         #: When the queues above the highest buffered priority were last polled.
         self.checked_at = 0.0
@@ -832,15 +846,22 @@ class _SqsConsumer(Consumer):
                 if not self._poll(self.queues, self._wait_s(deadline)):
                     return None
                 continue
+            received = Received(
+                item.body,
+                item.queue.priority,
+                item,
+                origin=f"SQS message {item.message_id} on queue {item.queue.name}",
+                delivery_count=item.receive_count,
+            )
             delayed = False
             if self.driver.delay:
-                message = self._message(item)
+                message = received.decoded()  # None: poison, which core logs and rejects
                 delayed = message is not None and message.execute_at is not None
                 if message is not None and self._postponed(item, message):
                     if time.monotonic() >= deadline and not self._buffered():
                         return None
                     continue
-            return self._hand_out(item, delayed)
+            return self._hand_out(received, delayed)
 
     def _next_buffered(self) -> Held | None:
         """The first buffered message of the highest priority, after a look above it if due."""
@@ -871,14 +892,13 @@ class _SqsConsumer(Consumer):
         limit = self._batch_size()
         for index, queue in enumerate(queues):
             started = time.monotonic()
-            with translate_errors("ReceiveMessage", queue.name):
-                response = client.receive_message(
-                    QueueUrl=queue.url,
-                    MaxNumberOfMessages=limit,
-                    WaitTimeSeconds=wait_s if index == len(queues) - 1 else 0,
-                    VisibilityTimeout=self.driver.visibility_timeout_s,
-                    MessageSystemAttributeNames=["ApproximateReceiveCount", "SentTimestamp"],
-                )
+            response = client.receive_message(
+                QueueUrl=queue.url,
+                MaxNumberOfMessages=limit,
+                WaitTimeSeconds=wait_s if index == len(queues) - 1 else 0,
+                VisibilityTimeout=self.driver.visibility_timeout_s,
+                MessageSystemAttributeNames=["ApproximateReceiveCount", "SentTimestamp"],
+            )
             messages = response.get("Messages", [])
             if messages:
                 batch = [self._held(queue, raw, started) for raw in messages]
@@ -888,15 +908,14 @@ class _SqsConsumer(Consumer):
         return False
 
     def _batch_size(self) -> int:
-        # A worker told to stop after a few messages takes no more than those:
-        # every message received and given back counts towards the redrive limit.
-        size = self.driver.batch_size
-        limit = self.driver.max_process_items
-        if limit:
-            with self.lock:
-                taken = self.acked + len(self.out)
-            size = max(1, min(size, limit - taken - self._buffered()))
-        return size
+        # No more than the worker's free handlers: a message that waits in the
+        # buffer while another worker idles is a slower run, and every message
+        # received and given back counts towards the redrive limit. At least
+        # one, for the look at higher queues while the buffer holds some.
+        with self.lock:
+            held = len(self.out)
+        free = self.concurrency - held - self._buffered()
+        return max(1, min(self.driver.batch_size, free))
 
     def _held(self, queue: Queue, raw: Mapping[str, Any], started: float) -> Held:
         attributes = raw.get("Attributes", {})
@@ -910,12 +929,6 @@ class _SqsConsumer(Consumer):
             sent_at=int(sent) / 1000 if sent else None,
             visible_until=started + self.driver.visibility_timeout_s,
         )
-
-    def _message(self, item: Held) -> Message | None:
-        try:
-            return self.driver.serializer.unserialize(item.body)
-        except SerializeError:
-            return None  # core finds out, logs it and rejects it
 
     def _postponed(self, item: Held, message: Message) -> bool:
         """Delay mode: True (and ``item`` hidden or re-sent) when ``message`` is not due yet."""
@@ -951,8 +964,9 @@ class _SqsConsumer(Consumer):
                 left_s,
             )
 
-    def _hand_out(self, item: Held, held_back: bool) -> Received:
-        """``item`` for core; ``held_back``: delay mode may have hidden it on earlier receipts."""
+    def _hand_out(self, received: Received, held_back: bool) -> Received:
+        """``received`` for core; ``held_back``: delay mode may have hidden it before."""
+        item: Held = received.token
         with self.lock:
             self.out.add(item)
         if item.receive_count > 1:
@@ -967,18 +981,12 @@ class _SqsConsumer(Consumer):
                 else " - delivered again: a worker died, timed out or released it, "
                 "or set it aside for the redrive policy",
             )
-        origin = f"SQS message {item.message_id} on queue {item.queue.name}"
-        return Received(item.body, item.queue.priority, item, origin=origin)
+        return received
 
     # Settling, from any thread ---------------------------------------------
 
     def ack(self, received: Received) -> None:
-        item = self._settle(received)
-        self.heartbeat.finish(item)
-        with self.lock:
-            self.acked += 1
-        if self.closed:
-            self.heartbeat.flush()
+        self.heartbeat.finish(self._settle(received))
 
     def release(self, received: Received) -> None:
         self.heartbeat.give_back([self._settle(received)])
@@ -998,8 +1006,6 @@ class _SqsConsumer(Consumer):
             )
             return
         self.heartbeat.finish(item)
-        if self.closed:
-            self.heartbeat.flush()
         logger.warning(
             "SQS queue %r: deleted message %s (received %d times); no redrive policy keeps it",
             item.queue.name,
@@ -1027,10 +1033,11 @@ class _SqsConsumer(Consumer):
         with self.lock:
             unsettled = len(self.out)
         if unsettled:
-            # Giving these back would hand them to a second worker while a
-            # handler may still run them; SQS shows them again after their visibility.
+            # Their handlers outlived the worker's grace period. Giving them back
+            # would hand them to a second worker while a handler may still run
+            # them; SQS shows them again once their visibility timeout runs out.
             logger.warning(
-                "SQS consumer closed with %d message(s) handed out and not settled; "
-                "no longer kept invisible",
+                "SQS consumer closed with %d message(s) whose handlers still run: left "
+                "hidden until their visibility timeout runs out, no longer renewed",
                 unsettled,
             )

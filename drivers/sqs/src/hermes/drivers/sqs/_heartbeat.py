@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -10,7 +11,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hermes.core import DriverError
-from hermes.drivers.sqs._client import translate_errors
+from hermes.core.driver import LeaseKeeper
+
+#: ``translating(doing)``: the driver's block that turns boto3's errors into Hermes's.
+Translating = Callable[[str], contextlib.AbstractContextManager[None]]
 
 logger = logging.getLogger("hermes.drivers.sqs")
 
@@ -86,13 +90,13 @@ class Held:
 
 
 class Heartbeat:
-    """Tracks held messages; a background thread keeps them invisible while the worker runs.
+    """Tracks held messages; core's :class:`LeaseKeeper` keeps them invisible while the worker runs.
 
     Every received message is held from receipt until it is deleted (it was
     acknowledged, or it was not a Hermes message and there is no redrive
     policy), given back, hidden until due, or left for the redrive policy --
     whether it waits in the consumer's buffer or a handler runs it. While
-    held, the thread renews its visibility whenever less than half of
+    held, the keeper's thread renews its visibility whenever less than half of
     ``visibility_timeout_s`` is left, so neither a long handler nor the
     messages buffered behind it are handed to a second worker. A worker that
     dies takes the thread with it, and SQS hands its messages out again once
@@ -101,39 +105,45 @@ class Heartbeat:
     Acknowledged messages are deleted in batches: when the consumer has
     handed out its buffer and polls again, or by the thread about
     :data:`FLUSH_AFTER_S` after they were acknowledged if handlers run long.
-    Failures of these calls are logged, never raised: the worst outcome is
-    that SQS delivers a message again, which at-least-once allows. One lock
-    serializes every call, from any thread, so a renewal can never land
-    after a handler's thread gave the same message back.
+    Failures of deletes and give-backs are logged, never raised: the worst
+    outcome is that SQS delivers a message again, which at-least-once allows.
+    A renewal that cannot reach SQS raises, so the keeper logs the outage
+    once and its recovery once. One lock serializes every call, from any
+    thread, so a renewal can never land after a handler's thread gave the
+    same message back.
     """
 
     def __init__(
-        self, client: Callable[[], Any], visibility_timeout_s: int, *, enabled: bool
+        self,
+        client: Callable[[], Any],
+        visibility_timeout_s: int,
+        translating: Translating,
+        *,
+        enabled: bool,
+        what: str = "the visibility of held SQS messages",
     ) -> None:
         self._client = client
         self._visibility_timeout_s = visibility_timeout_s
+        self._translating = translating
         self._enabled = enabled
         self._lock = threading.RLock()
         self._held: list[Held] = []
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._keeper: LeaseKeeper | None = None
+        self._what = what
 
     # The worker's side -------------------------------------------------------
 
     def start(self) -> None:
-        if self._enabled and self._thread is None:
-            self._stop.clear()
-            self._thread = threading.Thread(
-                target=self._run, name="hermes-sqs-heartbeat", daemon=True
-            )
-            self._thread.start()
+        if self._enabled and self._keeper is None:
+            tick_s = min(1.0, self._visibility_timeout_s / 4)
+            self._keeper = LeaseKeeper(self._tick, tick_s, self._what, name="hermes-sqs-heartbeat")
+            self._keeper.start()
 
     def stop(self) -> None:
-        """Stop the thread and delete what was acknowledged; the rest stays held."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        """Stop renewing and delete what was acknowledged; the rest stays held."""
+        if self._keeper is not None:
+            self._keeper.stop(timeout_s=self._visibility_timeout_s)
+            self._keeper = None
         self.flush()
 
     def hold(self, items: Iterable[Held]) -> None:
@@ -186,18 +196,11 @@ class Heartbeat:
         if not self._enabled:
             self.flush(FLUSH_AFTER_S)
 
-    # The thread's side -------------------------------------------------------
+    # The keeper's side -------------------------------------------------------
 
-    def _run(self) -> None:
-        tick_s = min(1.0, self._visibility_timeout_s / 4)
-        while not self._stop.wait(tick_s):
-            try:
-                self.flush(FLUSH_AFTER_S)
-                self._renew_due()
-            except Exception:
-                # The calls below log their own failures; this is for bugs, so a
-                # broken heartbeat is visible instead of silently gone.
-                logger.exception("SQS heartbeat failed; held messages may be delivered again")
+    def _tick(self) -> None:
+        self.flush(FLUSH_AFTER_S)
+        self._renew_due()
 
     def _renew_due(self) -> None:
         with self._lock:
@@ -208,7 +211,9 @@ class Heartbeat:
                 if item.visible_until - now < self._visibility_timeout_s / 2
             ]
             if due:
-                self._change_visibility(due, self._visibility_timeout_s, "extend visibility of")
+                self._change_visibility(
+                    due, self._visibility_timeout_s, "extend visibility of", raising=True
+                )
 
     # Calls to SQS, under the lock -------------------------------------------
 
@@ -216,7 +221,10 @@ class Heartbeat:
         gone = {id(item) for item in items}
         self._held = [item for item in self._held if id(item) not in gone]
 
-    def _change_visibility(self, items: Sequence[Held], seconds: int, what: str) -> None:
+    def _change_visibility(
+        self, items: Sequence[Held], seconds: int, what: str, *, raising: bool = False
+    ) -> None:
+        """ChangeMessageVisibilityBatch; ``raising``: a failed call raises instead of logging."""
         for queue, group in _by_queue(items):
             for chunk in _chunks(group):
                 started = time.monotonic()
@@ -225,11 +233,13 @@ class Heartbeat:
                     for n, item in enumerate(chunk)
                 ]
                 try:
-                    with translate_errors("ChangeMessageVisibilityBatch", queue.name):
+                    with self._translating(f"{what} messages on SQS queue {queue.name!r}"):
                         response = self._client().change_message_visibility_batch(
                             QueueUrl=queue.url, Entries=entries
                         )
                 except DriverError as exc:
+                    if raising:
+                        raise
                     logger.warning(
                         "Could not %s %d SQS message(s) - %s",
                         what,
@@ -258,7 +268,7 @@ class Heartbeat:
     def _delete(self, queue: Queue, chunk: Sequence[Held]) -> None:
         entries = [{"Id": str(n), "ReceiptHandle": item.receipt} for n, item in enumerate(chunk)]
         try:
-            with translate_errors("DeleteMessageBatch", queue.name):
+            with self._translating(f"deleting handled messages on SQS queue {queue.name!r}"):
                 response = self._client().delete_message_batch(QueueUrl=queue.url, Entries=entries)
         except DriverError as exc:
             logger.warning(
