@@ -18,6 +18,7 @@ import psycopg_pool
 
 from hermes.core.driver import (
     DEFAULT_PRIORITY,
+    BrokerRefusedError,
     Consumer,
     DeliveryError,
     Driver,
@@ -181,12 +182,27 @@ class PostgresDriver(Driver):
         self._created = True
 
     def ensure_tables(self, conn: Connection | None = None) -> None:
-        """Create the tables once per driver object, unless ``create`` is off."""
-        if self._created or not self.create:
+        """Create the tables once per driver object; with ``create`` off, check they exist."""
+        if self._created:
+            return
+        if conn is None:
+            with self.connection() as own:
+                self.ensure_tables(own)
             return
         with self._create_lock:
-            if not self._created:
+            if self._created:
+                return
+            if self.create:
                 self.create_tables(conn)
+                return
+            found = conn.execute("SELECT to_regclass(%s)", [self.names.messages]).fetchone()
+            if found is None or found[0] is None:
+                raise BrokerRefusedError(
+                    f"{self!r}: table {self.names.messages} does not exist and create=false; "
+                    "create it with `python -m hermes.drivers.postgres create URL` or the SQL "
+                    "of `python -m hermes.drivers.postgres schema URL`"
+                )
+            self._created = True
 
     # Sending -------------------------------------------------------------------
 
@@ -227,7 +243,7 @@ class PostgresDriver(Driver):
             raise self.unknown_priority(priority, self.priorities)
         if not items:
             return
-        if not self._created and self.create:
+        if not self._created:
             # DDL on a connection of our own: the caller's transaction should
             # hold its own work and the insert, not a CREATE TABLE.
             with self.translating("creating the tables"):
