@@ -84,13 +84,23 @@ def conformance(session: nox.Session, target: str) -> None:
 
 #: What the apps in examples/ need besides Hermes; no distribution depends on them.
 #: (Starlette's TestClient runs on httpx2.)
-EXAMPLE_DEPS = ["fastapi>=0.110", "httpx2", "django>=5", "flask>=3", "redis>=5.3"]
+EXAMPLE_DEPS = [
+    "fastapi>=0.110",
+    "httpx2",
+    "django>=5",
+    "flask>=3",
+    "redis>=5.3",
+    "sqlalchemy>=2",
+]
 
 
 @nox.session(python="3.11")
 def examples(session: nox.Session) -> None:
-    """The FastAPI, Django and Flask apps in examples/: test client, Redis and a real worker."""
-    session.install("-e", CORE, "-e", "drivers/redis", "pytest>=8", *EXAMPLE_DEPS)
+    """The FastAPI, Django and Flask apps in examples/ (test client, Redis, a real worker),
+    and the PostgreSQL transaction recipes (SQLAlchemy, Django)."""
+    session.install(
+        "-e", CORE, "-e", "drivers/redis", "-e", "drivers/postgres", "pytest>=8", *EXAMPLE_DEPS
+    )
     # `python -m` puts the repository root on sys.path, so `examples.*` imports as in an app.
     session.run("python", "-m", "pytest", *(session.posargs or ["examples"]))
 
