@@ -11,7 +11,7 @@ import sys
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "examples.postgres_transaction.django_settings")
 
-import django  # noqa: E402 - settings first
+import django  # settings first
 
 django.setup()
 

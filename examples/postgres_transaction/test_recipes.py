@@ -1,4 +1,4 @@
-"""The two recipes on a real server: commit -> the worker handles the job once; rollback -> never."""
+"""The two recipes on a real server: commit -> handled once; rollback -> never handled."""
 
 from __future__ import annotations
 
