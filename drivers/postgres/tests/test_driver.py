@@ -189,12 +189,12 @@ def test_two_consumers_never_get_the_same_row(driver):
 
 
 def test_a_body_that_is_not_a_hermes_message_is_set_aside(driver, run_worker, sql, table):
-    driver.send_raw(b"\xffnot json")
+    driver.send_raw(b"\xffnot json\x00")
     driver.send(Message("after"))
     worker = run_worker(driver)
     assert worker.wait_for(1) == ["after"]
     [(body, reason)] = sql.execute(f"SELECT body, reason FROM {table}_rejected").fetchall()
-    assert bytes(body) == b"\xffnot json"
+    assert bytes(body) == b"\xffnot json\x00"  # kept whole; the reason quotes NUL as \\x00
     assert reason
     assert [s.set_aside for s in driver.queue_stats()] == [1]
 

@@ -441,6 +441,8 @@ class _PostgresConsumer(Consumer):
 
     def reject(self, received: Received, reason: str) -> None:
         self._forget(received)
+        # The reason may quote the body, and a text column cannot hold NUL.
+        reason = reason.replace("\x00", "\\x00")
         with self.driver.connection() as conn:
             conn.execute(self.sql.reject, {"id": received.token, "reason": reason})
 
