@@ -317,3 +317,14 @@ def test_the_repr_masks_the_password(postgres_url, table):
     driver = connect(url)
     assert "s3cret" not in repr(driver)
     assert "***" in repr(driver)
+
+
+def test_a_notification_from_someone_else_on_the_channel_only_makes_the_worker_look(
+    driver, run_worker, sql
+):
+    worker = run_worker(driver)
+    driver.send(Message("warm-up"))
+    worker.wait_for(1)
+    sql.execute(f"NOTIFY \"{driver.channel}\", 'not a time'")
+    driver.send(Message("after"))
+    assert worker.wait_for(2) == ["warm-up", "after"]

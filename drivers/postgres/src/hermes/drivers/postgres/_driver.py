@@ -415,11 +415,15 @@ class _PostgresConsumer(Consumer):
     def _wait(self, conn: Connection, timeout_s: float) -> None:
         """Block until a notification or ``timeout_s``; a due message makes the next claim now."""
         for notify in conn.notifies(timeout=max(0.0, timeout_s), stop_after=1):
-            if not notify.payload:
+            try:
+                due_at = float(notify.payload) if notify.payload else None
+            except ValueError:
+                due_at = None  # someone else's NOTIFY on the channel: just look
+            if due_at is None:
                 self.next_claim = 0.0
                 return
             # Only held messages were put: look again when the earliest is due.
-            due_in = float(notify.payload) - time.time()
+            due_in = due_at - time.time()
             self.next_claim = min(self.next_claim, time.monotonic() + max(0.0, due_in))
 
     def _forget(self, received: Received) -> None:
