@@ -85,6 +85,7 @@ class PostgresDriver(Driver):
         create: bool = True,
         pool_size: int = 10,
         connect_timeout_s: float = 5.0,
+        synchronous_settles: bool = False,
         display_url: str = "",
     ) -> None:
         if not lease_timeout_s > 0:
@@ -107,6 +108,8 @@ class PostgresDriver(Driver):
         #: Whether the tables are created on first use (``create=false`` in the URL: no).
         self.create = create
         self.pool_size = pool_size
+        #: Whether claims and settles wait for the WAL flush like sends (default: no).
+        self.synchronous_settles = synchronous_settles
         self.connect_timeout_s = connect_timeout_s
         self.priorities: dict[int, str] = {DEFAULT_PRIORITY: "default"}
         self.capabilities = replace(
@@ -114,18 +117,35 @@ class PostgresDriver(Driver):
         )
         self._display_url = display_url or "postgresql://"
         self._pool: PerProcess[Pool] = PerProcess(self._open_pool, _close_pool)
+        self._settle_pool: PerProcess[Pool] = PerProcess(
+            lambda: self._open_pool(settling=True), _close_pool
+        )
         self._created = False
         self._create_lock = threading.Lock()
 
     # Connections ---------------------------------------------------------------
 
-    def connect(self) -> Connection:
-        """A new connection of this driver's own (autocommit), not from the pool."""
-        return psycopg.connect(
-            self.conninfo, autocommit=True, connect_timeout=max(1, round(self.connect_timeout_s))
-        )
+    def connect(self, *, settling: bool = False) -> Connection:
+        """A new connection of this driver's own (autocommit), not from the pool.
 
-    def _open_pool(self) -> Pool:
+        ``settling``: for claims, acks, releases and renewals, which commit
+        without waiting for the WAL flush (``synchronous_commit = off``). That
+        is safe for them under at-least-once: one lost in a server crash only
+        means the message runs again, which a dead worker means anyway. Sends
+        keep the server's setting: an emit that returned is on disk.
+        """
+        return psycopg.connect(self.conninfo, **self._connect_kwargs(settling))
+
+    def _connect_kwargs(self, settling: bool) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {
+            "autocommit": True,
+            "connect_timeout": max(1, round(self.connect_timeout_s)),
+        }
+        if settling and not self.synchronous_settles:
+            kwargs["options"] = "-c synchronous_commit=off"
+        return kwargs
+
+    def _open_pool(self, settling: bool = False) -> Pool:
         # One direct connection first: a refused login raises its own error here
         # (no such database, wrong password) instead of the pool retrying it in
         # the background while its callers see only PoolTimeout.
@@ -134,18 +154,22 @@ class PostgresDriver(Driver):
             self.conninfo,
             min_size=1,
             max_size=self.pool_size,
-            kwargs={"autocommit": True},
+            kwargs=self._connect_kwargs(settling),
             timeout=self.connect_timeout_s,
-            name=f"hermes-{self.names.table}",
+            name=f"hermes-{self.names.table}{'-settle' if settling else ''}",
             open=False,
         )
         pool.open(wait=False)
         return pool
 
     @contextlib.contextmanager
-    def connection(self) -> Iterator[Connection]:
-        """A pooled connection (autocommit) for one statement or transaction."""
-        pool = self._pool.get()
+    def connection(self, *, settling: bool = False) -> Iterator[Connection]:
+        """A pooled connection (autocommit) for one statement or transaction.
+
+        ``settling``: from the pool whose commits do not wait for the WAL
+        flush (see :meth:`connect`).
+        """
+        pool = (self._settle_pool if settling else self._pool).get()
         try:
             with pool.connection() as conn:
                 yield conn
@@ -314,6 +338,7 @@ class PostgresDriver(Driver):
 
     def close(self) -> None:
         self._pool.close()
+        self._settle_pool.close()
 
     def __repr__(self) -> str:
         return f"<PostgresDriver {self._display_url}>"
@@ -376,7 +401,7 @@ class _PostgresConsumer(Consumer):
             raise
 
     def _connect(self) -> Connection:
-        conn = self.driver.connect()
+        conn = self.driver.connect(settling=True)
         try:
             self.driver.ensure_tables(conn)
             conn.execute(f'LISTEN "{self.driver.channel}"'.encode())
@@ -434,12 +459,12 @@ class _PostgresConsumer(Consumer):
         # Forgotten even when the delete fails: renewing a lease on a row whose
         # handler is done would only delay its redelivery.
         self._forget(received)
-        with self.driver.connection() as conn:
+        with self.driver.connection(settling=True) as conn:
             conn.execute(self.sql.ack, [received.token])
 
     def release(self, received: Received) -> None:
         self._forget(received)
-        with self.driver.connection() as conn:
+        with self.driver.connection(settling=True) as conn:
             conn.execute(self.sql.release, [received.token, self.worker])
         self.next_claim = 0.0
 
@@ -447,7 +472,7 @@ class _PostgresConsumer(Consumer):
         self._forget(received)
         # The reason may quote the body, and a text column cannot hold NUL.
         reason = reason.replace("\x00", "\\x00")
-        with self.driver.connection() as conn:
+        with self.driver.connection(settling=True) as conn:
             conn.execute(self.sql.reject, {"id": received.token, "reason": reason})
 
     def close(self) -> None:
@@ -462,7 +487,7 @@ class _PostgresConsumer(Consumer):
         if not held:
             return
         with self.driver.translating(f"renewing the leases of {self.worker}"):
-            with self.driver.connection() as conn:
+            with self.driver.connection(settling=True) as conn:
                 conn.execute(self.sql.renew, [self.driver.lease_timeout_s, held, self.worker])
 
 

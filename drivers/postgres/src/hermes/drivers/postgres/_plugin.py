@@ -32,6 +32,7 @@ OPTIONS = {
     "create": "create the tables on first use (default true; false: run the DDL yourself)",
     "pool_size": "most pooled connections for sends and settles (default 10)",
     "connect_timeout": "seconds to wait for a connection (default 5)",
+    "synchronous_settles": "claims and acks wait for the WAL flush like sends (default false)",
     "application_name": "shown in pg_stat_activity (default hermes)",
 }
 #: libpq settings passed through as they are.
@@ -80,6 +81,7 @@ def _from_url(url: DriverUrl, **options: Any) -> PostgresDriver:
             create=url.get_bool("create", True),
             pool_size=url.get_int("pool_size", 10, minimum=1),
             connect_timeout_s=url.get_float("connect_timeout", 5.0, minimum=1.0),
+            synchronous_settles=url.get_bool("synchronous_settles", False),
             display_url=url.redacted,
         )
     except ValueError as exc:
