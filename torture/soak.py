@@ -55,7 +55,13 @@ import services  # noqa: E402
 from readme import replace_section  # noqa: E402
 
 from hermes.core import Emitter, HermesError, Message, connect  # noqa: E402
-from hermes.core.driver import Delivery, Driver, SupportsPurge, isolated_url  # noqa: E402
+from hermes.core.driver import (  # noqa: E402
+    Delivery,
+    Driver,
+    SupportsPurge,
+    SupportsTeardown,
+    isolated_url,
+)
 
 WORKERS = 3
 #: Handlers at once in each worker of the second run per driver.
@@ -214,7 +220,11 @@ def soak(
         finally:
             workers.stop()
             with contextlib.suppress(HermesError):
-                if isinstance(driver, SupportsPurge):
+                # The run's namespace is its own: drop it where the driver can
+                # (PostgreSQL's tables), else empty its queues.
+                if isinstance(driver, SupportsTeardown):
+                    driver.teardown()
+                elif isinstance(driver, SupportsPurge):
                     driver.purge()
             driver.close()
         got = handled(record)
