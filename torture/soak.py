@@ -16,6 +16,10 @@ on several messages in flight. ``--quick`` (CI's smoke run: 400 messages, 4 s
 of kills) leaves out the second: the conformance kit already SIGKILLs a
 worker with 4 handlers in flight on every driver.
 
+PostgreSQL's server is shared, so its outage run does not restart it: it
+terminates every backend of the run's connections (``pg_terminate_backend``
+by ``application_name``), which is what a restart does to a client.
+
 Redis runs in both delivery modes: ``redis`` (at-most-once, the default) and
 ``redis-at-least-once`` (leases that run out after 5 s).
 
@@ -50,8 +54,14 @@ sys.path.insert(0, str(ROOT / "tools"))
 import services  # noqa: E402
 from readme import replace_section  # noqa: E402
 
-from hermes.core import Emitter, HermesError, Message, SupportsBatchSend, connect
-from hermes.core.driver import Delivery, Driver, SupportsPurge, isolated_url
+from hermes.core import Emitter, HermesError, Message, connect  # noqa: E402
+from hermes.core.driver import (  # noqa: E402
+    Delivery,
+    Driver,
+    SupportsPurge,
+    SupportsTeardown,
+    isolated_url,
+)
 
 WORKERS = 3
 #: Handlers at once in each worker of the second run per driver.
@@ -136,13 +146,9 @@ def handled(record: Path) -> list[int]:
 
 def emit_numbered(driver: Driver, numbers: range) -> None:
     messages = [Message("torture", {"n": n}) for n in numbers]
-    if isinstance(driver, SupportsBatchSend):
-        for i in range(0, len(messages), 100):
-            driver.send_batch(messages[i : i + 100])
-    else:
-        emitter = Emitter(driver)
-        for message in messages:
-            emitter.emit(message)
+    # Every driver batches now (core's send_batch over put).
+    for i in range(0, len(messages), 100):
+        driver.send_batch(messages[i : i + 100])
 
 
 def soak(
@@ -214,7 +220,11 @@ def soak(
         finally:
             workers.stop()
             with contextlib.suppress(HermesError):
-                if isinstance(driver, SupportsPurge):
+                # The run's namespace is its own: drop it where the driver can
+                # (PostgreSQL's tables), else empty its queues.
+                if isinstance(driver, SupportsTeardown):
+                    driver.teardown()
+                elif isinstance(driver, SupportsPurge):
                     driver.purge()
             driver.close()
         got = handled(record)
@@ -295,6 +305,17 @@ def restart_rabbitmq() -> None:
     services.wait_for_port(services.AMQP_PORT, 60, "rabbitmq")
 
 
+def terminate_postgres_backends(url: str, application_name: str) -> None:
+    """End every server backend of ``application_name``: workers' and emitter's alike."""
+    import psycopg
+
+    with psycopg.connect(url.split("?")[0], autocommit=True) as conn:
+        conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
+            [application_name],
+        )
+
+
 def table(outcomes: list[Outcome]) -> str:
     lines = [
         "| run | sent | indeterminate | handled | kills | broker restarts | lost | duplicated "
@@ -360,7 +381,19 @@ def main() -> int:
         url = services.ensure_rabbitmq() + "?queue=hermes"
         return soak("rabbitmq + restart", url, count // 2, kill_phase, restart_rabbitmq)
 
-    for name in ("filesystem", "redis", "redis-at-least-once", "rabbitmq", "sqs", "kafka"):
+    def postgres_outage() -> Outcome:
+        app = f"hermes-torture-{uuid.uuid4().hex[:8]}"
+        with services.service_url("postgres") as url:
+            return soak(
+                "postgres + terminated connections",
+                f"{url}&application_name={app}",
+                count // 2,
+                kill_phase,
+                lambda: terminate_postgres_backends(url, app),
+            )
+
+    names = ("filesystem", "redis", "redis-at-least-once", "rabbitmq", "sqs", "kafka", "postgres")
+    for name in names:
         if (ROOT / "drivers" / name.split("-")[0] / "pyproject.toml").exists():
             run(name, with_service(name))
             if not args.quick:
@@ -371,6 +404,8 @@ def main() -> int:
         run("redis-at-least-once + restart", redis_restart("redis-at-least-once", leases))
     if (ROOT / "drivers" / "rabbitmq" / "pyproject.toml").exists():
         run("rabbitmq + restart", rabbitmq_restart)
+    if (ROOT / "drivers" / "postgres" / "pyproject.toml").exists():
+        run("postgres + terminated connections", postgres_outage)
     print()
     print(table(outcomes))
     if not args.quick and not only:
