@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from importlib import metadata
 from typing import TypeVar
 
-from hermes.core._cli import _demo, _drivers, _emit, _failed, _shutdown, _stats, _worker
+from hermes.core._cli import _demo, _drivers, _emit, _failed, _scheduler, _shutdown, _stats, _worker
 from hermes.core._cli._common import (
     URL_ENV,
     CliError,
@@ -200,6 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
         more="-v a line as each message starts and ends, and debug lines; -vv also full tracebacks",
     )
     worker.set_defaults(run=_worker.run)
+    _scheduler.add_worker_options(worker)
 
     emit = commands.add_parser(
         "emit",
@@ -241,6 +242,14 @@ def build_parser() -> argparse.ArgumentParser:
     emit.add_argument(
         "--count", type=_count(1), default=1, metavar="N", help="emit N messages; shows the rate"
     )
+    emit.add_argument(
+        "--unique-for",
+        type=_seconds,
+        metavar="SECONDS",
+        help="a unique job: skip the emit when one with the same --unique-key (default: the "
+        "message id) was emitted in the last SECONDS (needs redis://, file:// or memory://)",
+    )
+    emit.add_argument("--unique-key", metavar="KEY", help="with --unique-for: what makes it unique")
     _verbosity(emit)
     emit.set_defaults(run=_emit.run)
 
@@ -363,6 +372,7 @@ def build_parser() -> argparse.ArgumentParser:
         "default: a temporary file:// queue, else memory://)",
     )
     demo.set_defaults(run=_demo.run)
+    _scheduler.add_parser(commands, _URL_HELP)
     return parser
 
 

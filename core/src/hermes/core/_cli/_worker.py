@@ -262,10 +262,18 @@ def run(args: argparse.Namespace) -> int:
             args.concurrency,
             failed_url,
         )
+        # Imported here: _scheduler imports this module for load_object.
+        from hermes.core._cli import _scheduler
+
+        scheduler = None
+        if args.scheduler:
+            scheduler = _scheduler.start_in_worker(args, target, driver, url)
         started = time.monotonic()
         try:
             dispatcher.handle(priorities)
         finally:
+            if scheduler is not None:
+                scheduler.stop()
             print(_summary(dispatcher, time.monotonic() - started), flush=True)
     return 0
 
