@@ -246,7 +246,11 @@ class Scheduler:
             results.append(TickResult(entry, at, "skipped"))
             skipped.append(at)
         if skipped:
-            why = "one emit stands for them" if emit else "catch_up is 'none'"
+            why = (
+                "one emit stands for them"
+                if entry.catch_up is CatchUp.ONCE
+                else "catch_up is 'none'"
+            )
             first, last = entry.tick(min(skipped)).key, entry.tick(max(skipped)).key
             if len(skipped) == 1:
                 self.logger.info("Tick %s skipped: missed, and %s", first, why)
