@@ -411,3 +411,30 @@ class SupportsPurge(Protocol):
         Raises :class:`UnknownPriorityError` for a priority without a queue.
         """
         ...
+
+
+@runtime_checkable
+class SupportsClaim(Protocol):
+    """Optional: an atomic set-if-absent with an expiry, what periodic and unique jobs stand on.
+
+    ``hermes scheduler`` claims each tick of an entry (``tick:<name>@<time>``)
+    before it emits it, and ``Emitter.emit(..., unique_for=s)`` claims
+    ``unique:<type>:<key>``: only the caller that wins emits, however many
+    processes and hosts try at once. The contract, which the conformance kit
+    checks on every driver that has the method:
+
+    * Atomic: among any number of concurrent callers (threads, processes,
+      hosts) claiming one key that is absent or expired, exactly one gets True.
+    * Held: once won, the key is not won again for ``ttl_s`` seconds.
+    * Expires: after ``ttl_s`` seconds (plus the broker's expiry precision,
+      at most a second) it can be won again.
+    * Keys live in the driver's own namespace (its prefix, its queue
+      directory), so two applications on one broker do not claim each other's.
+    * Thread-safe and fork-safe like :meth:`Driver.put`; broker failures raise
+      like it (core calls it inside :meth:`Driver.translating`). Nothing here
+      removes a claim early: a claim is a fact about the past, not a lock.
+    """
+
+    def claim(self, key: str, ttl_s: float) -> bool:
+        """Claim ``key`` for ``ttl_s`` seconds (> 0); True when this caller won it."""
+        ...

@@ -2,8 +2,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import overload
 
-from hermes.core._driver import DEFAULT_PRIORITY, Driver
+from hermes.core._driver import DEFAULT_PRIORITY, Driver, SupportsClaim
+from hermes.core._errors import NotSupportedError
 from hermes.core._message import Message
 from hermes.core._registry import notify, plugin_manager
 
@@ -20,10 +22,76 @@ class Emitter:
         self.logger = logger or logging.getLogger("hermes")
         self._hooks = plugin_manager().hook
 
-    def emit(self, message: Message, priority: int = DEFAULT_PRIORITY) -> Emitter:
+    @overload
+    def emit(
+        self,
+        message: Message,
+        priority: int = ...,
+        *,
+        unique_for: None = None,
+        unique_key: None = None,
+    ) -> Emitter: ...
+
+    @overload
+    def emit(
+        self,
+        message: Message,
+        priority: int = ...,
+        *,
+        unique_for: float,
+        unique_key: str | None = None,
+    ) -> bool: ...
+
+    def emit(
+        self,
+        message: Message,
+        priority: int = DEFAULT_PRIORITY,
+        *,
+        unique_for: float | None = None,
+        unique_key: str | None = None,
+    ) -> Emitter | bool:
+        """Send ``message`` on the queue of ``priority``; returns the Emitter, for chaining.
+
+        ``unique_for=seconds`` makes it a unique job: the emit claims
+        ``unique:<type>:<key>`` on the broker for that long (``key`` is
+        ``unique_key``, else the message's id) and sends only if it won, so
+        of any number of emits with one key in the window, one is sent. It
+        then returns True when sent and False when skipped as a duplicate
+        (logged at INFO; not an error). Needs a driver with
+        :class:`~hermes.core.driver.SupportsClaim`, else :class:`NotSupportedError`.
+        """
+        if unique_for is None:
+            if unique_key is not None:
+                raise ValueError("unique_key needs unique_for=seconds")
+            self.driver.send(message, priority)
+            self._emitted(message, priority)
+            return self
+        return self._emit_unique(message, priority, unique_for, unique_key or message.id)
+
+    def _emit_unique(self, message: Message, priority: int, window_s: float, key: str) -> bool:
+        driver = self.driver
+        if not isinstance(driver, SupportsClaim):
+            raise NotSupportedError(
+                f"{driver!r} cannot claim keys, so emit(unique_for=...) cannot work on it: "
+                "emit unique jobs to a broker that can (redis://, file://, memory://)"
+            )
+        if not window_s > 0:
+            raise ValueError(f"unique_for must be > 0 seconds, got {window_s!r}")
+        claim_key = f"unique:{message.type}:{key}"
+        with driver.translating(f"claiming {claim_key}"):
+            won = driver.claim(claim_key, window_s)
+        if not won:
+            self.logger.info(
+                "Skipped message #%s (%s): %s was emitted in the last %g s",
+                message.id,
+                message.type,
+                claim_key,
+                window_s,
+            )
+            return False
         self.driver.send(message, priority)
         self._emitted(message, priority)
-        return self
+        return True
 
     async def emit_async(self, message: Message, priority: int = DEFAULT_PRIORITY) -> Emitter:
         """``emit`` for async code: the send runs in a thread, so the event loop keeps serving.

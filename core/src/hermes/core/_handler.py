@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 from hermes.core._errors import ConfigurationError, HandlerResultError
 from hermes.core._message import Message
 from hermes.core._retry import Backoff, RetryableHandler, RetryMixin
+from hermes.core._schedule import Schedule, on_schedule
 
 if TYPE_CHECKING:
     from hermes.core._dispatcher import Dispatcher
@@ -314,3 +315,22 @@ class HandlerRegistry:
     def __repr__(self) -> str:
         types = ", ".join(self.registered()) or "nothing"
         return f"<HandlerRegistry {types}>"
+
+    # Periodic entries, declared beside the handlers they feed -----------------
+
+    @property
+    def schedule(self) -> Schedule:
+        """The periodic entries declared with :meth:`every` and :meth:`cron`.
+
+        ``hermes scheduler --handlers module:registry`` and ``hermes worker
+        --scheduler`` run them.
+        """
+        schedule: Schedule | None = self.__dict__.get("_schedule")
+        if schedule is None:
+            schedule = self.__dict__["_schedule"] = Schedule()
+        return schedule
+
+    #: :meth:`Schedule.every`: emit a message type every interval.
+    every = on_schedule(Schedule.every)
+    #: :meth:`Schedule.cron`: emit a message type on each tick of a cron expression.
+    cron = on_schedule(Schedule.cron)

@@ -23,6 +23,9 @@ from hermes.core._driver import (
 from hermes.core._registry import DriverPlugin, hookimpl
 from hermes.core._url import DriverUrl
 
+#: Claims held before the expired ones are swept out.
+_CLAIMS_BEFORE_SWEEP = 10_000
+
 
 class _Broker:
     """The queues of one ``memory://NAME``, shared by every driver object of that name."""
@@ -43,6 +46,8 @@ class _Broker:
         self.in_flight: collections.Counter[int] = collections.Counter()
         #: priority -> bodies set aside.
         self.set_aside: collections.Counter[int] = collections.Counter()
+        #: Claim key -> when it expires (``time.monotonic()``).
+        self.claims: dict[str, float] = {}
 
     def move_due(self, now: float) -> None:
         while self.scheduled and self.scheduled[0][0] <= now:
@@ -137,6 +142,22 @@ class MemoryDriver(Driver):
             heapq.heapify(kept)
             broker.scheduled = kept
             return removed
+
+    def claim(self, key: str, ttl_s: float) -> bool:
+        """Set ``key`` unless it is held; True when this caller won it (see ``SupportsClaim``)."""
+        if not ttl_s > 0:
+            raise ValueError(f"a claim's ttl_s must be > 0, got {ttl_s!r}")
+        broker = self._broker
+        now = time.monotonic()
+        with broker.condition:
+            if broker.claims.get(key, now) > now:
+                return False
+            broker.claims[key] = now + ttl_s
+            if len(broker.claims) > _CLAIMS_BEFORE_SWEEP:
+                # Tick keys are never claimed again: forget the expired ones now
+                # and then, so a long test run does not grow without bound.
+                broker.claims = {k: at for k, at in broker.claims.items() if at > now}
+            return True
 
     def teardown(self) -> None:
         # Cleared in place: every driver object of this name (a worker's, an

@@ -23,6 +23,7 @@ from hermes.core._cli import (
     _failed,
     _plugins,
     _purge,
+    _scheduler,
     _shutdown,
     _stats,
     _worker,
@@ -33,7 +34,18 @@ from hermes.core._errors import HermesError
 __all__ = ["build_parser", "main"]
 
 #: The commands in the order ``hermes --help`` lists them; each module adds its own parser.
-COMMANDS = (_worker, _emit, _failed, _drivers, _plugins, _shutdown, _stats, _purge, _demo)
+COMMANDS = (
+    _worker,
+    _emit,
+    _failed,
+    _drivers,
+    _plugins,
+    _shutdown,
+    _stats,
+    _purge,
+    _scheduler,
+    _demo,
+)
 
 
 def _version() -> str:

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from hermes.core._driver import Driver
     from hermes.core._message import Message
     from hermes.core._registry import DriverPlugin
+    from hermes.core._schedule import Entry, Tick
 
 hookspec = pluggy.HookspecMarker("hermes")
 
@@ -168,4 +169,16 @@ def hermes_worker_metrics(port: int, url: str) -> str | None:
     plugin means none is installed. Called by ``hermes worker --metrics-port``
     before it starts handling; ``url`` is the worker's broker URL, for
     sampling queue depth on a connection of the plugin's own.
+    """
+
+
+@hookspec
+def hermes_tick(entry: Entry, tick: Tick, fired: bool) -> None:
+    """Called by a scheduler for each periodic tick it settled: emitted or skipped.
+
+    ``fired`` True: this scheduler won the tick's claim and its message is on
+    the broker. False: the tick was missed (every scheduler was down) and the
+    entry's catch-up policy skipped it; the scheduler that won its claim
+    reports it. Ticks another scheduler took are not reported, so adding up
+    every scheduler's calls counts each tick once.
     """

@@ -22,10 +22,11 @@ from hermes.core._cli._common import (
     queue_name,
     queue_of,
     queue_option,
+    seconds,
     setup_priorities,
     whole_number,
 )
-from hermes.core._driver import DEFAULT_PRIORITY, Delay, Driver
+from hermes.core._driver import DEFAULT_PRIORITY, Delay, Driver, SupportsClaim
 from hermes.core._emitter import Emitter
 from hermes.core._message import Message
 from hermes.core._registry import connect
@@ -87,6 +88,15 @@ def add_parser(commands: Commands) -> None:
         metavar="N",
         help="emit N messages; shows the rate",
     )
+    emit.add_argument(
+        "--unique-for",
+        type=seconds,
+        metavar="SECONDS",
+        help="a unique job: skip the emit when one with the same --unique-key (default: the "
+        "message id) was emitted in the last SECONDS (needs redis://, file://, postgresql:// "
+        "or memory://)",
+    )
+    emit.add_argument("--unique-key", metavar="KEY", help="with --unique-for: what makes it unique")
     add_verbosity(emit)
     emit.set_defaults(run=run)
 
@@ -170,6 +180,8 @@ def run(args: argparse.Namespace) -> int:
         first = Message(args.type, payload, execute_at=execute_at)
     except ValueError as exc:
         raise CliError(str(exc)) from None
+    if args.unique_key is not None and args.unique_for is None:
+        raise CliError("--unique-key needs --unique-for SECONDS")
     configure_logging(args.verbose - args.quiet, default_level=logging.WARNING)
 
     url: str = args.url or default_url()
@@ -199,6 +211,8 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
         due = f", execute_at {clock(execute_at)}" if execute_at is not None else ""
+        if args.unique_for is not None:
+            return _emit_unique(driver, first, priority, args, f"{shown}{due} to {redact_url(url)}")
         if args.count == 1:
             Emitter(driver).emit(first, priority)
             print(
@@ -212,6 +226,29 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"Emitted {args.count} messages ({first.type}) {shown}{due} "
             f"to {redact_url(url)} in {elapsed:.2f} s: {args.count / elapsed:,.0f} msg/s",
+            flush=True,
+        )
+    return 0
+
+
+def _emit_unique(
+    driver: Driver, message: Message, priority: int, args: argparse.Namespace, where: str
+) -> int:
+    """``--unique-for``: emit unless the key was emitted within the window; exit 0 either way."""
+    if args.count != 1:
+        raise CliError("--unique-for emits one message: leave out --count")
+    if not isinstance(driver, SupportsClaim):
+        raise CliError(
+            f"--unique-for needs a broker that can claim keys (redis://, file://); "
+            f"{type(driver).__name__} cannot"
+        )
+    key = args.unique_key or message.id
+    if Emitter(driver).emit(message, priority, unique_for=args.unique_for, unique_key=key):
+        print(f"Emitted message #{message.id} ({message.type}) {where}", flush=True)
+    else:
+        print(
+            f"Skipped message #{message.id} ({message.type}): unique:{message.type}:{key} was "
+            f"emitted in the last {args.unique_for:g} s",
             flush=True,
         )
     return 0

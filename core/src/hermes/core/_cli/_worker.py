@@ -127,6 +127,9 @@ def add_parser(commands: Commands) -> None:
         more="-v a line as each message starts and ends, and debug lines; -vv also full tracebacks",
     )
     worker.set_defaults(run=run)
+    from hermes.core._cli import _scheduler  # not at the top: it imports load_object from here
+
+    _scheduler.add_worker_options(worker)
 
 
 def _add_queue_options(worker: argparse.ArgumentParser) -> None:
@@ -375,10 +378,18 @@ def run(args: argparse.Namespace) -> int:
         worker = Worker(
             driver, dispatcher, priorities=priorities, max_items=args.max_items, shutdown=shutdowns
         )
+        # Imported here: _scheduler imports this module for load_object.
+        from hermes.core._cli import _scheduler
+
+        scheduler = None
+        if args.scheduler:
+            scheduler = _scheduler.start_in_worker(args, target, driver, url)
         started = time.monotonic()
         try:
             worker.run()
         finally:
+            if scheduler is not None:
+                scheduler.stop()
             print(_summary(dispatcher, time.monotonic() - started), flush=True)
     return 0
 

@@ -33,6 +33,7 @@ from hermes.core.driver import (
     QueueStats,
     Received,
 )
+from hermes.drivers.filesystem import _claim
 from hermes.drivers.filesystem._names import SCHEME, QueuedName, next_name, parse
 from hermes.drivers.filesystem._worker import LOCK_NAME, WorkerClaims, recover_dead_workers
 
@@ -403,6 +404,11 @@ class FileSystemDriver(Driver):
                 if exc.errno != errno.ENOTEMPTY:
                     raise
                 # Files of the user's own next to our directories: not ours to delete.
+
+    def claim(self, key: str, ttl_s: float) -> bool:
+        """A file in ``claims/`` made with ``link``: see :mod:`._claim` and ``SupportsClaim``."""
+        with self.translating(f"claiming {key!r}"):
+            return _claim.claim(self.path, key, ttl_s)
 
 
 class _FileConsumer(Consumer):

@@ -38,7 +38,7 @@ from hermes.core.driver import (
     QueueStats,
     Received,
 )
-from hermes.drivers.redis import _scripts
+from hermes.drivers.redis import _claim, _scripts
 from hermes.drivers.redis._capabilities import CAPABILITIES
 
 #: How often a busy worker moves due scheduled messages (an idle one does it every receive).
@@ -468,6 +468,11 @@ class RedisSetDriver(Driver):
     def close(self) -> None:
         if self._close_client:
             self.client.close()
+
+    def claim(self, key: str, ttl_s: float) -> bool:
+        """``SET <key>_claim:<key> 1 NX PX``: see :class:`~hermes.core.driver.SupportsClaim`."""
+        with self.translating(f"claiming {key!r}"):
+            return _claim.claim(self.client, _claim.claim_key(self.key, key), ttl_s)
 
     def __repr__(self) -> str:
         pool = self.client.connection_pool

@@ -7,6 +7,7 @@ import time
 
 from hermes.core import Message, Outcome, hookimpl
 from hermes.plugins.prometheus import _metrics
+from hermes.plugins.prometheus._ticks import hermes_tick  # noqa: F401 - a hook of this plugin
 
 #: Per handler thread: when the running handler started (the last mark).
 _marks = threading.local()
