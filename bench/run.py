@@ -40,8 +40,8 @@ sys.path.insert(0, str(ROOT / "tools"))
 import services  # noqa: E402
 from readme import replace_section  # noqa: E402
 
-from hermes.core import Emitter, Message, SupportsBatchSend, connect
-from hermes.core.driver import DriverUrl, SupportsPurge, isolated_url
+from hermes.core import Emitter, Message, connect  # noqa: E402
+from hermes.core.driver import DriverUrl, SupportsTeardown, isolated_url  # noqa: E402
 
 JOBS = ("noop", "incr", "sleep")
 JOB_LABELS = {"noop": "no-op", "incr": "INCR", "sleep": "sleep 20 ms"}
@@ -354,8 +354,6 @@ class Hermes:
     def emit_batched(self, broker: str, setting: HermesSetting, base_url: str, n: int) -> None:
         driver = connect(setting.url(base_url))
         try:
-            if not isinstance(driver, SupportsBatchSend):
-                return
             batch = [Message("bench", {"i": i}) for i in range(n)]
             started = time.perf_counter()
             for i in range(0, n, 100):
@@ -398,19 +396,14 @@ class Hermes:
 
 def fill(driver: Any, n: int) -> None:
     batch = [Message("bench", {"i": i}) for i in range(n)]
-    if isinstance(driver, SupportsBatchSend):
-        for i in range(0, n, 500):
-            driver.send_batch(batch[i : i + 500])
-    else:
-        emitter = Emitter(driver)
-        for message in batch:
-            emitter.emit(message)
+    for i in range(0, n, 500):
+        driver.send_batch(batch[i : i + 500])
 
 
 def purge_and_close(driver: Any) -> None:
     try:
-        if isinstance(driver, SupportsPurge):
-            driver.purge()
+        if isinstance(driver, SupportsTeardown):
+            driver.teardown()
     finally:
         driver.close()
 

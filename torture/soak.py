@@ -225,7 +225,7 @@ def soak(
                 if isinstance(driver, SupportsTeardown):
                     driver.teardown()
                 elif isinstance(driver, SupportsPurge):
-                    driver.purge()
+                    driver.purge(None)
             driver.close()
         got = handled(record)
         counts = collections.Counter(got)
