@@ -9,6 +9,7 @@ import logging
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pluggy
@@ -161,6 +162,24 @@ def test_a_plugin_that_fails_to_import_costs_only_its_own_drivers(
     assert "Hermes plugin broken (hermes_no_such_module._plugin) could not be loaded" in caplog.text
     with pytest.raises(UnknownDriverError, match=r"broken .* failed to load: ModuleNotFoundError"):
         connect("nope://x")
+
+
+def test_a_plugin_whose_hooks_do_not_match_is_skipped_not_fatal(
+    fresh_registry: _registry._Registry,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    entry_points = [
+        importlib.metadata.EntryPoint("stale", "stale_plugin", "hermes"),
+        importlib.metadata.EntryPoint("memory", "hermes.core._memory", "hermes"),
+    ]
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: entry_points)
+
+    assert [driver.name for driver in available_drivers()] == ["memory"]
+    assert "stale" in fresh_registry.broken
+    assert "Hermes plugin stale (stale_plugin) could not be loaded" in caplog.text
+    assert "no_such_argument" in caplog.text
 
 
 def test_the_unknown_driver_error_hides_the_url_s_password(

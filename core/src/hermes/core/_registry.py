@@ -103,6 +103,10 @@ class _Registry:
             origin = (dist.name, dist.version) if dist is not None else ("", "")
             try:
                 plugin = entry_point.load()
+                # A plugin whose hooks do not match this core's hookspecs (written
+                # for another version) fails here: it is skipped like one that
+                # does not import, so one stale plugin cannot stop every command.
+                manager.register(plugin, name=entry_point.name)
             except Exception as exc:
                 self.broken[entry_point.name] = (origin[0], exc)
                 logger.warning(
@@ -113,7 +117,6 @@ class _Registry:
                     exc,
                 )
                 continue
-            manager.register(plugin, name=entry_point.name)
             self._origins[id(plugin)] = origin
 
     def drivers(self) -> dict[str, DriverPlugin]:

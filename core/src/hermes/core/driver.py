@@ -44,7 +44,7 @@ from hermes.core._leases import Handover, LeaseKeeper
 from hermes.core._memory import MemoryDriver
 from hermes.core._message import Message
 from hermes.core._process import PerProcess
-from hermes.core._registry import DriverPlugin, hookimpl, isolated_url
+from hermes.core._registry import DriverPlugin, hookimpl, isolated_url, plugin_manager
 from hermes.core._serializer import MessageSerializer, Serializer
 from hermes.core._shutdown import SHUTDOWN_CHECK_INTERVAL_S
 from hermes.core._url import DriverUrl, redact_url
@@ -93,6 +93,7 @@ __all__ = [
     "isolated_url",
     "lazy_exports",
     "outgoing",
+    "plugin_manager",
     "redact_url",
 ]
 

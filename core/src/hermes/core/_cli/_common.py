@@ -260,7 +260,9 @@ def add_found_queues(driver: Driver) -> bool:
     """
     if not isinstance(driver, FindsPriorityQueues):
         return False
-    for priority, name in sorted(driver.find_priority_queues().items(), reverse=True):
+    with driver.translating("listing its queues"):
+        found = driver.find_priority_queues()
+    for priority, name in sorted(found.items(), reverse=True):
         driver.setup_priority_queue(name, priority)
     return True
 
@@ -278,7 +280,9 @@ def queues_looked_at(driver: Driver) -> str:
     """``app:hermes_priority_200 (200), app:hermes (100)``: the queues a command covered."""
     if not isinstance(driver, SupportsStats):
         return "every queue this process knows"
-    names = [f"{row.name} ({row.priority})" for row in driver.queue_stats()]
+    with driver.translating("counting its queues"):
+        rows = driver.queue_stats()
+    names = [f"{row.name} ({row.priority})" for row in rows]
     return ", ".join(dict.fromkeys(names))
 
 

@@ -72,7 +72,8 @@ def run(args: argparse.Namespace) -> int:
             if answer.strip().lower() not in ("y", "yes"):
                 print("Nothing deleted", flush=True)
                 return 1
-        removed = driver.purge(args.priority)
+        with driver.translating("deleting what waits"):
+            removed = driver.purge(args.priority)
     print(
         f"Deleted {removed:,} waiting message{'s' if removed != 1 else ''} from {which}",
         flush=True,

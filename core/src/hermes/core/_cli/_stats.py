@@ -77,7 +77,8 @@ def _stats(driver: Driver, url: str) -> list[QueueStats]:
             f"{type(driver).__name__} ({redact_url(url)}) cannot count its queues: "
             "it does not implement queue_stats()"
         )
-    return driver.queue_stats()
+    with driver.translating("counting its queues"):
+        return driver.queue_stats()
 
 
 def table(rows: Sequence[QueueStats]) -> str:
