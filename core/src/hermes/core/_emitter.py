@@ -5,7 +5,7 @@ from collections.abc import Sequence
 
 from hermes.core._driver import DEFAULT_PRIORITY, Driver
 from hermes.core._message import Message
-from hermes.core._registry import notify, plugin_manager
+from hermes.core._registry import enter_emit_calls, exit_calls, notify, plugin_manager
 
 
 class Emitter:
@@ -13,6 +13,10 @@ class Emitter:
 
     ``emit`` returns as soon as ``driver.send`` returns. It is as thread-safe
     as ``driver.send``, which every driver makes thread-safe.
+
+    Plugins implementing ``hermes_emit_call`` (tracing) run around each send
+    and may add headers: the message sent is then a copy of the one given,
+    with them.
     """
 
     def __init__(self, driver: Driver, logger: logging.Logger | None = None) -> None:
@@ -21,7 +25,19 @@ class Emitter:
         self._hooks = plugin_manager().hook
 
     def emit(self, message: Message, priority: int = DEFAULT_PRIORITY) -> Emitter:
-        self.driver.send(message, priority)
+        hook = self._hooks.hermes_emit_call
+        if not hook.get_hookimpls():
+            self.driver.send(message, priority)
+        else:
+            message, entered = enter_emit_calls(
+                hook, message, priority=priority, driver=self.driver
+            )
+            try:
+                self.driver.send(message, priority)
+            except BaseException as exc:
+                exit_calls(hook, entered, exc)
+                raise
+            exit_calls(hook, entered, None)
         self._emitted(message, priority)
         return self
 
@@ -40,7 +56,25 @@ class Emitter:
 
     def emit_batch(self, messages: Sequence[Message], priority: int = DEFAULT_PRIORITY) -> Emitter:
         """``emit`` each of ``messages``, in one broker round trip where the driver can."""
-        self.driver.send_batch(messages, priority)
+        hook = self._hooks.hermes_emit_call
+        if not hook.get_hookimpls():
+            self.driver.send_batch(messages, priority)
+        else:
+            sent: list[Message] = []
+            entered = []
+            for message in messages:
+                message, entered_for_one = enter_emit_calls(
+                    hook, message, priority=priority, driver=self.driver
+                )
+                sent.append(message)
+                entered += entered_for_one
+            try:
+                self.driver.send_batch(sent, priority)
+            except BaseException as exc:
+                exit_calls(hook, entered, exc)
+                raise
+            exit_calls(hook, entered, None)
+            messages = sent
         for message in messages:
             self._emitted(message, priority)
         return self

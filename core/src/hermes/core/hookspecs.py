@@ -23,7 +23,7 @@ skipped with an error: there is no call of other plugins for them to wrap.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import pluggy
@@ -168,4 +168,28 @@ def hermes_worker_metrics(port: int, url: str) -> str | None:
     plugin means none is installed. Called by ``hermes worker --metrics-port``
     before it starts handling; ``url`` is the worker's broker URL, for
     sampling queue depth on a connection of the plugin's own.
+    """
+
+
+@hookspec
+def hermes_emit_call(
+    message: Message, priority: int, driver: Driver
+) -> AbstractContextManager[Mapping[str, str] | None] | None:
+    """Return a context manager to run around sending one emitted message, or None.
+
+    The hook for tracing on the producer side: called by :meth:`Emitter.emit`
+    (``emit_batch``: once per message, every manager entered before the one
+    batch send) right before ``driver.send``. The manager is entered then; its
+    ``__enter__`` may return headers to add to the message -- a trace
+    context, say -- and the message sent (and passed to
+    :func:`hermes_message_emitted`) is ``message`` with them, a plugin's names
+    replacing the message's own. It is exited when the send returned or raised
+    (its ``__exit__`` sees the exception). The next implementation is called
+    with the headers of the ones before it already added.
+
+    Retry copies the Dispatcher sends are not emits: they keep the headers the
+    message had, so every run of a job stays tied to the emit that started it.
+    As with :func:`hermes_handler_call`, a plugin cannot change the outcome: an
+    implementation that raises (or returns headers a :class:`Message` refuses)
+    is logged and left out, and the message is sent anyway.
     """
