@@ -70,13 +70,17 @@ def hermes_message_started(message: Message, priority: int) -> None:
 
 @hookspec
 def hermes_handler_call(
-    message: Message, priority: int, handler: object
+    message: Message, priority: int, handler: object, driver: Driver
 ) -> AbstractContextManager[None] | None:
     """Return a context manager to run around one handler call, or None.
 
     The hook for tracing and error reports: called by the Dispatcher right
     before ``handler.handle(message)``; the manager is entered then and exited
     when the call returned or raised (its ``__exit__`` sees the exception).
+    ``driver`` is the Dispatcher's (the broker the message came from, where
+    its retry copy goes). The handler's outcome follows the exit:
+    :func:`hermes_message_succeeded`, :func:`hermes_message_retried` or
+    :func:`hermes_message_gave_up`, on the same thread.
     A plugin cannot change the outcome: a manager that raises is logged and
     left out, and one that would swallow the handler's exception does not.
     """
