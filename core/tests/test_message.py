@@ -64,7 +64,7 @@ def test_a_message_is_immutable() -> None:
 def test_priority_is_not_part_of_a_message() -> None:
     names = {field.name for field in dataclasses.fields(Message)}
 
-    assert names == {"type", "payload", "id", "created", "execute_at", "retries"}
+    assert names == {"type", "payload", "id", "created", "execute_at", "retries", "headers"}
 
 
 @pytest.mark.parametrize("type_", ["", None, 5])

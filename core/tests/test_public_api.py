@@ -41,8 +41,8 @@ def test_the_signatures_are_the_documented_ones() -> None:
         "(type: 'str', payload: 'dict[str, Any] | list[Any] | None' = None, *, "
         "id: 'str | None' = None, "
         "created: 'float | None' = None, "
-        "execute_at: 'float | datetime.datetime | None' = None, retries: 'int' = 0)"
-        " -> 'None'"
+        "execute_at: 'float | datetime.datetime | None' = None, retries: 'int' = 0, "
+        "headers: 'Mapping[str, str] | None' = None) -> 'None'"
     )
     parameters = inspect.signature(Dispatcher).parameters
     assert list(parameters)[:4] == ["driver", "logger", "shutdown", "randomizer"]

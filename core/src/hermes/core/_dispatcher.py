@@ -348,6 +348,7 @@ class Dispatcher:
                 message=message,
                 priority=priority,
                 handler=handler,
+                driver=self.driver,
             )
         except Exception as exc:
             if debug:

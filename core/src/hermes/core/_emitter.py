@@ -7,7 +7,7 @@ from typing import overload
 from hermes.core._driver import DEFAULT_PRIORITY, Driver, SupportsClaim
 from hermes.core._errors import NotSupportedError
 from hermes.core._message import Message
-from hermes.core._registry import notify, plugin_manager
+from hermes.core._registry import enter_emit_calls, exit_calls, notify, plugin_manager
 
 
 class Emitter:
@@ -15,6 +15,10 @@ class Emitter:
 
     ``emit`` returns as soon as ``driver.send`` returns. It is as thread-safe
     as ``driver.send``, which every driver makes thread-safe.
+
+    Plugins implementing ``hermes_emit_call`` (tracing) run around each send
+    and may add headers: the message sent is then a copy of the one given,
+    with them.
     """
 
     def __init__(self, driver: Driver, logger: logging.Logger | None = None) -> None:
@@ -63,8 +67,7 @@ class Emitter:
         if unique_for is None:
             if unique_key is not None:
                 raise ValueError("unique_key needs unique_for=seconds")
-            self.driver.send(message, priority)
-            self._emitted(message, priority)
+            self._emitted(self._send(message, priority), priority)
             return self
         return self._emit_unique(message, priority, unique_for, unique_key or message.id)
 
@@ -89,9 +92,24 @@ class Emitter:
                 window_s,
             )
             return False
-        self.driver.send(message, priority)
+        message = self._send(message, priority)
         self._emitted(message, priority)
         return True
+
+    def _send(self, message: Message, priority: int) -> Message:
+        """``driver.send`` inside the plugins' emit calls; the message as sent (their headers)."""
+        hook = self._hooks.hermes_emit_call
+        if not hook.get_hookimpls():
+            self.driver.send(message, priority)
+            return message
+        message, entered = enter_emit_calls(hook, message, priority=priority, driver=self.driver)
+        try:
+            self.driver.send(message, priority)
+        except BaseException as exc:
+            exit_calls(hook, entered, exc)
+            raise
+        exit_calls(hook, entered, None)
+        return message
 
     async def emit_async(self, message: Message, priority: int = DEFAULT_PRIORITY) -> Emitter:
         """``emit`` for async code: the send runs in a thread, so the event loop keeps serving.
@@ -108,7 +126,25 @@ class Emitter:
 
     def emit_batch(self, messages: Sequence[Message], priority: int = DEFAULT_PRIORITY) -> Emitter:
         """``emit`` each of ``messages``, in one broker round trip where the driver can."""
-        self.driver.send_batch(messages, priority)
+        hook = self._hooks.hermes_emit_call
+        if not hook.get_hookimpls():
+            self.driver.send_batch(messages, priority)
+        else:
+            sent: list[Message] = []
+            entered = []
+            for message in messages:
+                message, entered_for_one = enter_emit_calls(
+                    hook, message, priority=priority, driver=self.driver
+                )
+                sent.append(message)
+                entered += entered_for_one
+            try:
+                self.driver.send_batch(sent, priority)
+            except BaseException as exc:
+                exit_calls(hook, entered, exc)
+                raise
+            exit_calls(hook, entered, None)
+            messages = sent
         for message in messages:
             self._emitted(message, priority)
         return self

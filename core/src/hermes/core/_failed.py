@@ -2,8 +2,8 @@
 
 Off unless asked for (``Dispatcher(driver, failed=connect(url))``, ``hermes
 worker --failed-url URL``). The store is any Hermes URL: a failed message is
-sent there as an ordinary Hermes message -- same id, type, payload, created
-and retries, due at once -- whose envelope also carries ``failed_reason`` and
+sent there as an ordinary Hermes message -- same id, type, payload, created,
+retries and headers, due at once -- whose envelope also carries ``failed_reason`` and
 ``failed_at``. PHP Hermes ignores envelope keys it does not know, so the wire
 format stays the same, and a worker started on the store's URL can handle
 what is in it like any queue.
@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Collection, Hashable, Iterator
+from collections.abc import Collection, Hashable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -58,12 +58,20 @@ class FailedMessage(Message):
         created: float | None = None,
         execute_at: float | None = None,
         retries: int = 0,
+        headers: Mapping[str, str] | None = None,
         failed_reason: str = NO_REASON,
         failed_at: float | None = None,
     ) -> None:
         # Message.__init__ by name: a slots dataclass breaks zero-argument super().
         Message.__init__(
-            self, type, payload, id=id, created=created, execute_at=execute_at, retries=retries
+            self,
+            type,
+            payload,
+            id=id,
+            created=created,
+            execute_at=execute_at,
+            retries=retries,
+            headers=headers,
         )
         object.__setattr__(self, "failed_reason", str(failed_reason))
         object.__setattr__(
@@ -79,13 +87,20 @@ class FailedMessage(Message):
             id=message.id,
             created=message.created,
             retries=message.retries,
+            headers=message.headers,
             failed_reason=reason,
             failed_at=failed_at,
         )
 
     def fresh(self) -> Message:
-        """The message to run again: same id, type, payload and created; retries reset, due now."""
-        return Message(self.type, self.payload, id=self.id, created=self.created)
+        """The message to run again: same id, type, payload, created and headers; retries reset.
+
+        Due now. The headers stay so that a run from the store is still traced
+        to the request that first sent the message.
+        """
+        return Message(
+            self.type, self.payload, id=self.id, created=self.created, headers=self.headers
+        )
 
 
 class FailedMessageSerializer(MessageSerializer):

@@ -3,8 +3,20 @@ from __future__ import annotations
 import datetime
 import time
 import uuid
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
+
+#: How many headers a message may carry, and how long a name and a value may be
+#: (in characters). Headers are metadata -- trace context, a correlation id --
+#: sent with every copy of the message; a W3C ``tracestate`` is at most 512.
+MAX_HEADERS = 64
+MAX_HEADER_NAME = 128
+MAX_HEADER_VALUE = 4096
+
+#: What a message without headers holds: one shared, read-only empty mapping.
+NO_HEADERS: Mapping[str, str] = MappingProxyType({})
 
 
 def _new_id() -> str:
@@ -32,6 +44,37 @@ def _timestamp(value: Any) -> float:
     )
 
 
+def _checked_headers(headers: Mapping[str, str] | None) -> Mapping[str, str]:
+    """``headers`` as a read-only copy, or a ``ValueError`` naming the bad one."""
+    if headers is None:
+        return NO_HEADERS
+    if not isinstance(headers, Mapping):
+        raise ValueError(
+            f"Message headers must be a mapping of str to str, got {_describe(headers)}"
+        )
+    if not headers:
+        return NO_HEADERS
+    if len(headers) > MAX_HEADERS:
+        raise ValueError(f"Message headers: at most {MAX_HEADERS} allowed, got {len(headers)}")
+    copied: dict[str, str] = {}
+    for name, value in headers.items():
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"Message header names must be non-empty strings, got {name!r}")
+        if len(name) > MAX_HEADER_NAME:
+            raise ValueError(
+                f"Message header name {name[:40]!r}... is longer than {MAX_HEADER_NAME} characters"
+            )
+        if not isinstance(value, str):
+            raise ValueError(f"Message header {name!r} must be a string, got {_describe(value)}")
+        if len(value) > MAX_HEADER_VALUE:
+            raise ValueError(
+                f"Message header {name!r} is longer than {MAX_HEADER_VALUE} characters "
+                f"({len(value)})"
+            )
+        copied[name] = value
+    return MappingProxyType(copied)
+
+
 @dataclass(frozen=True, slots=True, init=False)
 class Message:
     """One job: a type that selects the handlers, and a JSON payload for them.
@@ -45,6 +88,12 @@ class Message:
     ``Message`` takes ``?array``; a string or number payload makes its worker die
     with the message already taken off the queue). Values inside the payload are
     checked when it is serialized, at ``send()``.
+
+    ``headers`` are short string pairs that travel with the message and every
+    retry copy (trace context, a correlation id, who emitted it): at most
+    :data:`MAX_HEADERS`, names up to :data:`MAX_HEADER_NAME` characters, values
+    up to :data:`MAX_HEADER_VALUE`. They are kept read-only; a message with
+    none serializes to exactly the PHP Hermes envelope.
     """
 
     #: Selects the handlers registered with ``Dispatcher.register_handler(type, ...)``.
@@ -59,6 +108,9 @@ class Message:
     execute_at: float | None
     #: How many times this job was retried before (0 for a fresh message).
     retries: int
+    #: Read-only ``str -> str`` metadata, empty unless given; kept by :meth:`replace`.
+    #: (Left out of ``hash()``, so a message without a payload stays hashable.)
+    headers: Mapping[str, str] = field(hash=False)
 
     def __init__(
         self,
@@ -69,6 +121,7 @@ class Message:
         created: float | None = None,
         execute_at: float | datetime.datetime | None = None,
         retries: int = 0,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         if not isinstance(type, str) or not type:
             raise ValueError(f"Message type must be a non-empty string, got {type!r}")
@@ -90,6 +143,7 @@ class Message:
         setattr_(self, "created", time.time() if created is None else float(created))
         setattr_(self, "execute_at", execute_at)
         setattr_(self, "retries", retries)
+        setattr_(self, "headers", _checked_headers(headers))
 
     def replace(self, **changes: Any) -> Message:
         """A copy with some fields changed (``id`` and ``created`` are kept unless given)."""
@@ -100,6 +154,7 @@ class Message:
             "created": self.created,
             "execute_at": self.execute_at,
             "retries": self.retries,
+            "headers": self.headers,
         }
         unknown = changes.keys() - fields.keys()
         if unknown:

@@ -20,6 +20,7 @@ T = TypeVar("T")
 
 if TYPE_CHECKING:
     from hermes.core._failed import QueueBrowser
+    from hermes.core._message import Message
 
 #: Marks the functions of a plugin module that implement :mod:`hermes.core.hookspecs`.
 hookimpl = pluggy.HookimplMarker("hermes")
@@ -215,6 +216,10 @@ def notify(hook: Any, **kwargs: Any) -> None:
             hook_failed(impl.plugin_name, hook.name, exc)
 
 
+#: A context manager a plugin returned and Hermes entered, with the plugin's name.
+Entered = tuple[str, contextlib.AbstractContextManager[Any]]
+
+
 def wrap_call(hook: Any, call: Callable[[], T], **kwargs: Any) -> T:
     """``call()`` inside the context manager each implementation of ``hook`` returns.
 
@@ -229,7 +234,7 @@ def wrap_call(hook: Any, call: Callable[[], T], **kwargs: Any) -> T:
     impls = hook.get_hookimpls()
     if not impls:
         return call()
-    entered: list[tuple[str, contextlib.AbstractContextManager[Any]]] = []
+    entered: list[Entered] = []
     for impl in reversed(impls):
         try:
             args = [kwargs[name] for name in impl.argnames]
@@ -249,16 +254,41 @@ def wrap_call(hook: Any, call: Callable[[], T], **kwargs: Any) -> T:
     return result
 
 
-def _exit_all(
-    hook_name: str,
-    entered: list[tuple[str, contextlib.AbstractContextManager[Any]]],
-    exc: BaseException | None,
-) -> None:
+def _exit_all(hook_name: str, entered: list[Entered], exc: BaseException | None) -> None:
     for plugin_name, manager in reversed(entered):
         try:
             manager.__exit__(type(exc) if exc else None, exc, exc.__traceback__ if exc else None)
         except Exception as error:
             hook_failed(plugin_name, hook_name, error)
+
+
+def enter_emit_calls(hook: Any, message: Message, **kwargs: Any) -> tuple[Message, list[Entered]]:
+    """Enter the managers ``hermes_emit_call`` returns for ``message``; the message to send.
+
+    Each implementation is called with the message as the ones before it left
+    it; the headers a manager's ``__enter__`` returns are added. What raises is
+    logged by :func:`hook_failed` and left out. The caller sends the message
+    and then calls :func:`exit_calls` with the list, and the exception if any.
+    """
+    entered: list[Entered] = []
+    for impl in reversed(hook.get_hookimpls()):
+        try:
+            kwargs["message"] = message
+            manager = impl.function(*[kwargs[name] for name in impl.argnames])
+            if manager is None:
+                continue
+            headers = manager.__enter__()
+            entered.append((impl.plugin_name, manager))
+            if headers:
+                message = message.replace(headers={**message.headers, **headers})
+        except Exception as exc:
+            hook_failed(impl.plugin_name, hook.name, exc)
+    return message, entered
+
+
+def exit_calls(hook: Any, entered: list[Entered], exc: BaseException | None) -> None:
+    """Exit what :func:`enter_emit_calls` entered, last first, each seeing ``exc``."""
+    _exit_all(hook.name, entered, exc)
 
 
 def plugin_manager() -> pluggy.PluginManager:

@@ -120,6 +120,14 @@ class MessageSerializer:
     PHP has no empty object apart from an empty array: it writes an empty payload
     as ``[]``, which decodes here to ``{}``. Deeper down it cannot tell them apart
     either, so a nested ``{}`` that goes through a PHP retry comes back as ``[]``.
+
+    A message with headers gets one more key, after ``retries``:
+    ``"headers":{"traceparent":"…"}``. It is written only when there are
+    headers, so a message without them is the PHP envelope, byte for byte as
+    this serializer wrote it before headers existed. PHP Hermes ignores the
+    key (and its retry copies lose it). Reading, a ``headers`` that is not an
+    object of strings within :class:`Message`'s limits is a
+    :class:`SerializeError` that names it; ``[]`` and ``null`` mean none.
     """
 
     def serialize(self, message: Message) -> str:
@@ -133,6 +141,8 @@ class MessageSerializer:
                 "retries": message.retries,
             }
         }
+        if message.headers:
+            envelope["message"]["headers"] = dict(message.headers)
         try:
             return _encoder.encode(envelope)
         except (TypeError, ValueError, RecursionError) as exc:
@@ -158,9 +168,21 @@ class MessageSerializer:
         if not isinstance(body, dict):
             raise SerializeError(f"Cannot unserialize message from '{_quote(data)}'", data)
         try:
-            return self._message_from(body)
+            message = self._message_from(body)
         except (KeyError, TypeError, ValueError, OverflowError) as exc:
             raise SerializeError(f"Invalid message format in '{_quote(data)}'", data) from exc
+        headers = body.get("headers")
+        # PHP writes an empty array as [], and null is as good as no key.
+        if headers is None or headers == []:
+            return message
+        try:
+            if not isinstance(headers, dict):
+                raise ValueError(f"headers must be a JSON object, got {type(headers).__name__}")
+            return message.replace(headers=headers)
+        except ValueError as exc:
+            raise SerializeError(
+                f"Invalid message headers in '{_quote(data)}': {exc}", data
+            ) from exc
 
     @staticmethod
     def _message_from(body: dict[str, Any]) -> Message:

@@ -23,7 +23,7 @@ skipped with an error: there is no call of other plugins for them to wrap.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import pluggy
@@ -71,13 +71,17 @@ def hermes_message_started(message: Message, priority: int) -> None:
 
 @hookspec
 def hermes_handler_call(
-    message: Message, priority: int, handler: object
+    message: Message, priority: int, handler: object, driver: Driver
 ) -> AbstractContextManager[None] | None:
     """Return a context manager to run around one handler call, or None.
 
     The hook for tracing and error reports: called by the Dispatcher right
     before ``handler.handle(message)``; the manager is entered then and exited
     when the call returned or raised (its ``__exit__`` sees the exception).
+    ``driver`` is the Dispatcher's (the broker the message came from, where
+    its retry copy goes). The handler's outcome follows the exit:
+    :func:`hermes_message_succeeded`, :func:`hermes_message_retried` or
+    :func:`hermes_message_gave_up`, on the same thread.
     A plugin cannot change the outcome: a manager that raises is logged and
     left out, and one that would swallow the handler's exception does not.
     """
@@ -181,4 +185,28 @@ def hermes_tick(entry: Entry, tick: Tick, fired: bool) -> None:
     entry's catch-up policy skipped it; the scheduler that won its claim
     reports it. Ticks another scheduler took are not reported, so adding up
     every scheduler's calls counts each tick once.
+    """
+
+
+@hookspec
+def hermes_emit_call(
+    message: Message, priority: int, driver: Driver
+) -> AbstractContextManager[Mapping[str, str] | None] | None:
+    """Return a context manager to run around sending one emitted message, or None.
+
+    The hook for tracing on the producer side: called by :meth:`Emitter.emit`
+    (``emit_batch``: once per message, every manager entered before the one
+    batch send) right before ``driver.send``. The manager is entered then; its
+    ``__enter__`` may return headers to add to the message -- a trace
+    context, say -- and the message sent (and passed to
+    :func:`hermes_message_emitted`) is ``message`` with them, a plugin's names
+    replacing the message's own. It is exited when the send returned or raised
+    (its ``__exit__`` sees the exception). The next implementation is called
+    with the headers of the ones before it already added.
+
+    Retry copies the Dispatcher sends are not emits: they keep the headers the
+    message had, so every run of a job stays tied to the emit that started it.
+    As with :func:`hermes_handler_call`, a plugin cannot change the outcome: an
+    implementation that raises (or returns headers a :class:`Message` refuses)
+    is logged and left out, and the message is sent anyway.
     """

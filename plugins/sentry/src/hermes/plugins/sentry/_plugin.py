@@ -1,0 +1,126 @@
+"""The pluggy hooks that report a failing handler to Sentry, once per failure.
+
+Each handler call runs in a Sentry isolation scope of its own, which holds
+the message's context; what the handler adds (breadcrumbs, tags) stays
+there. The exception is reported when the Dispatcher has decided what
+follows it -- a retry (level warning) or the end (level error) -- so the
+event carries that outcome as a tag.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any
+
+import sentry_sdk
+from sentry_sdk.integrations.logging import ignore_logger
+from sentry_sdk.scope import Scope, use_isolation_scope
+
+from hermes.core import Message, Outcome, hookimpl
+
+# The Dispatcher logs every handler failure at ERROR with its traceback;
+# Sentry's logging integration would make each one a second, context-free
+# event. The plugin reports them itself, with the message.
+ignore_logger("hermes")
+
+#: Per handler thread: the scope of the handler call whose outcome is awaited,
+#: and the message context it holds.
+_pending = threading.local()
+
+
+def _handler_name(handler: object) -> str:
+    function = getattr(handler, "function", None)  # a FunctionHandler
+    named = function if function is not None else type(handler)
+    return f"{getattr(named, '__module__', '?')}.{getattr(named, '__qualname__', repr(named))}"
+
+
+def message_context(message: Message, priority: int) -> dict[str, Any]:
+    """The ``hermes_message`` context of an event: everything but the payload."""
+    return {
+        "type": message.type,
+        "id": message.id,
+        "retries": message.retries,
+        "priority": priority,
+        "created": message.created,
+        "execute_at": message.execute_at,
+        "headers": dict(message.headers),
+    }
+
+
+@hookimpl
+def hermes_handler_call(
+    message: Message, priority: int, handler: object
+) -> AbstractContextManager[None]:
+    return _call(message, priority, handler)
+
+
+@contextmanager
+def _call(message: Message, priority: int, handler: object) -> Iterator[None]:
+    _pending.call = None
+    context = message_context(message, priority)
+    with sentry_sdk.isolation_scope() as scope:
+        scope.set_context("hermes_message", context)
+        scope.set_tag("hermes.message.type", message.type)
+        scope.set_tag("hermes.handler", _handler_name(handler))
+        try:
+            yield
+        finally:
+            # Kept for the outcome hooks, which run after this exit.
+            _pending.call = (scope, context)
+
+
+def _report(
+    outcome: str, level: str, exception: BaseException | None, text: str, **extra: Any
+) -> None:
+    call: tuple[Scope, dict[str, Any]] | None = getattr(_pending, "call", None)
+    _pending.call = None
+    if call is None:
+        return  # no handler call of ours (no handler for the type)
+    scope, context = call
+    with use_isolation_scope(scope), sentry_sdk.new_scope() as event_scope:
+        event_scope.set_level(level)  # type: ignore[arg-type]
+        event_scope.set_tag("hermes.outcome", outcome)
+        event_scope.set_context("hermes_message", {**context, **extra})
+        if exception is not None:
+            sentry_sdk.capture_exception(exception)
+        else:
+            sentry_sdk.capture_message(text)
+
+
+@hookimpl
+def hermes_message_retried(retry: Message, handler: object, exception: BaseException) -> None:
+    _report(
+        Outcome.RETRIED.value,
+        "warning",
+        exception,
+        "",
+        retry_retries=retry.retries,
+        retry_execute_at=retry.execute_at,
+    )
+
+
+@hookimpl
+def hermes_message_gave_up(
+    handler: object | None, reason: str, exception: BaseException | None, outcome: Outcome
+) -> None:
+    if handler is None:
+        return
+    _report(
+        outcome.value,
+        "error",
+        exception,
+        f"Hermes handler {_handler_name(handler)} failed: {reason}",
+        gave_up_reason=reason,
+    )
+
+
+@hookimpl
+def hermes_message_succeeded() -> None:
+    _pending.call = None
+
+
+@hookimpl
+def hermes_message_finished() -> None:
+    _pending.call = None

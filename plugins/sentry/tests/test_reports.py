@@ -1,0 +1,140 @@
+"""Sentry events from failing handlers, recorded by a transport instead of sent."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import sentry_sdk
+from sentry_sdk.envelope import Envelope
+from sentry_sdk.transport import Transport
+
+from hermes.core import Dispatcher, Emitter, Message, connect
+from hermes.core.driver import Driver
+from hermes.core.testing import drain
+from hermes.plugins.sentry import _plugin
+
+_names = itertools.count()
+TRACE = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+
+
+class RecordingTransport(Transport):
+    def __init__(self, options: Any = None) -> None:
+        super().__init__(options)
+        self.events: list[dict[str, Any]] = []
+
+    def capture_envelope(self, envelope: Envelope) -> None:
+        event = envelope.get_event()
+        if event is not None:
+            self.events.append(event)
+
+
+@pytest.fixture
+def events() -> Iterator[list[dict[str, Any]]]:
+    transport = RecordingTransport()
+    sentry_sdk.init(dsn="https://key@sentry.invalid/1", transport=transport)
+    yield transport.events
+    sentry_sdk.get_client().close()
+    sentry_sdk.init()  # no DSN: nothing is sent by the tests after this one
+
+
+@pytest.fixture
+def driver() -> Iterator[Driver]:
+    driver = connect(f"memory://sentry-{next(_names)}")
+    yield driver
+    driver.close()
+
+
+def test_every_failure_is_one_event_warning_while_retried_error_when_given_up(
+    events: list[dict[str, Any]], driver: Driver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    driver.setup_priority_queue("high", 200)
+    Emitter(driver).emit(Message("mail", {"to": "ana@example.com"}, headers=TRACE), 200)
+    dispatcher = Dispatcher(driver)
+    monkeypatch.setattr(dispatcher, "next_retry", lambda message: 0.0)  # copies due at once
+
+    @dispatcher.handler("mail", max_retry=2)
+    def send_mail(message: Message) -> None:
+        sentry_sdk.add_breadcrumb(message=f"try {message.retries}")
+        raise ConnectionError(f"smtp down (try {message.retries})")
+
+    drain(dispatcher)
+    assert [(e["level"], e["tags"]["hermes.outcome"]) for e in events] == [
+        ("warning", "retried"),
+        ("warning", "retried"),
+        ("error", "gave_up"),
+    ]
+    first, _, last = events
+    [exception] = first["exception"]["values"]
+    assert (exception["type"], exception["value"]) == ("ConnectionError", "smtp down (try 0)")
+    context = first["contexts"]["hermes_message"]
+    assert {k: context[k] for k in ("type", "retries", "priority", "headers")} == {
+        "type": "mail",
+        "retries": 0,
+        "priority": 200,
+        "headers": TRACE,
+    }
+    assert context["retry_retries"] == 1
+    assert "payload" not in context
+    assert last["contexts"]["hermes_message"]["retries"] == 2
+    # Retry copies go to the default priority.
+    assert last["contexts"]["hermes_message"]["priority"] == 100
+    assert first["contexts"]["hermes_message"]["id"] == last["contexts"]["hermes_message"]["id"]
+    assert last["tags"]["hermes.handler"].endswith("send_mail")
+    # A call's breadcrumbs are its own: the last event does not show the first tries.
+    crumbs = [c.get("message") for c in last.get("breadcrumbs", {}).get("values", [])]
+    assert "try 2" in crumbs
+    assert "try 0" not in crumbs
+
+
+def test_a_handler_that_returns_false_is_one_error_event(
+    events: list[dict[str, Any]], driver: Driver
+) -> None:
+    Emitter(driver).emit(Message("refused"))
+    dispatcher = Dispatcher(driver)
+    dispatcher.register_handler("refused", lambda message: False)
+    drain(dispatcher)
+    [event] = events
+    assert (event["level"], event["tags"]["hermes.outcome"]) == ("error", "returned_false")
+    assert "returned False" in str(event.get("logentry") or event.get("message"))
+
+
+def test_successes_and_messages_without_a_handler_report_nothing(
+    events: list[dict[str, Any]], driver: Driver
+) -> None:
+    Emitter(driver).emit(Message("fine"))
+    Emitter(driver).emit(Message("nobody-handles-this"))
+    dispatcher = Dispatcher(driver)
+    dispatcher.register_handler("fine", lambda message: None)
+    drain(dispatcher)
+    assert events == []
+
+
+def test_a_sentry_sdk_that_raises_is_logged_and_changes_nothing_about_the_job(
+    events: list[dict[str, Any]],
+    driver: Driver,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("sentry is broken")
+
+    monkeypatch.setattr(_plugin.sentry_sdk, "isolation_scope", broken)
+    Emitter(driver).emit(Message("mail"))
+    dispatcher = Dispatcher(driver)
+    calls: list[int] = []
+
+    @dispatcher.handler("mail", max_retry=1)
+    def send_mail(message: Message) -> None:
+        calls.append(message.retries)
+        raise ConnectionError("smtp down")
+
+    with caplog.at_level(logging.ERROR, "hermes"):
+        drain(dispatcher)
+    assert calls == [0]
+    assert dispatcher.stats.retried == 1
+    assert events == []
+    assert "sentry raised in hermes_handler_call" in caplog.text
