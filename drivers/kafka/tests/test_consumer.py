@@ -12,7 +12,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from hermes.core import BrokerUnavailableError, Message, connect
 from hermes.core.driver import Consumer as HermesConsumer
-from hermes.core.driver import Received
+from hermes.core.driver import MessageSerializer, Received
 from hermes.drivers.kafka import KafkaDriver, _consumer
 
 MakeDriver = Callable[..., KafkaDriver]
@@ -31,7 +31,7 @@ def receive(consumer: HermesConsumer, timeout_s: float = WAIT_S) -> Received:
 
 
 def payload(received: Received, driver: KafkaDriver) -> Any:
-    return driver.serializer.unserialize(received.body).payload["n"]
+    return MessageSerializer().unserialize(received.body).payload["n"]
 
 
 def one_partition_with_jobs(make_driver: MakeDriver, count: int) -> KafkaDriver:
@@ -252,7 +252,7 @@ def test_once_a_commit_goes_unanswered_none_is_sent_until_a_probe_is_answered(
     monkeypatch.setattr(_consumer, "_PROBE_INTERVAL_S", 0.0)
     driver = connect("kafka://127.0.0.1:9/jobs?create_topics=false")
     assert isinstance(driver, KafkaDriver)
-    body = driver.serializer.serialize(Message("job")).encode()
+    body = MessageSerializer().serialize(Message("job")).encode()
     try:
         consumer = driver.consumer([])
         consumer.receive(0.01)  # joins: the stand-in client exists now

@@ -50,7 +50,7 @@ def make_driver(url: str) -> Iterator[Callable[..., LazyRabbitMqDriver]]:
 
     yield make
     for driver in made:
-        driver.purge()
+        driver.teardown()
         driver.close()
 
 

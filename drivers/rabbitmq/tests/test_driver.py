@@ -101,7 +101,7 @@ def test_a_queue_deleted_behind_the_drivers_back_is_declared_again_on_send(
 def test_a_publish_the_broker_refuses_raises_delivery_error(make_driver: MakeDriver) -> None:
     driver = make_driver("x-max-length=1&x-overflow=reject-publish")
     driver.send(Message("fits"))
-    with pytest.raises(DeliveryError, match="nack") as info:
+    with pytest.raises(DeliveryError, match="NACKed") as info:
         driver.send(Message("overflows"))
     assert isinstance(info.value.__cause__, pika_exc.NackError)
 
@@ -352,7 +352,7 @@ def test_send_batch_redeclares_a_queue_that_vanished(
     assert raw_channel.queue_declare(queue, passive=True).method.message_count == 2
 
 
-def test_purge_deletes_the_work_queues_and_the_delay_queues(
+def test_teardown_deletes_the_work_queues_and_the_delay_queues(
     make_driver: MakeDriver, queue: str, raw_channel: Any, amqp_url: str
 ) -> None:
     driver = make_driver("delay=true")
@@ -361,7 +361,7 @@ def test_purge_deletes_the_work_queues_and_the_delay_queues(
     driver.send(Message("t", execute_at=time.time() + 60))
     names = [queue, f"{queue}.high", *driver._delay_queues]
     assert len(names) == 3
-    driver.purge()
+    driver.teardown()
     for name in names:
         connection = pika.BlockingConnection(pika.URLParameters(amqp_url))
         try:
@@ -396,7 +396,7 @@ def test_with_delay_the_scheduled_count_is_unknown_not_zero(make_driver: MakeDri
     assert _rows(driver)[100].scheduled is None
 
 
-def test_clear_of_one_priority_deletes_its_ready_and_delayed_messages_sent_by_another_driver(
+def test_purge_of_one_priority_deletes_its_ready_and_delayed_messages_sent_by_another_driver(
     make_driver: MakeDriver, queue: str, raw_channel: Any
 ) -> None:
     sender = make_driver("delay=true")
@@ -408,7 +408,7 @@ def test_clear_of_one_priority_deletes_its_ready_and_delayed_messages_sent_by_an
     operator = make_driver("delay=true")
     operator.setup_priority_queue("high", 200)
 
-    assert operator.clear(200) == 2
+    assert operator.purge(200) == 2
     rows = _rows(operator)
     assert (rows[200].ready, rows[100].ready) == (0, 2)
     # The delay queue that held a message is still there for the sender, empty.
@@ -416,11 +416,11 @@ def test_clear_of_one_priority_deletes_its_ready_and_delayed_messages_sent_by_an
     assert raw_channel.queue_declare(high_delay, passive=True).method.message_count == 0
     sender.send(Message("t", execute_at=later), 200)
 
-    assert operator.clear() == 5
+    assert operator.purge() == 5
     assert [row.ready for row in operator.queue_stats()] == [0, 0]
 
 
-def test_a_sender_finds_again_an_empty_delay_queue_clear_deleted(
+def test_a_sender_finds_again_an_empty_delay_queue_purge_deleted(
     make_driver: MakeDriver, raw_channel: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     sender = make_driver("delay=true")
@@ -428,14 +428,14 @@ def test_a_sender_finds_again_an_empty_delay_queue_clear_deleted(
     sender.send(Message("t", execute_at=later))
     (delay_queue,) = sender._delay_queues
     raw_channel.queue_purge(delay_queue)
-    assert make_driver("delay=true").clear() == 0
+    assert make_driver("delay=true").purge() == 0
     with caplog.at_level(logging.WARNING, logger="hermes"):
         sender.send(Message("t", execute_at=later))  # declared by it moments ago
     assert "declaring it again" in caplog.text
     assert raw_channel.queue_declare(delay_queue, passive=True).method.message_count == 1
 
 
-def test_clear_leaves_a_message_a_worker_holds(make_driver: MakeDriver, worker: Any) -> None:
+def test_purge_leaves_a_message_a_worker_holds(make_driver: MakeDriver, worker: Any) -> None:
     driver = make_driver()
     for n in range(3):
         driver.send(Message("t", {"v": n}))
@@ -453,22 +453,22 @@ def test_clear_leaves_a_message_a_worker_holds(make_driver: MakeDriver, worker: 
     with worker(consumer, block):
         assert started.wait(10), "the worker never started the handler"
         try:
-            assert driver.clear() == 2
+            assert driver.purge() == 2
         finally:
             release.set()
     assert handled == [0]
     assert _rows(driver)[100].ready == 0
 
 
-def test_clear_of_an_unknown_priority_raises_and_deletes_nothing(make_driver: MakeDriver) -> None:
+def test_purge_of_an_unknown_priority_raises_and_deletes_nothing(make_driver: MakeDriver) -> None:
     driver = make_driver()
     driver.send(Message("t"))
     with pytest.raises(UnknownPriorityError, match="priority 300"):
-        driver.clear(300)
+        driver.purge(300)
     assert _rows(driver)[100].ready == 1
 
 
-def test_set_aside_counts_the_dead_letter_queue_on_the_default_row_and_clear_keeps_it(
+def test_set_aside_counts_the_dead_letter_queue_on_the_default_row_and_purge_keeps_it(
     make_driver: MakeDriver, queue: str, raw_channel: Any, collector: Any
 ) -> None:
     dead = f"{queue}.dead"
@@ -485,7 +485,7 @@ def test_set_aside_counts_the_dead_letter_queue_on_the_default_row_and_clear_kee
             assert time.monotonic() < deadline, f"set_aside never reached 1: {rows}"
             time.sleep(0.05)
         assert rows[200].set_aside is None
-        assert driver.clear() == 0
+        assert driver.purge() == 0
         assert _rows(driver)[100].set_aside == 1
     finally:
         raw_channel.queue_delete(dead)

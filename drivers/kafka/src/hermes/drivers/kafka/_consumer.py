@@ -13,9 +13,14 @@ from confluent_kafka import Consumer as Client
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka import Message as Record
 
-from hermes.core import BrokerUnavailableError, DriverError, SerializeError
-from hermes.core.driver import Consumer, Received
-from hermes.drivers.kafka._errors import error_of, kafka_errors, translate
+from hermes.core.driver import (
+    BrokerUnavailableError,
+    Consumer,
+    DeliveryError,
+    DriverError,
+    Received,
+)
+from hermes.drivers.kafka._errors import classify, error_of, explained
 from hermes.drivers.kafka._offsets import OffsetLedger, Partition, PartitionState
 
 if TYPE_CHECKING:
@@ -69,7 +74,10 @@ class _KafkaConsumer(Consumer):
       are running or finished are skipped when read again, not handed out twice.
     * ``reject`` copies the record to ``dead_letter_topic`` (if set) and
       finishes it.
-    * ``close`` commits what is finished and leaves the group.
+    * ``close`` commits what is finished and leaves the group. A record still
+      open then (its handler outlived the worker's grace period) holds its
+      partition's commit point: it is neither committed nor sought back, and
+      the partition's next owner reads it again.
 
     Threads: ``ack``, ``release`` and ``reject`` may be called from any
     thread; they only update the offset ledger, under its lock. Every call
@@ -78,7 +86,12 @@ class _KafkaConsumer(Consumer):
     a settle is applied at the start of the next ``receive``, or between its
     polls (every :data:`SETTLE_INTERVAL_S`) while it waits. Today's worker
     loop calls ``receive`` right after ``ack``, so each record is still
-    committed (synchronously, by default) before the next one is taken.
+    committed (synchronously, by default) before the next one is taken. This
+    is not core's :class:`~hermes.core.driver.Handover`, which queues calls:
+    the ledger folds any number of settles into one commit per partition.
+
+    Errors: librdkafka's own ``KafkaException`` is raised as it is, and core
+    translates it by its code (:meth:`KafkaDriver.classify_error`).
 
     The librdkafka consumer is made per process (``PerProcess``): used after
     ``fork()``, a consumer joins the group afresh in the child.
@@ -154,18 +167,17 @@ class _Session:
             config["enable.partition.eof"] = True
         self._their_error_cb = config.get("error_cb")
         config["error_cb"] = self._on_client_error
-        with kafka_errors(f"joining group {driver.group_id!r}"):
-            self.client = Client(config)
-            try:
-                self.client.subscribe(
-                    list(topics),
-                    on_assign=self._on_assign,
-                    on_revoke=self._on_revoke,
-                    on_lost=self._on_lost,
-                )
-            except KafkaException:
-                self.client.close()
-                raise
+        self.client = Client(config)
+        try:
+            self.client.subscribe(
+                list(topics),
+                on_assign=self._on_assign,
+                on_revoke=self._on_revoke,
+                on_lost=self._on_lost,
+            )
+        except KafkaException:
+            self.client.close()
+            raise
 
     # Taking records (the receiving thread) --------------------------------------
 
@@ -195,11 +207,11 @@ class _Session:
     def _raise_fatal(self) -> None:
         driver = self.driver
         if driver.fatal_error is not None:
-            # Raised once; the next worker run starts with a fresh consumer.
+            # Raised once; the next worker run starts with a fresh consumer. Core
+            # reads its code: refused credentials stop the worker for good.
+            driver.raise_refused()
             error, driver.fatal_error = driver.fatal_error, None
-            raise DriverError(f"Kafka client failed for good: {error.str()}") from KafkaException(
-                error
-            )
+            raise explained(error, "Kafka client failed for good")
 
     def _idle_timeout(self) -> float:
         if self.ready:
@@ -211,22 +223,19 @@ class _Session:
 
     def _poll(self, timeout_s: float) -> Received | None:
         """Poll once; a record to hand out now (nothing buffered before it), else None."""
-        try:
-            record = self.client.poll(timeout_s)
-            if record is None:
-                return None
-            received = self._take(record)
-            if not self.strict_priorities and not self.ready:
-                return received
-            if received is not None:
-                self._queue(received)
-            if self.strict_priorities:
-                for record in self.client.consume(_DRAIN_BATCH, 0):
-                    received = self._take(record)
-                    if received is not None:
-                        self._queue(received)
-        except KafkaException as exc:
-            raise translate(exc, f"polling {sorted(self.topics)}", DriverError) from exc
+        record = self.client.poll(timeout_s)
+        if record is None:
+            return None
+        received = self._take(record)
+        if not self.strict_priorities and not self.ready:
+            return received
+        if received is not None:
+            self._queue(received)
+        if self.strict_priorities:
+            for record in self.client.consume(_DRAIN_BATCH, 0):
+                received = self._take(record)
+                if received is not None:
+                    self._queue(received)
         return None
 
     def _queue(self, received: Received) -> None:
@@ -251,32 +260,27 @@ class _Session:
         body = record.value() or b""
         received = Received(body, self.topics[topic], _Position(self, state, offset))
         if self.driver.delay:
-            execute_at = self._execute_at(body)
-            if execute_at is not None and execute_at > time.time():
-                self._hold(received, execute_at)
-                return None
+            # Decoded once, for core too; poison (None) is handed out now, and
+            # core logs and rejects it.
+            message = received.decoded()
+            if message is not None and message.execute_at is not None:
+                if message.execute_at > time.time():
+                    self._hold(received, message.execute_at)
+                    return None
         return received
-
-    def _execute_at(self, body: bytes) -> float | None:
-        try:
-            return self.driver.serializer.unserialize(body).execute_at
-        except SerializeError:
-            return None  # handed out now: the worker logs it and rejects it
 
     def _hold(self, received: Received, execute_at: float) -> None:
         heapq.heappush(self.held, (execute_at, next(self.sequence), received))
         partition = received.token.state.partition
         held = self.held_count[partition] = self.held_count.get(partition, 0) + 1
         if held >= self.driver.max_held and partition not in self.paused:
-            with kafka_errors(f"pausing {partition}"):
-                self.client.pause([TopicPartition(*partition)])
+            self.client.pause([TopicPartition(*partition)])
             self.paused.add(partition)
 
     def _unhold(self, partition: Partition, count: int = 1) -> None:
         self.held_count[partition] -= count
         if partition in self.paused and self.held_count[partition] < self.driver.max_held:
-            with kafka_errors(f"resuming {partition}"):
-                self.client.resume([TopicPartition(*partition)])
+            self.client.resume([TopicPartition(*partition)])
             self.paused.discard(partition)
 
     def _release_due(self) -> None:
@@ -356,7 +360,11 @@ class _Session:
                 ("hermes-origin", str(position).encode()),
             ]
             try:
-                self.driver.produce(dead_letters, [data], headers=headers)
+                # Translated here: a failed copy is logged, and the reject goes on.
+                with self.driver.translating(
+                    f"copying {position} to {dead_letters}", DeliveryError
+                ):
+                    self.driver.produce(dead_letters, [data], headers=headers)
                 where = f"copied to dead-letter topic {dead_letters}"
             except DriverError as exc:
                 # Committed past all the same: a record that keeps failing must not
@@ -443,7 +451,7 @@ class _Session:
                 _describe(points),
                 error.str(),
             )
-            if isinstance(translate(exc, "committing", DriverError), BrokerUnavailableError):
+            if classify(error) is BrokerUnavailableError:
                 self._stop_waiting_for_commits(error.str())
             return
         failed = {

@@ -18,23 +18,27 @@ from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic  # what confluent_kafka.admin re-exports
 
-from hermes.core import (
+from hermes.core.driver import (
     DEFAULT_PRIORITY,
     BrokerUnavailableError,
     ConfigurationError,
+    Consumer,
+    Delay,
     DeliveryError,
+    Driver,
     DriverError,
-    Message,
     NotSupportedError,
+    Outgoing,
+    PerProcess,
+    QueueStats,
 )
-from hermes.core.driver import Consumer, Delay, Driver, PerProcess, QueueStats
 from hermes.drivers.kafka import _settings
 from hermes.drivers.kafka._capabilities import (
     CAPABILITIES,
     DEFAULT_SESSION_TIMEOUT_MS,
 )
 from hermes.drivers.kafka._consumer import _KafkaConsumer
-from hermes.drivers.kafka._errors import error_of, kafka_errors, translate
+from hermes.drivers.kafka._errors import REFUSED_CODES, classify, error_of, explained
 
 T = TypeVar("T")
 
@@ -45,6 +49,8 @@ _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
 #: The longest topic creation and deletion may take (``send`` waits less if its own
 #: deadline is shorter).
 _ADMIN_TIMEOUT_S = 15.0
+#: How often a wait for an admin request looks for a refusal reported meanwhile.
+_ADMIN_SLICE_S = 0.1
 #: Producer defaults Hermes picks; a user value for the setting or its alias wins.
 _PRODUCER_DEFAULTS = (
     (("acks", "request.required.acks"), "all"),
@@ -133,11 +139,13 @@ class KafkaDriver(Driver):
     partitions and the broker's default replication before the first send or
     receive (``create_topics=False``: never; existing topics are not altered).
 
-    * ``send`` produces one record (value = the serialized message, no key,
-      so records spread over the partitions) and returns once the broker
-      acknowledged it; a refusal or no answer within ``message.timeout.ms``
-      raises :class:`DeliveryError`, an unreachable broker at topic creation
-      :class:`BrokerUnavailableError`. Thread-safe; a driver created before
+    * ``put`` produces one record per item (value = the body core
+      serialized, no key, so records spread over the partitions) and returns
+      once the broker acknowledged every one, waiting once for all; a
+      refusal raises :class:`DeliveryError`, no answer within
+      ``message.timeout.ms`` or an unreachable broker at topic creation
+      :class:`BrokerUnavailableError`, refused SASL credentials or ACLs
+      :class:`BrokerRefusedError`. Thread-safe; a driver created before
       ``fork()`` builds new clients in the child.
     * The worker's consumer (:meth:`consumer`) joins ``group_id`` on
       its first receive (a group join: seconds, see ``session.timeout.ms``)
@@ -169,6 +177,9 @@ class KafkaDriver(Driver):
     """
 
     capabilities = CAPABILITIES
+    #: Every confluent-kafka error is a ``KafkaException``; :meth:`classify_error`
+    #: reads its code (refused, unavailable, or else a failure).
+    client_errors = (KafkaException,)
 
     def __init__(
         self,
@@ -185,7 +196,6 @@ class KafkaDriver(Driver):
         max_held: int = 1000,
         create_topics: bool = True,
     ) -> None:
-        super().__init__()
         config = dict(config)
         if not (config.get("bootstrap.servers") or config.get("metadata.broker.list")):
             raise ConfigurationError(
@@ -241,7 +251,8 @@ class KafkaDriver(Driver):
         self.producer_config = producer
         self.consumer_config = consumer
         self.admin_config = admin
-        #: A fatal client error seen by ``error_cb``; the consumer's ``receive`` raises it.
+        #: A fatal client error, or a refusal (SASL, ACL), seen by ``error_cb``: the
+        #: consumer's ``receive`` raises it, and so does a wait for the broker.
         self.fatal_error: KafkaError | None = None
         #: Client error text -> when it was last logged as a warning.
         self._client_errors_logged: dict[str, float] = {}
@@ -254,7 +265,7 @@ class KafkaDriver(Driver):
         self._check_config()
         # librdkafka accepted the settings, so the numbers below are numbers.
         timeout_ms = producer.get("message.timeout.ms", producer.get("delivery.timeout.ms"))
-        #: How long ``send`` waits for the broker before raising DeliveryError.
+        #: How long ``put`` waits for the broker before it gives up (unavailable).
         self.send_timeout_s = float(timeout_ms or 300_000) / 1000 + 1.0
         self.admin_timeout_s = min(_ADMIN_TIMEOUT_S, self.send_timeout_s)
         session_ms = float(consumer.get("session.timeout.ms", DEFAULT_SESSION_TIMEOUT_MS))
@@ -281,10 +292,15 @@ class KafkaDriver(Driver):
             ) from exc
 
     def log_client_error(self, error: KafkaError) -> None:
-        """Every client's ``error_cb``: log it (repeats quietly); remember a fatal one."""
-        if error.fatal():
+        """Every client's ``error_cb``: log it (repeats quietly); remember a fatal one or a refusal.
+
+        librdkafka reports refused credentials here only, and keeps trying:
+        remembered, they end the wait of the next receive or send instead.
+        """
+        if error.fatal() or error.code() in REFUSED_CODES:
+            if self.fatal_error is None:
+                logger.error("Kafka %s: %s", self.bootstrap, error.str())
             self.fatal_error = error
-            logger.error("Kafka %s: fatal client error - %s", self.bootstrap, error.str())
             return
         # librdkafka reconnects by itself, with backoff, and reports every
         # failed attempt: the same complaint is logged once per interval.
@@ -305,6 +321,24 @@ class KafkaDriver(Driver):
     ) -> PerProcess[T]:
         """A :class:`~hermes.core.PerProcess` holder for a librdkafka handle of this driver."""
         return self._handles.per_process(make, close)
+
+    def classify_error(self, exc: BaseException) -> type[DriverError] | None:
+        if isinstance(exc, KafkaException):
+            return classify(error_of(exc))
+        return super().classify_error(exc)
+
+    def raise_refused(self) -> None:
+        """Raise the refusal ``error_cb`` saw (credentials, an ACL), if any, once."""
+        error = self.fatal_error
+        if error is not None and error.code() in REFUSED_CODES:
+            # Forgotten once raised: librdkafka reports it again while it lasts,
+            # and a login the broker takes later is not refused for ever.
+            self.fatal_error = None
+            raise explained(
+                error,
+                f"Kafka {self.bootstrap} refused this client: check sasl.username / "
+                "sasl.password (the URL's user:password), sasl.mechanism and the ACLs",
+            )
 
     def _producer(self) -> Producer:
         if self._closed:
@@ -334,39 +368,49 @@ class KafkaDriver(Driver):
             error = self._settle(future, what, max(0.0, deadline - time.monotonic()))
             if error is None or error_of(error).code() == KafkaError.TOPIC_ALREADY_EXISTS:
                 continue
-            unavailable = translate(error, what, DriverError)
-            if isinstance(unavailable, BrokerUnavailableError):
-                raise unavailable from error
+            if self.classify_error(error) is BrokerUnavailableError:
+                raise error
             refused[topic] = error
         if refused:
             # Not allowed to create topics is fine when they exist already.
             existing = self._existing_topics(admin, max(0.1, deadline - time.monotonic()))
             for topic, refusal in refused.items():
                 if topic not in existing:
-                    raise DriverError(
-                        f"Kafka {self.bootstrap} has no topic {topic!r} and refused to "
-                        f"create it: {error_of(refusal).str()}"
+                    raise explained(
+                        error_of(refusal),
+                        f"Kafka {self.bootstrap} has no topic {topic!r} and refused to create it",
                     ) from refusal
         self.ready_topics.update(missing)
 
     def _settle(
         self, future: Future[Any], what: str, timeout_s: float | None = None
     ) -> KafkaException | None:
-        """Wait for an admin request: its refusal, or None when it succeeded."""
+        """Wait for an admin request: its refusal, or None when it succeeded.
+
+        Refused credentials look like silence to an admin request: librdkafka
+        reports them only to ``error_cb``, which the admin client serves in
+        ``poll``. So the wait is cut in slices, polling between them.
+        """
         timeout_s = self.admin_timeout_s if timeout_s is None else timeout_s
-        try:
-            future.result(timeout=timeout_s)
-        except KafkaException as exc:
-            return exc
-        except TimeoutError as exc:
-            raise BrokerUnavailableError(
-                f"Kafka {self.bootstrap} did not answer {what} within {timeout_s:.1f} s"
-            ) from exc
-        return None
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                future.result(timeout=max(0.0, min(left, _ADMIN_SLICE_S)))
+            except KafkaException as exc:
+                return exc
+            except TimeoutError as exc:
+                self._admin().poll(0)
+                self.raise_refused()
+                if time.monotonic() < deadline:
+                    continue
+                raise BrokerUnavailableError(
+                    f"Kafka {self.bootstrap} did not answer {what} within {timeout_s:.1f} s"
+                ) from exc
+            return None
 
     def _existing_topics(self, admin: AdminClient, timeout_s: float) -> set[str]:
-        with kafka_errors(f"listing the topics of {self.bootstrap}"):
-            return set(admin.list_topics(timeout=timeout_s).topics)
+        return set(admin.list_topics(timeout=timeout_s).topics)
 
     # Sending ------------------------------------------------------------------
 
@@ -381,19 +425,13 @@ class KafkaDriver(Driver):
             )
         return topic
 
-    def send(self, message: Message, priority: int = DEFAULT_PRIORITY) -> None:
-        body = self.serializer.serialize(message).encode()
-        self.produce(self.topic_for(priority), [body])
+    def put(self, items: Sequence[Outgoing], priority: int = DEFAULT_PRIORITY) -> None:
+        """Produce every item to the topic of ``priority``, then wait once for all reports.
 
-    def send_raw(self, body: bytes, priority: int = DEFAULT_PRIORITY) -> None:
-        """Put ``body`` on the topic as it is (the conformance kit's poison messages)."""
-        self.produce(self.topic_for(priority), [body])
-
-    def send_batch(self, messages: Sequence[Message], priority: int = DEFAULT_PRIORITY) -> None:
-        """Produce every message, then wait once for all delivery reports."""
+        ``execute_at`` stays in the body: in delay mode the consumer holds the record.
+        """
         topic = self.topic_for(priority)
-        bodies = [self.serializer.serialize(message).encode() for message in messages]
-        self.produce(topic, bodies)
+        self.produce(topic, [item.body for item in items])
 
     def produce(
         self,
@@ -403,8 +441,9 @@ class KafkaDriver(Driver):
     ) -> None:
         """Produce ``bodies`` to ``topic`` and wait until the broker took every one.
 
-        Raises :class:`DeliveryError` (chained to the ``KafkaException``) if
-        the broker refused any or did not confirm within ``send_timeout_s``.
+        Raises a ``KafkaException`` (core translates it by its code) if the
+        broker refused any or did not confirm within ``send_timeout_s``, and
+        :class:`DeliveryError` if librdkafka's own queue stayed full.
         """
         if not bodies:
             return
@@ -426,36 +465,41 @@ class KafkaDriver(Driver):
                         ) from exc
                     producer.poll(0.1)
                 except KafkaException as exc:
-                    doing = (
-                        f"sending to topic {topic!r} "
-                        f"({index} of {len(bodies)} message(s) handed over before)"
-                    )
-                    raise translate(exc, doing, DeliveryError) from exc
+                    raise explained(
+                        error_of(exc),
+                        f"producing to topic {topic!r} "
+                        f"({index} of {len(bodies)} message(s) handed over before)",
+                    ) from exc
         # Wakes the broker threads to send now rather than after linger.ms
         # (best effort); returns at once.
         producer.flush(0)
         while not report.done.is_set():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
+                self.raise_refused()
                 missing = len(bodies) - len(report.results)
-                raise DeliveryError(
-                    f"Kafka {self.bootstrap} did not confirm {missing} "
-                    f"message(s) for topic {topic!r} within {self.send_timeout_s:.0f} s"
-                ) from KafkaException(
-                    KafkaError(KafkaError._MSG_TIMED_OUT, "no delivery report before the deadline")
+                raise KafkaException(
+                    KafkaError(
+                        KafkaError._MSG_TIMED_OUT,
+                        f"Kafka {self.bootstrap} did not confirm {missing} message(s) for "
+                        f"topic {topic!r} within {self.send_timeout_s:.0f} s",
+                    )
                 )
             # poll(), not flush(): flush waits for every thread's records in the
             # shared producer; poll serves whatever reports are ready, this
-            # send's or another's, and returns.
+            # send's or another's, and returns. It serves error_cb too, where a
+            # refused login is reported.
             producer.poll(min(remaining, 0.05))
+            self.raise_refused()
         errors = [error for error in report.results if error is not None]
         if errors:
             if any(error.fatal() for error in errors):
                 self._drop_producer(producer)
-            raise DeliveryError(
-                f"Kafka did not store {len(errors)} of {len(bodies)} message(s) for topic "
-                f"{topic!r}: {errors[0].str()}"
-            ) from KafkaException(errors[0])
+            raise explained(
+                errors[0],
+                f"Kafka did not store {len(errors)} of {len(bodies)} message(s) "
+                f"for topic {topic!r}",
+            )
 
     def _drop_producer(self, producer: Producer) -> None:
         if self._producers.peek() is producer:
@@ -485,9 +529,7 @@ class KafkaDriver(Driver):
         order = self.check_priorities(self.topics, priorities)
         return _KafkaConsumer(self, {self.topics[priority]: priority for priority in order})
 
-    # Cleaning up --------------------------------------------------------------
-
-    # Counting and clearing ------------------------------------------------------
+    # Counting and purging -------------------------------------------------------
 
     def queue_stats(self) -> list[QueueStats]:
         """Per priority topic: ready is the group's lag, summed over the topic's partitions.
@@ -497,7 +539,7 @@ class KafkaDriver(Driver):
         scheduled in delay mode (held in the workers' memory, not on the broker).
         Set aside is the dead-letter topic's size, on the default priority's row.
         """
-        with self._inspector() as client:
+        with self.translating(f"reading the offsets of {self.topics}"), self._inspector() as client:
             rows = []
             for priority in sorted(self.topics, reverse=True):
                 topic = self.topics[priority]
@@ -518,7 +560,7 @@ class KafkaDriver(Driver):
                 )
             return rows
 
-    def clear(self, priority: int | None = None) -> int:
+    def purge(self, priority: int | None = None) -> int:
         """Move the group's committed offsets to the end of the topic(s); how many it skipped.
 
         Kafka cannot delete single records: the group skips them instead. A group
@@ -529,22 +571,21 @@ class KafkaDriver(Driver):
             raise self.unknown_priority(priority, self.topics)
         topics = [self.topics[priority]] if priority is not None else [*self.topics.values()]
         skipped = 0
-        with self._inspector() as client:
+        doing = f"committing the end of {topics} for group {self.group_id!r}"
+        with self.translating(doing), self._inspector() as client:
             ends = []
             for topic in dict.fromkeys(topics):
                 for partition, offset, high in self._positions(client, topic):
                     skipped += high - offset
                     ends.append(TopicPartition(topic, partition, high))
             if ends and skipped:
-                with kafka_errors(f"committing the end of {topics} for group {self.group_id!r}"):
-                    client.commit(offsets=ends, asynchronous=False)
+                client.commit(offsets=ends, asynchronous=False)
         return skipped
 
     @contextlib.contextmanager
     def _inspector(self) -> Iterator[Client]:
         """A consumer of the group that never joins it: it only reads and commits offsets."""
-        with kafka_errors(f"connecting to {self.bootstrap}", BrokerUnavailableError):
-            client = Client({**self.consumer_config, "enable.auto.commit": False})
+        client = Client({**self.consumer_config, "enable.auto.commit": False})
         try:
             yield client
         finally:
@@ -555,21 +596,24 @@ class KafkaDriver(Driver):
     ) -> list[tuple[int, int, int]]:
         """``(partition, offset, high)``; offset: the group's committed one, else the low mark."""
         timeout = self.admin_timeout_s
-        with kafka_errors(f"reading the offsets of {topic!r}", BrokerUnavailableError):
-            meta = client.list_topics(topic, timeout=timeout).topics.get(topic)
-            if meta is None or meta.error is not None or not meta.partitions:
-                return []  # nothing sent there yet
-            parts = [TopicPartition(topic, p) for p in sorted(meta.partitions)]
-            done = client.committed(parts, timeout=timeout) if committed else parts
-            positions = []
-            for part, mark in zip(parts, done, strict=True):
-                low, high = client.get_watermark_offsets(part, timeout=timeout)
-                offset = mark.offset if committed and mark.offset >= 0 else low
-                positions.append((part.partition, max(offset, low), high))
-            return positions
+        meta = client.list_topics(topic, timeout=timeout).topics.get(topic)
+        if meta is None or meta.error is not None or not meta.partitions:
+            return []  # nothing sent there yet
+        parts = [TopicPartition(topic, p) for p in sorted(meta.partitions)]
+        done = client.committed(parts, timeout=timeout) if committed else parts
+        positions = []
+        for part, mark in zip(parts, done, strict=True):
+            low, high = client.get_watermark_offsets(part, timeout=timeout)
+            offset = mark.offset if committed and mark.offset >= 0 else low
+            positions.append((part.partition, max(offset, low), high))
+        return positions
 
-    def purge(self) -> None:
+    def teardown(self) -> None:
         """Delete this driver's topics (and dead-letter topic) and its group's offsets."""
+        with self.translating(f"deleting the topics of {self!r}"):
+            self._delete_topics_and_group()
+
+    def _delete_topics_and_group(self) -> None:
         admin = self._admin()
         topics = [*dict.fromkeys(self.topics.values())]
         if self.dead_letter_topic:

@@ -1,28 +1,38 @@
-"""confluent-kafka's exceptions as Hermes errors: the one place the driver maps them.
+"""What confluent-kafka's errors mean to Hermes: the code, not the class, says it.
 
 confluent-kafka raises one exception type, ``KafkaException``, for everything;
-what went wrong is the code of the ``KafkaError`` it carries. A broker that
-cannot be reached (or is electing a leader or a group coordinator) becomes
-:class:`BrokerUnavailableError`, so the worker waits and tries again; anything
-else becomes the error the caller names.
+what went wrong is the code of the ``KafkaError`` it carries. Core translates
+the driver's exceptions through :meth:`KafkaDriver.classify_error`, which reads
+the code here: credentials or permissions the broker refused stop a worker,
+a broker that cannot be reached (or is electing a leader or a group
+coordinator) makes it wait and try again, anything else is a failure.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-
 from confluent_kafka import KafkaError, KafkaException
 
-from hermes.core import BrokerUnavailableError, DriverError
+from hermes.core.driver import BrokerRefusedError, BrokerUnavailableError, DriverError
+
+#: The broker refused this client: SASL credentials, or an ACL on a topic or group.
+REFUSED_CODES = frozenset(
+    {
+        KafkaError._AUTHENTICATION,
+        KafkaError.SASL_AUTHENTICATION_FAILED,
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        KafkaError.GROUP_AUTHORIZATION_FAILED,
+        KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+    }
+)
 
 #: Codes librdkafka does not mark retriable but that mean "the broker is not there".
-_UNAVAILABLE = frozenset(
+UNAVAILABLE_CODES = frozenset(
     {
         KafkaError._TRANSPORT,
         KafkaError._ALL_BROKERS_DOWN,
         KafkaError._RESOLVE,
         KafkaError._TIMED_OUT,
+        KafkaError._MSG_TIMED_OUT,
         KafkaError._WAIT_COORD,
         KafkaError.NETWORK_EXCEPTION,
         KafkaError.REQUEST_TIMED_OUT,
@@ -41,18 +51,20 @@ def error_of(exc: KafkaException) -> KafkaError:
     return KafkaError(KafkaError._FAIL, str(error) if error is not None else "unknown error")
 
 
-def translate(exc: KafkaException, doing: str, failed: type[DriverError]) -> DriverError:
-    """The Hermes error for ``exc``, raised while ``doing`` (chain it: ``raise ... from exc``)."""
-    error = error_of(exc)
-    if error.retriable() or error.code() in _UNAVAILABLE:
-        return BrokerUnavailableError(f"Kafka unavailable while {doing}: {error.str()}")
-    return failed(f"Kafka failed while {doing}: {error.str()}")
+def classify(error: KafkaError) -> type[DriverError]:
+    """The Hermes error a ``KafkaError`` means."""
+    code = error.code()
+    if code in REFUSED_CODES:
+        return BrokerRefusedError
+    if code in UNAVAILABLE_CODES or error.retriable():
+        return BrokerUnavailableError
+    return DriverError
 
 
-@contextlib.contextmanager
-def kafka_errors(doing: str, failed: type[DriverError] = DriverError) -> Iterator[None]:
-    """Inside the block, a ``KafkaException`` is raised as :func:`translate` maps it."""
-    try:
-        yield
-    except KafkaException as exc:
-        raise translate(exc, doing, failed) from exc
+def explained(error: KafkaError, text: str) -> KafkaException:
+    """``error``'s code with ``text`` as its reason: classified alike, read better."""
+    return KafkaException(
+        KafkaError(
+            error.code(), f"{text}: {error.str()}", fatal=error.fatal(), retriable=error.retriable()
+        )
+    )

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -12,10 +11,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from pika import exceptions as pika_exc
 
-from hermes.core import DriverError, SerializeError
-from hermes.core.driver import Consumer, PerProcess, Received
+from hermes.core.driver import Consumer, DriverError, Handover, PerProcess, Received
 from hermes.drivers.rabbitmq._delay import DUE_TOLERANCE_S
-from hermes.drivers.rabbitmq._errors import close_quietly, translate
+from hermes.drivers.rabbitmq._errors import close_quietly, declaring, describe
 
 if TYPE_CHECKING:
     from hermes.drivers.rabbitmq._driver import LazyRabbitMqDriver
@@ -41,7 +39,8 @@ class RabbitMqConsumer(Consumer):
 
     * The first :meth:`receive` opens the connection and declares the queues,
       on the thread that calls it; after the session was lost it raises
-      :class:`BrokerUnavailableError`, and the next call opens a new one.
+      pika's exception (core makes it :class:`BrokerUnavailableError`), and
+      the next call opens a new one.
     * One queue: consumed with the driver's ``prefetch``; :meth:`receive`
       hands out what pika delivered, one at a time, and waits on the socket
       only when nothing is left. Several queues: taken highest first, each
@@ -53,16 +52,18 @@ class RabbitMqConsumer(Consumer):
       due goes back through a delay queue and is acknowledged here; core
       never sees it.
     * pika's connection is not thread-safe. :meth:`ack`, :meth:`release` and
-      :meth:`reject` called on the receiving thread settle at once; called
-      from another thread they are handed to it
-      (``connection.add_callback_threadsafe``), which sends them as soon as it
-      is back in :meth:`receive` (within ``timeout_s``). A delivery from a
+      :meth:`reject` go through core's :class:`~hermes.core.driver.Handover`:
+      on the receiving thread they settle at once; from another thread they
+      are queued for it and wake it (``connection.add_callback_threadsafe``),
+      so it sends them from inside its wait on the socket. A delivery from a
       connection since lost is not settled on the new one (its tag means
       nothing there): it is skipped with an INFO line, and RabbitMQ, which
       requeued it when the old connection closed, delivers it again.
     * :meth:`close`, on the receiving thread, sends what other threads
-      settled, requeues what was delivered but not handed out, and closes
-      the connection.
+      settled, requeues what was delivered but never handed out, and closes
+      the connection. A delivery still held (its handler outlived the
+      worker's grace period) is not requeued by this consumer: RabbitMQ
+      gives it to another consumer once the connection is closed.
     """
 
     def __init__(self, driver: LazyRabbitMqDriver, order: list[int], concurrency: int = 1) -> None:
@@ -74,18 +75,16 @@ class RabbitMqConsumer(Consumer):
         #: Priority -> queue name.
         self.queues = {priority: driver.priority_queues()[priority] for priority in order}
         self._where = driver._where
-        self._waiting_on = f"waiting on queue(s) {list(self.queues.values())}"
         self._wait_cap_s = driver.refresh_interval or math.inf
         self._sessions: PerProcess[_Session] = PerProcess(
             lambda: _Session(self), close=_Session.close
         )
-        #: Settled on another thread, waiting for the receiving thread to send.
-        self._handed: deque[tuple[_Tag, str]] = deque()
+        #: Settles made on handler threads, queued for the receiving thread.
+        self._handover = Handover(wake=self._wake)
 
     def receive(self, timeout_s: float) -> Received | None:
         deadline = time.monotonic() + min(timeout_s, self._wait_cap_s)
-        if self._handed:
-            self._send_handed()
+        self._handover.run_pending(self._not_settled)
         session = self._session()
         try:
             while True:
@@ -97,9 +96,10 @@ class RabbitMqConsumer(Consumer):
                 if time.monotonic() >= deadline:
                     return None
         except pika_exc.AMQPError:
+            # Core says what it means (a lost channel or connection: unavailable);
+            # either way this session is done, and the next receive opens another.
             self._sessions.discard()
-            with translate(self._waiting_on, self._where, consuming=True):
-                raise
+            raise
 
     def ack(self, received: Received) -> None:
         self._settle(received.token, _ACK)
@@ -114,9 +114,9 @@ class RabbitMqConsumer(Consumer):
     def close(self) -> None:
         session = self._sessions.peek()
         try:
-            self._send_handed()
+            self._handover.run_pending(self._not_settled)
             if session is not None and session.lost is None:
-                with translate("giving back undelivered messages", self._where, consuming=True):
+                with self.driver.translating("giving back undelivered messages"):
                     session.give_back()
         except DriverError as exc:
             logger.info(
@@ -135,29 +135,28 @@ class RabbitMqConsumer(Consumer):
             if session.lost is None:
                 return session
             self._sessions.discard()
-        with translate(f"opening queue(s) {list(self.queues.values())}", self._where):
-            return self._sessions.get()
+        session = self._sessions.get()
+        # The thread that opened the connection is the only one that uses it.
+        self._handover.claim()
+        return session
 
     def _delayed_again(self, session: _Session, received: Received) -> bool:
         """Send a message that is not yet due through a delay queue; True if it was."""
-        try:
-            message = self.driver.serializer.unserialize(received.body)
-        except SerializeError:
-            return False  # core rejects it and logs why
-        if message.execute_at is None:
+        # Decoded once: core reuses it. Poison (None) goes to core, which rejects it.
+        message = received.decoded()
+        if message is None or message.execute_at is None:
             return False
         remaining_s = message.execute_at - time.time()
         if remaining_s < DUE_TOLERANCE_S:
             return False
         tag: _Tag = received.token
         body = received.body.encode("utf-8") if isinstance(received.body, str) else received.body
+        doing = f"delaying message #{message.id} by another {remaining_s:.3f} s"
         try:
-            self.driver._delay_again(
-                body,
-                received.priority,
-                remaining_s,
-                f"delaying message #{message.id} by another {remaining_s:.3f} s",
-            )
+            # The publishing connection's errors are translated here, so that the
+            # except clause of receive does not take them for this session's.
+            with self.driver.translating(doing):
+                self.driver._delay_again(body, received.priority, remaining_s, doing)
         except DriverError:
             tag.channel.basic_nack(tag.delivery_tag, requeue=True)
             raise
@@ -167,66 +166,47 @@ class RabbitMqConsumer(Consumer):
     # Settling ----------------------------------------------------------------
 
     def _settle(self, tag: _Tag, how: str) -> None:
-        session = self._sessions.peek()
-        if session is not None and session.thread == threading.get_ident():
-            self._settle_now(session, tag, how)
-        else:
-            self._hand_over(session, tag, how)
+        self._handover.call(self._settle_now, tag, how)
 
-    def _settle_now(self, session: _Session, tag: _Tag, how: str) -> None:
-        if tag.channel is not session.channel or session.lost is not None:
+    def _settle_now(self, tag: _Tag, how: str) -> None:
+        """On the receiving thread: settle ``tag`` on its channel, unless that is gone."""
+        session = self._sessions.peek()
+        if session is None or tag.channel is not session.channel or session.lost is not None:
             self._skip_stale(tag, how)
             return
-        try:
-            if how is _ACK:
-                tag.channel.basic_ack(tag.delivery_tag)
-            elif how is _REQUEUE:
-                tag.channel.basic_nack(tag.delivery_tag, requeue=True)
-            else:
-                tag.channel.basic_reject(tag.delivery_tag, requeue=False)
-        except pika_exc.AMQPError as exc:
-            session.lost = exc
-            with translate(f"{how} a message of queue {tag.queue!r}", self._where, consuming=True):
+        # Translated here as well as by core: a settle handed over from another
+        # thread runs inside pika's wait, where only a DriverError is caught.
+        with self.driver.translating(f"{how} a message of queue {tag.queue!r}"):
+            try:
+                if how is _ACK:
+                    tag.channel.basic_ack(tag.delivery_tag)
+                elif how is _REQUEUE:
+                    tag.channel.basic_nack(tag.delivery_tag, requeue=True)
+                else:
+                    tag.channel.basic_reject(tag.delivery_tag, requeue=False)
+            except pika_exc.AMQPError as exc:
+                session.lost = exc
                 raise
 
-    def _hand_over(self, session: _Session | None, tag: _Tag, how: str) -> None:
-        """Queue a settle for the receiving thread and wake it."""
-        if session is None or not session.connection.is_open:
-            self._skip_stale(tag, how)
-            return
-        item = (tag, how)
-        self._handed.append(item)
+    def _wake(self) -> None:
+        """From a handler thread: make the receiving thread run the settles queued for it."""
+        session = self._sessions.peek()
+        if session is None:
+            return  # no wait to interrupt: the next receive or close runs them
         try:
-            session.connection.add_callback_threadsafe(self._send_handed)
-        except pika_exc.ConnectionWrongStateError:
-            try:
-                self._handed.remove(item)
-            except ValueError:
-                return  # the receiving thread took it meanwhile
-            self._skip_stale(tag, how)
+            session.connection.add_callback_threadsafe(self._run_handed)
+        except pika_exc.ConnectionWrongStateError as exc:
+            # The connection closed: the queued settle is skipped as stale by the
+            # next receive or close, and RabbitMQ delivers the message again.
+            logger.debug("%s: could not wake the receiving thread - %s", self._where, describe(exc))
 
-    def _send_handed(self) -> None:
-        """On the receiving thread: settle what other threads handed over.
+    def _run_handed(self) -> None:
+        # Called back from inside pika's process_data_events: it must not raise
+        # a DriverError, so failures are logged and the session marked lost.
+        self._handover.run_pending(self._not_settled)
 
-        Also called back from inside pika's ``process_data_events``, so it
-        logs failures instead of raising; the session they mark lost is
-        replaced by the next :meth:`receive`.
-        """
-        while self._handed:
-            tag, how = self._handed.popleft()
-            session = self._sessions.peek()
-            if session is None:
-                self._skip_stale(tag, how)
-                continue
-            try:
-                self._settle_now(session, tag, how)
-            except DriverError as exc:
-                logger.warning(
-                    "%s: a message of queue %r was not settled (RabbitMQ delivers it again) - %s",
-                    self._where,
-                    tag.queue,
-                    exc,
-                )
+    def _not_settled(self, exc: DriverError) -> None:
+        logger.warning("%s: %s; RabbitMQ delivers the message again", self._where, exc)
 
     def _skip_stale(self, tag: _Tag, how: str) -> None:
         logger.info(
@@ -241,13 +221,11 @@ class RabbitMqConsumer(Consumer):
 class _Session:
     """A consumer's connection and channel, opened and used on one thread.
 
-    Raises pika's exceptions; :class:`RabbitMqConsumer` translates them.
+    Raises pika's exceptions; core translates them.
     """
 
     def __init__(self, consumer: RabbitMqConsumer) -> None:
         driver = consumer.driver
-        #: The thread that receives; the only one that touches the connection.
-        self.thread = threading.get_ident()
         self.order = consumer.order
         self.queues = consumer.queues
         self.single = len(self.order) == 1
@@ -264,9 +242,10 @@ class _Session:
             self.channel = self.connection.channel()
             self.channel.add_on_cancel_callback(self._on_cancel)
             for name in self.queues.values():
-                self.channel.queue_declare(
-                    name, durable=driver.durable, arguments=dict(driver.queue_arguments)
-                )
+                with declaring(driver._where, f"declaring queue {name!r}"):
+                    self.channel.queue_declare(
+                        name, durable=driver.durable, arguments=dict(driver.queue_arguments)
+                    )
             # Several queues are consumed only to wake up: one message each is enough.
             self.channel.basic_qos(prefetch_count=consumer.prefetch if self.single else 1)
             if self.single:
@@ -341,7 +320,11 @@ class _Session:
         self.consumers.clear()
 
     def give_back(self) -> None:
-        """Stop consuming and requeue what was delivered but not handed out."""
+        """Stop consuming and requeue what was delivered but never handed out.
+
+        What was handed out and not settled is left alone: RabbitMQ requeues
+        it when the connection closes, after this worker stopped touching it.
+        """
         self._cancel_consumers()
         for buffer in self.buffers.values():
             while buffer:

@@ -14,8 +14,17 @@ from urllib.parse import quote
 import pika
 from pika import exceptions as pika_exc
 
-from hermes.core import DEFAULT_PRIORITY, ConfigurationError, Message
-from hermes.core.driver import Consumer, Delay, Driver, PerProcess, QueueStats
+from hermes.core.driver import (
+    DEFAULT_PRIORITY,
+    ConfigurationError,
+    Consumer,
+    Delay,
+    Driver,
+    DriverError,
+    Outgoing,
+    PerProcess,
+    QueueStats,
+)
 from hermes.drivers.rabbitmq._capabilities import CAPABILITIES
 from hermes.drivers.rabbitmq._consumer import RabbitMqConsumer
 from hermes.drivers.rabbitmq._delay import (
@@ -26,7 +35,17 @@ from hermes.drivers.rabbitmq._delay import (
     delay_queue_arguments,
     delay_queue_name,
 )
-from hermes.drivers.rabbitmq._errors import NOT_FOUND, close_quietly, describe, translate
+from hermes.drivers.rabbitmq._errors import (
+    CLIENT_ERRORS,
+    NOT_FOUND,
+    REFUSED_ERRORS,
+    UNAVAILABLE_ERRORS,
+    classify,
+    close_quietly,
+    declaring,
+    describe,
+    refusal,
+)
 
 logger = logging.getLogger("hermes.drivers.rabbitmq")
 
@@ -95,11 +114,16 @@ class _Publisher:
 class LazyRabbitMqDriver(Driver):
     """Messages in RabbitMQ queues; removed with ``basic_ack`` after the callback returns.
 
-    * Connects on the first ``send()`` or ``receive``, not in the constructor.
+    * Connects on the first ``put()`` or ``receive``, not in the constructor.
     * Queues are durable and messages persistent unless ``durable=False``;
-      with ``confirm=True`` (the default) ``send()`` waits for the broker's
-      publisher confirm and raises :class:`DeliveryError` for a nack or an
-      unroutable message.
+      with ``confirm=True`` (the default) ``put()`` waits for the broker's
+      publisher confirm (several items: one transaction, one commit) and a
+      nack or an unroutable message raises :class:`DeliveryError`.
+    * A wrong user or password, a vhost that does not exist or that the user
+      may not open, and a 403 on a channel are :class:`BrokerRefusedError`
+      (a worker stops); a connection that cannot be made or was lost, and a
+      channel lost under a worker, are :class:`BrokerUnavailableError` (a
+      worker reconnects).
     * At-least-once: a message is acknowledged after the callback returns. A
       callback that raises gets its message requeued (and the exception
       propagates); a worker that dies leaves its unacknowledged messages to
@@ -116,10 +140,10 @@ class LazyRabbitMqDriver(Driver):
     * A body that is not a Hermes message is rejected without requeue: a
       dead-letter exchange configured through ``queue_arguments``
       (``x-dead-letter-exchange``) catches it.
-    * The worker loop is core's (:meth:`wait`); the consumer
+    * The worker loop is core's (:class:`~hermes.core.Worker`); the consumer
       (:meth:`consumer`) has its own connection, opened on the worker's
       thread, and a new one after the broker was lost.
-    * ``send()`` is thread-safe (one publishing connection per process,
+    * ``put()`` is thread-safe (one publishing connection per process,
       behind a lock) and fork-safe (a child opens its own connections).
     * pika answers heartbeats only while the worker waits for the broker: a
       handler that runs longer than the heartbeat timeout (60 s unless the
@@ -128,6 +152,9 @@ class LazyRabbitMqDriver(Driver):
     """
 
     capabilities = CAPABILITIES
+    refused_errors = REFUSED_ERRORS
+    unavailable_errors = UNAVAILABLE_ERRORS
+    client_errors = CLIENT_ERRORS
 
     def __init__(
         self,
@@ -143,7 +170,6 @@ class LazyRabbitMqDriver(Driver):
         delay: bool = False,
         queue_arguments: Mapping[str, Any] | None = None,
     ) -> None:
-        super().__init__()
         _check_queue_name(queue, "queue")
         if (
             isinstance(prefetch, bool)
@@ -179,7 +205,7 @@ class LazyRabbitMqDriver(Driver):
             self.capabilities = dataclasses.replace(type(self).capabilities, delay=Delay.NATIVE)
         #: Priority -> work queue name.
         self._queues: dict[int, str] = {DEFAULT_PRIORITY: queue}
-        #: Delay queues this object declared, deleted by :meth:`purge`.
+        #: Delay queues this object declared, deleted by :meth:`teardown`.
         self._delay_queues: set[str] = set()
         self._where = _describe_parameters(parameters)
         self._publishers: PerProcess[_Publisher] = PerProcess(
@@ -219,8 +245,7 @@ class LazyRabbitMqDriver(Driver):
             dead_letters_to=work,
         )
 
-    def _target(self, priority: int, execute_at: float | None) -> _QueueSpec:
-        work = self._work_queue(priority)
+    def _target(self, work: _QueueSpec, execute_at: float | None) -> _QueueSpec:
         if self.delay and execute_at is not None:
             ttl_ms = bucket_ms(execute_at - time.time())
             if ttl_ms > 0:
@@ -229,24 +254,17 @@ class LazyRabbitMqDriver(Driver):
 
     # Sending -----------------------------------------------------------------
 
-    def send(self, message: Message, priority: int = DEFAULT_PRIORITY) -> None:
-        target = self._target(priority, message.execute_at)
-        body = self.serializer.serialize(message).encode("utf-8")
-        self._publish([(target, body)], f"sending message #{message.id} to {target.name!r}")
+    def put(self, items: Sequence[Outgoing], priority: int = DEFAULT_PRIORITY) -> None:
+        """Publish ``items`` to the queue of ``priority``; several in one transaction.
 
-    def send_raw(self, body: bytes, priority: int = DEFAULT_PRIORITY) -> None:
-        """Publish ``body`` as it is to the work queue of ``priority`` (no delay)."""
-        target = self._work_queue(priority)
-        self._publish([(target, bytes(body))], f"sending raw bytes to {target.name!r}")
-
-    def send_batch(self, messages: Sequence[Message], priority: int = DEFAULT_PRIORITY) -> None:
-        """Publish ``messages`` in one transaction: one round trip to the broker for all."""
-        items = [
-            (self._target(priority, m.execute_at), self.serializer.serialize(m).encode("utf-8"))
-            for m in messages
-        ]
-        if items:
-            self._publish(items, f"sending a batch of {len(items)} messages")
+        With ``delay``, an item due later goes to the delay queue its
+        ``execute_at`` picks; the body is never looked into.
+        """
+        work = self._work_queue(priority)
+        targets = [(self._target(work, item.execute_at), item.body) for item in items]
+        if targets:
+            names = sorted({spec.name for spec, _ in targets})
+            self._publish(targets, f"sending {len(targets)} message(s) to {names}")
 
     def _delay_again(self, body: bytes, priority: int, remaining_s: float, doing: str) -> None:
         """Publish ``body``, back from a delay queue too early, through a shorter one."""
@@ -271,10 +289,11 @@ class LazyRabbitMqDriver(Driver):
 
         A connection that died while idle (heartbeat timeout, broker restart)
         is replaced and ``action`` runs once more; so does a publish to a queue
-        that vanished after it was declared. Anything else raises, translated.
+        that vanished after it was declared. Anything else raises pika's
+        exception, which core translates by the declared errors.
         """
         publisher = self._publishers.get()
-        with publisher.lock, translate(doing, self._where):
+        with publisher.lock:
             for attempt in (1, 2):
                 fresh = publisher.link()
                 try:
@@ -301,8 +320,9 @@ class LazyRabbitMqDriver(Driver):
                         describe(exc),
                         doing,
                     )
-                except pika_exc.AMQPChannelError:
-                    # A channel the broker closed is unusable; start afresh next time.
+                except (pika_exc.AMQPChannelError, ConfigurationError):
+                    # A channel the broker closed (a declaration it refused among
+                    # them) is unusable; start afresh next time.
                     publisher.drop()
                     raise
 
@@ -355,15 +375,23 @@ class LazyRabbitMqDriver(Driver):
             spec.redeclare_after_s is None or now - last < spec.redeclare_after_s
         ):
             return
-        publisher.channel.queue_declare(
-            spec.name, durable=self.durable, arguments=dict(spec.arguments)
-        )
+        with declaring(self._where, f"declaring queue {spec.name!r}"):
+            publisher.channel.queue_declare(
+                spec.name, durable=self.durable, arguments=dict(spec.arguments)
+            )
         publisher.declared[spec.name] = now
         if spec.dead_letters_to is not None:
             self._delay_queues.add(spec.name)
 
     def _connect(self) -> Any:
-        return pika.BlockingConnection(self.parameters)
+        try:
+            return pika.BlockingConnection(self.parameters)
+        except REFUSED_ERRORS as exc:
+            user = getattr(self.parameters.credentials, "username", None)
+            raise refusal(exc, self._where, user, self.parameters.virtual_host) from exc
+
+    def classify_error(self, exc: BaseException) -> type[DriverError] | None:
+        return classify(exc) or super().classify_error(exc)
 
     # Receiving ---------------------------------------------------------------
 
@@ -409,7 +437,9 @@ class LazyRabbitMqDriver(Driver):
                 )
             )
 
-        self._with_publisher(count, f"counting the messages in {names}")
+        doing = f"counting the messages in {names}"
+        with self.translating(doing):
+            self._with_publisher(count, doing)
         return [
             QueueStats(
                 priority,
@@ -426,7 +456,7 @@ class LazyRabbitMqDriver(Driver):
             for priority, name in rows
         ]
 
-    def clear(self, priority: int | None = None) -> int:
+    def purge(self, priority: int | None = None) -> int:
         """Delete the messages waiting for ``priority`` (every priority: None); how many.
 
         Deletes the work queue's delay queues, then purges the work queue
@@ -462,9 +492,9 @@ class LazyRabbitMqDriver(Driver):
                 )
                 removed += purged[work.name]
 
-        self._with_publisher(
-            delete_and_purge, f"clearing {[work.name for work in works]} and their delay queues"
-        )
+        doing = f"purging {[work.name for work in works]} and their delay queues"
+        with self.translating(doing):
+            self._with_publisher(delete_and_purge, doing)
         return removed
 
     def _dead_letter_queue(self) -> str | None:
@@ -477,7 +507,7 @@ class LazyRabbitMqDriver(Driver):
 
     # Cleaning up -------------------------------------------------------------
 
-    def purge(self) -> None:
+    def teardown(self) -> None:
         """Delete every work queue of this driver and the delay queues it declared."""
         names = [*self._queues.values(), *sorted(self._delay_queues)]
 
@@ -487,7 +517,9 @@ class LazyRabbitMqDriver(Driver):
             publisher.declared.clear()
             self._delay_queues.difference_update(names)
 
-        self._with_publisher(delete, f"deleting queues {names}")
+        doing = f"deleting queues {names}"
+        with self.translating(doing):
+            self._with_publisher(delete, doing)
 
     def close(self) -> None:
         """Close this process's publishing connection (a consumer closes its own). Idempotent."""

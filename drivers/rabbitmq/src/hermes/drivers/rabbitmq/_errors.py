@@ -1,4 +1,10 @@
-"""The one place where pika's exceptions become Hermes errors."""
+"""What pika's exceptions mean to Hermes, where the exception class alone does not say.
+
+Core translates the driver's exceptions by the tuples the driver declares
+(:attr:`LazyRabbitMqDriver.refused_errors` and the others). What is left
+here is RabbitMQ's own: a channel the broker closed carries its reason as a
+reply code, and a refused login or vhost deserves a line that says what to fix.
+"""
 
 from __future__ import annotations
 
@@ -9,76 +15,89 @@ from typing import Any
 
 from pika import exceptions as pika_exc
 
-from hermes.core import (
+from hermes.core.driver import (
+    BrokerRefusedError,
     BrokerUnavailableError,
     ConfigurationError,
-    DeliveryError,
     DriverError,
+    error_text,
 )
 
 logger = logging.getLogger("hermes.drivers.rabbitmq")
 
+#: Reply code of a channel the broker closed because this user may not do that.
+ACCESS_REFUSED = 403
+#: Reply code of a channel the broker closed because a queue does not exist.
+NOT_FOUND = 404
 #: Reply code of a channel the broker closed because a declaration does not
 #: match the queue that exists (or an argument is invalid).
 PRECONDITION_FAILED = 406
 
-#: Reply code of a channel the broker closed because a queue does not exist.
-NOT_FOUND = 404
+#: The broker refused this client: a wrong user or password, a vhost that
+#: does not exist or that the user may not open. Retrying cannot help.
+REFUSED_ERRORS = (
+    pika_exc.ProbableAuthenticationError,
+    pika_exc.AuthenticationError,
+    pika_exc.ProbableAccessDeniedError,
+)
+#: The connection is gone or cannot be made (refused, reset, heartbeat
+#: timeout, blocked too long): the next attempt opens a new one.
+UNAVAILABLE_ERRORS = (pika_exc.AMQPConnectionError,)
+#: Any other failure of pika (an unroutable or nacked publish among them).
+CLIENT_ERRORS = (pika_exc.AMQPError,)
+
+
+def classify(exc: BaseException) -> type[DriverError] | None:
+    """The Hermes error a pika channel exception means; None: decided by the declared tuples.
+
+    A channel lost under a session -- closed by the broker (a queue deleted,
+    the consumer timeout), cancelled, or found closed -- is
+    :class:`BrokerUnavailableError`: a new connection gets a new channel.
+    The broker's 403 on a channel is a permission this user lacks: refused.
+    An unroutable or nacked publish is a failed send, not an absent broker.
+    """
+    if isinstance(exc, pika_exc.ChannelClosedByBroker) and exc.reply_code == ACCESS_REFUSED:
+        return BrokerRefusedError
+    if isinstance(
+        exc, pika_exc.ChannelClosed | pika_exc.ChannelWrongStateError | pika_exc.ConsumerCancelled
+    ):
+        return BrokerUnavailableError
+    return None
+
+
+def refusal(exc: BaseException, where: str, user: str | None, vhost: str) -> BrokerRefusedError:
+    """The one-line error for a login or vhost RabbitMQ refused, naming what to fix."""
+    if isinstance(exc, pika_exc.ProbableAccessDeniedError):
+        fix = (
+            f"RabbitMQ refused user {user!r} the virtual host {vhost!r}: create it "
+            f"(rabbitmqctl add_vhost) and give the user permissions on it "
+            f"(rabbitmqctl set_permissions), or fix the vhost in the URL's path"
+        )
+    else:
+        fix = (
+            f"RabbitMQ refused the login of user {user!r}: check the user name and "
+            "password in the URL"
+        )
+    return BrokerRefusedError(f"{where}: {fix} - {error_text(exc)}")
 
 
 @contextlib.contextmanager
-def translate(doing: str, where: str, *, consuming: bool = False) -> Iterator[None]:
-    """Raise pika's exceptions inside as :class:`DriverError` subclasses, chained.
+def declaring(where: str, doing: str) -> Iterator[None]:
+    """Inside, a declaration whose arguments differ from the queue's raises ConfigurationError.
 
-    ``doing`` says what the driver was doing ("publishing to queue 'jobs'"),
-    ``where`` names the broker (password masked); both go into the text.
-    A lost connection is :class:`BrokerUnavailableError`. With ``consuming``
-    (a worker's session after its queues were declared) so is a channel the
-    broker closed or a consumer it cancelled: the session is gone either way,
-    and the worker opens a new one.
+    RabbitMQ closes the channel with 406 PRECONDITION_FAILED; the text says
+    how to fix it, which the broker's reply alone does not.
     """
     try:
         yield
-    except pika_exc.UnroutableError as exc:
-        raise DeliveryError(
-            f"{where}: RabbitMQ returned the message as unroutable while {doing} "
-            "(the queue does not exist)"
+    except pika_exc.ChannelClosedByBroker as exc:
+        if exc.reply_code != PRECONDITION_FAILED:
+            raise
+        raise ConfigurationError(
+            f"{where}: RabbitMQ rejected the queue settings while {doing} - "
+            f"{exc.reply_text}; a queue that already exists keeps the arguments it was "
+            "declared with: use the same options (durable, x-... arguments) or delete it"
         ) from exc
-    except pika_exc.NackError as exc:
-        raise DeliveryError(
-            f"{where}: RabbitMQ refused the message (nack) while {doing}; "
-            "a full queue with x-overflow=reject-publish or a broker error does this"
-        ) from exc
-    except (pika_exc.ProbableAuthenticationError, pika_exc.AuthenticationError) as exc:
-        raise BrokerUnavailableError(
-            f"{where}: RabbitMQ refused the user name or password while {doing} - {exc!r}"
-        ) from exc
-    except pika_exc.ProbableAccessDeniedError as exc:
-        raise BrokerUnavailableError(
-            f"{where}: RabbitMQ denied access to the virtual host while {doing} - {exc!r}"
-        ) from exc
-    except pika_exc.AMQPConnectionError as exc:
-        raise BrokerUnavailableError(
-            f"{where}: no connection to RabbitMQ while {doing} - {describe(exc)}"
-        ) from exc
-    except pika_exc.AMQPChannelError as exc:
-        if consuming:
-            raise BrokerUnavailableError(
-                f"{where}: lost the channel while {doing} - {describe(exc)}"
-            ) from exc
-        if isinstance(exc, pika_exc.ChannelClosedByBroker):
-            if exc.reply_code == PRECONDITION_FAILED:
-                raise ConfigurationError(
-                    f"{where}: RabbitMQ rejected the queue settings while {doing} - "
-                    f"{exc.reply_text}; a queue that already exists keeps the arguments it was "
-                    "declared with: use the same options (durable, x-... arguments) or delete it"
-                ) from exc
-            raise DriverError(
-                f"{where}: RabbitMQ closed the channel while {doing} - {exc!r}"
-            ) from exc
-        raise DriverError(f"{where}: pika failed while {doing} - {describe(exc)}") from exc
-    except pika_exc.AMQPError as exc:
-        raise DriverError(f"{where}: pika failed while {doing} - {exc!r}") from exc
 
 
 def describe(exc: BaseException) -> str:
