@@ -75,32 +75,7 @@ def add_parser(commands: Commands) -> None:
     worker.add_argument(
         "--max-items", type=whole_number(0), default=0, metavar="N", help="stop after N messages"
     )
-    worker.add_argument(
-        "--concurrency",
-        type=whole_number(1),
-        default=env_default("HERMES_CONCURRENCY", whole_number(1), 1),
-        metavar="N",
-        help="run up to N handlers at once on threads (async handlers on the worker's event "
-        "loop); each message is acknowledged after its own handlers (default: "
-        "$HERMES_CONCURRENCY, else 1)",
-    )
-    worker.add_argument(
-        "--time-limit",
-        type=seconds,
-        default=env_default("HERMES_TIME_LIMIT", seconds, None),
-        metavar="SECONDS",
-        help="interrupt a handler that runs longer (a failure, retried by the usual rule); "
-        "a handler's own time_limit_s attribute overrides it (default: $HERMES_TIME_LIMIT, "
-        "else no limit)",
-    )
-    worker.add_argument(
-        "--grace",
-        type=seconds,
-        default=30.0,
-        metavar="SECONDS",
-        help="on Ctrl-C, SIGTERM or a shutdown request, how long handlers in flight may "
-        "finish before the worker exits without acknowledging them (default 30)",
-    )
+    _add_run_options(worker)
     worker.add_argument(
         "--metrics-port",
         type=whole_number(1, 65535),
@@ -130,6 +105,35 @@ def add_parser(commands: Commands) -> None:
     from hermes.core._cli import _scheduler  # not at the top: it imports load_object from here
 
     _scheduler.add_worker_options(worker)
+
+
+def _add_run_options(worker: argparse.ArgumentParser) -> None:
+    worker.add_argument(
+        "--concurrency",
+        type=whole_number(1),
+        default=env_default("HERMES_CONCURRENCY", whole_number(1), 1),
+        metavar="N",
+        help="run up to N handlers at once on threads (async handlers on the worker's event "
+        "loop); each message is acknowledged after its own handlers (default: "
+        "$HERMES_CONCURRENCY, else 1)",
+    )
+    worker.add_argument(
+        "--time-limit",
+        type=seconds,
+        default=env_default("HERMES_TIME_LIMIT", seconds, None),
+        metavar="SECONDS",
+        help="interrupt a handler that runs longer (a failure, retried by the usual rule); "
+        "a handler's own time_limit_s attribute overrides it (default: $HERMES_TIME_LIMIT, "
+        "else no limit)",
+    )
+    worker.add_argument(
+        "--grace",
+        type=seconds,
+        default=30.0,
+        metavar="SECONDS",
+        help="on Ctrl-C, SIGTERM or a shutdown request, how long handlers in flight may "
+        "finish before the worker exits without acknowledging them (default 30)",
+    )
 
 
 def _add_queue_options(worker: argparse.ArgumentParser) -> None:
