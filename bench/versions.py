@@ -1,0 +1,140 @@
+"""``hermes worker`` of two installs, interleaved in one run: did a change cost throughput?
+
+    python -m bench.versions --other /path/to/other/.venv/bin/hermes [--rounds 5] [-n 5000]
+
+Each round fills a fresh queue and times this environment's ``hermes worker``
+draining it, then the other install's, on the same broker and job (which one
+goes first alternates per round); each row is the median of its rounds, and
+the ratio is this install's rate over the other's. The jobs are bench.jobs's
+(``noop``, ``incr``), imported by both workers from this checkout, so the only
+thing that differs is the Hermes each ``hermes`` command imports. Written to
+``bench/results/versions.md`` (and ``.json``) unless ``--out`` says otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from bench.run import (
+    ROOT,
+    Env,
+    HermesSetting,
+    fill,
+    hermes_command,
+    load_average,
+    machine,
+    purge_and_close,
+    rate,
+    wait_result,
+    worker,
+)
+
+sys.path.insert(0, str(ROOT / "tools"))
+import services
+
+from hermes.core import connect
+
+#: (row label, broker, URL options): the settings both installs understand.
+SETTINGS = [
+    ("redis", "redis", ""),
+    ("redis at-least-once", "redis", "delivery=at-least-once"),
+    ("filesystem fsync=false", "filesystem", "fsync=false"),
+    ("rabbitmq prefetch=1", "rabbitmq", "prefetch=1"),
+]
+JOBS = ("noop", "incr")
+
+
+def base_url(broker: str, tmp: Path) -> str:
+    if broker == "redis":
+        return services.ensure_redis()
+    if broker == "rabbitmq":
+        return services.ensure_rabbitmq()
+    return f"file://{tmp / 'queue'}"
+
+
+def one(command: list[str], url: str, job: str, n: int, env: Env) -> float:
+    """Fill ``url`` with ``n`` messages; the rate at which ``command worker`` drains it."""
+    driver = connect(url)
+    try:
+        fill(driver, n)
+        with tempfile.TemporaryDirectory() as tmp:
+            out, log = Path(tmp) / "result.json", Path(tmp) / "worker.log"
+            argv = [*command, "worker", "--url", url, "--handlers", "bench.jobs:register"]
+            argv += ["--max-items", str(n)]
+            with worker(argv, env.make(n, out, job), log) as proc:
+                return rate(wait_result(out, proc, 600, log))
+    finally:
+        purge_and_close(driver)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--other", required=True, help="the other install's hermes command")
+    parser.add_argument("--other-label", default="before", help="its name in the table")
+    parser.add_argument("--label", default="after", help="this install's name in the table")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("-n", type=int, default=5_000, help="messages per sample")
+    parser.add_argument("--only", default="", help="comma-separated row labels")
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    args = parser.parse_args()
+    only = set(filter(None, args.only.split(",")))
+    env = Env(services.ensure_redis(), f"bench-incr-{uuid.uuid4().hex[:8]}")
+    commands = {args.label: hermes_command(), args.other_label: [args.other]}
+    started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    loads = [load_average()]
+    samples: dict[tuple[str, str, str], list[float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for round_ in range(args.rounds):
+            order = list(commands) if round_ % 2 == 0 else list(reversed(commands))
+            for label, broker, options in SETTINGS:
+                if only and label not in only:
+                    continue
+                for job in JOBS:
+                    for name in order:
+                        url = HermesSetting(label, options).url(base_url(broker, Path(tmp)))
+                        value = one(commands[name], url, job, args.n, env)
+                        samples.setdefault((label, job, name), []).append(value)
+                        print(f"round {round_ + 1} {label} {job} {name}: {value:,.0f}", flush=True)
+    loads.append(load_average())
+    rows = []
+    for label, _, _ in SETTINGS:
+        for job in JOBS:
+            mine = samples.get((label, job, args.label))
+            theirs = samples.get((label, job, args.other_label))
+            if not mine or not theirs:
+                continue
+            a, b = statistics.median(mine), statistics.median(theirs)
+            rows.append(
+                {"row": label, "job": job, args.label: a, args.other_label: b, "ratio": a / b}
+            )
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"started": started, "machine": machine(), "load": loads, "rounds": args.rounds}
+    (out / "versions.json").write_text(json.dumps({**meta, "n": args.n, "rows": rows}, indent=1))
+    lines = [
+        f"`python -m bench.versions` ({started}, {meta['machine']}, load {' -> '.join(loads)}): "
+        f"`hermes worker` of two installs interleaved, {args.n:,} messages per sample, "
+        f"median of {args.rounds} rounds.",
+        "",
+        f"| setting | job | {args.label} msgs/s | {args.other_label} msgs/s | ratio |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row['row']} | {row['job']} | {row[args.label]:,.0f} | "
+            f"{row[args.other_label]:,.0f} | {row['ratio']:.2f}x |"
+        )
+    (out / "versions.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
