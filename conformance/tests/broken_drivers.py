@@ -270,6 +270,24 @@ def _without_retries(item: Outgoing) -> Outgoing:
     return replace(item, body=serializer.serialize(message.replace(retries=0)).encode())
 
 
+class DropsHeaders(_BrokenMemory):
+    """Keeps the message but not its headers: a driver that rebuilds the envelope itself."""
+
+    scheme = "drops-headers"
+
+    def put(self, items: Sequence[Outgoing], priority: int = DEFAULT_PRIORITY) -> None:
+        super().put([_without_headers(item) for item in items], priority)
+
+
+def _without_headers(item: Outgoing) -> Outgoing:
+    serializer = MessageSerializer()
+    try:
+        message = serializer.unserialize(item.body)
+    except SerializeError:
+        return item  # the kit's poison: nothing to lose
+    return replace(item, body=serializer.serialize(message.replace(headers={})).encode())
+
+
 def _message_id(body: str | bytes) -> str:
     """The id a log line names: read straight from the JSON, with no thought for poison."""
     try:
@@ -621,6 +639,7 @@ _MEMORY_VARIANTS: list[type[_BrokenMemory]] = [
     HandsOneMessageToTwoConsumers,
     ForgetsAcks,
     DropsRetries,
+    DropsHeaders,
     CountsUnknownAsZero,
     CrashesOnPoison,
     TruncatesLargeBodies,

@@ -98,16 +98,17 @@ def peek() -> type[Peek]:
 
 @pytest.fixture
 def core_only_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """The environment of a ``python -S`` that has hermes-core and pluggy and no driver at all.
+    """The environment of a ``python -S`` that has hermes-core, its dependencies and no driver.
 
     ``-S`` skips site-packages; a directory on ``PYTHONPATH`` gets links to
-    hermes.core, pluggy and hermes-core's metadata (its ``hermes`` entry point
+    hermes.core, pluggy, cronsim and hermes-core's metadata (its ``hermes`` entry point
     registers memory://): what ``pip install hermes-core`` alone gives.
     """
     import importlib.metadata
     import os
     from pathlib import Path
 
+    import cronsim
     import pluggy
 
     import hermes.core
@@ -116,6 +117,11 @@ def core_only_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     (site / "hermes").mkdir()
     (site / "hermes" / "core").symlink_to(Path(hermes.core.__file__).parent)
     (site / "pluggy").symlink_to(Path(pluggy.__file__).parent)
+    cron = Path(cronsim.__file__)  # hermes-core's other dependency
+    if cron.name == "__init__.py":
+        (site / "cronsim").symlink_to(cron.parent)
+    else:
+        (site / cron.name).symlink_to(cron)
     core = importlib.metadata.distribution("hermes-core")
     dist_info = Path(str(core.locate_file(""))) / f"hermes_core-{core.version}.dist-info"
     assert dist_info.is_dir(), dist_info

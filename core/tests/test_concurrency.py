@@ -17,6 +17,7 @@ from hermes.core import (
     RetryableHandler,
     RetryMixin,
     TimeLimitExceeded,
+    Worker,
 )
 from hermes.core.driver import MemoryDriver
 
@@ -128,15 +129,17 @@ def test_counts_are_exact_when_many_handlers_finish_at_once(driver: MemoryDriver
                 seen.append(message.payload["i"])
             return message.payload["i"] % 10 != 0  # every tenth "fails" by returning False
 
-    dispatcher = Dispatcher(driver, shutdown=StopWhen(lambda: len(seen) == 200), concurrency=8)
+    dispatcher = Dispatcher(driver, concurrency=8)
     dispatcher.register_handler("job", Handler())
-    dispatcher.handle()
+    stats = Worker(
+        driver, dispatcher, shutdown=StopWhen(lambda: len(seen) == 200), handle_signals=False
+    ).run()
 
     assert sorted(seen) == list(range(200))
     assert dispatcher.stats.received == 200
     assert dispatcher.stats.handled == 180
     assert dispatcher.stats.failed == 20
-    assert driver.processed_items == 200
+    assert stats.processed == stats.started == 200
 
 
 def test_max_items_with_concurrency_never_starts_more_than_asked(driver: MemoryDriver) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from hermes.core import DEFAULT_PRIORITY, Emitter, Message, UnknownPriorityError
-from hermes.core.driver import MemoryDriver
+from hermes.core.driver import MemoryDriver, Outgoing
 
 
 def test_the_default_priority_is_100() -> None:
@@ -51,7 +51,7 @@ def test_emit_on_an_unknown_priority_raises(driver: MemoryDriver, peek: Any) -> 
     assert peek.total(driver) == 0
 
 
-def test_emit_logs_the_message_id_and_the_driver_class(
+def test_emit_logs_the_message_its_type_priority_and_the_driver(
     driver: MemoryDriver, hermes_log: pytest.LogCaptureFixture
 ) -> None:
     message = Message("job")
@@ -59,7 +59,11 @@ def test_emit_logs_the_message_id_and_the_driver_class(
     Emitter(driver).emit(message)
 
     assert [(r.name, r.levelno, r.getMessage()) for r in hermes_log.records] == [
-        ("hermes", logging.INFO, f"Dispatcher send message #{message.id} to driver MemoryDriver")
+        (
+            "hermes",
+            logging.INFO,
+            f"Emitted message #{message.id} (job) priority:100 to {driver!r}",
+        )
     ]
 
 
@@ -107,20 +111,32 @@ def test_emit_batch_uses_the_driver_s_send_batch_and_logs_each_message(
         assert driver.batches == [messages]
         assert peek.queued(driver) == messages
         assert [r.getMessage() for r in hermes_log.records] == [
-            f"Dispatcher send message #{m.id} to driver _BatchingDriver" for m in messages
+            f"Emitted message #{m.id} (job) priority:100 to {driver!r}" for m in messages
         ]
     finally:
         driver.teardown()
 
 
-def test_emit_batch_sends_one_by_one_without_send_batch(recording_driver: Any, peek: Any) -> None:
-    recording_driver.setup_priority_queue("high", 300)
+def test_emit_batch_puts_every_message_in_one_call_of_the_driver(
+    broker_name: str, peek: Any
+) -> None:
+    puts: list[int] = []
+
+    class Counting(MemoryDriver):
+        def put(self, items: Sequence[Outgoing], priority: int = DEFAULT_PRIORITY) -> None:
+            puts.append(len(items))
+            super().put(items, priority)
+
+    driver = Counting(broker_name)
+    driver.setup_priority_queue("high", 300)
     messages = [Message("job", {"n": n}) for n in range(3)]
+    try:
+        Emitter(driver).emit_batch(messages, 300)
 
-    Emitter(recording_driver).emit_batch(messages, 300)
-
-    assert recording_driver.calls == [(m, (300,), {}) for m in messages]
-    assert peek.queued(recording_driver, 300) == messages
+        assert puts == [3]
+        assert peek.queued(driver, 300) == messages
+    finally:
+        driver.teardown()
 
 
 # emit_async -------------------------------------------------------------------------
@@ -174,7 +190,7 @@ def test_emit_async_sends_on_the_priority_it_is_given_and_logs_like_emit(
     asyncio.run(Emitter(recording_driver).emit_async(message, 300))
 
     assert recording_driver.calls == [(message, (300,), {})]
-    assert f"Dispatcher send message #{message.id}" in hermes_log.text
+    assert f"Emitted message #{message.id} (job) priority:300" in hermes_log.text
 
 
 def test_emit_async_raises_what_emit_raises(driver: MemoryDriver, peek: Any) -> None:

@@ -201,7 +201,7 @@ def test_a_store_that_cannot_take_the_message_is_an_error_line_and_the_worker_go
     driver: MemoryDriver, broker_name: str, hermes_log: pytest.LogCaptureFixture
 ) -> None:
     class Unreachable(MemoryDriver):
-        def send(self, message: Message, priority: int = DEFAULT_PRIORITY) -> None:
+        def put(self, items: Any, priority: int = DEFAULT_PRIORITY) -> None:
             raise DriverError("store unreachable")
 
     message = Message("stray")

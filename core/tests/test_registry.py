@@ -21,6 +21,7 @@ from hermes.core import (
     Dispatcher,
     Emitter,
     Message,
+    Outcome,
     RetryableHandler,
     RetryMixin,
     _memory,
@@ -341,6 +342,7 @@ class Observer:
         handler: object,
         reason: str,
         exception: BaseException | None,
+        outcome: Outcome,
     ) -> None:
         self.calls.append(
             (
@@ -351,6 +353,7 @@ class Observer:
                     "handler": handler,
                     "reason": reason,
                     "exception": exception,
+                    "outcome": outcome,
                 },
             )
         )
@@ -392,7 +395,7 @@ def test_lifecycle_hooks_see_emit_start_success_failure_and_retry(
     assert (retried["retry"].id, retried["retry"].retries) == (message.id, 1)
 
 
-def test_a_handler_that_returns_false_is_reported_with_result_false(
+def test_a_handler_that_returns_false_is_reported_as_given_up_not_as_succeeded(
     driver: MemoryDriver, register: Any
 ) -> None:
     observer = Observer()
@@ -408,10 +411,10 @@ def test_a_handler_that_returns_false_is_reported_with_result_false(
 
     dispatcher.handle_message(message, DEFAULT_PRIORITY)
 
-    succeeded = [kwargs for name, kwargs in observer.calls if name == "succeeded"]
-    assert succeeded == [
-        {"message": message, "priority": DEFAULT_PRIORITY, "handler": declines, "result": False}
-    ]
+    assert [name for name, _ in observer.calls if name == "succeeded"] == []
+    (gave_up,) = [kwargs for name, kwargs in observer.calls if name == "gave_up"]
+    assert gave_up["handler"] is declines
+    assert gave_up["outcome"] is Outcome.RETURNED_FALSE
     assert (dispatcher.stats.handled, dispatcher.stats.failed) == (0, 1)
 
 
@@ -604,5 +607,9 @@ def test_every_hook_states_its_contract_in_a_docstring() -> None:
         "hermes_message_finished",
         "hermes_worker_metrics",
         "hermes_message_gave_up",
+        "hermes_message_rejected",
+        "hermes_handler_call",
+        "hermes_emit_call",
+        "hermes_tick",
     }
     assert all(len(inspect.getdoc(f) or "") > 30 for f in hooks)

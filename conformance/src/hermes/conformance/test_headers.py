@@ -84,5 +84,5 @@ def test_the_retry_copy_comes_back_with_the_same_headers(hermes_kit: Kit) -> Non
 
     assert wait_until(copy, DELIVERY_S + DELAY_LATE_S), "the retry copy did not come back"
     retried = copy()
-    assert retried is not None
+    assert retried is not None, "the retry copy went from the ledger"
     assert dict(retried.headers) == TRACE, "the retry copy lost or changed the headers"

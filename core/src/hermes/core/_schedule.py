@@ -36,7 +36,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from cronsim import CronSim, CronSimError
 
 from hermes.core._driver import DEFAULT_PRIORITY
 from hermes.core._errors import ConfigurationError
@@ -177,6 +176,8 @@ class Entry:
         assert self.cron is not None
         zone = self.zone
         start = dt.datetime.fromtimestamp(math.floor(after), zone)
+        from cronsim import CronSim  # imported on first use: most processes never parse cron
+
         for moment in CronSim(self.cron, start):
             at = moment.timestamp()
             # In the repeated hour of a fall-back, a fixed-time entry's first
@@ -359,6 +360,8 @@ def _zone(name: str, where: str) -> dt.tzinfo:
 def _check_cron(expression: str, zone: dt.tzinfo, where: str) -> None:
     if not isinstance(expression, str):
         raise ConfigurationError(f"{where}: the cron expression must be a string: {expression!r}")
+    from cronsim import CronSim, CronSimError
+
     try:
         next(CronSim(expression, dt.datetime.now(zone)))
     except CronSimError as exc:
