@@ -36,7 +36,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-
 from hermes.core._driver import DEFAULT_PRIORITY
 from hermes.core._errors import ConfigurationError
 from hermes.core._message import Message
