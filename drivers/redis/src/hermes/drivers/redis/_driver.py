@@ -98,6 +98,16 @@ def held_key(queue_key: str, owner: str | bytes) -> str:
     return f"{queue_key}_inflight:{owner}"
 
 
+def deliveries_key(queue_key: str) -> str:
+    """At-least-once: the hash of body SHA-1 -> how many times a worker took it from ``queue_key``.
+
+    Incremented by the take, deleted when the message is acknowledged or set
+    aside; a release or a run-out lease keeps it, so ``Received.delivery_count``
+    grows with each redelivery.
+    """
+    return f"{queue_key}_deliveries"
+
+
 class RedisRefusedError(BrokerRefusedError):
     """Redis refused this client; the text ends with what to change in the URL."""
 
@@ -279,6 +289,7 @@ class RedisSetDriver(Driver):
                 type(self).capabilities,
                 delivery=delivery,
                 redelivery_timeout_s=self.lease_timeout_s + 1.0,
+                counts_deliveries=True,
             )
         self._close_client = close_client
         self._execute = _scripts.on_pool(client)
@@ -460,7 +471,7 @@ class RedisSetDriver(Driver):
         """Delete every key this driver uses: sets, schedule, leases, wake and rejected lists."""
         keys = {self.schedule_key}
         for queue in self._queues.values():
-            keys |= {queue, wake_key(queue), rejected_key(queue)}
+            keys |= {queue, wake_key(queue), rejected_key(queue), deliveries_key(queue)}
         with self.translating("deleting its keys"):
             _scripts.DROP_LEASES(self._execute, sorted(self._queues.values()))
             self.client.delete(*sorted(keys))
@@ -646,7 +657,11 @@ class _LeasingConsumer(_RedisConsumer):
       delivered again once the lease runs out, rather than handed to another
       worker while its handler may still be running.
 
-    ``Received.token`` is ``(index of the set, take number)``.
+    * Each take increments the body's count in :func:`deliveries_key` in the
+      same script call (``Received.delivery_count``); acknowledging or
+      setting aside deletes it, a release or a run-out lease keeps it.
+
+    ``Received.token`` is ``(index of the set, take number, body SHA-1)``.
     """
 
     def __init__(self, driver: RedisSetDriver, priorities: Sequence[int]) -> None:
@@ -661,9 +676,11 @@ class _LeasingConsumer(_RedisConsumer):
         self.owner = ""
         #: The hash of what this consumer holds, per set (as ``self.keys``).
         self.held_keys: list[str] = []
+        #: The delivery counts of each set (as ``self.keys``).
+        self.count_keys = [deliveries_key(k) for k in self.keys]
         self.claim: _scripts.PackedCall | None = None
         self.counter = itertools.count(1)
-        #: ``[index, take number, ...]`` acknowledged on the receiving thread, not yet sent.
+        #: ``[index, take number, digest, ...]`` acknowledged on the receiving thread, not yet sent.
         self.acks: list[bytes] = []
         #: The thread that receives (:func:`threading.get_ident`), set on the first receive.
         self.receiver: int | None = None
@@ -679,23 +696,24 @@ class _LeasingConsumer(_RedisConsumer):
         return super().receive(timeout_s)
 
     def ack(self, received: Received) -> None:
-        index, number = received.token
+        index, number, digest = received.token
         if threading.get_ident() == self.receiver:
-            self.acks += (b"%d" % index, number)  # sent with the next take
+            self.acks += (b"%d" % index, number, digest)  # sent with the next take
             return
-        self.driver._execute(("HDEL", self.held_keys[index - 1], number), True)
+        keys = (self.held_keys[index - 1], self.count_keys[index - 1])
+        _scripts.ACK(self.driver._execute, keys, (number, digest))
 
     def release(self, received: Received) -> None:
-        index, number = received.token
+        index, number, _ = received.token
         queue = self.keys[index - 1]
         keys = (queue, self.held_keys[index - 1], wake_key(queue))
         _scripts.RELEASE(self.driver._execute, keys, (number, WAKE_LIST_CAP))
 
     def reject(self, received: Received, reason: str) -> None:
-        index, number = received.token
+        index, number, digest = received.token
         queue = self.keys[index - 1]
-        keys = (rejected_key(queue), self.held_keys[index - 1])
-        _scripts.SET_ASIDE_LEASED(self.driver._execute, keys, (REJECTED_CAP, number))
+        keys = (rejected_key(queue), self.held_keys[index - 1], self.count_keys[index - 1])
+        _scripts.SET_ASIDE_LEASED(self.driver._execute, keys, (REJECTED_CAP, number, digest))
 
     def close(self) -> None:
         if self.leases is not None:
@@ -713,7 +731,7 @@ class _LeasingConsumer(_RedisConsumer):
                     "%r: could not acknowledge %d message(s), which are delivered again once "
                     "the lease runs out - %s",
                     self.driver,
-                    len(self.acks) // 2,
+                    len(self.acks) // 3,
                     error,
                 )
             else:  # nothing is lost: the lease of a worker holding nothing just runs out
@@ -727,7 +745,7 @@ class _LeasingConsumer(_RedisConsumer):
         self.held_keys = [held_key(queue, self.owner) for queue in self.keys]
         self.claim = _scripts.PackedCall(
             _scripts.CLAIM,
-            [*self.keys, *self.lease_keys, *self.held_keys],
+            [*self.keys, *self.lease_keys, *self.held_keys, *self.count_keys],
             [self.lease_ms, self.owner],
         )
         self.leases = LeaseKeeper(
@@ -741,7 +759,7 @@ class _LeasingConsumer(_RedisConsumer):
         """Acknowledge the deferred acknowledgements and, with a take number, take a body."""
         claim, acks = self.claim, self.acks
         assert claim is not None
-        count = b"%d" % (len(acks) // 2)
+        count = b"%d" % (len(acks) // 3)
         try:
             reply = self._execute(claim.pack(number, count, *acks), True)
         except NoScriptError:  # a new or restarted server: send the script itself
@@ -755,13 +773,12 @@ class _LeasingConsumer(_RedisConsumer):
         reply = self._claim(number)
         if reply is None:
             return None
-        if len(self.keys) == 1:
-            index, body = 1, reply
-        else:
-            index, body = int(reply[0]), reply[1]
+        index, body, deliveries, digest = int(reply[0]), reply[1], int(reply[2]), reply[3]
         if index not in self.taken_from:
             self.taken_from = self.taken_from | {index}
-        return Received(body, self.priorities[index - 1], (index, number))
+        return Received(
+            body, self.priorities[index - 1], (index, number, digest), delivery_count=deliveries
+        )
 
     def _move_due(self) -> int:
         moved, first, recovered = _scripts.MOVE_DUE_AND_RECOVER(
