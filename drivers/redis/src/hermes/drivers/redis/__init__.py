@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from hermes.drivers.redis._driver import (
         RedisRefusedError,
         RedisSetDriver,
+        RedisTlsError,
         deliveries_key,
         held_key,
         inflight_key,
@@ -26,6 +27,7 @@ __all__ = [
     "RedisRefusedError",
     "RedisSetDriver",
     "RedisShutdown",
+    "RedisTlsError",
     "deliveries_key",
     "held_key",
     "inflight_key",
@@ -41,6 +43,7 @@ if not TYPE_CHECKING:  # type checkers read the imports above, and still flag ty
         {
             "RedisRefusedError": "._driver",
             "RedisSetDriver": "._driver",
+            "RedisTlsError": "._driver",
             "deliveries_key": "._driver",
             "held_key": "._driver",
             "inflight_key": "._driver",

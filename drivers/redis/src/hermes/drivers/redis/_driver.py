@@ -7,6 +7,7 @@ import logging
 import os
 import secrets
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Sequence
@@ -138,6 +139,28 @@ class RedisDatabaseError(RedisRefusedError):
     """The URL's database number is beyond the server's ``databases``."""
 
     hint = "the database number in the URL's path does not exist on this server (see 'databases')"
+
+
+class RedisTlsError(RedisRefusedError):
+    """The server's TLS certificate did not verify: a wrong CA, expired, or another host's."""
+
+    hint = (
+        "the server's TLS certificate was not accepted: give the CA that signed it "
+        "(ssl_ca_certs=PATH in the rediss:// URL), renew an expired certificate, or connect "
+        "by a host name the certificate names"
+    )
+
+
+def tls_failure(exc: BaseException) -> ssl.SSLError | ssl.CertificateError | None:
+    """The certificate error behind ``exc`` (redis-py keeps it as the context), if any."""
+    seen: BaseException | None = exc
+    for _ in range(5):  # a short chain: redis-py wraps the OSError once
+        if seen is None:
+            return None
+        if isinstance(seen, ssl.SSLCertVerificationError | ssl.CertificateError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 #: Text in a reply that redis-py raises as a plain ``ResponseError`` (a script's
@@ -385,6 +408,9 @@ class RedisSetDriver(Driver):
             return RedisCredentialsError
         if isinstance(exc, AuthorizationError | NoPermissionError):
             return RedisPermissionError
+        if isinstance(exc, redis.ConnectionError) and tls_failure(exc) is not None:
+            # Retrying cannot make a certificate verify: the URL or the server must change.
+            return RedisTlsError
         if isinstance(exc, redis.ResponseError):
             text = str(exc).lower()
             for needle, kind in _REFUSAL_REPLIES:

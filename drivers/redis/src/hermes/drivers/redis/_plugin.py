@@ -19,8 +19,22 @@ if TYPE_CHECKING:
     from hermes.drivers.redis._driver import RedisSetDriver
 
 _DRIVER_OPTIONS = ("key", "schedule_key", "refresh_interval", "prefix", "delivery", "lease_timeout")
-_TLS_OPTIONS = ("ssl_cert_reqs", "ssl_ca_certs")
-_CLIENT_OPTIONS = ("socket_connect_timeout", *_TLS_OPTIONS)
+#: TLS options of a ``rediss://`` URL, as redis-py names them. The server's
+#: certificate is verified against ``ssl_ca_certs`` (default: the system's CAs)
+#: and must name the URL's host, unless ``ssl_cert_reqs`` or
+#: ``ssl_check_hostname`` say otherwise.
+_TLS_OPTIONS = (
+    "ssl_ca_certs",
+    "ssl_certfile",
+    "ssl_keyfile",
+    "ssl_cert_reqs",
+    "ssl_check_hostname",
+)
+_CERT_REQS = ("required", "optional", "none")
+_CLIENT_OPTIONS = ("socket_connect_timeout", "socket_timeout", *_TLS_OPTIONS)
+#: Seconds a command may wait for Redis's reply before the server counts as
+#: gone: what bounds a send, and a worker's notice of a silent server.
+SOCKET_TIMEOUT_S = 5.0
 
 
 def build_client(url: DriverUrl) -> redis.Redis[Any]:
@@ -44,26 +58,51 @@ def build_client(url: DriverUrl) -> redis.Redis[Any]:
             f"the path of {url.redacted!r} must be a database number, "
             f"e.g. {url.scheme}://localhost:6379/0"
         )
-    tls: dict[str, Any] = {}
-    for name in _TLS_OPTIONS:
-        if name in url.options:
-            if url.scheme != "rediss":
-                raise ConfigurationError(
-                    f"option {name} in {url.redacted!r} needs TLS: use rediss://"
-                )
-            tls[name] = url.options[name]
     return redis.Redis(
         host=url.host or "localhost",
         port=url.port or 6379,
         db=int(url.path or 0),
         username=url.username or None,
         password=url.password or None,
-        ssl=url.scheme == "rediss",
         socket_connect_timeout=url.get_float("socket_connect_timeout", 5.0, minimum=0.001),
-        socket_timeout=5.0,
+        socket_timeout=url.get_float("socket_timeout", SOCKET_TIMEOUT_S, minimum=0.1),
+        # Keepalive probes find a peer that vanished while nothing was sent
+        # (the idle worker's BLPOP is bounded by socket_timeout as well).
+        socket_keepalive=True,
         retry=Retry(ExponentialBackoff(cap=0.25, base=0.05), 3),
-        **tls,
+        **tls_settings(url),
     )
+
+
+def tls_settings(url: DriverUrl) -> dict[str, Any]:
+    """redis-py's TLS arguments for ``url``: none for ``redis://``, verifying ones for ``rediss://``.
+
+    Verification is on unless the URL turns it off: ``ssl_cert_reqs=required``
+    and ``ssl_check_hostname=true`` are the defaults, whatever the redis-py version.
+    """
+    if url.scheme != "rediss":
+        for name in _TLS_OPTIONS:
+            if name in url.options:
+                raise ConfigurationError(
+                    f"option {name} in {url.redacted!r} needs TLS: use rediss://"
+                )
+        return {}
+    cert_reqs = url.get_str("ssl_cert_reqs", "required")
+    if cert_reqs not in _CERT_REQS:
+        raise ConfigurationError(
+            f"ssl_cert_reqs in {url.redacted!r} must be one of {', '.join(_CERT_REQS)}, "
+            f"got {cert_reqs!r}"
+        )
+    settings: dict[str, Any] = {
+        "ssl": True,
+        "ssl_cert_reqs": cert_reqs,
+        # No hostname to check when the certificate is not checked at all.
+        "ssl_check_hostname": cert_reqs != "none" and url.get_bool("ssl_check_hostname", True),
+    }
+    for name in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile"):
+        if name in url.options:
+            settings[name] = url.options[name]
+    return settings
 
 
 def _from_url(url: DriverUrl, **options: Any) -> RedisSetDriver:
