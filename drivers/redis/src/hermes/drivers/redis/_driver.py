@@ -27,6 +27,7 @@ from redis.exceptions import (
 from hermes.core import (
     DEFAULT_PRIORITY,
     BrokerRefusedError,
+    BrokerUnavailableError,
     ConfigurationError,
     DriverError,
 )
@@ -252,6 +253,8 @@ class RedisSetDriver(Driver):
         close_client: bool = False,
         delivery: Delivery | str = Delivery.AT_MOST_ONCE,
         lease_timeout_s: float | None = None,
+        wait_replicas: int = 0,
+        wait_timeout_s: float = 1.0,
     ) -> None:
         try:
             delivery = Delivery(delivery)
@@ -294,6 +297,11 @@ class RedisSetDriver(Driver):
         if not isinstance(prefix, str):
             raise ConfigurationError(f"RedisSetDriver prefix must be a string, got {prefix!r}")
         self.client = client
+        #: ``put`` returns only once this many replicas hold what it wrote (``WAIT``):
+        #: a failover to one of them then keeps every message a send confirmed.
+        self.wait_replicas = int(wait_replicas)
+        #: How long ``put`` waits for them before it raises.
+        self.wait_timeout_s = float(wait_timeout_s)
         #: Prepended to every key this driver uses, priority sets included.
         self.prefix = prefix
         #: The Redis key of the default-priority set (with the prefix).
@@ -360,6 +368,9 @@ class RedisSetDriver(Driver):
             calls.append(args)
         if not calls:
             return
+        if self.wait_replicas:
+            self._send_replicated(keys, calls)
+            return
         # The first call loads the script if the server lacks it; a pipeline
         # cannot fall back from EVALSHA to EVAL per command.
         _scripts.SEND(self._execute, keys, calls[0])
@@ -417,6 +428,29 @@ class RedisSetDriver(Driver):
                 if needle in text:
                     return kind
         return super().classify_error(exc)
+
+    def _send_replicated(
+        self, keys: Sequence[str], calls: Sequence[Sequence[str | bytes | float | int]]
+    ) -> None:
+        """The calls, then ``WAIT`` on the same connection: one round trip, replicas confirmed.
+
+        ``EVAL`` rather than ``EVALSHA``: a pipeline cannot fall back per command,
+        and a master just promoted by a failover may not have the script cached.
+        """
+        with self.client.pipeline(transaction=False) as pipe:
+            for args in calls:
+                pipe.eval(_scripts.SEND.source, len(keys), *keys, *args)
+            # WAIT counts the replicas that hold this connection's writes so far.
+            pipe.execute_command(  # type: ignore[no-untyped-call]
+                "WAIT", self.wait_replicas, round(self.wait_timeout_s * 1000)
+            )
+            acked = int(pipe.execute()[-1])
+        if acked < self.wait_replicas:
+            raise BrokerUnavailableError(
+                f"{self!r}: only {acked} of {self.wait_replicas} replica(s) confirmed the "
+                f"send within {self.wait_timeout_s:g} s (wait_replicas): the master holds "
+                "it, but a failover now could lose it; send it again if it must not be lost"
+            )
 
     def _send_pipelined(
         self, keys: Sequence[str], calls: Sequence[Sequence[str | bytes | float | int]]
@@ -518,6 +552,9 @@ class RedisSetDriver(Driver):
         where = f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
         if "path" in kwargs:
             where = f"unix:{kwargs['path']}"
+        service = getattr(pool, "service_name", None)
+        if service is not None:  # a SentinelConnectionPool: the master moves
+            where = f"sentinel:{service}"
         mode = " at-least-once" if self.delivery is Delivery.AT_LEAST_ONCE else ""
         db = kwargs.get("db", 0)
         return f"<RedisSetDriver {scheme}://{where}/{db} key={self.key!r}{mode}>"
@@ -612,6 +649,11 @@ class _RedisConsumer(Consumer):
             # Interrupted between the command and its reply (redis-py covers the
             # inside of each call): a reply left unread would answer someone else.
             connection.disconnect()
+            # The next command takes a connection from the pool, which connects
+            # it with connect(): behind Sentinel that finds the current master,
+            # where a reused connection would dial the address it had.
+            self.pool.release(connection)
+            self.connection = None
             raise
 
     def _pop(self) -> Received | None:

@@ -42,6 +42,10 @@ def on_pool(client: redis.Redis[Any]) -> Execute:
                 return connection.read_response(disable_decoding=raw)
             except (redis.ConnectionError, redis.TimeoutError):
                 connection.disconnect()
+                # connect() first: a Sentinel-managed connection asks the
+                # Sentinels for the master there; send_command alone would
+                # reconnect to the address it had (a master gone in a failover).
+                connection.connect()
                 connection.send_command(*command)
                 return connection.read_response(disable_decoding=raw)
         finally:
