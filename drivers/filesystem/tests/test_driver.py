@@ -562,3 +562,22 @@ def test_a_big_message_arrives_whole(driver, receive):
     payload = {"blob": "x" * (4 * 1024 * 1024)}
     driver.send(Message("big", payload))
     assert receive(driver, 1).messages[0].payload == payload
+
+
+def test_each_claim_counts_a_delivery_in_the_file_name_and_a_release_keeps_it(driver, queue_dir):
+    assert driver.capabilities.counts_deliveries
+    driver.send(Message("counted"))
+    for expected in (1, 2, 3):
+        consumer = driver.consumer([])
+        received = consumer.receive(1)
+        assert received is not None and received.delivery_count == expected
+        consumer.release(received)
+        consumer.close()
+    [name] = os.listdir(queue_dir / "new")
+    assert name.endswith(".d3.json")
+    consumer = driver.consumer([])
+    received = consumer.receive(1)
+    assert received is not None and received.delivery_count == 4
+    consumer.ack(received)
+    consumer.close()
+    assert os.listdir(queue_dir / "new") == []

@@ -18,6 +18,7 @@ from hermes.core.driver import Delivery, Received, outgoing
 from hermes.drivers.redis import (
     RedisSetDriver,
     _scripts,
+    deliveries_key,
     held_key,
     inflight_key,
     rejected_key,
@@ -466,3 +467,45 @@ def test_a_close_that_cannot_reach_redis_says_what_will_be_delivered_again(
     consumer.close()
     assert "could not acknowledge 1 message(s), which are delivered again" in caplog.text
     assert list(leases(client, namespace)) == [lease_of(consumer, first)]
+
+
+def test_each_take_counts_a_delivery_until_the_message_is_acknowledged(
+    client, namespace, eventually
+):
+    driver = leasing(client, namespace, lease_timeout_s=1)
+    assert driver.capabilities.counts_deliveries
+    driver.send(Message("counted"))
+    with driver.consumer([]) as consumer:
+        first = consumer.receive(1)
+        assert first is not None and first.delivery_count == 1
+        consumer.release(first)  # given back: the next take is a redelivery
+        second = consumer.receive(1)
+        assert second is not None and second.delivery_count == 2
+    # Closed holding it, as a killed worker would: its lease runs out.
+    with driver.consumer([]) as live:
+        third = eventually(lambda: live.receive(0.2), "the run-out lease to be delivered again")
+        assert third.delivery_count == 3
+        live.ack(third)
+        assert live.receive(0.1) is None  # sends the deferred acknowledgement
+    assert client.hlen(deliveries_key(namespace)) == 0
+
+
+def test_an_ack_or_reject_from_another_thread_forgets_the_count(driver, client, namespace):
+    driver.send_batch([Message("a"), Message("b")])
+    with driver.consumer([]) as consumer:
+        for settle in (consumer.ack, lambda r: consumer.reject(r, "test")):
+            received = consumer.receive(1)
+            thread = threading.Thread(target=settle, args=(received,))
+            thread.start()
+            thread.join(DEADLINE_S)
+    assert client.hlen(deliveries_key(namespace)) == 0
+    assert leases(client, namespace) == {}
+
+
+def test_an_at_most_once_driver_does_not_count(client, namespace):
+    driver = RedisSetDriver(client, key=namespace, schedule_key=f"{namespace}_schedule")
+    assert not driver.capabilities.counts_deliveries
+    driver.send(Message("once"))
+    with driver.consumer([]) as consumer:
+        received = consumer.receive(1)
+        assert received is not None and received.delivery_count is None

@@ -10,9 +10,9 @@ from hermes.core.driver import Delay, Delivery, DriverUrl, isolated_url
 from hermes.drivers.redis import RedisSetDriver, RedisShutdown
 
 
-def test_the_plugin_registers_both_schemes_with_the_drivers_capabilities():
+def test_the_plugin_registers_its_schemes_with_the_drivers_capabilities():
     [plugin] = [d for d in available_drivers() if d.name == "redis"]
-    assert plugin.schemes == ("redis", "rediss")
+    assert plugin.schemes == ("redis", "rediss", "redis+sentinel", "rediss+sentinel")
     assert plugin.capabilities.delivery is Delivery.AT_MOST_ONCE
     assert plugin.capabilities.delay is Delay.NATIVE
     assert plugin.capabilities.priorities and plugin.capabilities.competing_consumers

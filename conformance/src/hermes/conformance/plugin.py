@@ -183,7 +183,8 @@ class KitSession:
                 f"delivery={caps.delivery.name} delay={caps.delay.name} "
                 f"priorities={caps.priorities} competing_consumers={caps.competing_consumers} "
                 f"cross_process={caps.cross_process} max_message_bytes={caps.max_message_bytes} "
-                f"redelivery_timeout_s={caps.redelivery_timeout_s:g}"
+                f"redelivery_timeout_s={caps.redelivery_timeout_s:g} "
+                f"counts_deliveries={caps.counts_deliveries}"
             )
         rows: dict[str, list[_harness.Outcome]] = {row: [] for row in _ROWS}
         for outcome in self.outcomes.values():
@@ -244,6 +245,7 @@ def cause(crash: str, limit: int = CAUSE_CHARS) -> str:
 _ROWS = (
     "round trip",
     "delivery",
+    "deliveries",
     "delay",
     "priorities",
     "competing consumers",
@@ -262,6 +264,7 @@ def _row_label(row: str, target: _harness.Target | None) -> str:
     caps = target.capabilities
     declared = {
         "delivery": caps.delivery.name,
+        "deliveries": "counted" if caps.counts_deliveries else "not counted",
         "delay": caps.delay.name,
         "priorities": "yes" if caps.priorities else "no",
         "competing consumers": "yes" if caps.competing_consumers else "no",

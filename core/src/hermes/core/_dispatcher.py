@@ -96,6 +96,15 @@ class Dispatcher:
     once, after its last handler, with the reasons. Without it such a message
     is gone after its log line.
 
+    ``max_deliveries`` (0, the default: no limit) is read by the
+    :class:`Worker` that runs this Dispatcher: a message its driver counts as
+    delivered more often (its handler never finished: the worker was killed
+    each time) is set aside without calling a handler -- into ``failed`` when
+    given, else the driver's reject path. Off by default because some brokers
+    count receives no handler saw (SQS: a prefetched message given back, a
+    delayed one hidden again), and without a store the reject path of some
+    deletes (SQS without a redrive policy).
+
     Every handler call ends in one log line that names the message: INFO
     ``End handle message`` when the handler returned True; WARNING when it
     raised and a retry copy was sent (with when the copy is due); ERROR when
@@ -115,7 +124,14 @@ class Dispatcher:
         time_limit_s: float | None = None,
         grace_s: float = 30.0,
         failed: Driver | FailedStore | None = None,
+        max_deliveries: int = 0,
     ) -> None:
+        if (
+            isinstance(max_deliveries, bool)
+            or not isinstance(max_deliveries, int)
+            or (max_deliveries < 0)
+        ):
+            raise ConfigurationError(f"max_deliveries must be an int >= 0, got {max_deliveries!r}")
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise ConfigurationError(f"concurrency must be an int >= 1, got {concurrency!r}")
         if time_limit_s is not None and not time_limit_s > 0:
@@ -129,6 +145,9 @@ class Dispatcher:
         self.time_limit_s = time_limit_s
         #: On shutdown, how long handlers in flight get to finish.
         self.grace_s = grace_s
+        #: A message the broker delivered more than this many times (its handler
+        #: never finished: the worker died each time) is set aside unhandled; 0: no limit.
+        self.max_deliveries = max_deliveries
         self._watchdog = Watchdog()
         self._event_loop = EventLoopThread()
         self._count_lock = threading.Lock()

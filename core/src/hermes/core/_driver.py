@@ -76,6 +76,11 @@ class Capabilities:
     #: At-least-once: seconds after which a message claimed by a dead worker is
     #: handed out again (a visibility timeout, a session timeout, 0 = at once).
     redelivery_timeout_s: float = 0.0
+    #: At-least-once: the consumer sets ``Received.delivery_count`` (1 on the
+    #: first delivery, more after each redelivery), so ``max_deliveries`` can
+    #: set aside a message that keeps taking its worker down. False: it is
+    #: None, and the Worker cannot tell a redelivery from a first delivery.
+    counts_deliveries: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,6 +48,9 @@ class _Broker:
         self.set_aside: collections.Counter[int] = collections.Counter()
         #: Claim key -> when it expires (``time.monotonic()``).
         self.claims: dict[str, float] = {}
+        #: Body -> how many times a consumer took it without settling it for good
+        #: (acknowledged or rejected); keyed by the body, as a Redis lease counts.
+        self.deliveries: dict[str | bytes, int] = {}
 
     def move_due(self, now: float) -> None:
         while self.scheduled and self.scheduled[0][0] <= now:
@@ -81,6 +84,7 @@ class MemoryDriver(Driver):
         competing_consumers=True,
         cross_process=False,
         max_message_bytes=16 * 1024 * 1024,
+        counts_deliveries=True,
     )
 
     def __init__(self, name: str = "default") -> None:
@@ -196,7 +200,9 @@ class _MemoryConsumer(Consumer):
                 for priority in order:
                     queue = broker.queues.get(priority)
                     if queue:
-                        received = Received(queue.popleft(), priority)
+                        body = queue.popleft()
+                        count = broker.deliveries[body] = broker.deliveries.get(body, 0) + 1
+                        received = Received(body, priority, delivery_count=count)
                         self.unsettled.add(received)
                         broker.in_flight[priority] += 1
                         return received
@@ -217,7 +223,8 @@ class _MemoryConsumer(Consumer):
 
     def ack(self, received: Received) -> None:
         with self.broker.condition:
-            self._settle(received)
+            if self._settle(received):
+                self.broker.deliveries.pop(received.body, None)
 
     def release(self, received: Received) -> None:
         with self.broker.condition:
@@ -231,6 +238,7 @@ class _MemoryConsumer(Consumer):
     def reject(self, received: Received, reason: str) -> None:
         with self.broker.condition:
             self._settle(received)
+            self.broker.deliveries.pop(received.body, None)
             self.broker.dead_letters.append((received.body, reason))
             self.broker.set_aside[received.priority] += 1
 

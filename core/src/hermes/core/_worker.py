@@ -137,6 +137,8 @@ class WorkerStats:
     processed: int = 0
     #: Bodies that were not Hermes messages, set aside.
     rejected: int = 0
+    #: Messages delivered more than ``max_deliveries`` times, set aside unhandled.
+    set_aside: int = 0
     #: When the run started (UNIX time); a shutdown request older than it is ignored.
     start_time: float = field(default_factory=time.time)
     #: Why it stopped: "max items", "shutdown", "SIGTERM", "SIGINT", "stop()", "done".
@@ -158,6 +160,14 @@ class Worker:
     * SIGTERM or SIGINT (on the main thread, with ``handle_signals``): handlers
       in flight finish; a second SIGINT interrupts them;
     * :meth:`stop`, from any thread.
+
+    ``max_deliveries`` (0: no limit, the default; None: the Dispatcher's)
+    guards against the message that kills its worker (a segfault, the OOM
+    killer, a SIGKILL): where the driver counts deliveries
+    (:attr:`Capabilities.counts_deliveries`), a message handed out more than
+    that many times is not given to the handlers again. It is set aside with
+    one ERROR line: kept in the Dispatcher's failed-message store when it
+    has one (then acknowledged), else the consumer's :meth:`~Consumer.reject`.
 
     ``concurrency`` handlers run at once, on threads; each message is
     acknowledged only after its own handlers returned. On a stop, handlers
@@ -181,14 +191,18 @@ class Worker:
         handle_signals: bool = True,
         stop_when: Callable[[], bool] | None = None,
         logger: logging.Logger | None = None,
+        max_deliveries: int | None = None,
     ) -> None:
         dispatcher = _dispatcher(driver, handlers, failed, time_limit_s, logger)
         if concurrency is None:
             concurrency = dispatcher.concurrency if dispatcher is not None else 1
         if grace_s is None:
             grace_s = dispatcher.grace_s if dispatcher is not None else 30.0
+        if max_deliveries is None:
+            max_deliveries = dispatcher.max_deliveries if dispatcher is not None else 0
         _check_int("concurrency", concurrency, 1)
         _check_int("max_items", max_items, 0)
+        _check_int("max_deliveries", max_deliveries, 0)
         if not grace_s >= 0:
             raise ConfigurationError(f"grace_s must be >= 0 seconds, got {grace_s!r}")
         self.driver = driver
@@ -201,6 +215,8 @@ class Worker:
         self.concurrency = concurrency
         self.grace_s = grace_s
         self.max_items = max_items
+        #: Set aside a message delivered more than this many times (0: never).
+        self.max_deliveries = max_deliveries
         if shutdown is None:
             self.shutdowns: tuple[Shutdown, ...] = ()
         elif isinstance(shutdown, Shutdown):
@@ -234,6 +250,13 @@ class Worker:
         )
         if self._stop_requested is not None:
             stop.request(self._stop_requested)
+        if self.max_deliveries and not self.driver.capabilities.counts_deliveries:
+            self.logger.warning(
+                "%r does not count deliveries: max_deliveries=%d cannot set aside a message "
+                "that keeps killing its worker",
+                self.driver,
+                self.max_deliveries,
+            )
         try:
             with self._signals(stop), self._consumer() as consumer:
                 loop = _Loop(self, consumer, stop)
@@ -386,6 +409,10 @@ class _Loop:
             except SerializeError as exc:
                 self.reject(received, exc)
                 return None
+        limit = self.worker.max_deliveries
+        if limit and received.delivery_count is not None and received.delivery_count > limit:
+            self.set_aside(received, limit)
+            return None
         if self.debug:
             message = received.message
             logger.debug("%r: took message #%s (%s)", driver, message.id, message.type)
@@ -407,6 +434,39 @@ class _Loop:
             priority=received.priority,
             reason=str(exc),
         )
+
+    def set_aside(self, received: Received, limit: int) -> None:
+        """Keep a message delivered more than ``limit`` times from its handlers.
+
+        Its earlier deliveries were never settled: each time, the worker died
+        or stalled before the handler returned. Into the failed-message store
+        (then acknowledged), else the consumer's reject path.
+        """
+        message = received.message
+        assert message is not None
+        reason = (
+            f"delivered {received.delivery_count} times, more than max_deliveries={limit}, "
+            "without its handler ever finishing (the worker died or stalled each time)"
+        )
+        dispatcher = self.worker.dispatcher
+        store = dispatcher.failed if dispatcher is not None else None
+        kept, where = False, "the driver's reject path"
+        if store is not None:
+            try:
+                store.keep(message, reason)
+                kept, where = True, "the failed-message store"
+            except DriverError as exc:
+                # Not released: it would come back and take a worker down again.
+                where += f" (the failed-message store failed - {exc})"
+        logger.error(
+            "%r: set aside %s, %s; it goes to %s", self.driver, _describe(received), reason, where
+        )
+        if kept:
+            self.settle("acknowledge", received, self.consumer.ack)
+        else:
+            self.settle("set aside", received, self.consumer.reject, reason)
+        with self.count_lock:
+            self.stats.set_aside += 1
 
     def deliver(self, received: Received) -> None:
         """Call the handlers, then acknowledge; release and re-raise when the call raises."""

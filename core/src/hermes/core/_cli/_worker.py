@@ -77,6 +77,18 @@ def add_parser(commands: Commands) -> None:
     )
     _add_run_options(worker)
     worker.add_argument(
+        "--max-deliveries",
+        type=whole_number(0),
+        default=env_default("HERMES_MAX_DELIVERIES", whole_number(0), 0),
+        metavar="N",
+        help="set aside, without running its handler, a message the broker has delivered "
+        "more than N times: its handler never finished (it crashed or killed the worker "
+        "each time); into --failed-url if given, else the broker's own set-aside "
+        "(quarantine, dead-letter, rejected list; on SQS without a redrive policy: deleted). "
+        "Needs a driver that counts deliveries (see its README). 0: no limit (default: "
+        "$HERMES_MAX_DELIVERIES, else 0)",
+    )
+    worker.add_argument(
         "--metrics-port",
         type=whole_number(1, 65535),
         default=env_default("HERMES_METRICS_PORT", whole_number(1, 65535), None),
@@ -355,6 +367,7 @@ def run(args: argparse.Namespace) -> int:
             time_limit_s=args.time_limit,
             grace_s=args.grace,
             failed=store,
+            max_deliveries=args.max_deliveries,
         )
         dispatcher.log_each_message = verbosity > 0
         register_handlers(dispatcher, target, spec)
@@ -379,6 +392,12 @@ def run(args: argparse.Namespace) -> int:
             args.concurrency,
             failed_url,
         )
+        if args.max_deliveries:
+            logger.info(
+                "Messages delivered more than %d times are set aside without a handler call "
+                "(--max-deliveries)",
+                args.max_deliveries,
+            )
         worker = Worker(
             driver, dispatcher, priorities=priorities, max_items=args.max_items, shutdown=shutdowns
         )

@@ -111,6 +111,7 @@ class FileSystemDriver(Driver):
         cross_process=True,
         max_message_bytes=16 * 1024 * 1024,
         redelivery_timeout_s=1.0,
+        counts_deliveries=True,
     )
     refused_errors = (PermissionError, NotADirectoryError)
     client_errors = (OSError,)
@@ -459,35 +460,43 @@ class _FileConsumer(Consumer):
                 time.sleep(min(self.scan.idle_wait_s(), left))
                 continue
             # The worker directory may have been removed by a purge: a failed
-            # claim finds out and registers it again.
-            claimed = f"{claims.path}/{queued.name}"
+            # claim finds out and registers it again. The claimed name counts
+            # this delivery (see _names); a release or a recovery keeps it.
+            name = queued.claimed_name()
+            claimed = f"{claims.path}/{name}"
             if not driver._claim(queued.name, claimed, claims):
                 continue
-            data = driver._read(claimed, queued)
+            data = driver._read(claimed, queued._replace(name=name))
             if data is not None:
-                self.held.add(queued.name)
+                self.held.add(name)
                 return Received(
-                    data, queued.priority, (claimed, queued.name), origin=f"new/{queued.name}"
+                    data,
+                    queued.priority,
+                    (claimed, name, queued.name),
+                    origin=f"new/{queued.name}",
+                    delivery_count=queued.deliveries + 1,
                 )
 
     # Each settle forgets the file first: if the settle fails, the file is still
     # claimed but no handler holds it any more, so close may give it back.
 
     def ack(self, received: Received) -> None:
-        claimed, name = received.token
+        claimed, name, _ = received.token
         self.held.discard(name)
         with contextlib.suppress(FileNotFoundError):  # purged meanwhile: nothing to delete
             os.unlink(claimed)
 
     def release(self, received: Received) -> None:
-        self.held.discard(received.token[1])
-        self.driver._put_back(*received.token)
+        claimed, name, _ = received.token
+        self.held.discard(name)
+        self.driver._put_back(claimed, name)
 
     def reject(self, received: Received, reason: str) -> None:
         # Core has logged the reason already; the move itself is an INFO line.
-        claimed, name = received.token
+        # Quarantined under the name it had in new/, which the reason quotes.
+        claimed, name, queued_name = received.token
         self.held.discard(name)
-        self.driver._quarantine(claimed, name, reason, level=logging.INFO)
+        self.driver._quarantine(claimed, queued_name, reason, level=logging.INFO)
 
     def close(self) -> None:
         try:

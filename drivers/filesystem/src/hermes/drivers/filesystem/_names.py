@@ -12,6 +12,12 @@ A message file is called ``<priority>.<available_ns>.<sequence>.<origin>.json``:
 * ``origin`` -- the sending process's pid in hex plus random hex digits, so two
   processes never produce the same name (a pid reused later gets other digits).
 
+A worker's claim renames the file into its own directory with
+``.d<deliveries>`` before ``.json`` -- how many times it has been claimed,
+this claim included -- and a release or a dead worker's recovery puts it back
+in ``new/`` under that name, so the next claim counts one more. The claim
+stays one atomic rename.
+
 Workers take, among the files whose ``available_ns`` has passed, the highest
 priority first and within it the smallest ``(available_ns, sequence)``: FIFO by
 the time a message became runnable, as a queue that holds delayed messages
@@ -31,10 +37,12 @@ from typing import NamedTuple
 #: The largest ``available_ns`` a name carries (20 digits; the year 5138).
 _MAX_NS = 10**20 - 1
 
-_PATTERN = re.compile(r"(-?[0-9]{1,18})\.([0-9]{1,20})\.([0-9]{1,20})\.([0-9a-f]{1,40})\.json")
+_PATTERN = re.compile(
+    r"(-?[0-9]{1,18})\.([0-9]{1,20})\.([0-9]{1,20})\.([0-9a-f]{1,40})(?:\.d([0-9]{1,9}))?\.json"
+)
 
 #: Shown in the quarantine reason of a file whose name does not fit.
-SCHEME = "<priority>.<available_ns>.<sequence>.<origin>.json"
+SCHEME = "<priority>.<available_ns>.<sequence>.<origin>[.d<deliveries>].json"
 
 
 class QueuedName(NamedTuple):
@@ -45,6 +53,15 @@ class QueuedName(NamedTuple):
     origin: str
     priority: int
     name: str
+    #: How many times a worker has claimed it (0: never).
+    deliveries: int = 0
+
+    def claimed_name(self) -> str:
+        """The name a claim gives it: one delivery more than now."""
+        stem = self.name.removesuffix(".json")
+        if self.deliveries:
+            stem = stem[: stem.rindex(".d")]
+        return f"{stem}.d{self.deliveries + 1}.json"
 
 
 def parse(name: str) -> QueuedName | None:
@@ -52,8 +69,10 @@ def parse(name: str) -> QueuedName | None:
     match = _PATTERN.fullmatch(name)
     if match is None:
         return None
-    priority, available, sequence, origin = match.groups()
-    return QueuedName(int(available), int(sequence), origin, int(priority), name)
+    priority, available, sequence, origin, deliveries = match.groups()
+    return QueuedName(
+        int(available), int(sequence), origin, int(priority), name, int(deliveries or 0)
+    )
 
 
 class _NameSource:

@@ -23,4 +23,6 @@ CAPABILITIES = Capabilities(
     competing_consumers=True,
     max_message_bytes=16 * 1024 * 1024,
     redelivery_timeout_s=LEASE_TIMEOUT_S + POLL_INTERVAL_S,
+    # The attempts column, incremented by the claim.
+    counts_deliveries=True,
 )

@@ -41,6 +41,26 @@ _REFUSED_LOGIN_TEXTS = (
 )
 
 
+#: What libpq says when the server's certificate does not verify (it names no
+#: reason beyond OpenSSL's), or does not name the host.
+_TLS_TEXTS = (
+    "certificate verify failed",
+    "does not match host name",
+    "root certificate file",  # sslrootcert names no readable file
+)
+
+
+class PostgresTlsError(BrokerRefusedError):
+    """The server's TLS certificate did not verify: another CA, expired, or another host's."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(
+            f"{text} - the server's TLS certificate was not accepted: give the CA that signed "
+            "it (sslrootcert=PATH in the URL), renew an expired certificate, or connect by a "
+            "host name the certificate names"
+        )
+
+
 def classify(exc: BaseException) -> type[DriverError] | None:
     """The Hermes error ``exc`` means, or None when it is not psycopg's."""
     if isinstance(exc, psycopg_pool.PoolTimeout):
@@ -56,6 +76,9 @@ def classify(exc: BaseException) -> type[DriverError] | None:
         return DriverError
     if isinstance(exc, psycopg.OperationalError):
         text = str(exc)
+        if any(tls in text for tls in _TLS_TEXTS):
+            # Retrying cannot make a certificate verify: the URL or the server must change.
+            return PostgresTlsError
         if "FATAL:" in text and any(refused in text for refused in _REFUSED_LOGIN_TEXTS):
             return BrokerRefusedError
         # Refused or reset sockets, timeouts, "the connection is closed".

@@ -37,6 +37,8 @@ OPTIONS = {
 }
 #: libpq settings passed through as they are.
 _LIBPQ_OPTIONS = ("sslmode", "sslrootcert", "sslcert", "sslkey", "target_session_attrs")
+#: Options that ask for TLS: without an ``sslmode`` they mean ``verify-full``.
+_TLS_FILES = ("sslrootcert", "sslcert", "sslkey")
 
 
 def conninfo(url: DriverUrl) -> str:
@@ -62,6 +64,11 @@ def conninfo(url: DriverUrl) -> str:
         "application_name": url.get_str("application_name", "hermes"),
     }
     settings.update({name: url.options[name] for name in _LIBPQ_OPTIONS if name in url.options})
+    if "sslmode" not in url.options and any(name in url.options for name in _TLS_FILES):
+        # A URL that names a root certificate or a client certificate asks
+        # for TLS: verify it fully, rather than libpq's default "prefer", which
+        # would use TLS without checking who answers.
+        settings["sslmode"] = "verify-full"
     return make_conninfo(**{key: value for key, value in settings.items() if value is not None})
 
 

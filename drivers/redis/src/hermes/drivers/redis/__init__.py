@@ -14,6 +14,8 @@ if TYPE_CHECKING:
     from hermes.drivers.redis._driver import (
         RedisRefusedError,
         RedisSetDriver,
+        RedisTlsError,
+        deliveries_key,
         held_key,
         inflight_key,
         rejected_key,
@@ -25,6 +27,8 @@ __all__ = [
     "RedisRefusedError",
     "RedisSetDriver",
     "RedisShutdown",
+    "RedisTlsError",
+    "deliveries_key",
     "held_key",
     "inflight_key",
     "rejected_key",
@@ -39,6 +43,8 @@ if not TYPE_CHECKING:  # type checkers read the imports above, and still flag ty
         {
             "RedisRefusedError": "._driver",
             "RedisSetDriver": "._driver",
+            "RedisTlsError": "._driver",
+            "deliveries_key": "._driver",
             "held_key": "._driver",
             "inflight_key": "._driver",
             "rejected_key": "._driver",

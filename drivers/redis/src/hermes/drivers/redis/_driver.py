@@ -7,6 +7,7 @@ import logging
 import os
 import secrets
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Sequence
@@ -26,6 +27,7 @@ from redis.exceptions import (
 from hermes.core import (
     DEFAULT_PRIORITY,
     BrokerRefusedError,
+    BrokerUnavailableError,
     ConfigurationError,
     DriverError,
 )
@@ -98,6 +100,16 @@ def held_key(queue_key: str, owner: str | bytes) -> str:
     return f"{queue_key}_inflight:{owner}"
 
 
+def deliveries_key(queue_key: str) -> str:
+    """At-least-once: the hash of body SHA-1 -> how many times a worker took it from ``queue_key``.
+
+    Incremented by the take, deleted when the message is acknowledged or set
+    aside; a release or a run-out lease keeps it, so ``Received.delivery_count``
+    grows with each redelivery.
+    """
+    return f"{queue_key}_deliveries"
+
+
 class RedisRefusedError(BrokerRefusedError):
     """Redis refused this client; the text ends with what to change in the URL."""
 
@@ -128,6 +140,28 @@ class RedisDatabaseError(RedisRefusedError):
     """The URL's database number is beyond the server's ``databases``."""
 
     hint = "the database number in the URL's path does not exist on this server (see 'databases')"
+
+
+class RedisTlsError(RedisRefusedError):
+    """The server's TLS certificate did not verify: a wrong CA, expired, or another host's."""
+
+    hint = (
+        "the server's TLS certificate was not accepted: give the CA that signed it "
+        "(ssl_ca_certs=PATH in the rediss:// URL), renew an expired certificate, or connect "
+        "by a host name the certificate names"
+    )
+
+
+def tls_failure(exc: BaseException) -> ssl.SSLError | ssl.CertificateError | None:
+    """The certificate error behind ``exc`` (redis-py keeps it as the context), if any."""
+    seen: BaseException | None = exc
+    for _ in range(5):  # a short chain: redis-py wraps the OSError once
+        if seen is None:
+            return None
+        if isinstance(seen, ssl.SSLCertVerificationError | ssl.CertificateError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 #: Text in a reply that redis-py raises as a plain ``ResponseError`` (a script's
@@ -219,6 +253,8 @@ class RedisSetDriver(Driver):
         close_client: bool = False,
         delivery: Delivery | str = Delivery.AT_MOST_ONCE,
         lease_timeout_s: float | None = None,
+        wait_replicas: int = 0,
+        wait_timeout_s: float = 1.0,
     ) -> None:
         try:
             delivery = Delivery(delivery)
@@ -261,6 +297,11 @@ class RedisSetDriver(Driver):
         if not isinstance(prefix, str):
             raise ConfigurationError(f"RedisSetDriver prefix must be a string, got {prefix!r}")
         self.client = client
+        #: ``put`` returns only once this many replicas hold what it wrote (``WAIT``):
+        #: a failover to one of them then keeps every message a send confirmed.
+        self.wait_replicas = int(wait_replicas)
+        #: How long ``put`` waits for them before it raises.
+        self.wait_timeout_s = float(wait_timeout_s)
         #: Prepended to every key this driver uses, priority sets included.
         self.prefix = prefix
         #: The Redis key of the default-priority set (with the prefix).
@@ -279,6 +320,7 @@ class RedisSetDriver(Driver):
                 type(self).capabilities,
                 delivery=delivery,
                 redelivery_timeout_s=self.lease_timeout_s + 1.0,
+                counts_deliveries=True,
             )
         self._close_client = close_client
         self._execute = _scripts.on_pool(client)
@@ -325,6 +367,9 @@ class RedisSetDriver(Driver):
                     args += [repr(item.execute_at), item.body]
             calls.append(args)
         if not calls:
+            return
+        if self.wait_replicas:
+            self._send_replicated(keys, calls)
             return
         # The first call loads the script if the server lacks it; a pipeline
         # cannot fall back from EVALSHA to EVAL per command.
@@ -374,12 +419,38 @@ class RedisSetDriver(Driver):
             return RedisCredentialsError
         if isinstance(exc, AuthorizationError | NoPermissionError):
             return RedisPermissionError
+        if isinstance(exc, redis.ConnectionError) and tls_failure(exc) is not None:
+            # Retrying cannot make a certificate verify: the URL or the server must change.
+            return RedisTlsError
         if isinstance(exc, redis.ResponseError):
             text = str(exc).lower()
             for needle, kind in _REFUSAL_REPLIES:
                 if needle in text:
                     return kind
         return super().classify_error(exc)
+
+    def _send_replicated(
+        self, keys: Sequence[str], calls: Sequence[Sequence[str | bytes | float | int]]
+    ) -> None:
+        """The calls, then ``WAIT`` on the same connection: one round trip, replicas confirmed.
+
+        ``EVAL`` rather than ``EVALSHA``: a pipeline cannot fall back per command,
+        and a master just promoted by a failover may not have the script cached.
+        """
+        with self.client.pipeline(transaction=False) as pipe:
+            for args in calls:
+                pipe.eval(_scripts.SEND.source, len(keys), *keys, *args)
+            # WAIT counts the replicas that hold this connection's writes so far.
+            pipe.execute_command(  # type: ignore[no-untyped-call]
+                "WAIT", self.wait_replicas, round(self.wait_timeout_s * 1000)
+            )
+            acked = int(pipe.execute()[-1])
+        if acked < self.wait_replicas:
+            raise BrokerUnavailableError(
+                f"{self!r}: only {acked} of {self.wait_replicas} replica(s) confirmed the "
+                f"send within {self.wait_timeout_s:g} s (wait_replicas): the master holds "
+                "it, but a failover now could lose it; send it again if it must not be lost"
+            )
 
     def _send_pipelined(
         self, keys: Sequence[str], calls: Sequence[Sequence[str | bytes | float | int]]
@@ -460,7 +531,7 @@ class RedisSetDriver(Driver):
         """Delete every key this driver uses: sets, schedule, leases, wake and rejected lists."""
         keys = {self.schedule_key}
         for queue in self._queues.values():
-            keys |= {queue, wake_key(queue), rejected_key(queue)}
+            keys |= {queue, wake_key(queue), rejected_key(queue), deliveries_key(queue)}
         with self.translating("deleting its keys"):
             _scripts.DROP_LEASES(self._execute, sorted(self._queues.values()))
             self.client.delete(*sorted(keys))
@@ -481,6 +552,9 @@ class RedisSetDriver(Driver):
         where = f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
         if "path" in kwargs:
             where = f"unix:{kwargs['path']}"
+        service = getattr(pool, "service_name", None)
+        if service is not None:  # a SentinelConnectionPool: the master moves
+            where = f"sentinel:{service}"
         mode = " at-least-once" if self.delivery is Delivery.AT_LEAST_ONCE else ""
         db = kwargs.get("db", 0)
         return f"<RedisSetDriver {scheme}://{where}/{db} key={self.key!r}{mode}>"
@@ -575,6 +649,11 @@ class _RedisConsumer(Consumer):
             # Interrupted between the command and its reply (redis-py covers the
             # inside of each call): a reply left unread would answer someone else.
             connection.disconnect()
+            # The next command takes a connection from the pool, which connects
+            # it with connect(): behind Sentinel that finds the current master,
+            # where a reused connection would dial the address it had.
+            self.pool.release(connection)
+            self.connection = None
             raise
 
     def _pop(self) -> Received | None:
@@ -646,7 +725,11 @@ class _LeasingConsumer(_RedisConsumer):
       delivered again once the lease runs out, rather than handed to another
       worker while its handler may still be running.
 
-    ``Received.token`` is ``(index of the set, take number)``.
+    * Each take increments the body's count in :func:`deliveries_key` in the
+      same script call (``Received.delivery_count``); acknowledging or
+      setting aside deletes it, a release or a run-out lease keeps it.
+
+    ``Received.token`` is ``(index of the set, take number, body SHA-1)``.
     """
 
     def __init__(self, driver: RedisSetDriver, priorities: Sequence[int]) -> None:
@@ -661,9 +744,11 @@ class _LeasingConsumer(_RedisConsumer):
         self.owner = ""
         #: The hash of what this consumer holds, per set (as ``self.keys``).
         self.held_keys: list[str] = []
+        #: The delivery counts of each set (as ``self.keys``).
+        self.count_keys = [deliveries_key(k) for k in self.keys]
         self.claim: _scripts.PackedCall | None = None
         self.counter = itertools.count(1)
-        #: ``[index, take number, ...]`` acknowledged on the receiving thread, not yet sent.
+        #: ``[index, take number, digest, ...]`` acknowledged on the receiving thread, not yet sent.
         self.acks: list[bytes] = []
         #: The thread that receives (:func:`threading.get_ident`), set on the first receive.
         self.receiver: int | None = None
@@ -679,23 +764,24 @@ class _LeasingConsumer(_RedisConsumer):
         return super().receive(timeout_s)
 
     def ack(self, received: Received) -> None:
-        index, number = received.token
+        index, number, digest = received.token
         if threading.get_ident() == self.receiver:
-            self.acks += (b"%d" % index, number)  # sent with the next take
+            self.acks += (b"%d" % index, number, digest)  # sent with the next take
             return
-        self.driver._execute(("HDEL", self.held_keys[index - 1], number), True)
+        keys = (self.held_keys[index - 1], self.count_keys[index - 1])
+        _scripts.ACK(self.driver._execute, keys, (number, digest))
 
     def release(self, received: Received) -> None:
-        index, number = received.token
+        index, number, _ = received.token
         queue = self.keys[index - 1]
         keys = (queue, self.held_keys[index - 1], wake_key(queue))
         _scripts.RELEASE(self.driver._execute, keys, (number, WAKE_LIST_CAP))
 
     def reject(self, received: Received, reason: str) -> None:
-        index, number = received.token
+        index, number, digest = received.token
         queue = self.keys[index - 1]
-        keys = (rejected_key(queue), self.held_keys[index - 1])
-        _scripts.SET_ASIDE_LEASED(self.driver._execute, keys, (REJECTED_CAP, number))
+        keys = (rejected_key(queue), self.held_keys[index - 1], self.count_keys[index - 1])
+        _scripts.SET_ASIDE_LEASED(self.driver._execute, keys, (REJECTED_CAP, number, digest))
 
     def close(self) -> None:
         if self.leases is not None:
@@ -713,7 +799,7 @@ class _LeasingConsumer(_RedisConsumer):
                     "%r: could not acknowledge %d message(s), which are delivered again once "
                     "the lease runs out - %s",
                     self.driver,
-                    len(self.acks) // 2,
+                    len(self.acks) // 3,
                     error,
                 )
             else:  # nothing is lost: the lease of a worker holding nothing just runs out
@@ -727,7 +813,7 @@ class _LeasingConsumer(_RedisConsumer):
         self.held_keys = [held_key(queue, self.owner) for queue in self.keys]
         self.claim = _scripts.PackedCall(
             _scripts.CLAIM,
-            [*self.keys, *self.lease_keys, *self.held_keys],
+            [*self.keys, *self.lease_keys, *self.held_keys, *self.count_keys],
             [self.lease_ms, self.owner],
         )
         self.leases = LeaseKeeper(
@@ -741,7 +827,7 @@ class _LeasingConsumer(_RedisConsumer):
         """Acknowledge the deferred acknowledgements and, with a take number, take a body."""
         claim, acks = self.claim, self.acks
         assert claim is not None
-        count = b"%d" % (len(acks) // 2)
+        count = b"%d" % (len(acks) // 3)
         try:
             reply = self._execute(claim.pack(number, count, *acks), True)
         except NoScriptError:  # a new or restarted server: send the script itself
@@ -755,13 +841,12 @@ class _LeasingConsumer(_RedisConsumer):
         reply = self._claim(number)
         if reply is None:
             return None
-        if len(self.keys) == 1:
-            index, body = 1, reply
-        else:
-            index, body = int(reply[0]), reply[1]
+        index, body, deliveries, digest = int(reply[0]), reply[1], int(reply[2]), reply[3]
         if index not in self.taken_from:
             self.taken_from = self.taken_from | {index}
-        return Received(body, self.priorities[index - 1], (index, number))
+        return Received(
+            body, self.priorities[index - 1], (index, number, digest), delivery_count=deliveries
+        )
 
     def _move_due(self) -> int:
         moved, first, recovered = _scripts.MOVE_DUE_AND_RECOVER(

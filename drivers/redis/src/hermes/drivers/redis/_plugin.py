@@ -18,9 +18,36 @@ if TYPE_CHECKING:
     from hermes.core.driver import QueueBrowser
     from hermes.drivers.redis._driver import RedisSetDriver
 
-_DRIVER_OPTIONS = ("key", "schedule_key", "refresh_interval", "prefix", "delivery", "lease_timeout")
-_TLS_OPTIONS = ("ssl_cert_reqs", "ssl_ca_certs")
-_CLIENT_OPTIONS = ("socket_connect_timeout", *_TLS_OPTIONS)
+_DRIVER_OPTIONS = (
+    "key",
+    "schedule_key",
+    "refresh_interval",
+    "prefix",
+    "delivery",
+    "lease_timeout",
+    "wait_replicas",
+    "wait_timeout",
+)
+#: TLS options of a ``rediss://`` URL, as redis-py names them. The server's
+#: certificate is verified against ``ssl_ca_certs`` (default: the system's CAs)
+#: and must name the URL's host, unless ``ssl_cert_reqs`` or
+#: ``ssl_check_hostname`` say otherwise.
+_TLS_OPTIONS = (
+    "ssl_ca_certs",
+    "ssl_certfile",
+    "ssl_keyfile",
+    "ssl_cert_reqs",
+    "ssl_check_hostname",
+)
+_CERT_REQS = ("required", "optional", "none")
+#: Options of a ``redis+sentinel://`` URL about the Sentinels themselves.
+_SENTINEL_OPTIONS = ("sentinel_username", "sentinel_password")
+_CLIENT_OPTIONS = ("socket_connect_timeout", "socket_timeout", *_TLS_OPTIONS, *_SENTINEL_OPTIONS)
+#: The schemes of a Redis found through Sentinel (``+`` TLS to the master and the Sentinels).
+SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
+#: Seconds a command may wait for Redis's reply before the server counts as
+#: gone: what bounds a send, and a worker's notice of a silent server.
+SOCKET_TIMEOUT_S = 5.0
 
 
 def build_client(url: DriverUrl) -> redis.Redis[Any]:
@@ -34,6 +61,13 @@ def build_client(url: DriverUrl) -> redis.Redis[Any]:
     from redis.backoff import ExponentialBackoff
     from redis.retry import Retry
 
+    if url.scheme in SENTINEL_SCHEMES:
+        return _sentinel_client(url)
+    for name in _SENTINEL_OPTIONS:
+        if name in url.options:
+            raise ConfigurationError(
+                f"option {name} in {url.redacted!r} is for Sentinel: use redis+sentinel://"
+            )
     if len(url.hosts) > 1:
         raise ConfigurationError(
             f"{url.redacted!r} lists {len(url.hosts)} hosts, but the Redis driver talks to "
@@ -44,26 +78,100 @@ def build_client(url: DriverUrl) -> redis.Redis[Any]:
             f"the path of {url.redacted!r} must be a database number, "
             f"e.g. {url.scheme}://localhost:6379/0"
         )
-    tls: dict[str, Any] = {}
-    for name in _TLS_OPTIONS:
-        if name in url.options:
-            if url.scheme != "rediss":
-                raise ConfigurationError(
-                    f"option {name} in {url.redacted!r} needs TLS: use rediss://"
-                )
-            tls[name] = url.options[name]
     return redis.Redis(
         host=url.host or "localhost",
         port=url.port or 6379,
         db=int(url.path or 0),
         username=url.username or None,
         password=url.password or None,
-        ssl=url.scheme == "rediss",
         socket_connect_timeout=url.get_float("socket_connect_timeout", 5.0, minimum=0.001),
-        socket_timeout=5.0,
+        socket_timeout=url.get_float("socket_timeout", SOCKET_TIMEOUT_S, minimum=0.1),
+        # Keepalive probes find a peer that vanished while nothing was sent
+        # (the idle worker's BLPOP is bounded by socket_timeout as well).
+        socket_keepalive=True,
         retry=Retry(ExponentialBackoff(cap=0.25, base=0.05), 3),
+        **tls_settings(url),
+    )
+
+
+def _sentinel_client(url: DriverUrl) -> redis.Redis[Any]:
+    """A client of the master that Sentinel names, found again after every failover.
+
+    ``redis+sentinel://[user:password@]s1:26379,s2:26379/SERVICE[/DB]``, as
+    redis-py spells it: the hosts are Sentinels, the first path segment the
+    monitored master's name. The URL's user and password are the master's;
+    ``sentinel_username`` and ``sentinel_password`` the Sentinels' own. Each
+    new connection asks the Sentinels for the current master, so a worker
+    or an emitter that loses its connection in a failover reconnects to the
+    promoted replica (the worker through core's backoff).
+    """
+    from redis.backoff import ExponentialBackoff
+    from redis.retry import Retry
+    from redis.sentinel import Sentinel
+
+    service, _, db = url.path.partition("/")
+    if not service or (db and not db.isdigit()):
+        raise ConfigurationError(
+            f"the path of {url.redacted!r} must be the master's name and a database number, "
+            f"e.g. {url.scheme}://localhost:26379,localhost:26380/mymaster/0"
+        )
+    timeouts: dict[str, Any] = {
+        "socket_connect_timeout": url.get_float("socket_connect_timeout", 5.0, minimum=0.001),
+        "socket_timeout": url.get_float("socket_timeout", SOCKET_TIMEOUT_S, minimum=0.1),
+        "socket_keepalive": True,
+    }
+    tls = tls_settings(url)
+    sentinel_kwargs: dict[str, Any] = {**timeouts, **tls}
+    if "sentinel_username" in url.options:
+        sentinel_kwargs["username"] = url.options["sentinel_username"]
+    if "sentinel_password" in url.options:
+        sentinel_kwargs["password"] = url.options["sentinel_password"]
+    sentinel = Sentinel(
+        [(host, port or 26379) for host, port in url.hosts],
+        sentinel_kwargs=sentinel_kwargs,
+        **timeouts,
         **tls,
     )
+    return sentinel.master_for(
+        service,
+        db=int(db or 0),
+        username=url.username or None,
+        password=url.password or None,
+        retry=Retry(ExponentialBackoff(cap=0.25, base=0.05), 3),
+        **timeouts,
+        **tls,
+    )
+
+
+def tls_settings(url: DriverUrl) -> dict[str, Any]:
+    """redis-py's TLS arguments for ``url``: none for ``redis://``, verifying ones for ``rediss://``.
+
+    Verification is on unless the URL turns it off: ``ssl_cert_reqs=required``
+    and ``ssl_check_hostname=true`` are the defaults, whatever the redis-py version.
+    """
+    if url.scheme not in ("rediss", "rediss+sentinel"):
+        for name in _TLS_OPTIONS:
+            if name in url.options:
+                raise ConfigurationError(
+                    f"option {name} in {url.redacted!r} needs TLS: use rediss://"
+                )
+        return {}
+    cert_reqs = url.get_str("ssl_cert_reqs", "required")
+    if cert_reqs not in _CERT_REQS:
+        raise ConfigurationError(
+            f"ssl_cert_reqs in {url.redacted!r} must be one of {', '.join(_CERT_REQS)}, "
+            f"got {cert_reqs!r}"
+        )
+    settings: dict[str, Any] = {
+        "ssl": True,
+        "ssl_cert_reqs": cert_reqs,
+        # No hostname to check when the certificate is not checked at all.
+        "ssl_check_hostname": cert_reqs != "none" and url.get_bool("ssl_check_hostname", True),
+    }
+    for name in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile"):
+        if name in url.options:
+            settings[name] = url.options[name]
+    return settings
 
 
 def _from_url(url: DriverUrl, **options: Any) -> RedisSetDriver:
@@ -88,6 +196,8 @@ def _from_url(url: DriverUrl, **options: Any) -> RedisSetDriver:
         lease_timeout_s=(
             url.get_float("lease_timeout", 0.0) if "lease_timeout" in url.options else None
         ),
+        wait_replicas=url.get_int("wait_replicas", 0, minimum=0),
+        wait_timeout_s=url.get_float("wait_timeout", 1.0, minimum=0.001),
     )
 
 
@@ -124,7 +234,7 @@ def hermes_drivers() -> list[DriverPlugin]:
     return [
         DriverPlugin(
             name="redis",
-            schemes=("redis", "rediss"),
+            schemes=("redis", "rediss", *SENTINEL_SCHEMES),
             factory=_from_url,
             capabilities=CAPABILITIES,
             isolate=_isolate,

@@ -42,6 +42,10 @@ def on_pool(client: redis.Redis[Any]) -> Execute:
                 return connection.read_response(disable_decoding=raw)
             except (redis.ConnectionError, redis.TimeoutError):
                 connection.disconnect()
+                # connect() first: a Sentinel-managed connection asks the
+                # Sentinels for the master there; send_command alone would
+                # reconnect to the address it had (a master gone in a failover).
+                connection.connect()
                 connection.send_command(*command)
                 return connection.read_response(disable_decoding=raw)
         finally:
@@ -164,6 +168,13 @@ return 1
 # worker on the set puts back every body the hash holds, deletes it and the
 # owner in one script, so a body goes back once and is handed to one worker.
 #
+# Deliveries are counted per body in the hash ``<set>_deliveries`` (the body's
+# SHA-1 -> how many times a worker took it): the take increments it, in the
+# same script call; acknowledging or setting the body aside deletes it; a
+# release or a run-out lease keeps it, so the next take reports one more. A
+# set holds a body once, so the body is the message's identity here, as it is
+# for SADD.
+#
 # Invariant: a body is in a lease hash only while its owner is in the sorted
 # set. The take registers the owner if it is missing (first take, or after its
 # lease ran out), so a worker whose lease ran out and who goes on taking never
@@ -204,21 +215,23 @@ local function held_by(set, owner) return leases_of(set) .. ':' .. owner end
 #: Acknowledge the takes given, then take one body from the first non-empty set.
 #:
 #: KEYS: the N sets (highest priority first), then their N lease sorted sets,
-#: then the owner's N lease hashes on them.
+#: then the owner's N lease hashes on them, then their N delivery counts.
 #: ARGV: lease length in ms, owner, the new take's number (empty: take
 #: nothing, and leave the sorted sets where the owner holds nothing: the
 #: worker is closing), the number A of takes to acknowledge, then A (1-based
-#: set index, take number) pairs.
-#: Returns ``{index, body}`` (just the body when N = 1) or nil; the
+#: set index, take number, body digest) triples.
+#: Returns ``{index, body, deliveries, digest}`` or nil; the
 #: acknowledgements are done either way.
 CLAIM = LuaScript(
     _EFFECTS
     + """
-local n = #KEYS / 3
+local n = #KEYS / 4
 local owner, number = ARGV[2], ARGV[3]
 local function acknowledge()
-    for a = 5, 4 + 2 * tonumber(ARGV[4]), 2 do
-        redis.call('HDEL', KEYS[2 * n + tonumber(ARGV[a])], ARGV[a + 1])
+    for a = 5, 4 + 3 * tonumber(ARGV[4]), 3 do
+        local i = tonumber(ARGV[a])
+        redis.call('HDEL', KEYS[2 * n + i], ARGV[a + 1])
+        redis.call('HDEL', KEYS[3 * n + i], ARGV[a + 2])
     end
 end
 if number == '' then
@@ -242,13 +255,26 @@ for i = 1, n do
         -- Held first, acknowledged after: a busy worker's hash never empties, so
         -- Redis does not delete and create it again for every message.
         redis.call('HSET', KEYS[2 * n + i], number, body)
+        local digest = redis.sha1hex(body)
+        local deliveries = redis.call('HINCRBY', KEYS[3 * n + i], digest, 1)
         acknowledge()
-        if n == 1 then return body end
-        return {i, body}
+        return {i, body, deliveries, digest}
     end
 end
 acknowledge()
 return false
+"""
+)
+
+#: Acknowledge one take from another thread than the one that takes: it is
+#: forgotten, and so is its delivery count.
+#:
+#: KEYS: the owner's lease hash, the set's delivery counts. ARGV: take number, body digest.
+ACK = LuaScript(
+    """
+redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[2])
+return 1
 """
 )
 
@@ -271,13 +297,15 @@ return 1
 
 #: Set the body of a take aside: it leaves the lease for a capped list.
 #:
-#: KEYS: the list, the owner's lease hash. ARGV: how many bodies the list
-#: keeps, take number. Returns 1 if set aside, 0 if it was no longer held.
+#: KEYS: the list, the owner's lease hash, the set's delivery counts.
+#: ARGV: how many bodies the list keeps, take number, body digest.
+#: Returns 1 if set aside, 0 if it was no longer held.
 SET_ASIDE_LEASED = LuaScript(
     """
 local body = redis.call('HGET', KEYS[2], ARGV[2])
 if not body then return 0 end
 redis.call('HDEL', KEYS[2], ARGV[2])
+redis.call('HDEL', KEYS[3], ARGV[3])
 redis.call('LPUSH', KEYS[1], body)
 redis.call('LTRIM', KEYS[1], 0, tonumber(ARGV[1]) - 1)
 return 1

@@ -22,4 +22,7 @@ CAPABILITIES = Capabilities(
     competing_consumers=True,
     max_message_bytes=MAX_MESSAGE_BYTES,
     redelivery_timeout_s=30.0,
+    # ApproximateReceiveCount: it also counts receipts no handler saw (a
+    # prefetched message given back, a delayed one hidden again).
+    counts_deliveries=True,
 )
