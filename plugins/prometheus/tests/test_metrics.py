@@ -68,7 +68,27 @@ def test_a_dispatcher_counts_each_outcome_per_type_and_times_each_handler() -> N
     assert value("hermes_handler_duration_seconds_count", type=kind) == 4
     assert value("hermes_handler_duration_seconds_sum", type=kind) >= 0.03  # three slept 10 ms
     assert value("hermes_messages_in_flight") == before_in_flight
-    driver.purge()
+    driver.teardown()
+
+
+def test_messages_without_a_handler_leave_the_in_flight_gauge_where_it_was() -> None:
+    kind = f"unhandled-{os.getpid()}-{time.monotonic_ns()}"
+    before_in_flight = value("hermes_messages_in_flight")
+    seen_in_flight: list[float] = []
+    driver = MemoryDriver(kind)
+    for _ in range(3):
+        driver.send(Message(f"{kind}-nobody"))
+    driver.send(Message(kind))
+    dispatcher = Dispatcher(driver, shutdown=StopWhen(lambda: dispatcher.stats.received == 4))
+    dispatcher.register_handler(
+        kind, lambda m: seen_in_flight.append(value("hermes_messages_in_flight"))
+    )
+    dispatcher.handle()
+
+    assert value("hermes_messages_gave_up_total", type=f"{kind}-nobody", reason="no handler") == 3
+    assert seen_in_flight == [before_in_flight + 1]  # counted up while its handler ran
+    assert value("hermes_messages_in_flight") == before_in_flight  # and never below
+    driver.teardown()
 
 
 def _free_port() -> int:
