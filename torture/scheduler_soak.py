@@ -35,6 +35,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hermes.core.driver import SupportsClaim
 
 #: A tick emitted later than this after it was due breaks the rules.
 LATE_LIMIT_S = 2.0
@@ -51,7 +55,7 @@ RESULTS = Path(__file__).parent / "results" / "scheduler.md"
 def _child(target: str, location: str, sink: str) -> None:
     import logging
 
-    from hermes.core.driver import Consumer, Driver, Outgoing, SupportsClaim
+    from hermes.core.driver import Consumer, Driver, Outgoing
     from hermes.core.schedule import Schedule, Scheduler
 
     class Sink(Driver):
@@ -81,41 +85,16 @@ def _child(target: str, location: str, sink: str) -> None:
     scheduler.run()
 
 
-def _claims(target: str, location: str) -> object:
-    """The broker's claims: its driver's ``claim`` where the driver can be built, else the
-    same claim function the driver calls (drivers not yet on the current contract)."""
+def _claims(target: str, location: str) -> SupportsClaim:
+    """The broker's claims: its driver, as ``hermes scheduler`` uses it."""
     from hermes.core import connect
     from hermes.core.driver import SupportsClaim
 
     url = location if target == "redis" else Path(location).as_uri()
-    try:
-        driver = connect(url)
-        if isinstance(driver, SupportsClaim):
-            return driver
-    except Exception as exc:  # reported: the soak then claims through the claim module
-        print(f"connect({url}) failed ({type(exc).__name__}: {exc}); claiming directly")
-    if target == "redis":
-        import redis
-
-        from hermes.drivers.redis import _claim as redis_claim
-
-        client = redis.Redis.from_url(location.split("?")[0])
-        prefix = location.split("prefix=")[1]
-
-        class RedisClaims:
-            def claim(self, key: str, ttl_s: float) -> bool:
-                return redis_claim.claim(
-                    client, redis_claim.claim_key(prefix + "hermes", key), ttl_s
-                )
-
-        return RedisClaims()
-    from hermes.drivers.filesystem import _claim as file_claim
-
-    class FileClaims:
-        def claim(self, key: str, ttl_s: float) -> bool:
-            return file_claim.claim(location, key, ttl_s)
-
-    return FileClaims()
+    driver = connect(url)
+    if not isinstance(driver, SupportsClaim):
+        raise SystemExit(f"{driver!r} cannot claim: the soak needs a driver that can")
+    return driver
 
 
 # The parent: start, kill, restart, count --------------------------------------------
