@@ -890,7 +890,7 @@ def test_a_metrics_port_in_use_is_one_line_and_exit_2(project: Path, queue_url: 
 
     port = _free_port()
     with socket.socket() as taken:
-        taken.bind(("0.0.0.0", port))
+        taken.bind(("127.0.0.1", port))
         taken.listen()
         result = hermes(
             "worker", "--url", queue_url, "--handlers", "jobs:register",

@@ -174,7 +174,7 @@ def test_hermes_worker_serves_counters_histogram_and_queue_depth_over_http(
         worker.send_signal(signal.SIGTERM)
         output = worker.communicate(timeout=DEADLINE_S)[0].decode()
     assert worker.returncode == 0, output
-    assert f"Metrics on http://0.0.0.0:{port}/metrics" in output, output
+    assert f"Metrics on http://127.0.0.1:{port}/metrics" in output, output
 
 
 def test_metrics_port_without_a_metrics_plugin_says_what_to_install(tmp_path: Path) -> None:

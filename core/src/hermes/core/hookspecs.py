@@ -166,13 +166,14 @@ def hermes_message_rejected(body: str | bytes, priority: int, reason: str) -> No
 
 
 @hookspec(firstresult=True)
-def hermes_worker_metrics(port: int, url: str) -> str | None:
-    """Serve the worker's metrics on ``port``; return where (e.g. ``http://0.0.0.0:9100/metrics``).
+def hermes_worker_metrics(port: int, url: str, host: str) -> str | None:
+    """Serve the worker's metrics on ``host:port``; return where (``http://127.0.0.1:9100/metrics``).
 
     firstresult: the first plugin that serves them answers; None from every
     plugin means none is installed. Called by ``hermes worker --metrics-port``
     before it starts handling; ``url`` is the worker's broker URL, for
-    sampling queue depth on a connection of the plugin's own.
+    sampling queue depth on a connection of the plugin's own. ``host`` is
+    127.0.0.1 unless the user named another address (``--metrics-host``).
     """
 
 

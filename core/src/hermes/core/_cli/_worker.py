@@ -93,8 +93,17 @@ def add_parser(commands: Commands) -> None:
         type=whole_number(1, 65535),
         default=env_default("HERMES_METRICS_PORT", whole_number(1, 65535), None),
         metavar="PORT",
-        help="serve Prometheus metrics on http://0.0.0.0:PORT/metrics (needs "
+        help="serve Prometheus metrics on http://HOST:PORT/metrics (needs "
         "hermes-prometheus; default: $HERMES_METRICS_PORT, else none)",
+    )
+    worker.add_argument(
+        "--metrics-host",
+        default=os.environ.get("HERMES_METRICS_HOST") or "127.0.0.1",
+        metavar="HOST",
+        help="the address the metrics listen on: 127.0.0.1 unless you name another, e.g. "
+        "0.0.0.0 for a Prometheus on another host (the metrics have no authentication: "
+        "expose them only to your monitoring network; default: $HERMES_METRICS_HOST, "
+        "else 127.0.0.1)",
     )
     worker.add_argument(
         "--shutdown-file",
@@ -372,7 +381,7 @@ def run(args: argparse.Namespace) -> int:
         dispatcher.log_each_message = verbosity > 0
         register_handlers(dispatcher, target, spec)
         if args.metrics_port is not None:
-            _serve_metrics(args.metrics_port, url)
+            _serve_metrics(args.metrics_port, url, args.metrics_host)
         registered = dispatcher.registered()
         if not registered:
             name = getattr(target, "__name__", None) or spec
@@ -417,9 +426,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _serve_metrics(port: int, url: str) -> None:
+def _serve_metrics(port: int, url: str, host: str) -> None:
     try:
-        served = plugin_manager().hook.hermes_worker_metrics(port=port, url=url)
+        served = plugin_manager().hook.hermes_worker_metrics(port=port, url=url, host=host)
     except OSError as exc:
         # Most often a second worker on the same port: with several worker processes,
         # give each its own port (or see hermes-prometheus's multiprocess mode).

@@ -77,7 +77,7 @@ def _sample_forever(url: str) -> None:
         time.sleep(SAMPLE_INTERVAL_S)
 
 
-def start_metrics_server(port: int, url: str | None = None, addr: str = "0.0.0.0") -> str:
+def start_metrics_server(port: int, url: str | None = None, addr: str = "127.0.0.1") -> str:
     """Serve ``/metrics`` on ``addr:port`` from a daemon thread; where it is served.
 
     With ``url``, the queue depth of that broker is sampled every

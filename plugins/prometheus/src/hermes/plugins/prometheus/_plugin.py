@@ -55,8 +55,8 @@ def hermes_message_finished(message: Message) -> None:
 
 
 @hookimpl
-def hermes_worker_metrics(port: int, url: str) -> str:
-    return _metrics.start_metrics_server(port, url)
+def hermes_worker_metrics(port: int, url: str, host: str) -> str:
+    return _metrics.start_metrics_server(port, url, addr=host)
 
 
 @hookimpl
