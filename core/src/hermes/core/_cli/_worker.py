@@ -32,6 +32,7 @@ from hermes.core._cli._common import (
     whole_number,
 )
 from hermes.core._cli._failed import FAILED_URL_ENV
+from hermes.core._cli._workers import add_heartbeat_options, publisher_for, registry
 from hermes.core._dispatcher import Dispatcher
 from hermes.core._driver import DEFAULT_PRIORITY, Driver
 from hermes.core._errors import ConfigurationError
@@ -126,6 +127,7 @@ def add_parser(commands: Commands) -> None:
         worker,
         more="-v a line as each message starts and ends, and debug lines; -vv also full tracebacks",
     )
+    add_heartbeat_options(worker)
     worker.set_defaults(run=run)
     from hermes.core._cli import _scheduler  # not at the top: it imports load_object from here
 
@@ -375,8 +377,15 @@ def run(args: argparse.Namespace) -> int:
             args.concurrency,
             failed_url,
         )
+        beats = stack.enter_context(registry(driver, args.registry_url))
+        heartbeat = publisher_for(args, beats, url, "worker")
         worker = Worker(
-            driver, dispatcher, priorities=priorities, max_items=args.max_items, shutdown=shutdowns
+            driver,
+            dispatcher,
+            priorities=priorities,
+            max_items=args.max_items,
+            shutdown=shutdowns,
+            heartbeat=heartbeat,
         )
         # Imported here: _scheduler imports this module for load_object.
         from hermes.core._cli import _scheduler
@@ -384,6 +393,7 @@ def run(args: argparse.Namespace) -> int:
         scheduler = None
         if args.scheduler:
             scheduler = _scheduler.start_in_worker(args, target, driver, url)
+            _scheduler.beat_for(stack, args, beats, url, scheduler)
         started = time.monotonic()
         try:
             worker.run()
