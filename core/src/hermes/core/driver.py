@@ -100,4 +100,4 @@ __all__ = [
 ]
 
 if not TYPE_CHECKING:  # type checkers read the import above
-    __getattr__, __dir__ = lazy_exports(__name__, {"QueueBrowser": "._failed"})
+    __getattr__, __dir__ = lazy_exports(__name__, {"QueueBrowser": "hermes.core._failed"})
