@@ -148,7 +148,9 @@ def ensure_chromium() -> tuple[str, str]:
     if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
         print("services: installing chromium and chromium-driver", file=sys.stderr)
         subprocess.run(["apt-get", "update", "-qq"], check=True)
-        subprocess.run(["apt-get", "install", "-y", "-qq", "chromium", "chromium-driver"], check=True)
+        subprocess.run(
+            ["apt-get", "install", "-y", "-qq", "chromium", "chromium-driver"], check=True
+        )
     return CHROMIUM, CHROMEDRIVER
 
 

@@ -67,7 +67,7 @@ def test_a_beat_is_listed_as_written_replaced_by_the_next_and_forgotten_alone(
     writer.beat(two, 60.0)
     listed = _by_id(reader)
     assert listed.get(one["id"]) == one, f"another driver object lists {listed.get(one['id'])!r}"
-    assert listed.get(two["id"]) == two
+    assert listed.get(two["id"]) == two, f"another driver object lists {listed.get(two['id'])!r}"
     renewed = {**two, "handled": 2, "in_flight": []}
     writer.beat(renewed, 60.0)
     listed = _by_id(reader)
@@ -79,7 +79,7 @@ def test_a_beat_is_listed_as_written_replaced_by_the_next_and_forgotten_alone(
     assert one["id"] in listed, "forget() of one worker removed another's record"
     writer.forget("kit-host:never-beat:000000")  # nothing to forget: no error
     writer.forget(one["id"])
-    assert _by_id(reader) == {}
+    assert _by_id(reader) == {}, "records are listed after every one was forgotten"
     hermes_kit.claim("listed as written by another driver object, replaced, forgotten alone")
 
 
