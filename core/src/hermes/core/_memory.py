@@ -5,10 +5,12 @@ from __future__ import annotations
 import collections
 import heapq
 import itertools
+import json
 import threading
 import time
 from collections import deque
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Hashable, Iterator, Mapping, Sequence
+from typing import Any
 
 from hermes.core._consumer import Consumer, Received
 from hermes.core._driver import (
@@ -51,6 +53,8 @@ class _Broker:
         #: Body -> how many times a consumer took it without settling it for good
         #: (acknowledged or rejected); keyed by the body, as a Redis lease counts.
         self.deliveries: dict[str | bytes, int] = {}
+        #: Worker id -> (when its heartbeat expires, ``time.monotonic()``; the record as JSON).
+        self.heartbeats: dict[str, tuple[float, str]] = {}
 
     def move_due(self, now: float) -> None:
         while self.scheduled and self.scheduled[0][0] <= now:
@@ -162,6 +166,29 @@ class MemoryDriver(Driver):
                 # and then, so a long test run does not grow without bound.
                 broker.claims = {k: at for k, at in broker.claims.items() if at > now}
             return True
+
+    def beat(self, record: Mapping[str, Any], ttl_s: float) -> None:
+        """Keep ``record`` for ``ttl_s`` seconds (see ``SupportsHeartbeats``)."""
+        if not ttl_s > 0:
+            raise ValueError(f"a heartbeat's ttl_s must be > 0, got {ttl_s!r}")
+        # Kept as JSON, as a broker would: a record that is not JSON-able fails here
+        # in tests too, and a reader never shares the publisher's dict.
+        text = json.dumps(record)
+        with self._broker.condition:
+            self._broker.heartbeats[str(record["id"])] = (time.monotonic() + ttl_s, text)
+
+    def forget(self, worker_id: str) -> None:
+        with self._broker.condition:
+            self._broker.heartbeats.pop(worker_id, None)
+
+    def heartbeats(self) -> list[dict[str, Any]]:
+        now = time.monotonic()
+        with self._broker.condition:
+            beats = self._broker.heartbeats
+            for worker_id in [w for w, (expires, _) in beats.items() if expires <= now]:
+                del beats[worker_id]
+            texts = [text for _, text in beats.values()]
+        return [json.loads(text) for text in texts]
 
     def teardown(self) -> None:
         # Cleared in place: every driver object of this name (a worker's, an

@@ -145,6 +145,8 @@ class Scheduler:
         self._progress: dict[str, _Progress] = {}
         #: Due ticks settled by this scheduler so far, by outcome.
         self.counts: Counter[str] = Counter()
+        #: Entry name -> the time of the last tick this scheduler emitted (its heartbeat shows it).
+        self.last_fired: dict[str, float] = {}
         self._stop = threading.Event()
         self._started_at = clock()
 
@@ -290,6 +292,7 @@ class Scheduler:
                 self.logger.error("Tick %s was claimed and not emitted: %s", tick.key, exc)
                 return TickResult(entry, at, "lost")
         late_s = max(0.0, self.clock() - entry.fire_at(at))
+        self.last_fired[entry.name] = max(at, self.last_fired.get(entry.name, at))
         self.logger.info(
             "Tick %s: emitted message #%s (%s) priority:%s%s",
             tick.key,

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from hermes.core._driver import Driver
     from hermes.core._failed import FailedStore
     from hermes.core._handler import HandlerRegistry
+    from hermes.core._heartbeat import HeartbeatPublisher
 
 logger = logging.getLogger("hermes")
 
@@ -168,6 +169,9 @@ class Worker:
     that many times is not given to the handlers again. It is set aside with
     one ERROR line: kept in the Dispatcher's failed-message store when it
     has one (then acknowledged), else the consumer's :meth:`~Consumer.reject`.
+    ``heartbeat`` (a :class:`~hermes.core.heartbeat.HeartbeatPublisher`)
+    publishes this run's record -- counts and the jobs in flight
+    (:meth:`in_flight`) -- from its own thread while the run lasts.
 
     ``concurrency`` handlers run at once, on threads; each message is
     acknowledged only after its own handlers returned. On a stop, handlers
@@ -192,6 +196,7 @@ class Worker:
         stop_when: Callable[[], bool] | None = None,
         logger: logging.Logger | None = None,
         max_deliveries: int | None = None,
+        heartbeat: HeartbeatPublisher | None = None,
     ) -> None:
         dispatcher = _dispatcher(driver, handlers, failed, time_limit_s, logger)
         if concurrency is None:
@@ -230,6 +235,16 @@ class Worker:
         self._stop_requested: str | None = None
         #: The last run's counts (a fresh one per :meth:`run`).
         self.stats = WorkerStats()
+        self.heartbeat = heartbeat
+        self._loop: _Loop | None = None
+
+    def in_flight(self) -> list[tuple[str, str, float]]:
+        """``(type, id, since)`` of each message in the handlers now; callable from any thread."""
+        loop = self._loop
+        if loop is None:
+            return []
+        with loop.count_lock:
+            return list(loop.running.values())
 
     def stop(self) -> None:
         """Ask the run to stop after the messages in flight; callable from any thread."""
@@ -257,9 +272,14 @@ class Worker:
                 self.driver,
                 self.max_deliveries,
             )
+        beating: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
+        if self.heartbeat is not None:
+            from hermes.core._heartbeat import worker_fields
+
+            beating = self.heartbeat.running(lambda: worker_fields(self))
         try:
-            with self._signals(stop), self._consumer() as consumer:
-                loop = _Loop(self, consumer, stop)
+            with beating, self._signals(stop), self._consumer() as consumer:
+                loop = self._loop = _Loop(self, consumer, stop)
                 if self.concurrency > 1:
                     _ConcurrentRun(loop, self.concurrency, self.grace_s).run()
                 else:
@@ -371,6 +391,9 @@ class _Loop:
         #: Set when the run closed the consumer with handlers still running: what
         #: they finish later is not settled (the broker's own timeout decides).
         self.abandoned = False
+        #: id(received) -> (type, id, since) of each message in the handlers now
+        #: (under ``count_lock``): what a heartbeat shows as in flight.
+        self.running: dict[int, tuple[str, str, float]] = {}
         self._hooks = plugin_manager().hook
 
     def run_serial(self) -> None:
@@ -472,8 +495,10 @@ class _Loop:
         """Call the handlers, then acknowledge; release and re-raise when the call raises."""
         message = received.message
         assert message is not None
+        key = id(received)
         with self.count_lock:
             self.stats.started += 1
+            self.running[key] = (message.type, message.id, time.time())
         current = set_current(received)
         try:
             self.handle(message, received.priority)
@@ -483,6 +508,8 @@ class _Loop:
             raise
         finally:
             current()
+            with self.count_lock:
+                del self.running[key]
         if self.settle("acknowledge", received, self.consumer.ack) and self.debug:
             logger.debug("%r: acknowledged message #%s", self.driver, message.id)
         with self.count_lock:

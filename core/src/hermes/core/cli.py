@@ -27,6 +27,7 @@ from hermes.core._cli import (
     _shutdown,
     _stats,
     _worker,
+    _workers,
 )
 from hermes.core._cli._common import CliError, describe_error, print_error, print_traceback
 from hermes.core._errors import HermesError
@@ -36,6 +37,7 @@ __all__ = ["build_parser", "main"]
 #: The commands in the order ``hermes --help`` lists them; each module adds its own parser.
 COMMANDS = (
     _worker,
+    _workers,
     _emit,
     _failed,
     _drivers,
@@ -77,6 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     for command in COMMANDS:
         command.add_parser(commands)
+    # Commands of other distributions (hermes-dashboard's `hermes dashboard`), after core's.
+    from hermes.core._registry import notify, plugin_manager
+
+    notify(plugin_manager().hook.hermes_cli_commands, commands=commands)
     return parser
 
 

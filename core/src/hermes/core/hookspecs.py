@@ -23,6 +23,7 @@ skipped with an error: there is no call of other plugins for them to wrap.
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -210,4 +211,21 @@ def hermes_emit_call(
     As with :func:`hermes_handler_call`, a plugin cannot change the outcome: an
     implementation that raises (or returns headers a :class:`Message` refuses)
     is logged and left out, and the message is sent anyway.
+    """
+
+
+@hookspec
+def hermes_cli_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add subcommands of ``hermes`` to ``commands``, the ``add_subparsers()`` of ``hermes``.
+
+    Called by ``hermes`` each time it builds its parser, after core's own
+    commands, so a separate distribution can add one (hermes-dashboard adds
+    ``hermes dashboard``). Each implementation adds its parsers like a core
+    command module does: ``parser = commands.add_parser("name", help=...)``,
+    then ``parser.set_defaults(run=function)``, where ``function(args) -> int``
+    returns the exit code and raises ``CliError``-like mistakes as
+    :class:`~hermes.core.HermesError` or ``SystemExit(2)`` after one line on
+    stderr. A name core already has raises in argparse: pick another. An
+    implementation that raises is logged and skipped; ``hermes`` goes on
+    without its commands.
     """

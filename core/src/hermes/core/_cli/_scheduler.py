@@ -7,6 +7,7 @@ beside the worker's handlers.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import logging
 import signal
@@ -25,8 +26,10 @@ from hermes.core._cli._common import (
     setup_priorities,
 )
 from hermes.core._cli._worker import load_object
-from hermes.core._driver import Driver, SupportsClaim
+from hermes.core._cli._workers import add_heartbeat_options, publisher_for, registry
+from hermes.core._driver import Driver, SupportsClaim, SupportsHeartbeats
 from hermes.core._handler import HandlerRegistry
+from hermes.core._heartbeat import scheduler_fields
 from hermes.core._registry import connect
 from hermes.core._schedule import Schedule
 from hermes.core._scheduler import CATCH_UP_WINDOW_S, LocalClaims, Scheduler
@@ -85,6 +88,7 @@ def add_parser(commands: Any) -> None:
     group = parser.add_mutually_exclusive_group()
     group.add_argument("-v", "--verbose", action="count", default=0, help="debug lines")
     group.add_argument("-q", "--quiet", action="count", default=0, help="warnings and errors")
+    add_heartbeat_options(parser)
     parser.set_defaults(run=run)
 
 
@@ -163,6 +167,19 @@ def make_scheduler(
     )
 
 
+def beat_for(
+    stack: contextlib.ExitStack,
+    args: argparse.Namespace,
+    store: SupportsHeartbeats | None,
+    url: str,
+    scheduler: Scheduler,
+) -> None:
+    """Publish ``scheduler``'s heartbeat (its entries' next and last fires) until ``stack`` ends."""
+    publisher = publisher_for(args, store, url, "scheduler")
+    if publisher is not None:
+        stack.enter_context(publisher.running(lambda: scheduler_fields(scheduler)))
+
+
 def run(args: argparse.Namespace) -> int:
     target = load_object(args.handlers)
     schedule = schedule_of(target, args.handlers)
@@ -182,7 +199,10 @@ def run(args: argparse.Namespace) -> int:
         )
         try:
             _log_start(scheduler, url)
-            counts = _run_until_signal(scheduler)
+            with contextlib.ExitStack() as stack:
+                store = stack.enter_context(registry(driver, args.registry_url))
+                beat_for(stack, args, store, url, scheduler)
+                counts = _run_until_signal(scheduler)
         finally:
             lock: object = scheduler.claims
             if lock is not driver and isinstance(lock, Driver):

@@ -32,6 +32,7 @@ from hermes.core._cli._common import (
     whole_number,
 )
 from hermes.core._cli._failed import FAILED_URL_ENV
+from hermes.core._cli._workers import add_heartbeat_options, publisher_for, registry
 from hermes.core._dispatcher import Dispatcher
 from hermes.core._driver import DEFAULT_PRIORITY, Driver
 from hermes.core._errors import ConfigurationError
@@ -122,6 +123,7 @@ def add_parser(commands: Commands) -> None:
         worker,
         more="-v a line as each message starts and ends, and debug lines; -vv also full tracebacks",
     )
+    add_heartbeat_options(worker)
     worker.set_defaults(run=run)
     from hermes.core._cli import _scheduler  # not at the top: it imports load_object from here
 
@@ -363,12 +365,7 @@ def run(args: argparse.Namespace) -> int:
                 "redis://HOST:6379/0?prefix=failed: or another file:// directory"
             )
         setup_priorities(driver, [*priorities, *from_cli], from_cli, preset=from_url)
-        shutdowns: list[Shutdown] = []
-        if args.shutdown_file:
-            shutdowns.append(SharedFileShutdown(args.shutdown_file))
-        broker_shutdown = driver_for_url(url)[0].shutdown
-        if broker_shutdown is not None:  # e.g. Redis: the key hermes shutdown --url sets
-            shutdowns.append(broker_shutdown(driver))
+        shutdowns = _shutdowns(args, url, driver)
         dispatcher = Dispatcher(
             driver,
             logger,
@@ -382,13 +379,7 @@ def run(args: argparse.Namespace) -> int:
         register_handlers(dispatcher, target, spec)
         if args.metrics_port is not None:
             _serve_metrics(args.metrics_port, url, args.metrics_host)
-        registered = dispatcher.registered()
-        if not registered:
-            name = getattr(target, "__name__", None) or spec
-            hint = _FUNCTION_HINT.format(name=name) if callable(target) else ""
-            raise CliError(
-                f"--handlers {spec} registered no handlers" + (f"; {hint}" if hint else "")
-            )
+        registered = _registered(dispatcher, target, spec)
         names = {**from_url, **from_cli}
         _log_start(
             url,
@@ -407,8 +398,15 @@ def run(args: argparse.Namespace) -> int:
                 "(--max-deliveries)",
                 args.max_deliveries,
             )
+        beats = stack.enter_context(registry(driver, args.registry_url))
+        heartbeat = publisher_for(args, beats, url, "worker")
         worker = Worker(
-            driver, dispatcher, priorities=priorities, max_items=args.max_items, shutdown=shutdowns
+            driver,
+            dispatcher,
+            priorities=priorities,
+            max_items=args.max_items,
+            shutdown=shutdowns,
+            heartbeat=heartbeat,
         )
         # Imported here: _scheduler imports this module for load_object.
         from hermes.core._cli import _scheduler
@@ -416,6 +414,7 @@ def run(args: argparse.Namespace) -> int:
         scheduler = None
         if args.scheduler:
             scheduler = _scheduler.start_in_worker(args, target, driver, url)
+            _scheduler.beat_for(stack, args, beats, url, scheduler)
         started = time.monotonic()
         try:
             worker.run()
@@ -424,6 +423,27 @@ def run(args: argparse.Namespace) -> int:
                 scheduler.stop()
             print(_summary(dispatcher, time.monotonic() - started), flush=True)
     return 0
+
+
+def _shutdowns(args: argparse.Namespace, url: str, driver: Driver) -> list[Shutdown]:
+    """What stops this worker besides signals: a shared file, the broker's key."""
+    shutdowns: list[Shutdown] = []
+    if args.shutdown_file:
+        shutdowns.append(SharedFileShutdown(args.shutdown_file))
+    broker_shutdown = driver_for_url(url)[0].shutdown
+    if broker_shutdown is not None:  # e.g. Redis: the key hermes shutdown --url sets
+        shutdowns.append(broker_shutdown(driver))
+    return shutdowns
+
+
+def _registered(dispatcher: Dispatcher, target: object, spec: str) -> dict[str, list[Handler]]:
+    """The handlers ``--handlers`` registered; none is a mistake that says what to give."""
+    registered = dispatcher.registered()
+    if not registered:
+        name = getattr(target, "__name__", None) or spec
+        hint = _FUNCTION_HINT.format(name=name) if callable(target) else ""
+        raise CliError(f"--handlers {spec} registered no handlers" + (f"; {hint}" if hint else ""))
+    return registered
 
 
 def _serve_metrics(port: int, url: str, host: str) -> None:

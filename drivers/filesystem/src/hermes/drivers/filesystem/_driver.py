@@ -11,9 +11,10 @@ import os
 import shutil
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
+from typing import Any
 from urllib.parse import quote
 
 from hermes.core import (
@@ -33,7 +34,7 @@ from hermes.core.driver import (
     QueueStats,
     Received,
 )
-from hermes.drivers.filesystem import _claim
+from hermes.drivers.filesystem import _claim, _heartbeat
 from hermes.drivers.filesystem._names import SCHEME, QueuedName, next_name, parse
 from hermes.drivers.filesystem._worker import LOCK_NAME, WorkerClaims, recover_dead_workers
 
@@ -394,7 +395,14 @@ class FileSystemDriver(Driver):
     def teardown(self) -> None:
         """Delete the queue: every message (queued, claimed, quarantined) and the directories."""
         with self.translating("deleting the queue"):
-            for path in (self._new_dir, self._processing_dir, self.quarantine_dir, self._tmp_dir):
+            workers_dir = os.path.join(self.path, _heartbeat.WORKERS_DIR)
+            for path in (
+                self._new_dir,
+                self._processing_dir,
+                self.quarantine_dir,
+                self._tmp_dir,
+                workers_dir,
+            ):
                 _remove_tree(path)
             try:
                 os.rmdir(self.path)
@@ -410,6 +418,19 @@ class FileSystemDriver(Driver):
         """A file in ``claims/`` made with ``link``: see :mod:`._claim` and ``SupportsClaim``."""
         with self.translating(f"claiming {key!r}"):
             return _claim.claim(self.path, key, ttl_s)
+
+    def beat(self, record: Mapping[str, Any], ttl_s: float) -> None:
+        """A JSON file in ``workers/``, replaced atomically; see ``SupportsHeartbeats``."""
+        with self.translating("publishing a heartbeat"):
+            _heartbeat.beat(self.path, record, ttl_s)
+
+    def forget(self, worker_id: str) -> None:
+        with self.translating("removing a heartbeat"):
+            _heartbeat.forget(self.path, worker_id)
+
+    def heartbeats(self) -> list[dict[str, Any]]:
+        with self.translating("listing heartbeats"):
+            return _heartbeat.heartbeats(self.path)
 
 
 class _FileConsumer(Consumer):

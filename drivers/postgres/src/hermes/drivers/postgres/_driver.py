@@ -9,7 +9,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -31,6 +31,7 @@ from hermes.core.driver import (
     Received,
     outgoing,
 )
+from hermes.drivers.postgres import _heartbeat
 from hermes.drivers.postgres._capabilities import CAPABILITIES, LEASE_TIMEOUT_S, POLL_INTERVAL_S
 from hermes.drivers.postgres._errors import classify
 from hermes.drivers.postgres._schema import Names, Statements, create_sql, drop_sql
@@ -122,6 +123,7 @@ class PostgresDriver(Driver):
         )
         self._created = False
         self._create_lock = threading.Lock()
+        self._heartbeats = _heartbeat.Heartbeats(self)
 
     # Connections ---------------------------------------------------------------
 
@@ -334,7 +336,19 @@ class PostgresDriver(Driver):
         with self.connection() as conn, conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [self.names.lock_key])
             conn.execute(drop_sql(self.names).encode())
+            conn.execute(_heartbeat.drop_sql(self.names).encode())
         self._created = False
+        self._heartbeats.created = False
+
+    def beat(self, record: Mapping[str, Any], ttl_s: float) -> None:
+        """Upsert a row of ``<table>_workers``; see ``SupportsHeartbeats``."""
+        self._heartbeats.beat(record, ttl_s)
+
+    def forget(self, worker_id: str) -> None:
+        self._heartbeats.forget(worker_id)
+
+    def heartbeats(self) -> list[dict[str, Any]]:
+        return self._heartbeats.heartbeats()
 
     def close(self) -> None:
         self._pool.close()

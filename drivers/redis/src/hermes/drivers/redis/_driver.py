@@ -10,7 +10,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -40,7 +40,7 @@ from hermes.core.driver import (
     QueueStats,
     Received,
 )
-from hermes.drivers.redis import _claim, _scripts
+from hermes.drivers.redis import _claim, _heartbeat, _scripts
 from hermes.drivers.redis._capabilities import CAPABILITIES
 
 #: How often a busy worker moves due scheduled messages (an idle one does it every receive).
@@ -529,7 +529,7 @@ class RedisSetDriver(Driver):
 
     def teardown(self) -> None:
         """Delete every key this driver uses: sets, schedule, leases, wake and rejected lists."""
-        keys = {self.schedule_key}
+        keys = {self.schedule_key, _heartbeat.index_key(self.key)}
         for queue in self._queues.values():
             keys |= {queue, wake_key(queue), rejected_key(queue), deliveries_key(queue)}
         with self.translating("deleting its keys"):
@@ -544,6 +544,19 @@ class RedisSetDriver(Driver):
         """``SET <key>_claim:<key> 1 NX PX``: see :class:`~hermes.core.driver.SupportsClaim`."""
         with self.translating(f"claiming {key!r}"):
             return _claim.claim(self.client, _claim.claim_key(self.key, key), ttl_s)
+
+    def beat(self, record: Mapping[str, Any], ttl_s: float) -> None:
+        """``SET <key>_worker:<id> JSON PX ttl``; see ``SupportsHeartbeats``."""
+        with self.translating("publishing a heartbeat"):
+            _heartbeat.beat(self.client, self.key, record, ttl_s)
+
+    def forget(self, worker_id: str) -> None:
+        with self.translating("removing a heartbeat"):
+            _heartbeat.forget(self.client, self.key, worker_id)
+
+    def heartbeats(self) -> list[dict[str, Any]]:
+        with self.translating("listing heartbeats"):
+            return _heartbeat.heartbeats(self.client, self.key)
 
     def __repr__(self) -> str:
         pool = self.client.connection_pool

@@ -1,0 +1,191 @@
+"""``hermes workers``: the live workers from their heartbeats; and the heartbeat options.
+
+``hermes worker`` and ``hermes scheduler`` take :func:`add_heartbeat_options`
+and start their publisher with :func:`publisher_for`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import time
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from hermes.core._cli._common import (
+    URL_HELP,
+    CliError,
+    add_verbosity,
+    configure_logging,
+    default_url,
+    env_default,
+    seconds,
+)
+from hermes.core._driver import Driver, SupportsHeartbeats
+from hermes.core._heartbeat import (
+    HEARTBEAT_INTERVAL_S,
+    INTERVAL_ENV,
+    MISSED_BEATS,
+    HeartbeatPublisher,
+    live_workers,
+)
+from hermes.core._registry import connect
+from hermes.core._url import redact_url
+
+if TYPE_CHECKING:
+    from hermes.core._cli._common import Commands
+
+logger = logging.getLogger("hermes")
+
+#: Where the heartbeats are kept when the broker of --url cannot keep them.
+REGISTRY_URL_ENV = "HERMES_REGISTRY_URL"
+_REGISTRY_HELP = (
+    "keep heartbeats on this broker when the one of --url cannot (amqp://, sqs://, kafka://), "
+    f"e.g. redis://localhost:6379/0 (default: ${REGISTRY_URL_ENV})"
+)
+
+
+def add_heartbeat_options(parser: argparse.ArgumentParser) -> None:
+    """``--heartbeat-interval``, ``--no-heartbeat`` and ``--registry-url``."""
+    parser.add_argument(
+        "--heartbeat-interval",
+        type=seconds,
+        default=env_default(INTERVAL_ENV, seconds, HEARTBEAT_INTERVAL_S),
+        metavar="SECONDS",
+        help="publish this process's heartbeat (for hermes workers and the dashboard) every "
+        f"SECONDS; it counts as gone after {MISSED_BEATS} missed (default: ${INTERVAL_ENV}, "
+        f"else {HEARTBEAT_INTERVAL_S:g})",
+    )
+    parser.add_argument(
+        "--no-heartbeat", action="store_true", help="publish no heartbeat for this process"
+    )
+    parser.add_argument("--registry-url", metavar="URL", help=_REGISTRY_HELP)
+
+
+@contextlib.contextmanager
+def registry(driver: Driver, registry_url: str | None) -> Iterator[SupportsHeartbeats | None]:
+    """Where heartbeats are kept: ``registry_url``'s broker, else ``driver`` if it can; None."""
+    registry_url = registry_url or os.environ.get(REGISTRY_URL_ENV) or None
+    if registry_url is None:
+        yield driver if isinstance(driver, SupportsHeartbeats) else None
+        return
+    with connect(registry_url) as other:
+        if not isinstance(other, SupportsHeartbeats):
+            raise CliError(
+                f"--registry-url {redact_url(registry_url)}: {type(other).__name__} cannot keep "
+                "heartbeats either; name a redis://, file:// or postgresql:// broker"
+            )
+        yield other
+
+
+def publisher_for(
+    args: argparse.Namespace, store: SupportsHeartbeats | None, url: str, kind: str
+) -> HeartbeatPublisher | None:
+    """The publisher the options ask for, or None (said once in the log when it is the broker's)."""
+    if args.no_heartbeat:
+        return None
+    if store is None:
+        logger.info(
+            "No heartbeat: %s keeps none; hermes workers will not list this %s "
+            "(--registry-url names a broker that does)",
+            redact_url(url),
+            kind,
+        )
+        return None
+    return HeartbeatPublisher(store, url=url, kind=kind, interval_s=args.heartbeat_interval)
+
+
+def add_parser(commands: Commands) -> None:
+    """``hermes workers``: its options."""
+    workers = commands.add_parser(
+        "workers",
+        help="list the live workers and what they run now",
+        description="The workers and schedulers whose heartbeat is live on the broker: host, "
+        "pid, uptime, concurrency, the jobs in their handlers now and for how long, counts. "
+        f"A process that missed {MISSED_BEATS} heartbeats is not listed.",
+    )
+    workers.add_argument("--url", help=URL_HELP)
+    workers.add_argument("--registry-url", metavar="URL", help=_REGISTRY_HELP)
+    workers.add_argument("--json", action="store_true", help="the records as one JSON document")
+    add_verbosity(workers)
+    workers.set_defaults(run=run)
+
+
+def duration(seconds_: float) -> str:
+    """``42s``, ``3m05s``, ``2h10m``, ``3d04h``: short enough for a table cell."""
+    s = max(0, int(seconds_))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def in_flight_text(record: dict[str, Any], now: float) -> str:
+    """``invoice.send #42 (12s), ...`` or ``-``."""
+    jobs = record.get("in_flight") or []
+    parts = [
+        f"{job.get('type')} #{job.get('id')} ({duration(now - float(job.get('since') or now))})"
+        for job in jobs
+    ]
+    return ", ".join(parts) or "-"
+
+
+def table(records: Sequence[dict[str, Any]], now: float) -> str:
+    """The records as an aligned text table, one line per worker."""
+    header = [
+        "host",
+        "pid",
+        "kind",
+        "uptime",
+        "concurrency",
+        "handled",
+        "failed",
+        "last seen",
+        "in flight now",
+    ]
+    lines = [
+        [
+            str(r.get("host", "?")),
+            str(r.get("pid", "?")),
+            str(r.get("kind", "worker")),
+            duration(now - float(r.get("started") or now)),
+            str(r.get("concurrency", "-")),
+            str(r.get("handled", "-")),
+            str(r.get("failed", "-")),
+            duration(now - float(r.get("last_seen") or now)) + " ago",
+            in_flight_text(r, now),
+        ]
+        for r in records
+    ]
+    widths = [max(len(cells[i]) for cells in [header, *lines]) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(cells, widths, strict=True)).rstrip()
+        for cells in [header, *lines]
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    url: str = args.url or default_url()
+    configure_logging(args.verbose - args.quiet, default_level=logging.WARNING)
+    with connect(url) as driver, registry(driver, args.registry_url) as store:
+        if store is None:
+            raise CliError(
+                f"{redact_url(url)}: {type(driver).__name__} keeps no heartbeats; give "
+                "--registry-url, the broker the workers were started with it"
+            )
+        records = live_workers(store)
+    now = time.time()
+    if args.json:
+        print(json.dumps({"at": now, "workers": records}), flush=True)
+        return 0
+    if not records:
+        print(f"No live workers on {redact_url(url)}")
+        return 0
+    print(table(records, now), flush=True)
+    return 0

@@ -1,0 +1,226 @@
+"""Heartbeats: what each running worker and scheduler says about itself, every few seconds.
+
+A :class:`HeartbeatPublisher` renews one small record on a broker with
+:class:`~hermes.core.driver.SupportsHeartbeats` from a daemon thread of its
+own, so the job path never waits for it: the handler threads only add and
+remove an entry in the Worker's in-flight table (a dict under a lock they
+take anyway), and the publisher reads a copy of it once per period. The
+record expires after :data:`MISSED_BEATS` periods, so a worker killed with
+SIGKILL disappears from ``hermes workers`` by itself; one that stops
+removes its record at once.
+
+The record is a JSON object (every reader -- ``hermes workers``, the
+dashboard, another language -- sees the same keys)::
+
+    {"id": "web-1:4242:9f3a1c", "kind": "worker", "host": "web-1", "pid": 4242,
+     "started": 1767225600.0, "last_seen": 1767225605.0, "interval_s": 5.0,
+     "version": "6.0.0", "url": "redis://:***@redis:6379/0",
+     "priorities": [], "concurrency": 4, "handled": 10, "failed": 1,
+     "in_flight": [{"type": "invoice.send", "id": "42", "since": 1767225604.2}]}
+
+A scheduler's record has ``"kind": "scheduler"`` and ``"entries"`` (name ->
+its next fire and the last tick this scheduler emitted) instead of the counts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from hermes.core._driver import Driver, SupportsHeartbeats
+from hermes.core._url import redact_url
+
+if TYPE_CHECKING:
+    from hermes.core._scheduler import Scheduler
+    from hermes.core._worker import Worker
+
+logger = logging.getLogger("hermes")
+
+#: Seconds between two beats of one worker, by default.
+HEARTBEAT_INTERVAL_S = 5.0
+#: The environment variable ``hermes worker`` and ``hermes scheduler`` read it from.
+INTERVAL_ENV = "HERMES_HEARTBEAT_INTERVAL"
+#: A record not renewed for this many periods counts as gone (one late beat is not a death).
+MISSED_BEATS = 3
+
+#: ``describe() -> dict``: the changing part of a record, read once per beat.
+Describe = Callable[[], dict[str, Any]]
+
+
+def new_worker_id() -> str:
+    """``host:pid:random``: unique even when a pid is reused on the host, or in a container."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+def hermes_version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("hermes-core")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+class HeartbeatPublisher:
+    """Beats a record for one run on ``registry`` every ``interval_s`` seconds, on a daemon thread.
+
+    ``url`` is shown redacted (no password leaves the process). Use it as
+    :meth:`running` around the run; ``Worker(heartbeat=...)`` does. A broker
+    that fails a beat is logged once (WARNING, then DEBUG until it is back,
+    then INFO): the run goes on, and the record expires if the outage lasts.
+    """
+
+    def __init__(
+        self,
+        registry: SupportsHeartbeats,
+        *,
+        url: str = "",
+        kind: str = "worker",
+        interval_s: float = HEARTBEAT_INTERVAL_S,
+        worker_id: str | None = None,
+    ) -> None:
+        if not interval_s > 0:
+            raise ValueError(f"a heartbeat interval must be > 0 seconds, got {interval_s!r}")
+        self.registry = registry
+        self.kind = kind
+        self.interval_s = float(interval_s)
+        #: How long a beat lasts: :data:`MISSED_BEATS` periods.
+        self.ttl_s = self.interval_s * MISSED_BEATS
+        #: This run's id, ``host:pid:random``.
+        self.id = worker_id or new_worker_id()
+        self._static: dict[str, Any] = {
+            "id": self.id,
+            "kind": kind,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "started": time.time(),
+            "interval_s": self.interval_s,
+            "version": hermes_version(),
+            "url": redact_url(url) if url else repr(registry),
+        }
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._failing = False
+
+    def record(self, describe: Describe) -> dict[str, Any]:
+        """The record as the next beat sends it."""
+        return {**self._static, **describe(), "last_seen": time.time()}
+
+    def beat(self, describe: Describe) -> bool:
+        """Send one record now; False (logged) when the broker did not take it."""
+        try:
+            record = self.record(describe)
+            with self._translating("publishing a heartbeat"):
+                self.registry.beat(record, self.ttl_s)
+        except Exception as exc:
+            # Said once per outage: a heartbeat must not flood the log of a worker
+            # that goes on handling messages from another broker or after a blip.
+            level = logging.DEBUG if self._failing else logging.WARNING
+            logger.log(level, "Heartbeat %s not published - %s", self.id, exc, exc_info=True)
+            self._failing = True
+            return False
+        if self._failing:
+            self._failing = False
+            logger.info("Heartbeat %s published again", self.id)
+        return True
+
+    @contextlib.contextmanager
+    def running(self, describe: Describe) -> Iterator[HeartbeatPublisher]:
+        """Beat every period while the block runs; remove the record when it ends."""
+        self._static["started"] = time.time()
+        self._stop.clear()
+        self._thread = threading.Thread(
+            target=self._run, args=(describe,), name="hermes-heartbeat", daemon=True
+        )
+        self._thread.start()
+        try:
+            yield self
+        finally:
+            self._stop.set()
+            # A beat in progress may finish after forget() and bring the record back
+            # for one ttl: wait for it, but never longer than a broker call may take.
+            self._thread.join(timeout=self.interval_s)
+            self.forget()
+
+    def forget(self) -> None:
+        """Remove this run's record now (logged, not raised, when the broker is away)."""
+        try:
+            with self._translating("removing a heartbeat"):
+                self.registry.forget(self.id)
+        except Exception as exc:
+            logger.warning(
+                "Heartbeat %s not removed (it expires in %.0f s) - %s", self.id, self.ttl_s, exc
+            )
+
+    def _run(self, describe: Describe) -> None:
+        while True:
+            self.beat(describe)
+            if self._stop.wait(self.interval_s):
+                return
+
+    def _translating(self, doing: str) -> contextlib.AbstractContextManager[None]:
+        registry = self.registry
+        if isinstance(registry, Driver):
+            return registry.translating(doing)
+        return contextlib.nullcontext()
+
+    def __repr__(self) -> str:
+        return f"<HeartbeatPublisher {self.id} on {self.registry!r} every {self.interval_s:g} s>"
+
+
+def worker_fields(worker: Worker) -> dict[str, Any]:
+    """What changes in a worker's record: its queues, counts and the jobs in its handlers now."""
+    dispatcher = worker.dispatcher
+    if dispatcher is not None:
+        handled, failed = dispatcher.stats.handled, dispatcher.stats.failed
+    else:  # a bare callback: what was acknowledged is what it handled
+        handled, failed = worker.stats.processed, 0
+    return {
+        "priorities": list(worker.priorities),
+        "concurrency": worker.concurrency,
+        "handled": handled,
+        "failed": failed,
+        "rejected": worker.stats.rejected,
+        "in_flight": [
+            {"type": type_, "id": id_, "since": since} for type_, id_, since in worker.in_flight()
+        ],
+    }
+
+
+def scheduler_fields(scheduler: Scheduler) -> dict[str, Any]:
+    """What changes in a scheduler's record: each entry's next fire and last emitted tick."""
+    now = time.time()
+    entries: dict[str, Any] = {}
+    for entry in scheduler.entries:
+        upcoming = entry.next_fire_times(now, 1)
+        entries[entry.name] = {
+            "type": entry.type,
+            "schedule": entry.describe(),
+            "next_fire": upcoming[0] if upcoming else None,
+            "last_fired": scheduler.last_fired.get(entry.name),
+        }
+    return {
+        "entries": entries,
+        "emitted": scheduler.counts["emitted"],
+        "skipped": scheduler.counts["skipped"],
+        "in_flight": [],
+    }
+
+
+def live_workers(registry: SupportsHeartbeats) -> list[dict[str, Any]]:
+    """The live records on ``registry``, oldest start first (what ``hermes workers`` lists)."""
+    translating = (
+        registry.translating("listing heartbeats")
+        if isinstance(registry, Driver)
+        else contextlib.nullcontext()
+    )
+    with translating:
+        records = registry.heartbeats()
+    return sorted(records, key=lambda r: (float(r.get("started") or 0), str(r.get("id"))))

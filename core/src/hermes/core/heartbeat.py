@@ -1,0 +1,27 @@
+"""Heartbeats: a running worker's record on a broker, for ``hermes workers`` and the dashboard.
+
+``hermes worker`` and ``hermes scheduler`` publish one by themselves; a
+:class:`~hermes.core.Worker` run from Python does with ``heartbeat=``::
+
+    Worker(driver, handlers, heartbeat=HeartbeatPublisher(driver, url=url)).run()
+"""
+
+from hermes.core._heartbeat import (
+    HEARTBEAT_INTERVAL_S,
+    MISSED_BEATS,
+    HeartbeatPublisher,
+    live_workers,
+    new_worker_id,
+    scheduler_fields,
+    worker_fields,
+)
+
+__all__ = [
+    "HEARTBEAT_INTERVAL_S",
+    "MISSED_BEATS",
+    "HeartbeatPublisher",
+    "live_workers",
+    "new_worker_id",
+    "scheduler_fields",
+    "worker_fields",
+]

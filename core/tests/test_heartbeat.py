@@ -1,0 +1,180 @@
+"""Heartbeats: the publisher's thread, the Worker's in-flight table, and ``hermes workers``."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hermes.core import Emitter, Message, Worker
+from hermes.core._cli._workers import duration, table
+from hermes.core.driver import BrokerUnavailableError, MemoryDriver
+from hermes.core.heartbeat import HeartbeatPublisher, live_workers
+
+HERMES = shutil.which("hermes", path=os.path.dirname(sys.executable))
+
+
+def wait_for(predicate: Any, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return bool(predicate())
+
+
+def test_a_running_worker_shows_the_job_in_its_handler_and_forgets_its_record_when_it_stops(
+    driver: MemoryDriver,
+) -> None:
+    started, release = threading.Event(), threading.Event()
+
+    def slow(message: Message) -> None:
+        started.set()
+        release.wait(10)
+
+    Emitter(driver).emit(Message("slow", {"n": 1}, id="job-1"))
+    worker = Worker(
+        driver,
+        {"slow": slow},
+        max_items=1,
+        handle_signals=False,
+        heartbeat=HeartbeatPublisher(driver, url="memory://x", interval_s=0.05),
+    )
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    assert started.wait(10)
+    assert wait_for(lambda: any(r["in_flight"] for r in live_workers(driver)))
+    (record,) = live_workers(driver)
+    assert record["in_flight"][0]["type"] == "slow"
+    assert record["in_flight"][0]["id"] == "job-1"
+    assert record["pid"] == os.getpid() and record["concurrency"] == 1
+    assert record["url"] == "memory://x"
+    release.set()
+    thread.join(10)
+    assert live_workers(driver) == [], "a stopped worker's record is still listed"
+    assert worker.in_flight() == []
+
+
+def test_the_record_counts_what_the_handlers_did(driver: MemoryDriver) -> None:
+    emitter = Emitter(driver)
+    for n in range(3):
+        emitter.emit(Message("job", {"n": n}))
+    publisher = HeartbeatPublisher(driver, interval_s=60)
+    worker = Worker(driver, {"job": lambda m: m.payload["n"] != 1}, max_items=3)
+    worker.run()
+    from hermes.core.heartbeat import worker_fields
+
+    record = publisher.record(lambda: worker_fields(worker))
+    assert (record["handled"], record["failed"]) == (2, 1)
+    assert record["version"] and record["host"] and ":" in record["id"]
+
+
+def test_the_url_in_a_record_has_no_password(driver: MemoryDriver) -> None:
+    publisher = HeartbeatPublisher(driver, url="redis://user:s3cret@host:6379/0")
+    assert "s3cret" not in json.dumps(publisher.record(dict))
+
+
+class _Unreachable(MemoryDriver):
+    def beat(self, record: Mapping[str, Any], ttl_s: float) -> None:
+        raise BrokerUnavailableError("the registry is down")
+
+
+def test_a_registry_that_fails_is_logged_once_and_the_worker_goes_on(
+    broker_name: str, hermes_log: pytest.LogCaptureFixture
+) -> None:
+    registry = _Unreachable(broker_name)
+    publisher = HeartbeatPublisher(registry, interval_s=0.01)
+    for _ in range(5):
+        assert not publisher.beat(dict)
+    warnings = [r for r in hermes_log.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]
+    assert "the registry is down" in warnings[0].getMessage()
+
+
+def test_the_table_shows_uptime_in_flight_jobs_and_last_seen() -> None:
+    now = 1_000_000.0
+    record = {
+        "host": "web-1",
+        "pid": 42,
+        "kind": "worker",
+        "started": now - 3700,
+        "last_seen": now - 2,
+        "concurrency": 4,
+        "handled": 10,
+        "failed": 1,
+        "in_flight": [{"type": "invoice.send", "id": "7", "since": now - 12}],
+    }
+    text = table([record], now)
+    assert "web-1" in text and "1h01m" in text and "2s ago" in text
+    assert "invoice.send #7 (12s)" in text
+    assert duration(59) == "59s" and duration(3 * 86400 + 7200) == "3d02h"
+
+
+def _hermes(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    assert HERMES is not None
+    env = {k: v for k, v in os.environ.items() if k != "HERMES_URL"}
+    return subprocess.run(
+        [HERMES, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_a_sigkilled_worker_disappears_from_hermes_workers_within_three_periods(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "jobs.py").write_text("HANDLERS = {'job': lambda message: None}\n")
+    url = (tmp_path / "queue").as_uri()
+    assert HERMES is not None
+    worker = subprocess.Popen(
+        [
+            HERMES,
+            "worker",
+            "--url",
+            url,
+            "--handlers",
+            "jobs:HANDLERS",
+            "--heartbeat-interval",
+            "0.5",
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+
+        def listed() -> list[dict[str, Any]]:
+            run = _hermes("workers", "--url", url, "--json", cwd=tmp_path)
+            assert run.returncode == 0, run.stderr
+            return list(json.loads(run.stdout)["workers"])
+
+        assert wait_for(lambda: [r["pid"] for r in listed()] == [worker.pid], 30)
+        text = _hermes("workers", "--url", url, cwd=tmp_path).stdout
+        assert str(worker.pid) in text and "in flight now" in text
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.wait(10)
+        from hermes.core import connect
+
+        with connect(url) as driver:
+            # Three periods of 0.5 s, plus the expiry precision the kit allows (1 s).
+            assert wait_for(lambda: live_workers(driver) == [], 1.5 + 1.0)
+        assert listed() == []
+    finally:
+        worker.kill()
+        worker.wait()
+
+
+def test_hermes_workers_on_a_broker_without_heartbeats_is_one_line_and_exit_2(
+    tmp_path: Path,
+) -> None:
+    run = _hermes("workers", "--url", "memory://x", "--registry-url", "nope://x", cwd=tmp_path)
+    assert run.returncode == 2 and len(run.stderr.splitlines()) == 1, run.stderr

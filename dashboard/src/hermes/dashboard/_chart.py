@@ -1,0 +1,63 @@
+"""The overview's chart: the history as SVG polylines, computed here, drawn by the template.
+
+Only numbers leave this module (coordinates, tick labels); the queue names
+in the legend go through the template's autoescape like every other value.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from hermes.dashboard._state import HISTORY_S, Sample
+
+WIDTH = 640
+HEIGHT = 160
+#: Space for the y-axis labels on the left and the time labels below.
+LEFT = 48
+BOTTOM = 20
+#: Line colours, one per priority, in the order of the legend (CSS classes).
+SERIES = 6
+
+
+@dataclass(frozen=True, slots=True)
+class Line:
+    priority: int
+    points: str
+    latest: int | None
+    css: str
+
+
+@dataclass(frozen=True, slots=True)
+class Chart:
+    lines: list[Line]
+    top: int
+    width: int = WIDTH
+    height: int = HEIGHT
+    left: int = LEFT
+    bottom: int = BOTTOM
+    samples: int = 0
+
+
+def chart(history: Sequence[Sample], now: float | None = None) -> Chart:
+    """Waiting messages per priority over the last hour; unknown counts leave gaps out."""
+    now = time.time() if now is None else now
+    priorities = sorted({p for s in history for p in s.waiting}, reverse=True)
+    known = [v for s in history for v in s.waiting.values() if v is not None]
+    top: int = max([*known, 1])
+    plot_w, plot_h = WIDTH - LEFT, HEIGHT - BOTTOM
+
+    def x(at: float) -> float:
+        return float(LEFT + plot_w * max(0.0, 1 - (now - at) / HISTORY_S))
+
+    def y(value: int) -> float:
+        return float(plot_h - plot_h * value / top)
+
+    lines = []
+    for n, priority in enumerate(priorities):
+        values = [(s.at, s.waiting.get(priority)) for s in history]
+        points = " ".join(f"{x(at):.1f},{y(v):.1f}" for at, v in values if v is not None)
+        latest = next((v for _, v in reversed(values) if v is not None), None)
+        lines.append(Line(priority, points, latest, f"series-{n % SERIES}"))
+    return Chart(lines, top, samples=len(history))

@@ -1,0 +1,246 @@
+"""What the dashboard reads: the broker, its browser, the failed store, heartbeats, the schedule.
+
+Everything here is synchronous broker I/O; Starlette runs each page's
+function on its thread pool, so a slow broker holds one request, not the
+server. Nothing here renders HTML.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Hashable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from hermes.core import FailedMessage, FailedStore, HermesError, Message, redact_url
+from hermes.core.driver import (
+    Driver,
+    QueueBrowser,
+    QueueStats,
+    SerializeError,
+    SupportsHeartbeats,
+    SupportsPurge,
+    SupportsStats,
+)
+from hermes.core.heartbeat import live_workers
+from hermes.core.schedule import Schedule
+
+logger = logging.getLogger("hermes.dashboard")
+
+#: Waiting messages listed on the Queues page at most (the broker may hold millions).
+BROWSE_LIMIT = 200
+#: Failed messages listed (and retried by "retry all shown") at most.
+FAILED_LIMIT = 500
+#: How much history the overview's chart keeps.
+HISTORY_S = 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One look at the queues and the workers, for the chart."""
+
+    at: float
+    #: priority -> ready + scheduled (None: the broker cannot say).
+    waiting: dict[int, int | None]
+    #: Sums over the live workers' counts.
+    handled: int
+    failed: int
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """A message as the Queues page lists it."""
+
+    key: str
+    message: Message | None
+    body: str
+    scheduled: bool
+
+
+def entry_key(entry: Hashable) -> str:
+    """A form-safe name for a browser entry (a Redis member, a file name), the same each listing."""
+    return hashlib.sha256(repr(entry).encode()).hexdigest()[:24]
+
+
+def payload_text(payload: Any) -> str:
+    try:
+        return json.dumps(payload, indent=2, ensure_ascii=False, sort_keys=True)
+    except (TypeError, ValueError):
+        return repr(payload)
+
+
+@dataclass
+class Dashboard:
+    """The connections one ``hermes dashboard`` works on, and the history it samples."""
+
+    driver: Driver
+    url: str
+    browser: QueueBrowser | None = None
+    failed: FailedStore | None = None
+    failed_url: str | None = None
+    registry: SupportsHeartbeats | None = None
+    schedule: Schedule | None = None
+    read_only: bool = False
+    sample_interval_s: float = 10.0
+    history: deque[Sample] = field(default_factory=deque)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    # What the pages show -----------------------------------------------------
+
+    @property
+    def shown_url(self) -> str:
+        return redact_url(self.url)
+
+    @property
+    def shown_failed_url(self) -> str | None:
+        return redact_url(self.failed_url) if self.failed_url else None
+
+    def queue_stats(self) -> list[QueueStats] | None:
+        """One row per queue this dashboard was started with; None when the broker cannot count."""
+        if not isinstance(self.driver, SupportsStats):
+            return None
+        with self.driver.translating("counting its queues"):
+            return self.driver.queue_stats()
+
+    def priorities(self) -> list[int]:
+        """The priorities this dashboard may act on: the queues it was started with."""
+        rows = self.queue_stats()
+        if rows is None:
+            return []
+        return [row.priority for row in rows]
+
+    def can_purge(self) -> bool:
+        return not self.read_only and isinstance(self.driver, SupportsPurge)
+
+    def waiting(self, limit: int = BROWSE_LIMIT) -> tuple[list[Waiting], bool] | None:
+        """Up to ``limit`` waiting messages, and whether there are more; None without a browser."""
+        if self.browser is None:
+            return None
+        now = time.time()
+        shown: list[Waiting] = []
+        entries = iter(self.browser.entries())
+        for entry, body in itertools.islice(entries, limit):
+            text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
+            try:
+                message: Message | None = self._decode(body)
+            except SerializeError:
+                message = None
+            due = message.execute_at if message is not None else None
+            shown.append(Waiting(entry_key(entry), message, text, bool(due and due > now)))
+        more = next(entries, None) is not None
+        return shown, more
+
+    def delete_waiting(self, key: str) -> bool:
+        """Delete the waiting message listed as ``key``; False when it is no longer there."""
+        if self.browser is None:
+            return False
+        for entry, _ in self.browser.entries():
+            if entry_key(entry) == key:
+                return self.browser.remove(entry)
+        return False
+
+    def purge(self, priority: int) -> int:
+        if priority not in self.priorities():
+            raise KeyError(priority)
+        assert isinstance(self.driver, SupportsPurge)
+        with self.driver.translating(f"purging priority {priority}"):
+            return self.driver.purge(priority)
+
+    def failed_messages(self) -> list[FailedMessage] | None:
+        if self.failed is None or self.failed.browser is None:
+            return None
+        return self.failed.messages()[:FAILED_LIMIT]
+
+    def retry(self, ids: Iterable[str]) -> int:
+        assert self.failed is not None
+        return len(self.failed.retry(self.driver, set(ids)))
+
+    def delete_failed(self, ids: Iterable[str]) -> int:
+        assert self.failed is not None
+        return self.failed.purge(set(ids))
+
+    def workers(self) -> list[dict[str, Any]] | None:
+        if self.registry is None:
+            return None
+        return live_workers(self.registry)
+
+    def last_fires(self, workers: list[dict[str, Any]] | None) -> dict[str, float]:
+        """Entry name -> the newest tick any live scheduler says it emitted."""
+        fired: dict[str, float] = {}
+        for record in workers or []:
+            for name, entry in (record.get("entries") or {}).items():
+                at = entry.get("last_fired") if isinstance(entry, dict) else None
+                if isinstance(at, int | float) and at > fired.get(name, 0):
+                    fired[name] = float(at)
+        return fired
+
+    # The chart's history ----------------------------------------------------
+
+    def sample(self) -> None:
+        """Add one :class:`Sample` to the history; broker errors are logged, not raised."""
+        try:
+            rows = self.queue_stats() or []
+            workers = self.workers() or []
+        except HermesError as exc:
+            logger.warning("Dashboard: could not sample the queues - %s", exc)
+            return
+        waiting: dict[int, int | None] = {}
+        for row in rows:
+            parts = (row.ready, row.scheduled)
+            unknown = all(p is None for p in parts)
+            waiting[row.priority] = None if unknown else sum(p or 0 for p in parts)
+        self.history.append(
+            Sample(
+                time.time(),
+                waiting,
+                sum(int(r.get("handled") or 0) for r in workers),
+                sum(int(r.get("failed") or 0) for r in workers),
+            )
+        )
+        while self.history and self.history[0].at < time.time() - HISTORY_S:
+            self.history.popleft()
+
+    def start_sampling(self) -> None:
+        thread = threading.Thread(
+            target=self._sample_loop, name="hermes-dashboard-sampler", daemon=True
+        )
+        thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _sample_loop(self) -> None:
+        while True:
+            self.sample()
+            if self._stop.wait(self.sample_interval_s):
+                return
+
+    def failure_rate(self) -> tuple[float | None, int, int]:
+        """Failures per handled-or-failed over the history (workers that restarted aside)."""
+        if len(self.history) < 2:
+            return None, 0, 0
+        first, last = self.history[0], self.history[-1]
+        handled = max(0, last.handled - first.handled)
+        failed = max(0, last.failed - first.failed)
+        total = handled + failed
+        return (failed / total if total else None), handled, failed
+
+    def _decode(self, body: bytes | str) -> Message:
+        from hermes.core.driver import MessageSerializer
+
+        return MessageSerializer().unserialize(body)
+
+    def close(self) -> None:
+        self.stop()
+        self.driver.close()
+        if self.failed is not None:
+            self.failed.close()
+        registry = self.registry
+        if isinstance(registry, Driver) and registry is not self.driver:
+            registry.close()

@@ -1,0 +1,104 @@
+"""A real ``hermes worker`` and a real ``hermes dashboard`` on Redis, and headless Chromium.
+
+Every session gets Redis keys of its own (a prefix), so these tests share
+the server with any other suite. The worker reads priority 100 only; the
+dashboard also shows priorities 50 and 60, where messages wait untouched
+for the tests that count and purge them.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# The tests' helper module and the worker's handlers module, importable by name.
+sys.path.insert(0, str(Path(__file__).parent))
+
+from dash_support import HERE, HERMES, Deployment, running, serve_dashboard
+
+
+@pytest.fixture(scope="session")
+def deployment(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    prefix = f"dash-{uuid.uuid4().hex[:8]}:"
+    url = f"{redis_url}?prefix={prefix}"
+    failed_url = f"{redis_url}?prefix={prefix}failed:"
+    work = tmp_path_factory.mktemp("dashboard")
+    env = {k: v for k, v in os.environ.items() if k not in ("HERMES_URL", "HERMES_DASHBOARD_AUTH")}
+    env["DASH_TEST_DIR"] = str(work)
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")])
+    worker_args = [
+        HERMES,
+        "worker",
+        "--url",
+        url,
+        "--failed-url",
+        failed_url,
+        "--handlers",
+        "dash_jobs:handlers",
+        "--priority",
+        "100",
+        "--concurrency",
+        "2",
+        "--heartbeat-interval",
+        "1",
+    ]
+    with (
+        running(worker_args, HERE, env, work / "worker.log") as worker,
+        serve_dashboard(
+            url,
+            HERE,
+            env,
+            work / "dashboard.log",
+            "--failed-url",
+            failed_url,
+            "--priority",
+            "50",
+            "--priority",
+            "60",
+            "--handlers",
+            "dash_jobs:handlers",
+            "--sample-interval",
+            "1",
+        ) as base,
+    ):
+        yield Deployment(url, failed_url, base, work, worker.pid)
+    from hermes.core import connect
+
+    for each in (url, failed_url):
+        with connect(each) as driver:
+            from hermes.core._cli._common import setup_priorities
+
+            setup_priorities(driver, [50, 60])
+            driver.teardown()  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Any]:
+    import hermes_test_services
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    chromium, chromedriver = hermes_test_services.ensure_chromium()
+    # Selenium Manager must not look for a browser online: Debian's are given.
+    os.environ["SE_OFFLINE"] = "true"
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for argument in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--window-size=1280,860",
+    ):
+        options.add_argument(argument)
+    driver = webdriver.Chrome(service=Service(chromedriver), options=options)
+    driver.set_page_load_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()

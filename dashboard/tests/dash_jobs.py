@@ -1,0 +1,47 @@
+"""The handlers the browser tests' ``hermes worker`` runs; they talk back through files.
+
+``$DASH_TEST_DIR/handled.jsonl`` gets a line per message handled; a
+``flaky`` message fails (and goes to the failed-message store) until the
+file ``fixed`` exists; a ``slow`` one runs until ``release`` exists.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from hermes.core import HandlerRegistry, Message
+
+handlers = HandlerRegistry()
+HERE = Path(os.environ.get("DASH_TEST_DIR", "."))
+
+
+def _record(message: Message) -> None:
+    with (HERE / "handled.jsonl").open("a") as file:
+        file.write(json.dumps({"type": message.type, "id": message.id}) + "\n")
+
+
+@handlers.handler("ok")
+def ok(message: Message) -> None:
+    _record(message)
+
+
+@handlers.handler("flaky")
+def flaky(message: Message) -> bool:
+    if not (HERE / "fixed").exists():
+        return False
+    _record(message)
+    return True
+
+
+@handlers.handler("slow")
+def slow(message: Message) -> None:
+    deadline = time.monotonic() + 60
+    while not (HERE / "release").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    _record(message)
+
+
+handlers.every(seconds=3600, type="ok", name="hourly-report")

@@ -1,0 +1,154 @@
+"""Helpers of the dashboard tests: subprocesses, HTTP, polling to a deadline, screenshots.
+
+Every session gets Redis keys of its own (a prefix), so these tests share
+the server with any other suite. The worker reads priority 100 only; the
+dashboard also shows priorities 50 and 60, where messages wait untouched
+for the tests that count and purge them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+HERE = Path(__file__).parent
+HERMES = shutil.which("hermes", path=os.path.dirname(sys.executable)) or "hermes"
+#: How long a test waits for a page, a worker or a server to get somewhere.
+DEADLINE_S = 30.0
+#: Where the tests save a screenshot of each page; the README shows the committed ones.
+SCREENSHOTS = (
+    Path(os.environ.get("HERMES_SCREENSHOTS_DIR", ""))
+    if os.environ.get("HERMES_SCREENSHOTS_DIR")
+    else None
+)
+
+
+def eventually(predicate: Callable[[], Any], timeout_s: float = DEADLINE_S) -> Any:
+    """Poll ``predicate`` until it returns something true; fail at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(
+                f"timed out after {timeout_s:g} s waiting for {predicate.__doc__ or predicate}"
+            )
+        time.sleep(0.1)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def post(url: str, fields: dict[str, str]) -> int:
+    data = "&".join(f"{k}={urllib.request.quote(v)}" for k, v in fields.items()).encode()
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data=data), timeout=10) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+@contextlib.contextmanager
+def running(
+    args: list[str], cwd: Path, env: dict[str, str], log: Path
+) -> Iterator[subprocess.Popen[bytes]]:
+    with log.open("wb") as out:
+        proc = subprocess.Popen(args, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def serve_dashboard(
+    url: str, cwd: Path, env: dict[str, str], log: Path, *extra: str
+) -> contextlib.AbstractContextManager[str]:
+    """``hermes dashboard`` on a free port until the block ends; yields its base URL."""
+
+    @contextlib.contextmanager
+    def serve() -> Iterator[str]:
+        port = free_port()
+        args = [HERMES, "dashboard", "--url", url, "--port", str(port), *extra]
+        with running(args, cwd, env, log) as proc:
+            base = f"http://127.0.0.1:{port}"
+
+            def up() -> bool:
+                """the dashboard to answer"""
+                if proc.poll() is not None:
+                    pytest.fail(
+                        f"hermes dashboard exited {proc.returncode}: {log.read_text()[-2000:]}"
+                    )
+                try:
+                    return get(base + "/")[0] in (200, 401, 503)
+                except OSError:
+                    return False
+
+            eventually(up, 60)
+            yield base
+
+    return serve()
+
+
+@dataclass
+class Deployment:
+    """The Redis URLs, the worker's directory, the dashboard's base URL."""
+
+    url: str
+    failed_url: str
+    base: str
+    work: Path
+    worker_pid: int
+
+    def emit(self, type_: str, payload: Any = None, priority: int = 100) -> str:
+        from hermes.core import Message, connect
+        from hermes.core._cli._common import setup_priorities
+
+        message = Message(type_, payload)
+        with connect(self.url) as driver:
+            setup_priorities(driver, [priority])
+            driver.send(message, priority)
+        return message.id
+
+    def handled_ids(self) -> list[str]:
+        path = self.work / "handled.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line)["id"] for line in path.read_text().splitlines()]
+
+
+def screenshot(browser: Any, name: str) -> None:
+    if SCREENSHOTS is not None:
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        browser.save_screenshot(str(SCREENSHOTS / f"{name}.png"))
