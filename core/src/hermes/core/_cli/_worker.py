@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import errno
 import importlib
 import inspect
@@ -15,6 +16,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hermes.core._cli import _pool
 from hermes.core._cli._common import (
     URL_HELP,
     CliError,
@@ -32,7 +34,7 @@ from hermes.core._cli._common import (
     whole_number,
 )
 from hermes.core._cli._failed import FAILED_URL_ENV
-from hermes.core._dispatcher import Dispatcher
+from hermes.core._dispatcher import Dispatcher, DispatcherStats
 from hermes.core._driver import DEFAULT_PRIORITY, Driver
 from hermes.core._errors import ConfigurationError
 from hermes.core._failed import FailedStore
@@ -45,6 +47,7 @@ from hermes.core._worker import Worker
 
 if TYPE_CHECKING:
     from hermes.core._cli._common import Commands
+    from hermes.core._pool import ChildLink
 
 logger = logging.getLogger("hermes")
 
@@ -126,10 +129,50 @@ def add_parser(commands: Commands) -> None:
         worker,
         more="-v a line as each message starts and ends, and debug lines; -vv also full tracebacks",
     )
+    _add_pool_options(worker)
     worker.set_defaults(run=run)
     from hermes.core._cli import _scheduler  # not at the top: it imports load_object from here
 
     _scheduler.add_worker_options(worker)
+
+
+def _add_pool_options(worker: argparse.ArgumentParser) -> None:
+    pool = worker.add_argument_group(
+        "worker processes",
+        "With --processes above 1, or any option below, a supervisor process starts the "
+        "workers as child processes, replaces one that dies, and stops them all on SIGTERM "
+        "or Ctrl-C; SIGHUP replaces them one after another (new code, no job dropped).",
+    )
+    pool.add_argument(
+        "--processes",
+        type=whole_number(1),
+        default=env_default("HERMES_PROCESSES", whole_number(1), 1),
+        metavar="N",
+        help="run N worker processes, each with --concurrency handlers: more processes for "
+        "CPU-bound jobs, more concurrency for I/O-bound ones (default: $HERMES_PROCESSES, "
+        "else 1, a single process without a supervisor)",
+    )
+    pool.add_argument(
+        "--max-jobs-per-child",
+        type=whole_number(1),
+        default=0,
+        metavar="N",
+        help="replace a worker process after it took N messages (it finishes them first)",
+    )
+    pool.add_argument(
+        "--max-memory-per-child",
+        type=whole_number(1),
+        default=0,
+        metavar="MB",
+        help="replace a worker process once its resident memory passes MB MiB, checked "
+        "between messages (it finishes those in flight first)",
+    )
+    pool.add_argument(
+        "--reload",
+        action="store_true",
+        help="for development: restart the worker processes when a .py file changes in the "
+        "handlers module's package (or the current directory); needs hermes-core[reload]",
+    )
 
 
 def _add_queue_options(worker: argparse.ArgumentParser) -> None:
@@ -317,13 +360,18 @@ def _instance(handler: object, type_: str, spec: str) -> object:
         ) from None
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, child: ChildLink | None = None) -> int:
+    """``hermes worker``; in a worker pool, what each child process runs (``child``)."""
+    if child is None and _pool.wanted(args):
+        return _pool.run(args)
     url: str = args.url or default_url()
     failed_url: str | None = args.failed_url or os.environ.get(FAILED_URL_ENV) or None
     spec: str = args.handlers
     target = load_object(spec)
     verbosity = args.verbose - args.quiet
-    configure_logging(verbosity)
+    configure_logging(verbosity, prefix=child.log_prefix if child is not None else "")
+    if child is not None:
+        logging.getLogger().addHandler(child.error_log_handler())
     from_cli, from_url = named_queues(url, args.queue)
     # --queue adds a queue; only --priority restricts the worker (an empty list: every queue).
     priorities: list[int] = sorted(set(args.priority), reverse=True)
@@ -344,6 +392,8 @@ def run(args: argparse.Namespace) -> int:
         broker_shutdown = driver_for_url(url)[0].shutdown
         if broker_shutdown is not None:  # e.g. Redis: the key hermes shutdown --url sets
             shutdowns.append(broker_shutdown(driver))
+        if child is not None:
+            shutdowns = child.since_pool_start(shutdowns)
         dispatcher = Dispatcher(
             driver,
             logger,
@@ -354,7 +404,7 @@ def run(args: argparse.Namespace) -> int:
         )
         dispatcher.log_each_message = verbosity > 0
         register_handlers(dispatcher, target, spec)
-        if args.metrics_port is not None:
+        if args.metrics_port is not None and child is None:  # a pool's supervisor serves them
             _serve_metrics(args.metrics_port, url)
         registered = dispatcher.registered()
         if not registered:
@@ -376,7 +426,12 @@ def run(args: argparse.Namespace) -> int:
             failed_url,
         )
         worker = Worker(
-            driver, dispatcher, priorities=priorities, max_items=args.max_items, shutdown=shutdowns
+            driver,
+            dispatcher,
+            priorities=priorities,
+            max_items=child.config.max_jobs_per_child if child is not None else args.max_items,
+            shutdown=shutdowns,
+            stop_when=child.stop_when(lambda: worker.stats) if child is not None else None,
         )
         # Imported here: _scheduler imports this module for load_object.
         from hermes.core._cli import _scheduler
@@ -385,13 +440,28 @@ def run(args: argparse.Namespace) -> int:
         if args.scheduler:
             scheduler = _scheduler.start_in_worker(args, target, driver, url)
         started = time.monotonic()
+        if child is not None:
+            child.ready()
+            reporter = child.report_while_running(lambda: _counts(worker), worker.stop)
         try:
             worker.run()
         finally:
             if scheduler is not None:
                 scheduler.stop()
-            print(_summary(dispatcher, time.monotonic() - started), flush=True)
+            if child is None:
+                print(_summary(dispatcher, time.monotonic() - started), flush=True)
+            else:
+                reporter.set()
+                child.finished(worker.stats, _counts(worker))
     return 0
+
+
+def _counts(worker: Worker) -> dict[str, int]:
+    """A child's counts for the pool's summary: the Dispatcher's and the Worker's."""
+    counts = {"started": worker.stats.started, "processed": worker.stats.processed}
+    if worker.dispatcher is not None:
+        counts.update(dataclasses.asdict(worker.dispatcher.stats))
+    return counts
 
 
 def _serve_metrics(port: int, url: str) -> None:
@@ -410,14 +480,14 @@ def _serve_metrics(port: int, url: str) -> None:
     logger.info("Metrics on %s", served)
 
 
-def _summary(dispatcher: Dispatcher, elapsed_s: float) -> str:
-    stats = dispatcher.stats
+def _summary(dispatcher: Dispatcher | DispatcherStats, elapsed_s: float) -> str:
+    stats = dispatcher.stats if isinstance(dispatcher, Dispatcher) else dispatcher
     text = (
         f"Worker stopped after {elapsed_s:.1f} s: received {stats.received}, "
         f"handled {stats.handled}, failed {stats.failed}, retried {stats.retried}, "
         f"gave up {stats.gave_up}"
     )
-    if dispatcher.failed is not None:
+    if stats.stored or (isinstance(dispatcher, Dispatcher) and dispatcher.failed is not None):
         text += f" ({stats.stored} kept in the failed-message store)"
     return text
 
