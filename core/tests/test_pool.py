@@ -66,8 +66,13 @@ ASYNC_HANDLERS = {"job": AsyncRecord()}
 
 def children_of(pid: int) -> list[int]:
     """Live (not zombie) processes whose parent is ``pid``, from /proc."""
+    try:
+        # The supervisor forks from its main thread: its task's children file lists them.
+        entries = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        entries = os.listdir("/proc")  # a kernel without that file: look at every process
     found = []
-    for entry in os.listdir("/proc"):
+    for entry in entries:
         if not entry.isdigit():
             continue
         try:
