@@ -131,6 +131,8 @@ def bench(session: nox.Session) -> None:
     """
     install_all(session, *TEST_DEPS, *BENCH_DEPS, plugins=False)
     session.run("python", "-m", "bench.run", *session.posargs)
+    quick = ["--quick"] if "--quick" in session.posargs else []
+    session.run("python", "-m", "bench.pool", *quick)
 
 
 @nox.session(python="3.11")

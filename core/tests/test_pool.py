@@ -460,3 +460,30 @@ def test_one_process_without_pool_options_runs_no_supervisor(project, pools, pro
     assert pool.children() == []
     assert "supervisor" not in pool.log()
     assert pool.stop() == 0
+
+
+def test_a_second_sigterm_kills_the_children_at_once(project, pools):
+    url = file_url(project)
+    seed(url, range(4))
+    pool = start(
+        pools,
+        project,
+        "--url",
+        url,
+        "--handlers",
+        "jobs:HANDLERS",
+        "--processes",
+        "2",
+        "--grace",
+        "60",
+        env={"JOBS_SLEEP_S": "60"},
+    )
+    record = project / "handled.txt"
+    eventually(lambda: record.exists() and record.read_text().count("start") == 2, "both busy", 20)
+    children = pool.children()
+    pool.proc.send_signal(signal.SIGTERM)
+    eventually(lambda: "stopping 2 worker processes" in pool.log(), "the first SIGTERM", 10)
+    pool.proc.send_signal(signal.SIGTERM)
+    assert pool.wait(20) == 128 + signal.SIGTERM
+    assert not any(Path(f"/proc/{pid}").exists() for pid in children)
+    assert "killing every worker process" in pool.log()
