@@ -257,6 +257,8 @@ class _Child:
     generation: int
     started_at: float = field(default_factory=time.monotonic)
     buffer: bytes = b""
+    #: Its pipe reached end of file: it is gone or going; the reaper decides.
+    eof: bool = False
     ready: bool = False
     counts: dict[str, int] = field(default_factory=dict)
     last_error: str | None = None
@@ -338,6 +340,8 @@ class Supervisor:
         self._roll_new: _Child | None = None
         self._roll_old: _Child | None = None
         self._roll_why = ""
+        #: After a death, a rolling restart waits out the same backoff as a replacement.
+        self._roll_not_before = 0.0
         self._changed: list[str] = []
         self._watch_stop = threading.Event()
 
@@ -413,7 +417,7 @@ class Supervisor:
         now = time.monotonic()
         for at in self._respawn_at.values():
             timeout = min(timeout, max(0.0, at - now))
-        fds = [self._wake_r, *(child.fd for child in self.children.values())]
+        fds = [self._wake_r, *(c.fd for c in self.children.values() if not c.eof)]
         try:
             readable, _, _ = select.select(fds, [], [], timeout)
         except InterruptedError:
@@ -498,6 +502,7 @@ class Supervisor:
             except BlockingIOError:
                 break
             if not data:
+                child.eof = True
                 break
             child.buffer += data
         *lines, child.buffer = child.buffer.split(b"\n")
@@ -608,6 +613,7 @@ class Supervisor:
             return
         delay = self._backoff.next_delay_s()
         self._respawn_at[child.slot] = now + delay
+        self._roll_not_before = now + delay
         logger.warning("%s %s%s; a new one starts in %.2f s", child.name, how, last, delay)
 
     def _signal(self, child: _Child, sig: int) -> None:
@@ -693,7 +699,7 @@ class Supervisor:
         stale = [
             c for c in self.children.values() if c.generation < self._generation and not c.retiring
         ]
-        if stale:
+        if stale and time.monotonic() >= self._roll_not_before:
             self._roll_old = min(stale, key=lambda c: c.slot)
             self._roll_new = self._spawn(self._roll_old.slot)
         elif self._roll_why:
