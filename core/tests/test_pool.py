@@ -487,3 +487,14 @@ def test_a_second_sigterm_kills_the_children_at_once(project, pools):
     assert pool.wait(20) == 128 + signal.SIGTERM
     assert not any(Path(f"/proc/{pid}").exists() for pid in children)
     assert "killing every worker process" in pool.log()
+
+
+def test_children_that_keep_crashing_end_the_pool_with_exit_2_and_the_last_cause(project, pools):
+    (project / "crashing.py").write_text("import os\n\nos._exit(3)  # before any handler runs\n")
+    pool = start(
+        pools, project, "--url", file_url(project), "--handlers", "crashing:X", "--processes", "2"
+    )
+    assert pool.wait(15) == 2
+    last = pool.log().splitlines()[-1]
+    assert last.startswith("hermes: error: worker processes keep crashing: 5 within 10 s"), last
+    assert last.endswith("exited with code 3")

@@ -51,7 +51,7 @@ from hermes.core._worker import NOTICE, Backoff, WorkerStats
 
 logger = logging.getLogger("hermes")
 
-#: Deaths of children, before any child handled a message, that make a crash loop...
+#: Crashes of children, before any child handled a message, that make a crash loop...
 CRASH_LOOP_DEATHS = 5
 #: ...when they fall within this many seconds.
 CRASH_LOOP_WINDOW_S = 10.0
@@ -303,7 +303,8 @@ class Supervisor:
     * A child that dies is replaced after a jittered backoff, with a log line
       saying how it died and its last ERROR line. A child exiting 2 (a mistake
       of the user's) ends the pool with exit 2 and its one line; so do
-      :data:`CRASH_LOOP_DEATHS` deaths within :data:`CRASH_LOOP_WINDOW_S`
+      :data:`CRASH_LOOP_DEATHS` crashes (an exit code, or a signal such as
+      SIGSEGV; not a SIGKILL from outside) within :data:`CRASH_LOOP_WINDOW_S`
       before any child handled a message. Never more than N children run,
       except one extra while SIGHUP replaces one.
     * A child that leaves at ``max_jobs_per_child`` / ``max_memory_mb`` (exit
@@ -599,12 +600,13 @@ class Supervisor:
         self.stats.died += 1
         now = time.monotonic()
         self._last_death = now
-        self._deaths.append(now)
+        if _crashed(status):
+            self._deaths.append(now)
         while self._deaths and self._deaths[0] < now - CRASH_LOOP_WINDOW_S:
             self._deaths.popleft()
         if not self._proven and len(self._deaths) >= CRASH_LOOP_DEATHS:
             self.stats.fatal = (
-                f"worker processes keep dying: {len(self._deaths)} exits within "
+                f"worker processes keep crashing: {len(self._deaths)} within "
                 f"{CRASH_LOOP_WINDOW_S:.0f} s before any handled a message; the last, "
                 f"{child.name}, {how}{last}"
             )
@@ -734,6 +736,22 @@ class Supervisor:
         names = sorted({os.path.relpath(path) for path in changed})
         shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
         self._start_roll(f"{shown} changed")
+
+
+#: Signals sent to a process from outside (an operator, a process manager, the OOM
+#: killer): a child ended by one did not crash by itself.
+_SENT_SIGNALS = {signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT}
+
+
+def _crashed(status: int) -> bool:
+    """Whether a child's end was its own doing: an exit code, or SIGSEGV, SIGABRT and the like.
+
+    Only those make a crash loop; a child killed from outside before it could handle a
+    message (a soak test's SIGKILL every half second) is replaced like any other.
+    """
+    if os.WIFSIGNALED(status):
+        return os.WTERMSIG(status) not in _SENT_SIGNALS
+    return True
 
 
 def _how(status: int) -> str:
