@@ -468,12 +468,12 @@ def _serve_metrics(port: int, url: str) -> None:
     try:
         served = plugin_manager().hook.hermes_worker_metrics(port=port, url=url)
     except OSError as exc:
-        # Most often a second worker on the same port: with several worker processes,
-        # give each its own port (or see hermes-prometheus's multiprocess mode).
+        # Most often a second worker on the same port: separate workers need a port
+        # each, a pool (--processes N) serves one for all of them.
         why = "the port is in use" if exc.errno == errno.EADDRINUSE else exc.strerror or exc
         raise CliError(
             f"--metrics-port {port}: cannot serve metrics there: {why}; give another port "
-            "(each worker process needs its own)"
+            "(each hermes worker needs its own; --processes N runs several on one)"
         ) from None
     if served is None:
         raise CliError("--metrics-port needs a metrics plugin: pip install hermes-prometheus")
