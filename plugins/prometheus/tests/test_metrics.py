@@ -215,3 +215,41 @@ def test_hermes_plugins_lists_it_with_the_hooks_it_implements() -> None:
     [line] = [line for line in done.stdout.splitlines() if line.startswith("prometheus ")]
     assert "hermes-prometheus" in line
     assert "message_finished" in line and "worker_metrics" in line
+
+
+@pytest.mark.skipif(
+    __import__("importlib").util.find_spec("hermes.drivers.filesystem") is None,
+    reason="the worker processes share their queue through hermes-filesystem's file:// driver",
+)
+def test_a_worker_pool_serves_one_port_that_counts_every_child(tmp_path: Path) -> None:
+    (tmp_path / "jobs.py").write_text("HANDLERS = {'job': lambda message: None}\n")
+    url = (tmp_path / "queue").as_uri()
+    driver = connect(url)
+    driver.send_batch([Message("job", {}) for _ in range(40)])
+    port = _free_port()
+    # A child is replaced every 10 messages: the dead children's counts stay in the sum.
+    pool = subprocess.Popen(
+        [sys.executable, "-m", "hermes.core.cli", "worker", "--url", url, "--handlers",
+         "jobs:HANDLERS", "--metrics-port", str(port), "--processes", "2",
+         "--max-jobs-per-child", "10"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"},
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        text = ""
+        while time.monotonic() < deadline:
+            text = _scrape(port) or ""
+            if _sample(text, r'hermes_messages_handled_total\{type="job"\}') == 40:
+                break
+            time.sleep(0.2)
+        assert _sample(text, r'hermes_messages_handled_total\{type="job"\}') == 40, text
+        assert _sample(text, r"hermes_messages_in_flight") == 0, text
+    finally:
+        pool.send_signal(signal.SIGTERM)
+        output = pool.communicate(timeout=DEADLINE_S)[0].decode()
+        driver.close()
+    assert pool.returncode == 0, output
+    assert output.count("Metrics on") == 1, output  # the supervisor's, not each child's

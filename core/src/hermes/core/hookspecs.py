@@ -179,6 +179,16 @@ def hermes_worker_metrics(port: int, url: str, host: str) -> str | None:
 
 
 @hookspec
+def hermes_worker_process_exited(pid: int) -> None:
+    """Called by the supervisor of ``hermes worker --processes N`` after it reaped child ``pid``.
+
+    In the supervisor, before a replacement starts. For a plugin that keeps
+    state per process outside it (prometheus_client's multiprocess mode drops
+    the dead process's live gauges here).
+    """
+
+
+@hookspec
 def hermes_tick(entry: Entry, tick: Tick, fired: bool) -> None:
     """Called by a scheduler for each periodic tick it settled: emitted or skipped.
 

@@ -305,15 +305,18 @@ class LineFormatter(logging.Formatter):
     (its type and where it was raised) instead of a multi-line traceback.
     """
 
-    def __init__(self, *, tracebacks: bool = False, millis: bool = False) -> None:
+    def __init__(self, *, tracebacks: bool = False, millis: bool = False, prefix: str = "") -> None:
         super().__init__()
         self.tracebacks = tracebacks
         self.millis = millis
+        #: Put before each text: which process of a worker pool wrote the line.
+        self.prefix = prefix
 
     def format(self, record: logging.LogRecord) -> str:
         text = record.getMessage()
         if not record.name.startswith("hermes"):
             text = f"[{record.name}] {text}"
+        text = self.prefix + text
         exc_info = record.exc_info
         if exc_info and exc_info[1] is not None:
             if self.tracebacks:
@@ -338,14 +341,16 @@ def exception_origin(exc: BaseException) -> str:
     return f"{type(exc).__name__} at {site}" if site else type(exc).__name__
 
 
-def configure_logging(verbosity: int, *, default_level: int = logging.INFO) -> None:
+def configure_logging(
+    verbosity: int, *, default_level: int = logging.INFO, prefix: str = ""
+) -> None:
     """Log to stderr, one line per event (stdout is for results: ids, counts, tables).
 
     ``verbosity`` -1 (-q) shows warnings and errors only; 1 (-v) adds Hermes's
     DEBUG lines; 2 (-vv) also full tracebacks instead of ``[ValueError at jobs.py:12]``.
     """
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(LineFormatter(tracebacks=verbosity > 1))
+    handler.setFormatter(LineFormatter(tracebacks=verbosity > 1, prefix=prefix))
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import errno
 import importlib
 import inspect
@@ -15,6 +16,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hermes.core._cli import _pool
 from hermes.core._cli._common import (
     URL_HELP,
     CliError,
@@ -33,7 +35,7 @@ from hermes.core._cli._common import (
 )
 from hermes.core._cli._failed import FAILED_URL_ENV
 from hermes.core._cli._workers import add_heartbeat_options, publisher_for, registry
-from hermes.core._dispatcher import Dispatcher
+from hermes.core._dispatcher import Dispatcher, DispatcherStats
 from hermes.core._driver import DEFAULT_PRIORITY, Driver
 from hermes.core._errors import ConfigurationError
 from hermes.core._failed import FailedStore
@@ -46,6 +48,7 @@ from hermes.core._worker import Worker
 
 if TYPE_CHECKING:
     from hermes.core._cli._common import Commands
+    from hermes.core._pool import ChildLink
 
 logger = logging.getLogger("hermes")
 
@@ -124,6 +127,7 @@ def add_parser(commands: Commands) -> None:
         more="-v a line as each message starts and ends, and debug lines; -vv also full tracebacks",
     )
     add_heartbeat_options(worker)
+    _add_pool_options(worker)
     worker.set_defaults(run=run)
     from hermes.core._cli import _scheduler  # not at the top: it imports load_object from here
 
@@ -156,6 +160,45 @@ def _add_run_options(worker: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="on Ctrl-C, SIGTERM or a shutdown request, how long handlers in flight may "
         "finish before the worker exits without acknowledging them (default 30)",
+    )
+
+
+def _add_pool_options(worker: argparse.ArgumentParser) -> None:
+    pool = worker.add_argument_group(
+        "worker processes",
+        "With --processes above 1, or any option below, a supervisor process starts the "
+        "workers as child processes, replaces one that dies, and stops them all on SIGTERM "
+        "or Ctrl-C; SIGHUP replaces them one after another (new code, no job dropped).",
+    )
+    pool.add_argument(
+        "--processes",
+        type=whole_number(1),
+        default=env_default("HERMES_PROCESSES", whole_number(1), 1),
+        metavar="N",
+        help="run N worker processes, each with --concurrency handlers: more processes for "
+        "CPU-bound jobs, more concurrency for I/O-bound ones (default: $HERMES_PROCESSES, "
+        "else 1, a single process without a supervisor)",
+    )
+    pool.add_argument(
+        "--max-jobs-per-child",
+        type=whole_number(1),
+        default=0,
+        metavar="N",
+        help="replace a worker process after it took N messages (it finishes them first)",
+    )
+    pool.add_argument(
+        "--max-memory-per-child",
+        type=whole_number(1),
+        default=0,
+        metavar="MB",
+        help="replace a worker process once its resident memory passes MB MiB, checked "
+        "between messages (it finishes those in flight first)",
+    )
+    pool.add_argument(
+        "--reload",
+        action="store_true",
+        help="for development: restart the worker processes when a .py file changes in the "
+        "handlers module's package (or the current directory); needs hermes-core[reload]",
     )
 
 
@@ -344,28 +387,29 @@ def _instance(handler: object, type_: str, spec: str) -> object:
         ) from None
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, child: ChildLink | None = None) -> int:
+    """``hermes worker``; in a worker pool, what each child process runs (``child``)."""
+    if child is None and _pool.wanted(args):
+        return _pool.run(args)
     url: str = args.url or default_url()
     failed_url: str | None = args.failed_url or os.environ.get(FAILED_URL_ENV) or None
     spec: str = args.handlers
     target = load_object(spec)
     verbosity = args.verbose - args.quiet
-    configure_logging(verbosity)
+    configure_logging(verbosity, prefix=child.log_prefix if child is not None else "")
+    if child is not None:
+        logging.getLogger().addHandler(child.error_log_handler())
     from_cli, from_url = named_queues(url, args.queue)
     # --queue adds a queue; only --priority restricts the worker (an empty list: every queue).
     priorities: list[int] = sorted(set(args.priority), reverse=True)
 
     with contextlib.ExitStack() as stack:
         driver = stack.enter_context(connect(url))
-        store = stack.enter_context(FailedStore.connect(failed_url)) if failed_url else None
-        if store is not None and repr(store.driver) == repr(driver):
-            raise CliError(
-                f"--failed-url is the worker's own queue ({driver!r}): messages given up on "
-                "would come straight back; give the store its own queue, e.g. "
-                "redis://HOST:6379/0?prefix=failed: or another file:// directory"
-            )
+        store = _failed_store(stack, failed_url, driver)
         setup_priorities(driver, [*priorities, *from_cli], from_cli, preset=from_url)
         shutdowns = _shutdowns(args, url, driver)
+        if child is not None:
+            shutdowns = child.since_pool_start(shutdowns)
         dispatcher = Dispatcher(
             driver,
             logger,
@@ -377,7 +421,7 @@ def run(args: argparse.Namespace) -> int:
         )
         dispatcher.log_each_message = verbosity > 0
         register_handlers(dispatcher, target, spec)
-        if args.metrics_port is not None:
+        if args.metrics_port is not None and child is None:  # a pool's supervisor serves them
             _serve_metrics(args.metrics_port, url, args.metrics_host)
         registered = _registered(dispatcher, target, spec)
         names = {**from_url, **from_cli}
@@ -391,21 +435,17 @@ def run(args: argparse.Namespace) -> int:
             shutdowns,
             args.concurrency,
             failed_url,
+            args.max_deliveries,
         )
-        if args.max_deliveries:
-            logger.info(
-                "Messages delivered more than %d times are set aside without a handler call "
-                "(--max-deliveries)",
-                args.max_deliveries,
-            )
         beats = stack.enter_context(registry(driver, args.registry_url))
         heartbeat = publisher_for(args, beats, url, "worker")
         worker = Worker(
             driver,
             dispatcher,
             priorities=priorities,
-            max_items=args.max_items,
+            max_items=child.config.max_jobs_per_child if child is not None else args.max_items,
             shutdown=shutdowns,
+            stop_when=child.stop_when(lambda: worker.stats) if child is not None else None,
             heartbeat=heartbeat,
         )
         # Imported here: _scheduler imports this module for load_object.
@@ -416,13 +456,36 @@ def run(args: argparse.Namespace) -> int:
             scheduler = _scheduler.start_in_worker(args, target, driver, url)
             _scheduler.beat_for(stack, args, beats, url, scheduler)
         started = time.monotonic()
+        if child is not None:
+            child.ready()
+            reporter = child.report_while_running(lambda: _counts(worker), worker.stop)
         try:
             worker.run()
         finally:
             if scheduler is not None:
                 scheduler.stop()
-            print(_summary(dispatcher, time.monotonic() - started), flush=True)
+            if child is None:
+                print(_summary(dispatcher, time.monotonic() - started), flush=True)
+            else:
+                reporter.set()
+                child.finished(worker.stats, _counts(worker))
     return 0
+
+
+def _failed_store(
+    stack: contextlib.ExitStack, failed_url: str | None, driver: Driver
+) -> FailedStore | None:
+    """The failed-message store ``--failed-url`` names; the worker's own queue is a mistake."""
+    if not failed_url:
+        return None
+    store = stack.enter_context(FailedStore.connect(failed_url))
+    if repr(store.driver) == repr(driver):
+        raise CliError(
+            f"--failed-url is the worker's own queue ({driver!r}): messages given up on "
+            "would come straight back; give the store its own queue, e.g. "
+            "redis://HOST:6379/0?prefix=failed: or another file:// directory"
+        )
+    return store
 
 
 def _shutdowns(args: argparse.Namespace, url: str, driver: Driver) -> list[Shutdown]:
@@ -446,30 +509,38 @@ def _registered(dispatcher: Dispatcher, target: object, spec: str) -> dict[str, 
     return registered
 
 
+def _counts(worker: Worker) -> dict[str, int]:
+    """A child's counts for the pool's summary: the Dispatcher's and the Worker's."""
+    counts = {"started": worker.stats.started, "processed": worker.stats.processed}
+    if worker.dispatcher is not None:
+        counts.update(dataclasses.asdict(worker.dispatcher.stats))
+    return counts
+
+
 def _serve_metrics(port: int, url: str, host: str) -> None:
     try:
         served = plugin_manager().hook.hermes_worker_metrics(port=port, url=url, host=host)
     except OSError as exc:
-        # Most often a second worker on the same port: with several worker processes,
-        # give each its own port (or see hermes-prometheus's multiprocess mode).
+        # Most often a second worker on the same port: separate workers need a port
+        # each, a pool (--processes N) serves one for all of them.
         why = "the port is in use" if exc.errno == errno.EADDRINUSE else exc.strerror or exc
         raise CliError(
             f"--metrics-port {port}: cannot serve metrics there: {why}; give another port "
-            "(each worker process needs its own)"
+            "(each hermes worker needs its own; --processes N runs several on one)"
         ) from None
     if served is None:
         raise CliError("--metrics-port needs a metrics plugin: pip install hermes-prometheus")
     logger.info("Metrics on %s", served)
 
 
-def _summary(dispatcher: Dispatcher, elapsed_s: float) -> str:
-    stats = dispatcher.stats
+def _summary(dispatcher: Dispatcher | DispatcherStats, elapsed_s: float) -> str:
+    stats = dispatcher.stats if isinstance(dispatcher, Dispatcher) else dispatcher
     text = (
         f"Worker stopped after {elapsed_s:.1f} s: received {stats.received}, "
         f"handled {stats.handled}, failed {stats.failed}, retried {stats.retried}, "
         f"gave up {stats.gave_up}"
     )
-    if dispatcher.failed is not None:
+    if stats.stored or (isinstance(dispatcher, Dispatcher) and dispatcher.failed is not None):
         text += f" ({stats.stored} kept in the failed-message store)"
     return text
 

@@ -83,7 +83,9 @@ def start_metrics_server(port: int, url: str | None = None, addr: str = "127.0.0
     With ``url``, the queue depth of that broker is sampled every
     :data:`SAMPLE_INTERVAL_S` on a connection of its own. With the environment
     variable ``PROMETHEUS_MULTIPROC_DIR`` set (prometheus_client's multiprocess
-    mode), the server adds up every worker process's metrics from that directory.
+    mode), the server adds up every worker process's metrics from that directory:
+    ``hermes worker --processes N --metrics-port P`` makes one for its pool and
+    serves it from the supervisor.
     """
     registry: CollectorRegistry = REGISTRY
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
@@ -91,7 +93,10 @@ def start_metrics_server(port: int, url: str | None = None, addr: str = "127.0.0
 
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
-    start_http_server(port, addr=addr, registry=registry)
+    server, _ = start_http_server(port, addr=addr, registry=registry)
+    # A worker pool forks its children from the process that serves: each closes
+    # its copy of the listening socket, so the port is free once the server stops.
+    os.register_at_fork(after_in_child=server.socket.close)
     if url is not None:
         threading.Thread(
             target=_sample_forever, args=(url,), name="hermes-queue-depth", daemon=True

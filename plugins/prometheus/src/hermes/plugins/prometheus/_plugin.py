@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -57,6 +58,15 @@ def hermes_message_finished(message: Message) -> None:
 @hookimpl
 def hermes_worker_metrics(port: int, url: str, host: str) -> str:
     return _metrics.start_metrics_server(port, url, addr=host)
+
+
+@hookimpl
+def hermes_worker_process_exited(pid: int) -> None:
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import multiprocess
+
+        # Its counters stay in the pool's sums; its in-flight gauge must not.
+        multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]
 
 
 @hookimpl

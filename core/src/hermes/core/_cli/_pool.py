@@ -1,0 +1,151 @@
+"""``hermes worker --processes N``: the supervisor's side of the worker command.
+
+What the supervisor checks before any child starts, the directory of
+prometheus_client's multiprocess mode, what ``--reload`` watches, and the
+pool's exit summary. Each child runs the worker command itself
+(``_worker.run(args, child=link)``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from hermes.core._cli._common import (
+    CliError,
+    configure_logging,
+    default_url,
+    describe_error,
+    one_line,
+)
+from hermes.core._dispatcher import DispatcherStats
+from hermes.core._errors import HermesError
+from hermes.core._pool import ChildLink, PoolConfig, PoolStats, Supervisor
+from hermes.core._registry import driver_for_url
+
+#: prometheus_client's multiprocess mode: where every process writes its metrics.
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+def wanted(args: argparse.Namespace) -> bool:
+    """Whether this ``hermes worker`` runs a supervisor (else: one process, as ever)."""
+    return bool(
+        args.processes > 1 or args.max_jobs_per_child or args.max_memory_per_child or args.reload
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Supervise the pool until it stops; print its summary; the exit code."""
+    if args.max_items:
+        raise CliError(
+            "--max-items stops one worker process; with a supervisor (--processes, "
+            "--max-jobs-per-child, --max-memory-per-child, --reload) give "
+            "--max-jobs-per-child N to replace each worker process after N messages"
+        )
+    if args.reload and importlib.util.find_spec("watchfiles") is None:
+        raise CliError(
+            "--reload needs the file-watching library watchfiles: pip install 'hermes-core[reload]'"
+        )
+    made_dir = None
+    if args.metrics_port is not None and not os.environ.get(MULTIPROC_ENV):
+        # Before any plugin imports prometheus_client: it picks file-backed values
+        # when it is imported, and each child inherits that choice.
+        made_dir = tempfile.mkdtemp(prefix="hermes-metrics-")
+        os.environ[MULTIPROC_ENV] = made_dir
+    try:
+        return _supervise(args)
+    finally:
+        if made_dir is not None:
+            shutil.rmtree(made_dir, ignore_errors=True)
+            del os.environ[MULTIPROC_ENV]
+
+
+def _supervise(args: argparse.Namespace) -> int:
+    from hermes.core._cli import _worker
+
+    # Mistakes every child would make alike are said once, before any starts: the
+    # URL (its scheme installed, its options), and the form of --handlers. The
+    # handlers module itself is imported by each child: see hermes.core._pool.
+    args.url = args.url or default_url()
+    driver_for_url(args.url)
+    module, sep, attr = args.handlers.partition(":")
+    if not (sep and module and attr) or "/" in module or "\\" in module or module.endswith(".py"):
+        _worker.load_object(args.handlers)  # its one-line CliError, raised before any import
+    verbosity = args.verbose - args.quiet
+    configure_logging(verbosity, prefix=f"[supervisor pid {os.getpid()}] ")
+    if args.metrics_port is not None:
+        _worker._serve_metrics(args.metrics_port, args.url, args.metrics_host)
+    config = PoolConfig(
+        processes=args.processes,
+        grace_s=args.grace,
+        max_jobs_per_child=args.max_jobs_per_child,
+        max_memory_mb=args.max_memory_per_child,
+        reload_paths=reload_paths(args.handlers) if args.reload else (),
+    )
+    started = time.monotonic()
+    stats = Supervisor(config, lambda link: _child(args, link)).run()
+    print(summary(stats, time.monotonic() - started), flush=True)
+    if stats.fatal is not None:
+        raise CliError(stats.fatal)
+    return stats.exit_code
+
+
+def _child(args: argparse.Namespace, link: ChildLink) -> int:
+    """One child: the worker command, its one-line mistakes sent to the supervisor to say once."""
+    from hermes.core._cli import _worker
+
+    try:
+        return _worker.run(args, child=link)
+    except CliError as exc:
+        link.fatal(one_line(str(exc)))
+    except HermesError as exc:
+        link.fatal(describe_error(exc))
+    except KeyboardInterrupt:
+        return 130
+    return 2
+
+
+def reload_paths(spec: str) -> tuple[Path, ...]:
+    """The directory of the handlers module's top-level package, found without importing it.
+
+    A module that is a file of its own (``jobs.py``) gives its directory;
+    when it cannot be found, the current directory.
+    """
+    top = spec.partition(":")[0].partition(".")[0]
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        found = importlib.util.find_spec(top) if top else None
+    except (ImportError, ValueError):
+        found = None
+    if found is not None and found.submodule_search_locations:
+        return tuple(Path(p) for p in found.submodule_search_locations)
+    if found is not None and found.origin and os.path.isfile(found.origin):
+        return (Path(found.origin).parent,)
+    return (Path(cwd),)
+
+
+def summary(stats: PoolStats, elapsed_s: float) -> str:
+    """The single worker's summary, counted over the pool, and what happened to its children."""
+    from hermes.core._cli import _worker
+
+    counts = stats.counts
+    dispatcher = DispatcherStats(
+        **{name: counts.get(name, 0) for name in DispatcherStats.__dataclass_fields__}
+    )
+    text = _worker._summary(dispatcher, elapsed_s)
+    children = [f"{stats.started} worker processes started"]
+    if stats.recycled:
+        children.append(f"{stats.recycled} replaced at their limit")
+    if stats.rolled:
+        children.append(f"{stats.rolled} replaced by a rolling restart")
+    if stats.died:
+        children.append(f"{stats.died} died and were replaced")
+    return f"{text}; {', '.join(children)}"

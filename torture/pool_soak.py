@@ -1,0 +1,337 @@
+"""SIGKILL the children of a worker pool, and recycle them, on the at-least-once drivers.
+
+    python -m torture.pool_soak [--quick] [--only filesystem,redis-at-least-once,postgres]
+
+Kill runs: one ``hermes worker --processes 2 --concurrency 4`` (the real
+command: its supervisor forks the children), numbered messages on the
+broker, a random child SIGKILLed every ~0.5 s for two minutes (``--quick``:
+5 s), then wait until nothing moves and count like torture.soak: lost (sent,
+never handled), duplicated, unexpected. A sampler reads the supervisor's
+children from /proc every few milliseconds: never more than 2 alive. Every
+kill must be answered by a replacement: the supervisor's summary counts them,
+and 2 children run at the end.
+
+Recycle run: ``--max-jobs-per-child 100`` over 2,000 messages (``--quick``:
+10 over 200) on file://: about 20 replacements, lost 0, none handled twice
+(no child is killed, so an at-least-once driver has no reason to repeat one).
+
+Exit status 1 if a rule is broken. The full run writes torture/results/pool.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+import services  # noqa: E402
+
+from hermes.core import Message, connect  # noqa: E402
+from hermes.core.driver import SupportsPurge, SupportsTeardown, isolated_url  # noqa: E402
+
+PROCESSES = 2
+CONCURRENCY = 4
+HERMES = str(Path(sys.executable).with_name("hermes"))
+
+#: The handlers the pool runs: work a little (so kills land mid-handler), then
+#: append "<n>\t<pid>" with one write on an O_APPEND file, which survives a SIGKILL.
+JOBS = """
+import os
+import time
+
+_fd = os.open(os.environ["POOL_SOAK_RECORD"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+_work_s = float(os.environ["POOL_SOAK_WORK_MS"]) / 1000
+
+
+def record(message):
+    time.sleep(_work_s)
+    os.write(_fd, f"{message.payload['n']}\\t{os.getpid()}\\n".encode())
+
+
+HANDLERS = {"torture": record}
+"""
+
+
+@dataclass
+class Outcome:
+    run: str
+    sent: int
+    handled: int
+    kills: int
+    replaced: int
+    recycled: int
+    most_alive: int
+    lost: int
+    duplicated: int
+    exit_code: int
+    ok: bool
+    note: str = ""
+
+
+def children_of(pid: int) -> list[int]:
+    """The supervisor's live children (zombies left out), from /proc."""
+    try:
+        entries = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return []
+    alive = []
+    for entry in entries:
+        try:
+            state = Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            alive.append(int(entry))
+    return alive
+
+
+class Pool:
+    def __init__(self, url: str, tmp: Path, work_ms: float, *options: str) -> None:
+        self.record = tmp / "record"
+        self.log = tmp / "pool.log"
+        (tmp / "pool_soak_jobs.py").write_text(JOBS)
+        env = {
+            **os.environ,
+            "POOL_SOAK_RECORD": str(self.record),
+            "POOL_SOAK_WORK_MS": str(work_ms),
+        }
+        with self.log.open("wb") as log:
+            self.proc = subprocess.Popen(
+                [HERMES, "worker", "--url", url, "--handlers", "pool_soak_jobs:HANDLERS",
+                 "--processes", str(PROCESSES), "--concurrency", str(CONCURRENCY), *options],
+                cwd=tmp,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        self.most = 0
+        self._done = threading.Event()
+        threading.Thread(target=self._sample, daemon=True).start()
+
+    def _sample(self) -> None:
+        while not self._done.wait(0.002):
+            self.most = max(self.most, len(children_of(self.proc.pid)))
+
+    def children(self) -> list[int]:
+        return children_of(self.proc.pid)
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(60)
+        finally:
+            self._done.set()
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def handled(record: Path) -> list[int]:
+    if not record.exists():
+        return []
+    return [int(line.split("\t", 1)[0]) for line in record.read_text().splitlines() if line]
+
+
+def summary_number(output: str, words: str) -> int:
+    match = re.search(rf"(\d+) {words}", output)
+    return int(match.group(1)) if match else 0
+
+
+def wait_for_drain(record: Path, sent: set[int], quiet_s: float) -> None:
+    last, last_change = -1, time.monotonic()
+    while time.monotonic() - last_change < quiet_s:
+        got = handled(record)
+        if len(got) != last:
+            last, last_change = len(got), time.monotonic()
+        if sent <= set(got):
+            time.sleep(1.0)  # let duplicates in flight land before counting
+            return
+        time.sleep(0.2)
+
+
+@contextlib.contextmanager
+def namespace(base_url: str) -> Iterator[str]:
+    url = isolated_url(base_url, f"pool-{uuid.uuid4().hex[:10]}")
+    try:
+        yield url
+    finally:
+        with connect(url) as driver:
+            if isinstance(driver, SupportsTeardown):
+                driver.teardown()
+            elif isinstance(driver, SupportsPurge):
+                driver.purge(None)
+
+
+def emit(url: str, count: int) -> float:
+    """Put ``count`` numbered messages on ``url``; the driver's redelivery timeout."""
+    with connect(url) as driver:
+        messages = [Message("torture", {"n": n}) for n in range(count)]
+        for i in range(0, count, 100):
+            driver.send_batch(messages[i : i + 100])
+        return driver.capabilities.redelivery_timeout_s or 5.0
+
+
+def kill_run(target: str, base_url: str, count: int, kill_phase_s: float) -> Outcome:
+    # Long enough per message that all 8 handler threads are still busy when the kills stop.
+    work_ms = 1000 * kill_phase_s * PROCESSES * CONCURRENCY / count * 1.2
+    rng = random.Random(os.getpid())
+    with namespace(base_url) as url, tempfile.TemporaryDirectory(prefix="hermes-pool-") as tmp:
+        redelivery_s = emit(url, count)
+        pool = Pool(url, Path(tmp), work_ms)
+        deadline = time.monotonic() + 30
+        while len(pool.children()) < PROCESSES and time.monotonic() < deadline:
+            time.sleep(0.05)
+        kills = 0
+        end = time.monotonic() + kill_phase_s
+        while time.monotonic() < end:
+            time.sleep(rng.uniform(0.3, 0.7))
+            alive = pool.children()
+            if alive:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(rng.choice(alive), signal.SIGKILL)
+                    kills += 1
+        wait_for_drain(pool.record, set(range(count)), max(8.0, 2 * redelivery_s + 5))
+        # Every kill was answered: both slots hold a child again.
+        deadline = time.monotonic() + 10
+        while len(pool.children()) < PROCESSES and time.monotonic() < deadline:
+            time.sleep(0.05)
+        alive_at_end = len(pool.children())
+        code = pool.stop()
+        output = pool.output()
+        counts = collections.Counter(handled(pool.record))
+        lost = len(set(range(count)) - set(counts))
+        duplicated = sum(1 for c in counts.values() if c > 1)
+        replaced = summary_number(output, "died and were replaced")
+        ok = (
+            lost == 0
+            and pool.most <= PROCESSES
+            and replaced == kills
+            and alive_at_end == PROCESSES
+            and code == 0
+        )
+        note = "" if ok else output[-3000:]
+        return Outcome(
+            target,
+            count,
+            sum(counts.values()),
+            kills,
+            replaced,
+            0,
+            pool.most,
+            lost,
+            duplicated,
+            code,
+            ok,
+            note,
+        )
+
+
+def recycle_run(base_url: str, count: int, max_jobs: int) -> Outcome:
+    with namespace(base_url) as url, tempfile.TemporaryDirectory(prefix="hermes-pool-") as tmp:
+        emit(url, count)
+        pool = Pool(url, Path(tmp), 0, "--max-jobs-per-child", str(max_jobs))
+        wait_for_drain(pool.record, set(range(count)), 10.0)
+        code = pool.stop()
+        output = pool.output()
+        counts = collections.Counter(handled(pool.record))
+        lost = len(set(range(count)) - set(counts))
+        duplicated = sum(1 for c in counts.values() if c > 1)
+        recycled = summary_number(output, "replaced at their limit")
+        expected = count // max_jobs
+        ok = (
+            lost == 0
+            and duplicated == 0
+            and expected - PROCESSES <= recycled <= expected
+            and pool.most <= PROCESSES
+            and code == 0
+        )
+        return Outcome(
+            f"filesystem --max-jobs-per-child {max_jobs}",
+            count,
+            sum(counts.values()),
+            0,
+            summary_number(output, "died and were replaced"),
+            recycled,
+            pool.most,
+            lost,
+            duplicated,
+            code,
+            ok,
+            "" if ok else output[-3000:],
+        )
+
+
+def table(outcomes: list[Outcome]) -> str:
+    lines = [
+        "| run | sent | handled | kills | replaced after a death | recycled | most alive "
+        "| lost | duplicated | exit | result |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for o in outcomes:
+        cells = [o.run, o.sent, o.handled, o.kills, o.replaced, o.recycled, o.most_alive]
+        cells += [o.lost, o.duplicated, o.exit_code, "ok" if o.ok else "BROKEN"]
+        lines.append("| " + " | ".join(str(cell) for cell in cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="CI's smoke run, under 30 s")
+    parser.add_argument("--only", default="")
+    args = parser.parse_args()
+    only = set(filter(None, args.only.split(",")))
+    # Quick: file:// only (no server); the full run adds Redis with leases and PostgreSQL.
+    targets = ["filesystem"] if args.quick else ["filesystem", "redis-at-least-once", "postgres"]
+    count, kill_phase = (300, 5.0) if args.quick else (10_000, 120.0)
+    outcomes: list[Outcome] = []
+    for target in targets:
+        if only and target not in only:
+            continue
+        print(f"== {target}: SIGKILL a child every ~0.5 s for {kill_phase:g} s", flush=True)
+        with services.service_url(target) as url:
+            outcomes.append(kill_run(target, url, count, kill_phase))
+        print(table(outcomes[-1:]).splitlines()[-1], flush=True)
+    if not only or "recycle" in only:
+        total, max_jobs = (200, 10) if args.quick else (2_000, 100)
+        print(f"== --max-jobs-per-child {max_jobs} over {total:,} messages", flush=True)
+        with services.service_url("filesystem") as url:
+            outcomes.append(recycle_run(url, total, max_jobs))
+        print(table(outcomes[-1:]).splitlines()[-1], flush=True)
+    print()
+    print(table(outcomes))
+    for o in outcomes:
+        if o.note:
+            print(f"\n{o.run}:\n{o.note}")
+    if not args.quick and not only:
+        stamp = time.strftime("%Y-%m-%d %H:%M %Z")
+        intro = (
+            f"`python -m torture.pool_soak` ({stamp}, {os.cpu_count()} cores): one "
+            f"`hermes worker --processes {PROCESSES} --concurrency {CONCURRENCY}`, "
+            f"{count:,} messages, a random child SIGKILLed every ~0.5 s for "
+            f"{kill_phase:g} s; then `--max-jobs-per-child 100` over 2,000 messages. "
+            "Rules: lost 0, never more than 2 children alive, every death answered by a "
+            "replacement; recycling handles none twice.\n\n"
+        )
+        results = ROOT / "torture" / "results"
+        results.mkdir(exist_ok=True)
+        (results / "pool.md").write_text(f"{intro}{table(outcomes)}\n")
+    return 0 if outcomes and all(o.ok for o in outcomes) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
