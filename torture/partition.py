@@ -573,8 +573,9 @@ SECTION_END = "<!-- partition:end -->"
 def write_results(outcomes: list[Outcome], args: argparse.Namespace) -> None:
     """``torture/results/partition.md``, and the same table as a section of ``latest.md``.
 
-    ``torture.soak`` rewrites ``latest.md`` whole; this replaces only the part
-    between its markers (or appends it), so either run keeps the other's table.
+    This replaces only the part of ``latest.md`` between its markers (or
+    appends it). ``torture.soak`` still rewrites that file whole, so a later
+    soak run drops this section until the partition run writes it again.
     """
     stamp = time.strftime("%Y-%m-%d %H:%M %Z")
     intro = (
