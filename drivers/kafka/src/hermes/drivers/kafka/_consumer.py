@@ -189,6 +189,9 @@ class _Session:
         while True:
             if driver.fatal_error is not None:
                 self._raise_fatal()
+            if driver.unavailable_error is not None:
+                error, driver.unavailable_error = driver.unavailable_error, None
+                raise explained(error, f"Kafka {driver.bootstrap} is unreachable")
             if ledger.finished_since_commit or ledger.rewinds_due:
                 self._apply_settles()
             if self.held:

@@ -54,10 +54,19 @@ _ADMIN_SLICE_S = 0.1
 #: Producer defaults Hermes picks; a user value for the setting or its alias wins.
 _PRODUCER_DEFAULTS = (
     (("acks", "request.required.acks"), "all"),
-    (("message.timeout.ms", "delivery.timeout.ms"), 30_000),
+    # An emit to a silent broker raises within about 11 s, not librdkafka's 5 min.
+    (("message.timeout.ms", "delivery.timeout.ms"), 10_000),
     # Spread records without a key over the partitions one by one, not in
     # bursts, so competing workers share a burst of sends.
     (("sticky.partitioning.linger.ms",), 0),
+)
+#: Defaults for every client, a user value wins. A request unanswered for
+#: ``socket.timeout.ms`` closes its connection (librdkafka: 60 s); a connection
+#: not set up within ``socket.connection.setup.timeout.ms`` is given up
+#: (librdkafka: 30 s). These bound how long a silent broker goes unnoticed.
+_CLIENT_DEFAULTS = (
+    ("socket.timeout.ms", 6_000),
+    ("socket.connection.setup.timeout.ms", 5_000),
 )
 #: Where librdkafka's own log lines go (instead of stderr).
 _client_logger = logging.getLogger("hermes.drivers.kafka.librdkafka")
@@ -238,6 +247,7 @@ class KafkaDriver(Driver):
         self.topics: dict[int, str] = {DEFAULT_PRIORITY: self.topic}
         self.bootstrap = str(config.get("bootstrap.servers") or config["metadata.broker.list"])
 
+        config = {**dict(_CLIENT_DEFAULTS), **config}
         producer, consumer = _settings.split(config)
         for names, value in _PRODUCER_DEFAULTS:
             if not any(name in producer for name in names):
@@ -254,6 +264,10 @@ class KafkaDriver(Driver):
         #: A fatal client error, or a refusal (SASL, ACL), seen by ``error_cb``: the
         #: consumer's ``receive`` raises it, and so does a wait for the broker.
         self.fatal_error: KafkaError | None = None
+        #: The last "broker not there" error ``error_cb`` saw since the consumer's
+        #: last receive: librdkafka reconnects by itself and never raises it, so
+        #: the receive does, once, and the worker logs the outage and backs off.
+        self.unavailable_error: KafkaError | None = None
         #: Client error text -> when it was last logged as a warning.
         self._client_errors_logged: dict[str, float] = {}
         self._handles = _Handles()
@@ -302,6 +316,8 @@ class KafkaDriver(Driver):
                 logger.error("Kafka %s: %s", self.bootstrap, error.str())
             self.fatal_error = error
             return
+        if classify(error) is BrokerUnavailableError:
+            self.unavailable_error = error
         # librdkafka reconnects by itself, with backoff, and reports every
         # failed attempt: the same complaint is logged once per interval.
         text, now = error.str(), time.monotonic()

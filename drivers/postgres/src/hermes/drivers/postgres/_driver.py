@@ -183,7 +183,9 @@ class PostgresDriver(Driver):
         except psycopg.OperationalError:
             # The idle connections most likely died with this one (a restart,
             # terminated backends): replace them now, not one failed call each.
-            pool.check()
+            # On a thread of its own: on a silent server each check waits out
+            # tcp_user_timeout, which this call has waited once already.
+            threading.Thread(target=pool.check, name="hermes-pool-check", daemon=True).start()
             raise
 
     # Schema --------------------------------------------------------------------

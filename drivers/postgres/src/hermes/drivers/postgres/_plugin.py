@@ -36,7 +36,25 @@ OPTIONS = {
     "application_name": "shown in pg_stat_activity (default hermes)",
 }
 #: libpq settings passed through as they are.
-_LIBPQ_OPTIONS = ("sslmode", "sslrootcert", "sslcert", "sslkey", "target_session_attrs")
+_LIBPQ_OPTIONS = (
+    "sslmode",
+    "sslrootcert",
+    "sslcert",
+    "sslkey",
+    "target_session_attrs",
+)
+#: libpq's TCP settings, with Hermes's defaults: what bounds how long a worker
+#: or an emit waits on a server that went silent (no reset, no reply).
+#: Keepalive probes find a dead peer under an idle LISTEN in 5 + 2 x 3 = 11 s;
+#: ``tcp_user_timeout`` (ms) drops a connection whose sent statement goes
+#: unacknowledged for 10 s, which keepalives alone do not cover.
+SILENCE_SETTINGS = {
+    "keepalives": "1",
+    "keepalives_idle": "5",
+    "keepalives_interval": "2",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "10000",
+}
 #: Options that ask for TLS: without an ``sslmode`` they mean ``verify-full``.
 _TLS_FILES = ("sslrootcert", "sslcert", "sslkey")
 
@@ -63,7 +81,14 @@ def conninfo(url: DriverUrl) -> str:
         "password": url.password or None,
         "application_name": url.get_str("application_name", "hermes"),
     }
-    settings.update({name: url.options[name] for name in _LIBPQ_OPTIONS if name in url.options})
+    settings.update(SILENCE_SETTINGS)
+    settings.update(
+        {
+            name: url.options[name]
+            for name in (*_LIBPQ_OPTIONS, *SILENCE_SETTINGS)
+            if name in url.options
+        }
+    )
     if "sslmode" not in url.options and any(name in url.options for name in _TLS_FILES):
         # A URL that names a root certificate or a client certificate asks
         # for TLS: verify it fully, rather than libpq's default "prefer", which
@@ -75,7 +100,7 @@ def conninfo(url: DriverUrl) -> str:
 def _from_url(url: DriverUrl, **options: Any) -> PostgresDriver:
     from hermes.drivers.postgres._driver import DEFAULT_QUEUE, DEFAULT_TABLE, PostgresDriver
 
-    url.reject_unknown((*OPTIONS, *_LIBPQ_OPTIONS))
+    url.reject_unknown((*OPTIONS, *_LIBPQ_OPTIONS, *SILENCE_SETTINGS))
     url.reject_unknown_keywords(options, ())
     try:
         return PostgresDriver(

@@ -14,6 +14,7 @@ from hermes.drivers.redis._capabilities import CAPABILITIES
 
 if TYPE_CHECKING:
     import redis
+    from redis.retry import Retry
 
     from hermes.core.driver import QueueBrowser
     from hermes.drivers.redis._driver import RedisSetDriver
@@ -56,10 +57,9 @@ def build_client(url: DriverUrl) -> redis.Redis[Any]:
     Its own commands (``put``, ``purge``, ``teardown``, ``RedisShutdown``) are
     retried 3 times within about half a second after a dropped connection; a
     consumer handles its connection itself (see :class:`RedisSetDriver`).
+    A timeout is not retried: see :func:`_retry`.
     """
     import redis
-    from redis.backoff import ExponentialBackoff
-    from redis.retry import Retry
 
     if url.scheme in SENTINEL_SCHEMES:
         return _sentinel_client(url)
@@ -89,7 +89,7 @@ def build_client(url: DriverUrl) -> redis.Redis[Any]:
         # Keepalive probes find a peer that vanished while nothing was sent
         # (the idle worker's BLPOP is bounded by socket_timeout as well).
         socket_keepalive=True,
-        retry=Retry(ExponentialBackoff(cap=0.25, base=0.05), 3),
+        retry=_retry(),
         **tls_settings(url),
     )
 
@@ -105,8 +105,6 @@ def _sentinel_client(url: DriverUrl) -> redis.Redis[Any]:
     or an emitter that loses its connection in a failover reconnects to the
     promoted replica (the worker through core's backoff).
     """
-    from redis.backoff import ExponentialBackoff
-    from redis.retry import Retry
     from redis.sentinel import Sentinel
 
     service, _, db = url.path.partition("/")
@@ -137,9 +135,26 @@ def _sentinel_client(url: DriverUrl) -> redis.Redis[Any]:
         db=int(db or 0),
         username=url.username or None,
         password=url.password or None,
-        retry=Retry(ExponentialBackoff(cap=0.25, base=0.05), 3),
+        retry=_retry(),
         **timeouts,
         **tls,
+    )
+
+
+def _retry() -> Retry:
+    """Retry a command whose connection was dropped, but not one that timed out.
+
+    A reset or closed connection (a restart, an idle connection the server
+    dropped) is worth a new one at once. A timeout means the server went
+    silent: each retry would wait ``socket_connect_timeout`` again, so an
+    emit raises after one ``socket_timeout`` instead of several.
+    """
+    import redis
+    from redis.backoff import ExponentialBackoff
+    from redis.retry import Retry
+
+    return Retry(
+        ExponentialBackoff(cap=0.25, base=0.05), 3, supported_errors=(redis.ConnectionError,)
     )
 
 

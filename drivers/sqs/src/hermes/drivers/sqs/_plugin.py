@@ -18,6 +18,16 @@ from hermes.drivers.sqs._capabilities import CAPABILITIES
 if TYPE_CHECKING:
     from hermes.drivers.sqs._driver import AmazonSqsDriver
 
+#: Seconds to open a connection to the endpoint.
+CONNECT_TIMEOUT_S = 3.0
+#: Seconds a request waits for its reply beyond the long poll's ``wait_time``:
+#: SQS answers in milliseconds, so a silent endpoint is one that went away.
+READ_TIMEOUT_S = 3.0
+#: Tries per request. One retry rides out a throttle or a dropped connection;
+#: more would multiply how long an emit to a silent endpoint blocks
+#: (each try waits its own timeout): about 10 s with these defaults.
+MAX_ATTEMPTS = 2
+
 #: Every option ``sqs://`` accepts, with what it sets.
 OPTIONS = {
     "region": "AWS region (else the AWS chain: AWS_DEFAULT_REGION, profile)",
@@ -31,6 +41,10 @@ OPTIONS = {
     "max_receive_count": "receipts before the dead-letter queue (default 5)",
     "retention": "MessageRetentionPeriod in seconds",
     "delay": "honour execute_at with DelaySeconds and re-hiding (default false)",
+    "connect_timeout": f"seconds to open a connection (default {CONNECT_TIMEOUT_S:g})",
+    "read_timeout": f"seconds a request waits for the reply beyond wait_time "
+    f"(default {READ_TIMEOUT_S:g})",
+    "max_attempts": f"tries per request, the first included (default {MAX_ATTEMPTS})",
 }
 
 
@@ -74,10 +88,13 @@ def _client_factory(url: DriverUrl, wait_time_s: int) -> Any:
     endpoint_url = url.options.get("endpoint_url") or None
     profile = url.options.get("profile") or None
     config = Config(
-        connect_timeout=5,
+        connect_timeout=url.get_float("connect_timeout", CONNECT_TIMEOUT_S, minimum=0.1),
         # A long poll holds the request open for wait_time_s.
-        read_timeout=wait_time_s + 10,
-        retries={"mode": "standard", "max_attempts": 3},
+        read_timeout=wait_time_s + url.get_float("read_timeout", READ_TIMEOUT_S, minimum=0.1),
+        retries={
+            "mode": "standard",
+            "max_attempts": url.get_int("max_attempts", MAX_ATTEMPTS, minimum=1),
+        },
     )
     try:
         session = boto3.session.Session(profile_name=profile, region_name=region)
