@@ -671,6 +671,7 @@ class Kit:
         max_items: int = 0,
         shutdown_file: Path | None = None,
         concurrency: int = 1,
+        grace_s: float | None = None,
     ) -> WorkerProcess:
         """A worker process on this test's URL recording into :attr:`record_path`."""
         argv = [
@@ -688,6 +689,8 @@ class Kit:
             argv += ["--shutdown-file", str(shutdown_file)]
         if concurrency != 1:
             argv += ["--concurrency", str(concurrency)]
+        if grace_s is not None:
+            argv += ["--grace", str(grace_s)]
         for plugin in self.target.plugins:
             argv += ["--plugin", plugin]
         log = self.tmp_path / f"worker-{len(self._processes) + 1}.log"
