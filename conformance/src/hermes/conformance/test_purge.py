@@ -65,12 +65,12 @@ def test_purge_of_one_priority_leaves_other_priorities_and_the_messages_in_handl
         removed = driver.purge(DEFAULT_PRIORITY)
     finally:
         dispatcher.go_on.set()  # the held message is released: it was not waiting
+    assert blocked.join(DELIVERY_S), "the worker did not end after its callback raised"
+    blocked.stop(expect=Exception)
     assert removed == len(low), (
         f"purge({DEFAULT_PRIORITY}) deleted {removed} messages; {len(low)} were waiting there "
         f"({_READY} ready, {_LATER} scheduled)"
     )
-    assert blocked.join(DELIVERY_S), "the worker did not end after its callback raised"
-    blocked.stop(expect=Exception)
 
     hermes_kit.worker()
     wanted = {m.id for m in high}
