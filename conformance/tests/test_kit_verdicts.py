@@ -68,6 +68,17 @@ UNKNOWN_RESTRICTION = (
 )
 BUSY_SHUTDOWN = "test_a_busy_worker_stops_after_the_message_in_progress_and_leaves_the_backlog"
 FORK_AT_ONCE = "test_children_forked_from_a_used_driver_send_at_once_with_the_parent"
+LONG_HANDLER = "test_a_handler_running_three_times_the_redelivery_timeout_is_delivered_once"
+GRACE = "test_a_handler_outliving_the_grace_period_keeps_its_message_until_its_worker_is_gone"
+OVER_SIZE = "test_a_message_one_byte_over_the_declared_maximum_is_refused_at_send_and_sends_nothing"
+JSON_VALUES = "test_every_json_type_and_edge_value_comes_back_exactly_as_the_serializer_promises"
+ACKS_AT_STOP = "test_every_acknowledgement_reaches_the_broker_however_often_the_worker_stops"
+RELEASE_OFF_THREAD = "test_a_message_released_from_a_handler_thread_at_concurrency_four_comes_back"
+POISON_PAST_LEASE = "test_a_rejected_body_does_not_come_back_after_its_lease_runs_out"
+DROPPED = "test_a_message_whose_connection_dropped_before_its_settle_is_delivered_again"
+PURGE_ONE = "test_purge_of_one_priority_leaves_other_priorities_and_the_messages_in_handlers"
+WARM = "test_a_worker_that_has_run_a_while_beside_another_still_honours_priority_and_delay"
+THOUSANDS = "test_thousands_waiting_and_scheduled_all_arrive_once_highest_priority_first"
 
 #: URL (``{dir}``: a fresh queue directory) -> (kit tests that must fail, text the output shows).
 BROKEN = {
@@ -119,7 +130,34 @@ BROKEN = {
     ),
     "ignores-max-items+file://{dir}": ([MAX_ITEMS_PROCESS], "did not exit by itself"),
     "slow-shutdown+file://{dir}": ([SHUTDOWN_PROCESS], "after SharedFileShutdown asked"),
+    # The consumer contract (broken_contract.py): leases, close, settles, sizes, values.
+    "no-lease-renewal://x": ([LONG_HANDLER], "while the first handler still ran"),
+    "releases-on-close://x": ([GRACE], "close() must not release a message that is still held"),
+    "own-send://x": ([OVER_SIZE], "was accepted although max_message_bytes=65536"),
+    "lossy-json://x": ([JSON_VALUES], "is 9007199254740992.0 (float), not 9007199254740993"),
+    "defers-acks://x": ([ACKS_AT_STOP], "came back after their worker stopped"),
+    "release-acks-off-thread://x": ([RELEASE_OFF_THREAD], "released from a handler thread"),
+    "reject-keeps-held://x": ([POISON_PAST_LEASE], "came back after its worker was gone"),
+    "loses-held-on-drop://x": ([DROPPED], "it was lost"),
+    "purge-all-delayed://x": ([PURGE_ONE], "a scheduled one of priority 200"),
+    "purge-in-flight://x": ([PURGE_ONE], "the message in a handler, released"),
+    "turns-fair://x": ([WARM], "no longer reads highest priority first"),
+    "schedule-ahead://x": ([WARM], "before its execute_at"),
+    "caps-queue://x": ([THOUSANDS], "never arrived"),
+    "caps-schedule://x": ([THOUSANDS], "never arrived"),
 }
+
+_NO_DROP = (
+    "not verified: no way to drop the connection (give the driver drop_connection() "
+    "or run with --hermes-drop-connection COMMAND)"
+)
+
+#: URL -> (a kit test, its bound in s): the driver hangs inside the test itself, where
+#: only the kit's per-test bound (``--hermes-test-timeout``) can end it.
+BOUNDED = {"hangs-send://x": (HANDLED, 10.0)}
+
+#: The kit's new checks, failing without ``--hermes-strict``: a warning, not a failure.
+PROVISIONAL = "releases-on-close://x"
 
 #: URL -> (a kit test to run, what its teardown error says): close() or teardown() hangs.
 HANGS = {
@@ -174,8 +212,13 @@ _IN_PROCESS_ONLY = {
 
 
 def _load_broken_drivers() -> ModuleType:
-    path = Path(__file__).with_name("broken_drivers.py")
-    spec = importlib.util.spec_from_file_location("broken_drivers", path)
+    return _load_module("broken_drivers")
+
+
+@functools.cache
+def _load_module(name: str) -> ModuleType:
+    path = Path(__file__).with_name(f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -183,6 +226,13 @@ def _load_broken_drivers() -> ModuleType:
 
 
 broken_drivers = _load_broken_drivers()
+
+
+def _describe(url: str) -> str:
+    """The bug of the broken driver ``url`` names, from whichever module defines it."""
+    scheme = url.split(":")[0]
+    contract = _load_module("broken_contract")
+    return contract.describe(scheme) or broken_drivers.describe(scheme)
 
 
 @dataclass(frozen=True)
@@ -208,9 +258,21 @@ def _kit_args(
     url: str,
     *args: str,
     modules: Sequence[str] = ("hermes.conformance",),
-    plugin: str = "broken_drivers",
+    plugins: Sequence[str] = ("broken_drivers", "broken_contract"),
+    strict: bool = True,
 ) -> list[str]:
-    return ["--pyargs", *modules, "--hermes-url", url, "--hermes-plugin", plugin, *args]
+    """The kit's arguments; strict: the kit's new checks are required (a broken driver
+    must fail them, not be warned about them)."""
+    loaded = [arg for plugin in plugins for arg in ("--hermes-plugin", plugin)]
+    return [
+        "--pyargs",
+        *modules,
+        "--hermes-url",
+        url,
+        *loaded,
+        *(["--hermes-strict"] if strict else []),
+        *args,
+    ]
 
 
 def _scale(url: str) -> float:
@@ -233,14 +295,21 @@ def _controls() -> dict[tuple[str, float], set[str]]:
             controls.setdefault(key, set()).update(must_fail)
     for test, _ in HANGS.values():
         controls.setdefault(("memory", 0.3), set()).add(test)
+    for test, _ in BOUNDED.values():
+        controls.setdefault(("memory", 0.3), set()).add(test)
     return controls
 
 
-def _only(url: str, tests: Sequence[str]) -> list[str]:
+def _only(url: str, tests: Sequence[str], *args: str, strict: bool = True) -> list[str]:
     """The kit on ``url``, running just ``tests`` (their modules only: it starts faster)."""
     kit = _kit_tests()
     modules = sorted({kit[name].module for name in tests})
-    return _kit_args(url, "-k", " or ".join(tests), modules=modules)
+    return _kit_args(url, "-k", " or ".join(tests), *args, modules=modules, strict=strict)
+
+
+#: The sound memory driver the controls run on: memory with a drop_connection() that,
+#: like a broker with leases, keeps what the dropped connection held.
+_MEMORY_CONTROL = "keeps-held-on-drop://control"
 
 
 @pytest.fixture(scope="module")
@@ -263,7 +332,7 @@ def verdicts(
         runs = {"memory": pool.submit(kit_runner.run, *_kit_args("memory://selftest"))}
         example = tmp_path_factory.mktemp("sqlite") / "jobs.db"
         runs["sqlite"] = pool.submit(
-            kit_runner.run, *_kit_args(f"sqlite://{example}", plugin="sqlite_driver")
+            kit_runner.run, *_kit_args(f"sqlite://{example}", plugins=["sqlite_driver"])
         )
         for url, (must_fail, _) in BROKEN.items():
             if "{dir}" in url and not _HAS_FILESYSTEM:
@@ -273,10 +342,17 @@ def verdicts(
             )
         for url, (test, _) in HANGS.items():
             runs[url] = pool.submit(kit_runner.run, *_only(url, [test]), scale=_scale(url))
+        for url, (test, bound_s) in BOUNDED.items():
+            timeout = ["--hermes-test-timeout", str(bound_s)]
+            runs[url] = pool.submit(kit_runner.run, *_only(url, [test], *timeout), scale=0.3)
+        must_fail, _ = BROKEN[PROVISIONAL]
+        runs["provisional"] = pool.submit(
+            kit_runner.run, *_only(PROVISIONAL, must_fail, strict=False), scale=0.3
+        )
         for (inner, scale), tests in _controls().items():
             if inner == "file" and not _HAS_FILESYSTEM:
                 continue
-            sound = url_for("file://{dir}") if inner == "file" else "memory://control"
+            sound = url_for("file://{dir}") if inner == "file" else _MEMORY_CONTROL
             runs[f"control {inner} x{scale}"] = pool.submit(
                 kit_runner.run, *_only(sound, sorted(tests)), scale=scale
             )
@@ -297,14 +373,17 @@ def test_the_kit_passes_on_the_memory_driver_and_says_what_it_could_not_verify(
     assert run.returncode == 0, run.describe()
     assert run.with_outcome("failed") + run.with_outcome("error") == [], run.describe()
     skipped = {name: run.reasons[name] for name in run.with_outcome("skipped")}
-    assert skipped == dict.fromkeys(_IN_PROCESS_ONLY, "not verified: driver is in-process")
-    assert set(run.with_outcome("passed")) == set(_kit_tests()) - _IN_PROCESS_ONLY
+    assert skipped == {
+        **dict.fromkeys(_IN_PROCESS_ONLY, "not verified: driver is in-process"),
+        DROPPED: _NO_DROP,
+    }
+    assert set(run.with_outcome("passed")) == set(_kit_tests()) - _IN_PROCESS_ONLY - {DROPPED}
     assert (
         "delivery AT_LEAST_ONCE: handler crash (in-process): delivered again verified; "
         "an Exception escaping the callback: raised, delivered again verified; "
         "SIGKILL mid-handler not verified: driver is in-process" in run.output
     ), run.describe()
-    assert "32 verified, 7 not verified, 0 not applicable, 0 failed" in run.output
+    assert "44 verified, 8 not verified, 0 not applicable, 0 failed" in run.output
 
 
 def test_the_example_driver_of_the_kit_readme_passes_the_kit(
@@ -314,8 +393,9 @@ def test_the_example_driver_of_the_kit_readme_passes_the_kit(
 
     assert run.returncode == 0, run.describe()
     assert run.with_outcome("failed") + run.with_outcome("error") == [], run.describe()
-    not_offered = {STATS} | CLAIMS | HEARTBEATS  # the example driver has none of the three
-    assert set(run.with_outcome("passed")) == set(_kit_tests()) - not_offered, run.describe()
+    # It has no queue_stats(), purge(), drop_connection(), claim() or heartbeats.
+    skipped = {STATS, DROPPED, PURGE_ONE} | CLAIMS | HEARTBEATS
+    assert set(run.with_outcome("passed")) == set(_kit_tests()) - skipped, run.describe()
 
 
 def test_the_kit_readme_shows_the_example_driver_as_it_is_tested() -> None:
@@ -332,7 +412,7 @@ def test_each_broken_driver_fails_the_kit_tests_that_catch_its_bug(
     if url not in verdicts:
         pytest.skip(_NO_FILESYSTEM)
     must_fail, reason = BROKEN[url]
-    bug = broken_drivers.describe(url.split(":")[0])
+    bug = _describe(url)
 
     run = verdicts[url].result()
 
@@ -345,7 +425,7 @@ def test_a_close_or_teardown_that_hangs_fails_the_kit_teardown_within_its_bound_
     verdicts: dict[str, Future[Any]], url: str
 ) -> None:
     test, reason = HANGS[url]
-    bug = broken_drivers.describe(url.split(":")[0])
+    bug = _describe(url)
 
     run = verdicts[url].result()
 
@@ -388,3 +468,30 @@ def test_a_failing_kit_assertion_shows_the_values_it_compared(
 
     assert "E       AssertionError: not read highest priority first" in run.output, run.describe()
     assert "At index 0 diff: 100 != 300" in run.output, run.describe()
+
+
+@pytest.mark.parametrize("url", list(BOUNDED))
+def test_a_driver_call_that_hangs_inside_a_test_fails_it_within_the_kits_own_bound(
+    verdicts: dict[str, Future[Any]], url: str
+) -> None:
+    test, bound_s = BOUNDED[url]
+    run = verdicts[url].result()
+
+    assert run.outcomes == {test: "failed"}, f"bug: {_describe(url)}\n{run.describe()}"
+    assert (
+        f"the test did not end within {bound_s * 0.3:.1f} s (scaled), the kit's bound" in run.output
+    ), run.describe()
+    assert "it is stuck in" in run.output and "broken_contract.py:" in run.output, run.describe()
+    assert run.duration_s < 60, f"the run took {run.duration_s:.0f} s\n{run.describe()}"
+
+
+def test_a_new_check_that_fails_is_a_warning_unless_the_run_is_strict(
+    verdicts: dict[str, Future[Any]],
+) -> None:
+    must_fail, _ = BROKEN[PROVISIONAL]
+    run = verdicts["provisional"].result()
+
+    assert run.returncode == 0, run.describe()
+    assert run.outcomes == dict.fromkeys(must_fail, "xfailed"), run.describe()
+    assert "provisional failure (warning)" in run.output, run.describe()
+    assert "WARNING: provisional checks failed" in run.output, run.describe()

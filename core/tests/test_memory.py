@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ from hermes_test_support import StopWhen
 from hermes.core import (
     DEFAULT_PRIORITY,
     ConfigurationError,
+    DeliveryError,
     Message,
     UnknownPriorityError,
     connect,
@@ -22,6 +24,7 @@ from hermes.core.driver import (
     Delay,
     Delivery,
     MemoryDriver,
+    MessageSerializer,
     SupportsPurge,
     SupportsTeardown,
     isolated_url,
@@ -427,3 +430,43 @@ def test_an_isolated_memory_url_names_its_own_broker() -> None:
 def test_max_process_items_cannot_be_negative(driver: MemoryDriver) -> None:
     with pytest.raises(ValueError, match="-1"):
         driver.set_max_process_items(-1)
+
+
+def test_a_consumer_closed_with_a_message_unsettled_keeps_it_until_its_lease_runs_out(
+    broker_name: str,
+) -> None:
+    driver = MemoryDriver(broker_name, redelivery_timeout_s=0.3)
+    driver.send(Message("job"))
+    consumer = driver.consumer(())
+    held = consumer.receive(1)
+    assert held is not None
+
+    consumer.close()
+    closed_at = time.monotonic()
+
+    other = driver.consumer(())
+    assert other.receive(0.1) is None, "handed to another worker while its handler may run"
+    again = other.receive(2)
+    assert again is not None and again.body == held.body
+    assert time.monotonic() - closed_at >= 0.3
+    consumer.ack(held)  # a late settle of a lease that ran out changes nothing
+    assert driver.queue_stats()[0].in_flight == 1
+
+
+def test_a_message_over_max_message_bytes_is_refused_before_it_reaches_the_broker(
+    broker_name: str,
+) -> None:
+    class Small(MemoryDriver):
+        capabilities = replace(MemoryDriver.capabilities, max_message_bytes=200)
+
+    driver = Small(broker_name)
+    fits = Message("job", {"blob": ""})
+    overhead = len(MessageSerializer().serialize(fits).encode())
+    over = fits.replace(payload={"blob": "x" * (201 - overhead)})
+
+    with pytest.raises(DeliveryError, match=r"is 201 bytes serialized, over .* of 200"):
+        driver.send(over)
+    with pytest.raises(DeliveryError, match="201 bytes"):
+        driver.send_batch([fits, over])
+    driver.send_raw(b"x" * 500)  # the kit's poison is not held to it
+    assert driver.queue_stats()[0].ready == 1

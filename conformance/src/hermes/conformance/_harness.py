@@ -30,7 +30,8 @@ import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from types import FrameType
+from typing import Any, Protocol, runtime_checkable
 
 import pytest
 
@@ -87,6 +88,20 @@ _NAMESPACE_LENGTH = 48
 _POLL_S = 0.02
 
 
+@runtime_checkable
+class SupportsDropConnection(Protocol):
+    """Optional, for the kit alone: drop this driver object's broker connections.
+
+    As a server restart or an idle timeout would: close the sockets under the
+    client without telling it, so the next call finds them gone. Messages the
+    broker handed out on them follow its rules (returned, or kept under a
+    lease); the driver must reconnect and lose nothing. A driver without it
+    is checked through ``--hermes-drop-connection COMMAND``, or not at all.
+    """
+
+    def drop_connection(self) -> None: ...
+
+
 # Time ------------------------------------------------------------------------
 
 
@@ -109,9 +124,13 @@ def scaled(seconds: float) -> float:
     return seconds * time_scale()
 
 
-def wait_until(predicate: Callable[[], object], timeout_s: float) -> bool:
-    """Poll ``predicate`` until it is true or ``timeout_s`` (scaled) passed; its last truth."""
-    deadline = time.monotonic() + scaled(timeout_s)
+def wait_until(predicate: Callable[[], object], timeout_s: float, *, scale: bool = True) -> bool:
+    """Poll ``predicate`` until it is true or ``timeout_s`` (scaled) passed; its last truth.
+
+    ``scale=False`` for a span the broker measures (a lease, a visibility
+    timeout): the kit's time scale does not change how long those last.
+    """
+    deadline = time.monotonic() + (scaled(timeout_s) if scale else timeout_s)
     pause = 0.001  # fast drivers answer in a millisecond; slow ones are polled every 20 ms
     while True:
         if predicate():
@@ -122,13 +141,13 @@ def wait_until(predicate: Callable[[], object], timeout_s: float) -> bool:
         pause = min(pause * 2, _POLL_S)
 
 
-def stays_false(predicate: Callable[[], object], window_s: float) -> bool:
+def stays_false(predicate: Callable[[], object], window_s: float, *, scale: bool = True) -> bool:
     """True if ``predicate`` stays false for the whole window (``window_s`` scaled).
 
     The "must not arrive" check: a fixed-length wait by design. It returns as
     soon as the predicate turns true, so it never makes a test slower to fail.
     """
-    return not wait_until(predicate, window_s)
+    return not wait_until(predicate, window_s, scale=scale)
 
 
 def wait_for_progress(count: Callable[[], int], target: int, idle_s: float) -> bool:
@@ -176,6 +195,11 @@ def where(thread: threading.Thread) -> str:
     frame = sys._current_frames().get(thread.ident or -1)
     if frame is None:
         return "(the thread has ended)"
+    return where_frame(frame)
+
+
+def where_frame(frame: FrameType) -> str:
+    """:func:`where` for a frame: the line a stack is stuck on."""
     frames = traceback.extract_stack(frame)
 
     def own(f: traceback.FrameSummary) -> bool:
@@ -350,9 +374,15 @@ class KitDispatcher(Dispatcher):
     """
 
     def __init__(
-        self, driver: Driver, ledger: Ledger, name: str, shutdown: Shutdown, concurrency: int = 1
+        self,
+        driver: Driver,
+        ledger: Ledger,
+        name: str,
+        shutdown: Shutdown,
+        concurrency: int = 1,
+        grace_s: float = 30.0,
     ) -> None:
-        super().__init__(driver, shutdown=shutdown, concurrency=concurrency)
+        super().__init__(driver, shutdown=shutdown, concurrency=concurrency, grace_s=grace_s)
         self.ledger = ledger
         self.name = name
 
@@ -394,6 +424,7 @@ class Worker:
         shutdown: Shutdown | None = None,
         dispatcher_class: type[KitDispatcher] = KitDispatcher,
         concurrency: int = 1,
+        grace_s: float = 30.0,
     ) -> None:
         self.driver = driver
         self.name = name
@@ -402,7 +433,7 @@ class Worker:
         #: ``time.monotonic()`` of the first request to stop.
         self._stop_asked_at = 0.0
         self.dispatcher = dispatcher_class(
-            driver, ledger, name, _StopOrUser(self._stop, shutdown), concurrency
+            driver, ledger, name, _StopOrUser(self._stop, shutdown), concurrency, grace_s
         )
         for type_, type_handlers in handlers.items():
             self.dispatcher.register_handlers(type_, type_handlers)
@@ -610,6 +641,7 @@ class Kit:
         dispatcher_class: type[KitDispatcher] = KitDispatcher,
         start: bool = True,
         concurrency: int = 1,
+        grace_s: float = 30.0,
     ) -> Worker:
         """A worker thread on its own driver (``driver`` or a new one), started."""
         worker = Worker(
@@ -621,6 +653,7 @@ class Kit:
             shutdown=shutdown,
             dispatcher_class=dispatcher_class,
             concurrency=concurrency,
+            grace_s=grace_s,
         )
         self._workers.append(worker)
         return worker.start() if start else worker
@@ -638,6 +671,7 @@ class Kit:
         max_items: int = 0,
         shutdown_file: Path | None = None,
         concurrency: int = 1,
+        grace_s: float | None = None,
     ) -> WorkerProcess:
         """A worker process on this test's URL recording into :attr:`record_path`."""
         argv = [
@@ -655,6 +689,8 @@ class Kit:
             argv += ["--shutdown-file", str(shutdown_file)]
         if concurrency != 1:
             argv += ["--concurrency", str(concurrency)]
+        if grace_s is not None:
+            argv += ["--grace", str(grace_s)]
         for plugin in self.target.plugins:
             argv += ["--plugin", plugin]
         log = self.tmp_path / f"worker-{len(self._processes) + 1}.log"

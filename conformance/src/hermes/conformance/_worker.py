@@ -4,7 +4,7 @@
 
     python -m hermes.conformance._worker URL RECORD [--type T] [--max-items N]
                                          [--shutdown-file PATH] [--block]
-                                         [--concurrency N]
+                                         [--concurrency N] [--grace S]
                                          [--plugin MODULE ...]
 
 It connects with ``hermes.core.connect(URL)`` and runs a :class:`Dispatcher`
@@ -116,6 +116,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--block", action="store_true", help="record, then sleep in the handler")
     parser.add_argument("--concurrency", type=int, default=1, help="handlers at once")
     parser.add_argument(
+        "--grace", type=float, default=30.0, help="seconds handlers get to finish on a stop"
+    )
+    parser.add_argument(
         "--plugin",
         action="append",
         default=[],
@@ -136,7 +139,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.max_items:
             driver.set_max_process_items(args.max_items)
-        dispatcher = Dispatcher(driver, shutdown=shutdown, concurrency=args.concurrency)
+        dispatcher = Dispatcher(
+            driver, shutdown=shutdown, concurrency=args.concurrency, grace_s=args.grace
+        )
         dispatcher.register_handler(args.type, _RecordingHandler(record, args.block))
         record.write("#ready")
         try:

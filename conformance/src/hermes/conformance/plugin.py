@@ -9,17 +9,27 @@ test run is touched (the plugin only adds its option, its two markers and its
   capabilities once (the ``hermes_target`` fixture);
 * gives every test a :class:`~hermes.conformance._harness.Kit` on a namespace
   of its own (``hermes_kit``) and a driver object on it (``hermes_driver``);
-* turns a failing ``@pytest.mark.hermes_provisional`` test into a warning
-  (an xfail that is not strict) -- new kit tests start that way for one release;
+* turns a failing new test -- ``@pytest.mark.hermes_check(row, check, new=True)``
+  or ``@pytest.mark.hermes_provisional`` -- into a warning (an xfail that is
+  not strict) unless ``--hermes-strict``: new kit tests start that way for one
+  release, so a kit upgrade does not turn a third party's build red overnight;
+* bounds every kit test (``--hermes-test-timeout``, scaled): a test stuck in
+  a driver call fails naming the line, instead of hanging until an outer timeout;
 * ends the run with a summary of which capability rows were verified, not
   verified (and why) or failed, derived from the tests' outcomes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import pkgutil
-from collections.abc import Iterator
+import shlex
+import signal
+import subprocess
+import threading
+from collections.abc import Generator, Iterator
 from pathlib import Path
+from types import FrameType
 
 import pytest
 
@@ -40,6 +50,9 @@ from hermes.core import available_drivers, redact_url  # noqa: E402
 from hermes.core.driver import Driver, DriverUrl  # noqa: E402
 
 _NO_URL = "--hermes-url not given"
+#: The default bound on one kit test, in seconds (scaled): the longest takes a
+#: few minutes on a slow broker (SQS's 3000 messages), most take seconds.
+TEST_TIMEOUT_S = 300.0
 _session_key = pytest.StashKey["KitSession"]()
 
 
@@ -62,12 +75,37 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="import MODULE and register it with hermes.core.plugin_manager(), here and in "
         "the kit's worker processes: for a driver not installed as an entry point",
     )
+    group.addoption(
+        "--hermes-strict",
+        dest="hermes_strict",
+        action="store_true",
+        default=False,
+        help="treat the kit's new checks as required: their failures fail the run "
+        "(without it they are warnings for one release)",
+    )
+    group.addoption(
+        "--hermes-test-timeout",
+        dest="hermes_test_timeout",
+        type=float,
+        default=TEST_TIMEOUT_S,
+        metavar="SECONDS",
+        help=f"fail a kit test still running after SECONDS, scaled (default {TEST_TIMEOUT_S:g})",
+    )
+    group.addoption(
+        "--hermes-drop-connection",
+        dest="hermes_drop_connection",
+        default=None,
+        metavar="COMMAND",
+        help="a shell command that drops the broker's client connections (e.g. "
+        '"redis-cli CLIENT KILL TYPE normal"), for drivers without drop_connection()',
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        "hermes_check(row, check): the capability row and check a conformance test verifies",
+        "hermes_check(row, check, new=False): the capability row and check a conformance "
+        "test verifies; new=True: a failure is a warning unless --hermes-strict",
     )
     config.addinivalue_line(
         "markers",
@@ -103,19 +141,75 @@ def _is_kit_item(item: pytest.Item) -> bool:
     return item.path.resolve().parent == _PACKAGE_DIR
 
 
+def _new_check_reason(item: pytest.Item) -> str | None:
+    """Why ``item``'s failure is only a warning this release, or None if it is required."""
+    provisional = item.get_closest_marker("hermes_provisional")
+    if provisional is not None:
+        return str(
+            provisional.kwargs.get("reason")
+            or (provisional.args[0] if provisional.args else "new test")
+        )
+    check = item.get_closest_marker("hermes_check")
+    if check is not None and check.kwargs.get("new"):
+        return "a check new in this release; required in the next"
+    return None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     with_url = _session_key in config.stash
+    strict = config.getoption("hermes_strict")
     for item in items:
-        provisional = item.get_closest_marker("hermes_provisional")
-        if provisional is not None:
-            reason = provisional.kwargs.get("reason") or (
-                provisional.args[0] if provisional.args else "new test"
-            )
+        reason = _new_check_reason(item)
+        if reason is not None and not strict:
             item.add_marker(
                 pytest.mark.xfail(strict=False, reason=f"provisional (a warning only): {reason}")
             )
         if not with_url and _is_kit_item(item):
             item.add_marker(pytest.mark.skip(reason=_NO_URL))
+
+
+class KitTestTimeout(AssertionError):
+    """A kit test outlived ``--hermes-test-timeout``: raised on the test's own thread."""
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, object, object]:
+    config = item.config
+    bound = config.getoption("hermes_test_timeout")
+    if (
+        _session_key not in config.stash
+        or not _is_kit_item(item)
+        or not bound
+        or threading.current_thread() is not threading.main_thread()
+    ):
+        return (yield)
+    with _alarm(_harness.scaled(bound)):
+        return (yield)
+
+
+@contextlib.contextmanager
+def _alarm(seconds: float) -> Iterator[None]:
+    """Raise :class:`KitTestTimeout` in this (the main) thread after ``seconds``.
+
+    A signal, because a test stuck in a driver call cannot be stopped from
+    another thread; the handler raises wherever the main thread is, which
+    every blocking call Python makes (a lock, a socket, a sleep) lets through.
+    """
+
+    def expired(signum: int, frame: FrameType | None) -> None:
+        where = _harness.where_frame(frame) if frame is not None else "(unknown)"
+        raise KitTestTimeout(
+            f"the test did not end within {seconds:.1f} s (scaled), the kit's bound for "
+            f"one test (--hermes-test-timeout); it is stuck in {where}"
+        )
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 class KitSession:
@@ -255,6 +349,8 @@ _ROWS = (
     "malformed input",
     "concurrent send",
     "fork",
+    "leases",
+    "settles",
 )
 
 
@@ -303,3 +399,48 @@ def hermes_kit(
 def hermes_driver(hermes_kit: _harness.Kit) -> Driver:
     """``connect(kit.url)``: a driver object on this test's namespace."""
     return hermes_kit.driver()
+
+
+class DropConnection:
+    """Drops a driver object's broker connections, the way this run can (see the fixture)."""
+
+    def __init__(self, command: str | None) -> None:
+        #: ``--hermes-drop-connection``: a shell command, for drivers without the method.
+        self.command = command
+
+    def how(self, driver: Driver) -> str | None:
+        """How ``driver``'s connections would be dropped; None when they cannot be."""
+        if isinstance(driver, _harness.SupportsDropConnection):
+            return "the driver's drop_connection()"
+        if self.command:
+            return "--hermes-drop-connection"
+        return None
+
+    def __call__(self, driver: Driver) -> str:
+        """Drop them now; how it was done, for the summary."""
+        how = self.how(driver)
+        if isinstance(driver, _harness.SupportsDropConnection):
+            driver.drop_connection()
+        elif self.command:
+            done = subprocess.run(
+                self.command,
+                shell=True,
+                capture_output=True,
+                text=True,
+                timeout=_harness.scaled(_harness.CLOSE_S),
+            )
+            assert done.returncode == 0, (
+                f"--hermes-drop-connection {shlex.quote(self.command)} exited "
+                f"{done.returncode}: {(done.stderr or done.stdout).strip()[-500:]}"
+            )
+        assert how is not None, "no way to drop the connection (check how() first)"
+        return how
+
+
+@pytest.fixture
+def hermes_drop_connection(request: pytest.FixtureRequest) -> DropConnection:
+    """Drops a driver's broker connections: its own ``drop_connection()``
+    (:class:`~hermes.conformance._harness.SupportsDropConnection`) first, else
+    ``--hermes-drop-connection COMMAND`` run by the shell; ``how(driver)`` is
+    None when neither is there, and the test is then not verified."""
+    return DropConnection(request.config.getoption("hermes_drop_connection"))

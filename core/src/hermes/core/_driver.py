@@ -182,23 +182,45 @@ class Driver(ABC):
     def send(self, message: Message, priority: int = DEFAULT_PRIORITY) -> None:
         """Serialize ``message`` and put it on the queue of ``priority``.
 
-        A :class:`SerializeError` leaves the broker untouched.
+        A :class:`SerializeError` leaves the broker untouched, and so does a
+        message whose serialized bytes exceed ``capabilities.max_message_bytes``:
+        a :class:`DeliveryError` naming its size and the limit.
         """
         item = outgoing(message)
+        self._check_size(item)
         with self.translating(f"sending message #{message.id}", DeliveryError):
             self.put((item,), priority)
 
     def send_batch(self, messages: Sequence[Message], priority: int = DEFAULT_PRIORITY) -> None:
-        """Serialize every message, then put them all in one :meth:`put`."""
+        """Serialize every message, then put them all in one :meth:`put`.
+
+        One message over ``max_message_bytes`` refuses the whole batch, before any I/O.
+        """
         items = [outgoing(message) for message in messages]
+        for item in items:
+            self._check_size(item)
         if items:
             with self.translating(f"sending {len(items)} messages", DeliveryError):
                 self.put(items, priority)
 
     def send_raw(self, body: bytes, priority: int = DEFAULT_PRIORITY) -> None:
-        """Put ``body`` on the broker as it is (the kit's poison, a copy of PHP's bytes)."""
+        """Put ``body`` on the broker as it is (the kit's poison, a copy of PHP's bytes).
+
+        Not held to ``max_message_bytes``: the bytes go to :meth:`put` unchecked.
+        """
         with self.translating("sending a raw body", DeliveryError):
             self.put((Outgoing(bytes(body)),), priority)
+
+    def _check_size(self, item: Outgoing) -> None:
+        # Once here rather than in every driver: a body the driver does not
+        # promise to carry is refused before any I/O, never cut or dropped by
+        # the broker later.
+        limit = self.capabilities.max_message_bytes
+        if len(item.body) > limit:
+            raise DeliveryError(
+                f"{self!r}: message #{item.message_id} is {len(item.body)} bytes serialized, "
+                f"over this driver's max_message_bytes of {limit}; nothing was sent"
+            )
 
     # Errors -----------------------------------------------------------------
 

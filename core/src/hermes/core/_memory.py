@@ -10,6 +10,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Hashable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from hermes.core._consumer import Consumer, Received
@@ -27,6 +28,23 @@ from hermes.core._url import DriverUrl
 
 #: Claims held before the expired ones are swept out.
 _CLAIMS_BEFORE_SWEEP = 10_000
+
+#: How long a message whose consumer closed with it unsettled stays in flight.
+REDELIVERY_TIMEOUT_S = 1.0
+
+
+@dataclass(eq=False)
+class _Lease:
+    """One body taken from a queue and not yet settled: a :class:`Received`'s token."""
+
+    priority: int
+    body: str | bytes
+    #: ``time.monotonic()`` at which the broker hands it out again; None while an
+    #: open consumer holds it (its worker is alive, as a connection would say).
+    expires_at: float | None = None
+    #: It went back to its queue, was settled, or its broker was cleared:
+    #: settling it again does nothing (a stale receipt).
+    over: bool = False
 
 
 class _Broker:
@@ -46,6 +64,12 @@ class _Broker:
         self.dead_letters: list[tuple[str | bytes, str]] = []
         #: priority -> bodies taken by a consumer and not yet settled.
         self.in_flight: collections.Counter[int] = collections.Counter()
+        for lease in getattr(self, "held", ()):
+            lease.over = True  # taken before the clear: gone with everything else
+        #: Every lease not yet over.
+        self.held: set[_Lease] = set()
+        #: The held leases that run out (their consumer closed): in flight until then.
+        self.expiring: list[_Lease] = []
         #: priority -> bodies set aside.
         self.set_aside: collections.Counter[int] = collections.Counter()
         #: Claim key -> when it expires (``time.monotonic()``).
@@ -60,6 +84,39 @@ class _Broker:
         while self.scheduled and self.scheduled[0][0] <= now:
             _, _, priority, data = heapq.heappop(self.scheduled)
             self.queues.setdefault(priority, deque()).append(data)
+
+    def take(self, priority: int, body: str | bytes, expires_at: float | None) -> _Lease:
+        lease = _Lease(priority, body, expires_at)
+        self.held.add(lease)
+        self.in_flight[priority] += 1
+        if expires_at is not None:
+            self.expiring.append(lease)
+        return lease
+
+    def end(self, lease: _Lease) -> bool:
+        """The lease is over (settled or expired); False if it already was."""
+        if lease.over:
+            return False
+        lease.over = True
+        self.held.discard(lease)
+        if lease.expires_at is not None:
+            self.expiring.remove(lease)
+        self.in_flight[lease.priority] -= 1
+        return True
+
+    def expire(self, now: float) -> float | None:
+        """Put bodies whose lease ran out back at the head of their queue; the next expiry."""
+        later: list[float] = []
+        for lease in list(self.expiring):
+            assert lease.expires_at is not None  # only expiring leases are listed
+            if lease.expires_at > now:
+                later.append(lease.expires_at)
+                continue
+            self.end(lease)
+            queue = self.queues.get(lease.priority)
+            if queue is not None:
+                queue.appendleft(lease.body)
+        return min(later, default=None)
 
 
 _brokers: dict[str, _Broker] = {}
@@ -79,6 +136,12 @@ class MemoryDriver(Driver):
     Messages are stored serialized, so the serializer is exercised as on a real
     broker. Removal happens after the callback returns (at-least-once): a
     callback that raises leaves its message at the head of its queue.
+
+    A taken message is in flight while its consumer is open, however long its
+    handler runs (the consumer is the worker's connection). A consumer closed
+    with messages unsettled -- handlers that outlived the grace period -- does
+    not give them back: they return to the head of their queue
+    ``redelivery_timeout_s`` later, as a broker's lease would run out.
     """
 
     capabilities = Capabilities(
@@ -89,12 +152,21 @@ class MemoryDriver(Driver):
         cross_process=False,
         max_message_bytes=16 * 1024 * 1024,
         counts_deliveries=True,
+        redelivery_timeout_s=REDELIVERY_TIMEOUT_S,
     )
 
-    def __init__(self, name: str = "default") -> None:
+    def __init__(
+        self, name: str = "default", *, redelivery_timeout_s: float = REDELIVERY_TIMEOUT_S
+    ) -> None:
+        if not redelivery_timeout_s >= 0:
+            raise ValueError(f"redelivery_timeout_s must be >= 0, got {redelivery_timeout_s!r}")
         #: The broker name: ``memory://NAME``.
         self.name = name
         self._broker = _broker(name)
+        if redelivery_timeout_s != type(self).capabilities.redelivery_timeout_s:
+            self.capabilities = replace(
+                type(self).capabilities, redelivery_timeout_s=redelivery_timeout_s
+            )
 
     def setup_priority_queue(self, name: str, priority: int) -> None:
         with self._broker.condition:
@@ -204,8 +276,8 @@ class MemoryDriver(Driver):
 class _MemoryConsumer(Consumer):
     """Pops under the broker's lock; a released body goes back to the head of its queue.
 
-    Like a broker connection that closes, :meth:`close` gives back every body
-    taken and not acknowledged.
+    :meth:`close` gives nothing back: what is still unsettled stays in flight
+    for ``redelivery_timeout_s``, then returns to the head of its queue.
     """
 
     def __init__(self, driver: MemoryDriver, priorities: Sequence[int]) -> None:
@@ -223,30 +295,41 @@ class _MemoryConsumer(Consumer):
             while True:
                 order = self.driver.check_priorities(broker.queues, self.priorities)
                 now = time.time()
+                next_expiry = broker.expire(time.monotonic())
                 broker.move_due(now)
                 for priority in order:
                     queue = broker.queues.get(priority)
                     if queue:
                         body = queue.popleft()
                         count = broker.deliveries[body] = broker.deliveries.get(body, 0) + 1
-                        received = Received(body, priority, delivery_count=count)
+                        lease = broker.take(priority, body, self.lease_expiry())
+                        received = Received(body, priority, lease, delivery_count=count)
                         self.unsettled.add(received)
-                        broker.in_flight[priority] += 1
                         return received
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return None
                 if broker.scheduled:
                     left = min(left, max(0.0, broker.scheduled[0][0] - now))
+                if next_expiry is not None:
+                    left = min(left, max(0.0, next_expiry - time.monotonic()))
                 broker.condition.wait(left)
 
+    def lease_expiry(self) -> float | None:
+        """When a body taken now is handed out again: never while this consumer is open."""
+        return None
+
     def _settle(self, received: Received) -> bool:
-        """Forget ``received`` as in flight (the caller holds the lock); False if it was not."""
+        """End ``received``'s lease (the caller holds the lock); False if it was over.
+
+        A lease runs out only after its consumer closed; a late settle of one
+        still held works, one that ran out does nothing (it is back on its queue).
+        """
         if received not in self.unsettled:
-            return False  # settled already, or given back by close()
+            return False  # settled already
         self.unsettled.discard(received)
-        self.broker.in_flight[received.priority] -= 1
-        return True
+        lease: _Lease = received.token
+        return self.broker.end(lease)
 
     def ack(self, received: Received) -> None:
         with self.broker.condition:
@@ -270,10 +353,18 @@ class _MemoryConsumer(Consumer):
             self.broker.set_aside[received.priority] += 1
 
     def close(self) -> None:
-        with self.broker.condition:
-            unsettled = list(self.unsettled)
-        for received in unsettled:
-            self.release(received)
+        # Unsettled here means a handler outlived the grace period and may still
+        # run: giving its message back now would let another worker run it too.
+        # It stays in flight until its lease runs out, as on a broker with leases.
+        broker = self.broker
+        expires_at = time.monotonic() + self.driver.capabilities.redelivery_timeout_s
+        with broker.condition:
+            for received in self.unsettled:
+                lease: _Lease = received.token
+                if not lease.over and lease.expires_at is None:
+                    lease.expires_at = expires_at
+                    broker.expiring.append(lease)
+            broker.condition.notify_all()
 
 
 class _MemoryBrowser:

@@ -555,6 +555,7 @@ def _log_start(
     shutdowns: list[Shutdown],
     concurrency: int,
     failed_url: str | None,
+    max_deliveries: int = 0,
 ) -> None:
     caps = driver.capabilities
     logger.info(
@@ -598,4 +599,10 @@ def _log_start(
     else:
         logger.info(
             "Messages given up on are dropped after their log line; --failed-url keeps them"
+        )
+    if max_deliveries:
+        logger.info(
+            "Messages delivered more than %d times are set aside without a handler call "
+            "(--max-deliveries)",
+            max_deliveries,
         )

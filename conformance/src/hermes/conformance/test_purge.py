@@ -1,0 +1,104 @@
+"""``purge(priority)`` deletes what waits on that priority, and nothing else.
+
+With messages ready and due later on two priorities, and one of the lower
+priority held by a running handler: ``purge(100)`` deletes the ready and
+scheduled messages of priority 100 and says how many; the higher priority's
+messages, scheduled ones included, all arrive; and the message in the
+handler, released afterwards, comes back (it was not waiting: purge must not
+touch it).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from hermes.conformance._harness import (
+    DELAY_LATE_S,
+    DELIVERY_S,
+    QUIET_S,
+    Kit,
+    scaled,
+    stays_false,
+    wait_until,
+)
+from hermes.conformance.test_settles import _BlocksThenFails
+from hermes.core import DEFAULT_PRIORITY
+from hermes.core.driver import Delay, Delivery, SupportsPurge
+
+_HIGH = 200
+_READY = 3
+_LATER = 2
+#: How long after the purge the scheduled messages fall due (scaled).
+_DUE_S = 2.0
+
+
+@pytest.mark.hermes_check("queue stats", "purge(priority) deletes only that priority", new=True)
+def test_purge_of_one_priority_leaves_other_priorities_and_the_messages_in_handlers(
+    hermes_kit: Kit,
+) -> None:
+    caps = hermes_kit.capabilities
+    driver = hermes_kit.driver()
+    if not isinstance(driver, SupportsPurge):
+        pytest.skip("not verified: the driver has no purge()")
+    if not caps.priorities:
+        pytest.skip("n/a: driver declares priorities=False (purge() is checked separately)")
+    hermes_kit.setup_priority_queue("kit-high", _HIGH)
+    ledger = hermes_kit.ledger
+
+    held = hermes_kit.emit(hermes_kit.message(0))
+    blocked = hermes_kit.worker(dispatcher_class=_BlocksThenFails, priorities=[DEFAULT_PRIORITY])
+    dispatcher = blocked.dispatcher
+    assert isinstance(dispatcher, _BlocksThenFails)
+    assert dispatcher.started.wait(scaled(DELIVERY_S)), (
+        f"message {held.id} was not delivered within {DELIVERY_S} s (scaled)"
+    )
+    due = time.time() + scaled(_DUE_S)
+    low = [hermes_kit.emit(hermes_kit.message(n)) for n in range(1, _READY + 1)]
+    low += [hermes_kit.emit(hermes_kit.message(10 + n, execute_at=due)) for n in range(_LATER)]
+    high = [hermes_kit.emit(hermes_kit.message(20 + n), _HIGH) for n in range(_READY)]
+    high += [
+        hermes_kit.emit(hermes_kit.message(30 + n, execute_at=due), _HIGH) for n in range(_LATER)
+    ]
+    try:
+        removed = driver.purge(DEFAULT_PRIORITY)
+    finally:
+        dispatcher.go_on.set()  # the held message is released: it was not waiting
+    assert blocked.join(DELIVERY_S), "the worker did not end after its callback raised"
+    blocked.stop(expect=Exception)
+    assert removed == len(low), (
+        f"purge({DEFAULT_PRIORITY}) deleted {removed} messages; {len(low)} were waiting there "
+        f"({_READY} ready, {_LATER} scheduled)"
+    )
+
+    hermes_kit.worker()
+    wanted = {m.id for m in high}
+    if caps.delivery is Delivery.AT_LEAST_ONCE:
+        wanted.add(f"again:{held.id}")
+
+    def arrived() -> set[str]:
+        return set(ledger.ids()) | ({f"again:{held.id}"} if len(ledger.of(held.id)) > 1 else set())
+
+    late_s = _DUE_S + DELAY_LATE_S if caps.delay is Delay.NATIVE else 0.0
+    bound = caps.redelivery_timeout_s + DELIVERY_S + late_s
+    later = {m.id for m in high[_READY:]}
+
+    def what(id_: str) -> str:
+        if id_ == f"again:{held.id}":
+            return "the message in a handler, released (purge must leave it)"
+        return f"a {'scheduled' if id_ in later else 'ready'} one of priority {_HIGH}"
+
+    assert wait_until(lambda: wanted <= arrived(), bound), (
+        f"after purge({DEFAULT_PRIORITY}) these never arrived: "
+        + ", ".join(what(id_) for id_ in sorted(wanted - arrived()))
+    )
+    purged = {m.id for m in low}
+    assert stays_false(lambda: purged & set(ledger.ids()), QUIET_S), (
+        f"purge({DEFAULT_PRIORITY}) said it deleted {removed}, yet "
+        f"{len(purged & set(ledger.ids()))} of them arrived"
+    )
+    hermes_kit.claim(
+        f"purge({DEFAULT_PRIORITY}) deleted its {len(low)}, kept priority {_HIGH}'s "
+        f"{len(high)} and the message in a handler"
+    )

@@ -1,0 +1,198 @@
+"""Settles go out as what they were, whenever and from wherever they are made.
+
+An acknowledgement made just before the worker stops reaches the broker
+(a consumer that defers acks, or hands them to the client's thread, flushes
+them in ``close()``): runs of a few messages each, serial and concurrent,
+leave no duplicate behind. A release made from a handler thread is a release:
+the message comes back. A body set aside as poison stays set aside after
+its lease would have run out. And a message whose broker connection dropped
+between its receive and its settle is delivered again, never lost.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import pytest
+
+from hermes.conformance._harness import (
+    DELIVERY_S,
+    QUIET_S,
+    STOP_S,
+    Kit,
+    KitDispatcher,
+    TotalQueue,
+    scaled,
+    stays_false,
+    wait_for_progress,
+    wait_until,
+)
+from hermes.conformance.plugin import DropConnection
+from hermes.conformance.test_delivery import _FailsOnceDispatcher, _RetrySendFailed
+from hermes.conformance.test_leases import require_at_least_once
+from hermes.core import Message
+from hermes.core.driver import Delivery, Driver
+
+_RUNS = 4
+_PER_RUN = 3
+_POISON = b"not a hermes message (the conformance kit's poison)"
+#: What core logs for a body it sets aside.
+_POISON_LOG = "which is not a Hermes message"
+
+
+@pytest.mark.hermes_check("settles", "acks made just before a stop reach the broker", new=True)
+def test_every_acknowledgement_reaches_the_broker_however_often_the_worker_stops(
+    hermes_kit: Kit,
+) -> None:
+    caps = hermes_kit.capabilities
+    ledger = hermes_kit.ledger
+    sent = [hermes_kit.emit(hermes_kit.message(n)).id for n in range(_RUNS * _PER_RUN)]
+    for run in range(_RUNS):
+        driver = hermes_kit.driver()
+        driver.set_max_process_items(_PER_RUN)
+        # Serial runs, then concurrent ones: an ack handed from a handler thread
+        # to the client's own thread must be flushed by close() too.
+        worker = hermes_kit.worker(driver=driver, concurrency=1 if run < _RUNS // 2 else 2)
+        assert worker.join(DELIVERY_S + STOP_S), (
+            f"run {run + 1}: a worker with max items {_PER_RUN} did not return"
+        )
+        worker.check()
+        driver.close()  # as the worker's process would on exit
+    hermes_kit.worker()  # takes whatever came back
+    assert wait_for_progress(ledger.distinct, len(sent), DELIVERY_S), (
+        f"{len(sent) - ledger.distinct()} of {len(sent)} messages never arrived"
+    )
+    window_s = caps.redelivery_timeout_s + scaled(QUIET_S)
+    stays_false(lambda: TotalQueue.of(sent, ledger.ids()).duplicated, window_s, scale=False)
+    check = TotalQueue.of(sent, ledger.ids())
+    hermes_kit.report(f"{_RUNS} runs of max items {_PER_RUN}: {check.summary()}")
+    assert not check.duplicated, (
+        f"{len(check.duplicated)} messages handled once each came back after their worker "
+        f"stopped ({_RUNS} runs of max items {_PER_RUN}): {sorted(check.duplicated)[:5]}; an "
+        "acknowledgement deferred or handed to another thread must reach the broker in close()"
+    )
+    assert not check.lost and not check.unexpected, check.summary()
+    hermes_kit.claim(f"{_RUNS} stops after {_PER_RUN} messages each: no duplicate")
+
+
+@pytest.mark.hermes_check("settles", "a release from a handler thread", new=True)
+def test_a_message_released_from_a_handler_thread_at_concurrency_four_comes_back(
+    hermes_kit: Kit,
+) -> None:
+    caps = hermes_kit.capabilities
+    ledger = hermes_kit.ledger
+    message = hermes_kit.emit(hermes_kit.message(1))
+    failing = hermes_kit.worker(dispatcher_class=_FailsOnceDispatcher, concurrency=4)
+    assert wait_until(lambda: ledger.has(message.id), DELIVERY_S), (
+        f"message {message.id} was not delivered within {DELIVERY_S} s (scaled)"
+    )
+    assert failing.join(DELIVERY_S), (
+        "at concurrency 4, an Exception escaping the callback must end the run; it went on"
+    )
+    failing.stop(expect=_RetrySendFailed)
+    hermes_kit.worker()
+    if caps.delivery is Delivery.AT_LEAST_ONCE:
+        bound = caps.redelivery_timeout_s + DELIVERY_S
+        assert wait_until(lambda: len(ledger.of(message.id)) >= 2, bound), (
+            f"AT_LEAST_ONCE: a message released from a handler thread (concurrency 4) was not "
+            f"delivered again within redelivery_timeout_s + {DELIVERY_S} = {bound} s: the "
+            "release reached the broker as something else"
+        )
+        hermes_kit.claim("a release from a handler thread (concurrency 4): delivered again")
+    else:
+        sentinel = hermes_kit.emit(hermes_kit.message(2))
+        assert wait_until(lambda: ledger.has(sentinel.id), DELIVERY_S), (
+            f"a message sent after the release was not delivered within {DELIVERY_S} s"
+        )
+        hermes_kit.claim("a release from a handler thread (concurrency 4): AT_MOST_ONCE, gone")
+
+
+@pytest.mark.hermes_check("malformed input", "set aside for good, past its lease", new=True)
+def test_a_rejected_body_does_not_come_back_after_its_lease_runs_out(
+    hermes_kit: Kit, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING)
+    caps = hermes_kit.capabilities
+    ledger = hermes_kit.ledger
+
+    def complaints() -> int:
+        return sum(1 for r in caplog.records if _POISON_LOG in r.getMessage())
+
+    hermes_kit.sender.send_raw(_POISON)
+    first = hermes_kit.worker()
+    assert wait_until(lambda: complaints() >= 1, DELIVERY_S), (
+        f"a body that is not a message was not logged within {DELIVERY_S} s (scaled)"
+    )
+    first.stop()
+    first.driver.close()  # its worker is gone: whatever it still held is the broker's again
+
+    sentinel = hermes_kit.emit(hermes_kit.message(1))
+    hermes_kit.worker()
+    assert wait_until(lambda: ledger.has(sentinel.id), DELIVERY_S), (
+        f"a message sent after the poison was not delivered within {DELIVERY_S} s (scaled)"
+    )
+    window_s = caps.redelivery_timeout_s + scaled(QUIET_S)
+    assert stays_false(lambda: complaints() > 1, window_s, scale=False), (
+        f"a body set aside as poison came back after its worker was gone (watched "
+        f"redelivery_timeout_s + {QUIET_S} s): reject() must remove it or set it aside, "
+        "not leave it held"
+    )
+    hermes_kit.claim("a rejected body stays set aside past redelivery_timeout_s")
+
+
+class _BlocksThenFails(KitDispatcher):
+    """Blocks in its callback until the test lets it go, then raises: a release."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.started = threading.Event()
+        self.go_on = threading.Event()
+
+    def handle_message(self, message: Message, priority: int) -> bool:
+        ok = super().handle_message(message, priority)
+        if not self.started.is_set():
+            self.started.set()
+            self.go_on.wait(scaled(DELIVERY_S + STOP_S))
+            raise _RetrySendFailed(f"message {message.id} fails after its connection dropped")
+        return ok
+
+
+@pytest.mark.hermes_check("settles", "connection dropped between receive and settle", new=True)
+def test_a_message_whose_connection_dropped_before_its_settle_is_delivered_again(
+    hermes_kit: Kit, hermes_drop_connection: DropConnection
+) -> None:
+    require_at_least_once(hermes_kit)
+    caps = hermes_kit.capabilities
+    ledger = hermes_kit.ledger
+    driver: Driver = hermes_kit.driver()
+    if hermes_drop_connection.how(driver) is None:
+        pytest.skip(
+            "not verified: no way to drop the connection (give the driver drop_connection() "
+            "or run with --hermes-drop-connection COMMAND)"
+        )
+    message = hermes_kit.emit(hermes_kit.message(1))
+    worker = hermes_kit.worker(driver=driver, dispatcher_class=_BlocksThenFails)
+    dispatcher = worker.dispatcher
+    assert isinstance(dispatcher, _BlocksThenFails)
+    assert dispatcher.started.wait(scaled(DELIVERY_S)), (
+        f"message {message.id} was not delivered within {DELIVERY_S} s (scaled)"
+    )
+    try:
+        how = hermes_drop_connection(driver)
+    finally:
+        dispatcher.go_on.set()  # the release goes out on a connection that is gone
+    assert worker.join(DELIVERY_S + STOP_S), "the worker did not end after its callback raised"
+    # The callback's error, or the broker's if the release could not go out.
+    worker.stop(expect=Exception)
+    driver.close()
+
+    hermes_kit.worker()
+    bound = caps.redelivery_timeout_s + DELIVERY_S
+    assert wait_until(lambda: len(ledger.of(message.id)) >= 2, bound), (
+        f"a message released after its broker connection was dropped ({how}) was not "
+        f"delivered again within redelivery_timeout_s + {DELIVERY_S} = {bound} s (unscaled): "
+        "it was lost"
+    )
+    hermes_kit.claim(f"connection dropped mid-handler ({how}): delivered again")

@@ -1,0 +1,440 @@
+"""Drivers that break one promise of the consumer contract each: the kit must fail them.
+
+Loaded into the kit's runs with ``--hermes-plugin broken_contract``, next to
+``broken_drivers``. Each is a :class:`MemoryDriver` subclass whose bug its
+URL scheme names, broken the way a driver author might: a lease never
+renewed, a close() that gives back what handlers still hold, acks deferred
+and dropped at close, a release that becomes an ack on another thread, ...
+One more, ``keeps-held-on-drop``, is sound: the kit's control for the
+dropped-connection check (the memory driver itself has no connection to drop).
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import threading
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from hermes.core import DEFAULT_PRIORITY, Message, hookimpl
+from hermes.core._memory import MemoryDriver, _Lease, _MemoryConsumer
+from hermes.core.driver import Consumer, DriverPlugin, Outgoing, Received, outgoing
+
+
+class _Broken(MemoryDriver):
+    #: The URL scheme, which names the bug.
+    scheme = ""
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.scheme}://{self.name}>"
+
+
+class _Relay(Consumer):
+    def __init__(self, inner: Consumer) -> None:
+        self.inner = inner
+
+    def receive(self, timeout_s: float) -> Received | None:
+        return self.inner.receive(timeout_s)
+
+    def ack(self, received: Received) -> None:
+        self.inner.ack(received)
+
+    def release(self, received: Received) -> None:
+        self.inner.release(received)
+
+    def reject(self, received: Received, reason: str) -> None:
+        self.inner.reject(received, reason)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+# Leases ------------------------------------------------------------------------
+
+
+class _LeaseRunsOut(_MemoryConsumer):
+    def lease_expiry(self) -> float | None:
+        return time.monotonic() + self.driver.capabilities.redelivery_timeout_s
+
+
+class NeverRenewsItsLease(_Broken):
+    """Leases a taken message for redelivery_timeout_s and never renews it: a handler
+    that runs longer has its message handed to another worker meanwhile."""
+
+    scheme = "no-lease-renewal"
+
+    def consumer(self, priorities: Sequence[int], *, concurrency: int = 1) -> Consumer:
+        super().consumer(priorities, concurrency=concurrency)  # validates them
+        return _LeaseRunsOut(self, priorities)
+
+
+class _ReleasesOnClose(_MemoryConsumer):
+    def close(self) -> None:
+        for received in list(self.unsettled):
+            self.release(received)
+
+
+class ReleasesHeldMessagesOnClose(_Broken):
+    """Its close() releases every message still held, as the previous memory driver did:
+    a handler that outlived the grace period has its message run by another worker."""
+
+    scheme = "releases-on-close"
+
+    def consumer(self, priorities: Sequence[int], *, concurrency: int = 1) -> Consumer:
+        super().consumer(priorities, concurrency=concurrency)
+        return _ReleasesOnClose(self, priorities)
+
+
+# Sizes and values ----------------------------------------------------------------
+
+
+class DefinesItsOwnSend(_Broken):
+    """Keeps the send() and send_batch() it had before the driver contract moved them to
+    core: they put bodies without checking max_message_bytes (declared 64 KiB)."""
+
+    scheme = "own-send"
+    capabilities = replace(MemoryDriver.capabilities, max_message_bytes=64 * 1024)
+
+    def send(self, message: Message, priority: int = DEFAULT_PRIORITY) -> None:
+        self.put([outgoing(message)], priority)
+
+    def send_batch(self, messages: Sequence[Message], priority: int = DEFAULT_PRIORITY) -> None:
+        self.put([outgoing(message) for message in messages], priority)
+
+
+def _as_double(text: str) -> int | float:
+    number = int(text)
+    return number if abs(number) <= 2**53 else float(number)
+
+
+class ReadsNumbersAsDoubles(_Broken):
+    """Stores bodies through a JSON bridge that reads every number as a double, as a
+    JavaScript one does: integers past 2**53 come back as floats."""
+
+    scheme = "lossy-json"
+
+    def put(self, items: Sequence[Outgoing], priority: int = DEFAULT_PRIORITY) -> None:
+        super().put([_through_doubles(item) for item in items], priority)
+
+
+def _through_doubles(item: Outgoing) -> Outgoing:
+    try:
+        document = json.loads(item.body, parse_int=_as_double)
+    except ValueError:
+        return item  # the kit's poison: not JSON, passed on as it is
+    body = json.dumps(document, separators=(",", ":")).encode()
+    return replace(item, body=body)
+
+
+# Settles -------------------------------------------------------------------------
+
+
+class _DefersAcks(_Relay):
+    """Acks are sent with the next receive, in one round trip; close() forgets them."""
+
+    def __init__(self, inner: Consumer) -> None:
+        super().__init__(inner)
+        self.pending: list[Received] = []
+        self.lock = threading.Lock()
+
+    def receive(self, timeout_s: float) -> Received | None:
+        with self.lock:
+            pending, self.pending = self.pending, []
+        for received in pending:
+            self.inner.ack(received)
+        return self.inner.receive(timeout_s)
+
+    def ack(self, received: Received) -> None:
+        with self.lock:
+            self.pending.append(received)
+
+
+class DropsDeferredAcksOnClose(_Broken):
+    """Defers each ack to the next receive (one round trip for several) and does not flush
+    them in close(): the last messages of every run come back after the stop."""
+
+    scheme = "defers-acks"
+
+    def consumer(self, priorities: Sequence[int], *, concurrency: int = 1) -> Consumer:
+        return _DefersAcks(super().consumer(priorities, concurrency=concurrency))
+
+
+class _ReleaseOffThreadAcks(_Relay):
+    def __init__(self, inner: Consumer) -> None:
+        super().__init__(inner)
+        self.owner: int | None = None
+
+    def receive(self, timeout_s: float) -> Received | None:
+        self.owner = threading.get_ident()
+        return self.inner.receive(timeout_s)
+
+    def release(self, received: Received) -> None:
+        if threading.get_ident() != self.owner:
+            # Handed to the client's thread as "settle", which it sends as an ack.
+            self.inner.ack(received)
+        else:
+            self.inner.release(received)
+
+
+class ReleaseFromHandlerThreadAcks(_Broken):
+    """A release made on a handler thread (concurrency above one) reaches the broker as an
+    ack: a message whose callback raised is gone. On the receiving thread it is fine."""
+
+    scheme = "release-acks-off-thread"
+
+    def consumer(self, priorities: Sequence[int], *, concurrency: int = 1) -> Consumer:
+        return _ReleaseOffThreadAcks(super().consumer(priorities, concurrency=concurrency))
+
+
+class _RejectKeepsHeld(_Relay):
+    def reject(self, received: Received, reason: str) -> None:
+        """Logged by core; the body is left as it is (held, under its lease)."""
+
+
+class RejectLeavesPoisonHeld(_Broken):
+    """Its reject() does nothing: a poison body stays held and returns when its lease
+    runs out, to be logged and rejected again by the next worker."""
+
+    scheme = "reject-keeps-held"
+
+    def consumer(self, priorities: Sequence[int], *, concurrency: int = 1) -> Consumer:
+        return _RejectKeepsHeld(super().consumer(priorities, concurrency=concurrency))
+
+
+class _Dropped(_MemoryConsumer):
+    def drop(self) -> None:
+        with self.broker.condition:
+            for received in self.unsettled:
+                lease: _Lease = received.token
+                self.broker.end(lease)  # acknowledged, as far as the broker knows
+
+
+class AcksWhatItHeldOnReconnect(_Broken):
+    """When its connection drops it reconnects clean, acknowledging what the old connection
+    held: a message whose handler then fails is never delivered again."""
+
+    scheme = "loses-held-on-drop"
+
+    def __init__(self, name: str = "default") -> None:
+        super().__init__(name)
+        self.consumers: list[_Dropped] = []
+
+    def consumer(self, priorities: Sequence[int], *, concurrency: int = 1) -> Consumer:
+        super().consumer(priorities, concurrency=concurrency)
+        consumer = _Dropped(self, priorities)
+        self.consumers.append(consumer)
+        return consumer
+
+    def drop_connection(self) -> None:
+        for consumer in self.consumers:
+            consumer.drop()
+
+
+class KeepsHeldOnDrop(_Broken):
+    """Sound: a dropped connection changes nothing the broker holds (the control)."""
+
+    scheme = "keeps-held-on-drop"
+
+    def drop_connection(self) -> None:
+        """A broker with leases keeps what the connection held until the lease ends."""
+
+
+# Purge ---------------------------------------------------------------------------
+
+
+class PurgesEveryPrioritysSchedule(_Broken):
+    """purge(priority) clears that priority's queue and every priority's delayed messages."""
+
+    scheme = "purge-all-delayed"
+
+    def purge(self, priority: int | None = None) -> int:
+        removed = super().purge(priority)
+        with self._broker.condition:
+            self._broker.scheduled.clear()
+        return removed
+
+
+class PurgesInFlight(_Broken):
+    """purge(priority) also deletes the messages running handlers hold: released, they
+    are gone."""
+
+    scheme = "purge-in-flight"
+
+    def purge(self, priority: int | None = None) -> int:
+        removed = super().purge(priority)
+        broker = self._broker
+        with broker.condition:
+            for lease in list(broker.held):
+                if priority is None or lease.priority == priority:
+                    broker.end(lease)
+        return removed
+
+
+# Away from the easy moment -------------------------------------------------------
+
+#: Messages a broker hands out before it counts as warm (busy for a while).
+_WARM = 100
+#: Broker name -> messages handed out, by every consumer of that name.
+_handed_out: Counter[str] = Counter()
+
+
+def _warm(driver: MemoryDriver) -> bool:
+    return _handed_out[driver.name] >= _WARM
+
+
+class _TurnsFair(_MemoryConsumer):
+    def __init__(self, driver: MemoryDriver, priorities: Sequence[int]) -> None:
+        super().__init__(driver, priorities)
+        self.turn = 0
+
+    def receive(self, timeout_s: float) -> Received | None:
+        if _warm(self.driver):
+            with self.broker.condition:
+                order = self.driver.check_priorities(self.broker.queues, self.priorities)
+                self.broker.move_due(time.time())
+                for step in range(len(order)):
+                    priority = order[(self.turn + step) % len(order)]
+                    queue = self.broker.queues.get(priority)
+                    if queue:
+                        self.turn += step + 1
+                        body = queue.popleft()
+                        received = Received(body, priority, self.broker.take(priority, body, None))
+                        self.unsettled.add(received)
+                        return received
+        received = super().receive(timeout_s)
+        if received is not None:
+            _handed_out[self.driver.name] += 1
+        return received
+
+
+class TurnsFairUnderLoad(_Broken):
+    """Reads highest priority first until it has handed out 100 messages, then takes
+    from each priority queue in turn (fairness under sustained load)."""
+
+    scheme = "turns-fair"
+
+    def consumer(self, priorities: Sequence[int], *, concurrency: int = 1) -> Consumer:
+        super().consumer(priorities, concurrency=concurrency)
+        return _TurnsFair(self, priorities)
+
+
+class _CountsHandedOut(_Relay):
+    def __init__(self, inner: Consumer, driver: MemoryDriver) -> None:
+        super().__init__(inner)
+        self.driver = driver
+
+    def receive(self, timeout_s: float) -> Received | None:
+        received = self.inner.receive(timeout_s)
+        if received is not None:
+            _handed_out[self.driver.name] += 1
+        return received
+
+
+class FetchesTheScheduleAhead(_Broken):
+    """Once it has handed out 100 messages it saves round trips: a message due within a
+    minute goes to the busy workers at once, with the ready ones -- early."""
+
+    scheme = "schedule-ahead"
+
+    def put(self, items: Sequence[Outgoing], priority: int = DEFAULT_PRIORITY) -> None:
+        if _warm(self):
+            soon = time.time() + 60
+            items = [
+                replace(item, execute_at=None)
+                if item.execute_at is not None and item.execute_at < soon
+                else item
+                for item in items
+            ]
+        super().put(items, priority)
+
+    def consumer(self, priorities: Sequence[int], *, concurrency: int = 1) -> Consumer:
+        return _CountsHandedOut(super().consumer(priorities, concurrency=concurrency), self)
+
+
+class DropsTheOldestPastFiveHundred(_Broken):
+    """Each queue holds at most 500 waiting messages (a capped list): the oldest go."""
+
+    scheme = "caps-queue"
+
+    def put(self, items: Sequence[Outgoing], priority: int = DEFAULT_PRIORITY) -> None:
+        super().put(items, priority)
+        with self._broker.condition:
+            queue = self._broker.queues[priority]
+            while len(queue) > 500:
+                queue.popleft()
+
+
+class TrimsTheSchedule(_Broken):
+    """Its schedule keeps the 500 soonest delayed messages (a trimmed sorted set)."""
+
+    scheme = "caps-schedule"
+
+    def put(self, items: Sequence[Outgoing], priority: int = DEFAULT_PRIORITY) -> None:
+        super().put(items, priority)
+        broker = self._broker
+        with broker.condition:
+            if len(broker.scheduled) > 500:
+                broker.scheduled = heapq.nsmallest(500, broker.scheduled)
+                heapq.heapify(broker.scheduled)
+
+
+# Hangs ---------------------------------------------------------------------------
+
+
+class HangsInSend(_Broken):
+    """Its put() waits for a broker confirm that never comes."""
+
+    scheme = "hangs-send"
+
+    def put(self, items: Sequence[Outgoing], priority: int = DEFAULT_PRIORITY) -> None:
+        threading.Event().wait()
+
+
+VARIANTS: list[type[_Broken]] = [
+    NeverRenewsItsLease,
+    ReleasesHeldMessagesOnClose,
+    DefinesItsOwnSend,
+    ReadsNumbersAsDoubles,
+    DropsDeferredAcksOnClose,
+    ReleaseFromHandlerThreadAcks,
+    RejectLeavesPoisonHeld,
+    AcksWhatItHeldOnReconnect,
+    KeepsHeldOnDrop,
+    PurgesEveryPrioritysSchedule,
+    PurgesInFlight,
+    TurnsFairUnderLoad,
+    FetchesTheScheduleAhead,
+    DropsTheOldestPastFiveHundred,
+    TrimsTheSchedule,
+    HangsInSend,
+]
+
+
+def _factory(cls: type[_Broken]) -> Any:
+    return lambda url, **options: cls(url.host or url.path or "default")
+
+
+@hookimpl
+def hermes_drivers() -> list[DriverPlugin]:
+    return [
+        DriverPlugin(
+            name=f"broken-{cls.scheme}",
+            schemes=(cls.scheme,),
+            factory=_factory(cls),
+            capabilities=cls.capabilities,
+            isolate=lambda url, namespace: f"{url.scheme}://{namespace}",
+        )
+        for cls in VARIANTS
+    ]
+
+
+def describe(scheme: str) -> str | None:
+    """The bug a scheme names (the class docstring), or None if it is not one of these."""
+    for cls in VARIANTS:
+        if cls.scheme == scheme:
+            return (cls.__doc__ or "").strip()
+    return None
