@@ -6,7 +6,9 @@
 Every system runs the same jobs (``bench/jobs.py``: a no-op, one Redis INCR,
 a 20 ms sleep) in one worker process against the same broker. Hermes runs as
 ``hermes worker`` (with what it watches by default: on Redis the shutdown
-key); on Redis a bare Dispatcher runs beside it. Each peer runs a small grid
+key); on Redis a bare Dispatcher runs beside it, and ``hermes worker`` with
+each observer plugin (hermes-opentelemetry, hermes-sentry: installed, nothing
+configured) against the same worker without it. Each peer runs a small grid
 of documented settings; the fastest is reported with the setting that won,
 and the defaults beside it. Figures go to ``bench/results/`` as Markdown,
 JSON, a PNG chart and a profile of ``hermes worker``; a full run also writes
@@ -40,6 +42,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 import services  # noqa: E402
 from readme import replace_section  # noqa: E402
 
+from bench.hermes_cli import block_observers, observers  # noqa: E402
 from hermes.core import Emitter, Message, connect  # noqa: E402
 from hermes.core.driver import DriverUrl, SupportsTeardown, isolated_url  # noqa: E402
 
@@ -51,6 +54,13 @@ IO_CONCURRENCY = 8
 CONCURRENT = f"--concurrency {IO_CONCURRENCY}"
 BARE = "hermes Dispatcher (bare)"
 WORKER = "hermes worker"
+#: The observer plugins measured on Redis (no-op) against ``hermes worker`` without them:
+#: installed and loaded, with nothing configured (no TracerProvider, no Sentry DSN).
+OBSERVED = ("opentelemetry", "sentry")
+
+
+def observed_system(plugin: str) -> str:
+    return f"{WORKER} + hermes-{plugin}"
 
 
 def handle_metric(job: str) -> str:
@@ -266,6 +276,16 @@ def hermes_command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "hermes.core.cli"]
 
 
+def worker_command(observe: str | None = None) -> list[str]:
+    """``hermes`` with every observer plugin blocked but ``observe`` (see bench.hermes_cli).
+
+    Every ``hermes worker`` row runs through it, so a row measures the same
+    worker whichever plugins the venv holds, and an observed row pays the same
+    start-up as the row it is compared with.
+    """
+    return [sys.executable, "-m", "bench.hermes_cli", *(["--observe", observe] if observe else [])]
+
+
 def io_concurrency_args() -> list[str]:
     """``--concurrency 8`` for the I/O-bound job once ``hermes worker`` offers it."""
     help_text = subprocess.run(
@@ -314,14 +334,16 @@ class Hermes:
         bare: bool = False,
         measure_emit: bool = False,
         concurrent: bool = False,
+        observe: str | None = None,
     ) -> None:
         """Fill a fresh queue with ``n`` messages, then time one worker draining it.
 
         ``concurrent``: the row of ``hermes worker --concurrency 8`` (the I/O-bound
         job always runs so), beside the serial one, as the peers' grid has 1 and 8 threads.
+        ``observe``: the row of ``hermes worker`` with that observer plugin registered.
         """
         url = setting.url(base_url)
-        system = setting.system(bare, concurrent)
+        system = observed_system(observe) if observe else setting.system(bare, concurrent)
         driver = connect(url)
         try:
             started = time.perf_counter()
@@ -339,9 +361,11 @@ class Hermes:
                     argv = [sys.executable, "-m", "bench.hermes_worker", url, str(n)]
                     note = "no CLI, no logging set up, no shutdown watch"
                 else:
-                    argv = [*hermes_command(), "worker", "--url", url]
+                    argv = [*worker_command(observe), "worker", "--url", url]
                     argv += ["--handlers", "bench.jobs:register", "--max-items", str(n)]
                     note = "as users run it"
+                    if observe:
+                        note += f", hermes-{observe} registered, nothing configured"
                     if (job == "sleep" or concurrent) and self.io_args:
                         argv += self.io_args
                         note += f", {' '.join(self.io_args)}"
@@ -374,7 +398,7 @@ class Hermes:
         try:
             with tempfile.TemporaryDirectory() as tmp:
                 out, log = Path(tmp) / "result.json", Path(tmp) / "worker.log"
-                argv = [*hermes_command(), "worker", "--url", url]
+                argv = [*worker_command(), "worker", "--url", url]
                 argv += ["--handlers", "bench.jobs:register", "--max-items", str(count)]
                 with worker(argv, self.env.make(count, out, "noop"), log) as proc:
                     wait_until_logged(log, "Reading priorit", proc, 120)
@@ -505,7 +529,7 @@ def profile_worker(
         with tempfile.TemporaryDirectory() as tmp:
             out, log, saved = Path(tmp) / "r.json", Path(tmp) / "w.log", Path(tmp) / "s"
             argv = [sys.executable, "-m", "pyinstrument", "-r", "session", "-o", str(saved)]
-            argv += [*hermes_command(), "worker", "--url", url, *flags]
+            argv += [*worker_command(), "worker", "--url", url, *flags]
             argv += ["--handlers", "bench.jobs:register", "--max-items", str(n)]
             with worker(argv, env.make(n, out, "incr"), log) as proc:
                 wait_result(out, proc, 600, log)
@@ -998,6 +1022,20 @@ def targets(run: Run) -> list[Target]:
                 f"{WORKER} / {BARE}",
             )
         )
+    for plugin in OBSERVED:
+        # Installed but not configured (no TracerProvider, no DSN): what every
+        # worker of an app that depends on the plugin pays before anyone looks.
+        observed = run.value("redis", observed_system(plugin), handle_metric("noop"))
+        without = run.value("redis", WORKER, handle_metric("noop"))
+        found.append(
+            Target(
+                f"redis, no-op: `hermes worker` with hermes-{plugin} / without",
+                observed / without if observed and without else None,
+                0.9,
+                "x",
+                f"{observed_system(plugin)} / {WORKER}",
+            )
+        )
     for (broker, label), least in RAW_TARGETS.items():
         # The filesystem and SQS raw loops do less than a driver must: no ratio target.
         raw = RAW[broker, label]
@@ -1271,6 +1309,9 @@ def main() -> int:
     rounds = args.rounds or (1 if args.quick else 3)
     started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     run = Run(args.quick, n, n_sleep, rounds, machine(), started, [load_average()])
+    # The emit rows use an Emitter in this process: it must be observed by no
+    # plugin either, whatever the venv holds.
+    block_observers()
     only = set(filter(None, args.only.split(",")))
     jobs = [job for job in JOBS if job in args.jobs.split(",")]
     out = Path(args.out)
@@ -1290,13 +1331,30 @@ def main() -> int:
             run.errors.append(f"{name}: {type(exc).__name__}: {exc}")
             print(f"  !! {name}: {exc}", flush=True)
 
+    installed = observers()
+    observed = [name for name in OBSERVED if name in installed]
+    for name in sorted(set(OBSERVED) - set(observed)):
+        run.errors.append(f"redis {observed_system(name)}: hermes-{name} is not installed here")
+
     def hermes_rounds(broker: str, url: str, n: int, raw: Callable[[], None] | None) -> None:
-        for _ in range(rounds):
+        for round_ in range(rounds):
             for job in jobs:
                 size = n_sleep if job == "sleep" else n
                 for setting in HERMES_SETTINGS[broker]:
                     noop = job == "noop"
-                    hermes.handle(broker, setting, url, job, size, measure_emit=noop)
+                    if noop and broker == "redis" and setting is HERMES_SETTINGS[broker][0]:
+                        # hermes worker without an observer and with each one, back to
+                        # back, the one that goes first rotating per round: a burst of
+                        # noise on this shared machine does not always hit the same row.
+                        turns: list[str | None] = [None, *observed]
+                        shift = round_ % len(turns)
+                        for observe in turns[shift:] + turns[:shift]:
+                            if observe is None:
+                                hermes.handle(broker, setting, url, job, size, measure_emit=True)
+                            else:
+                                hermes.handle(broker, setting, url, job, size, observe=observe)
+                    else:
+                        hermes.handle(broker, setting, url, job, size, measure_emit=noop)
                     if noop:
                         hermes.emit_batched(broker, setting, url, size)
                     if job == "incr" and io_args:
