@@ -1,4 +1,4 @@
-"""Hermes as users run it, against the raw clients and Celery, RQ and Dramatiq, in one run.
+"""Hermes as users run it, against the raw clients and Celery, RQ, Dramatiq and procrastinate.
 
     python -m bench.run [--quick] [--only redis,rabbitmq,...] [--jobs noop,incr,sleep]
     python -m bench.run --render    # the reports of bench/results/latest.json, measuring nothing
@@ -6,7 +6,9 @@
 Every system runs the same jobs (``bench/jobs.py``: a no-op, one Redis INCR,
 a 20 ms sleep) in one worker process against the same broker. Hermes runs as
 ``hermes worker`` (with what it watches by default: on Redis the shutdown
-key); on Redis a bare Dispatcher runs beside it. Each peer runs a small grid
+key); on Redis a bare Dispatcher runs beside it. On PostgreSQL the raw loop
+runs the driver's own claim and delete statements, and procrastinate (in a
+database of its own on the same server) is the peer. Each peer runs a small grid
 of documented settings; the fastest is reported with the setting that won,
 and the defaults beside it. Figures go to ``bench/results/`` as Markdown,
 JSON, a PNG chart and a profile of ``hermes worker``; a full run also writes
@@ -450,6 +452,7 @@ CLIENT_IMPORTS = {
     "rabbitmq": "import pika",
     "sqs": "import boto3; boto3.client('sqs', region_name='us-east-1')",
     "kafka": "import confluent_kafka",
+    "postgres": "import psycopg, psycopg_pool",
 }
 
 
@@ -609,6 +612,36 @@ def raw_redis(run: Run, url: str, n: int) -> None:
     run.add("redis", "raw redis-py", "handle no-op", timed(n, consume), "msgs/s", "SPOP loop")
     client.delete(key)
     client.close()
+
+
+def raw_postgres(run: Run, url: str, n: int) -> None:
+    """The driver's own claim and delete statements in a loop on one connection.
+
+    The same SQL work as ``hermes worker`` per message (the claim's UPDATE
+    ... SKIP LOCKED, then the DELETE, with the driver's ``synchronous_commit
+    = off`` for both), without the worker around it.
+    """
+    import psycopg
+
+    from hermes.drivers.postgres import PostgresDriver
+
+    driver = connect(isolated_url(url, f"bench-raw-{uuid.uuid4().hex[:8]}"))
+    assert isinstance(driver, PostgresDriver)
+    try:
+        fill(driver, n)
+        claim = driver.sql.claim(sorted(driver.priorities, reverse=True))
+        params = {"queue": driver.queue, "worker": "raw", "lease_s": driver.lease_timeout_s}
+        settling = {"autocommit": True, "options": "-c synchronous_commit=off"}
+        with psycopg.connect(driver.conninfo, **settling) as conn:
+
+            def consume() -> None:
+                while (row := conn.execute(claim, params).fetchone()) is not None:
+                    conn.execute(driver.sql.ack, [row[0]])
+
+            rate_ = timed(n, consume)
+        run.add("postgres", RAW["postgres", ""], "handle no-op", rate_, "msgs/s", "claim + delete")
+    finally:
+        purge_and_close(driver)
 
 
 def raw_rabbitmq(run: Run, url: str, n: int, prefetch: int) -> None:
@@ -779,10 +812,25 @@ PEER_SETTINGS = [
         default=True, max_n=500,
     ),
     PeerSetting("rq", "SimpleWorker", (), (("HERMES_BENCH_RQ_WORKER", "simple"),), serial=True),
+    # Its docs' levers for throughput: concurrency (asynchronous jobs at once)
+    # and deleting finished jobs, which Hermes always does.
+    PeerSetting("procrastinate", "defaults (concurrency 1)", (), default=True),
+    PeerSetting(
+        "procrastinate", "concurrency 1, delete successful",
+        ("--delete-jobs", "successful"), serial=True,
+    ),
+    PeerSetting(
+        "procrastinate", "concurrency 8, delete successful",
+        ("--concurrency", "8", "--delete-jobs", "successful"),
+    ),
 ]  # fmt: skip
-PEERS = ("celery", "rq", "dramatiq")
+PEERS = ("celery", "rq", "dramatiq", "procrastinate")
 #: The peers that support each broker.
-PEERS_ON = {"redis": ("celery", "rq", "dramatiq"), "rabbitmq": ("celery", "dramatiq")}
+PEERS_ON = {
+    "redis": ("celery", "rq", "dramatiq"),
+    "rabbitmq": ("celery", "dramatiq"),
+    "postgres": ("procrastinate",),
+}
 
 
 def peer_settings(broker: str, job: str, quick: bool) -> list[PeerSetting]:
@@ -836,6 +884,10 @@ def bench_peer(
             elif system == "dramatiq":
                 argv = [sys.executable, "-m", "dramatiq", "bench.peer_dramatiq"]
                 argv += ["--processes", "1", *setting.argv]
+            elif system == "procrastinate":
+                argv = [sys.executable, "-m", "procrastinate", "--app"]
+                argv += ["bench.peer_procrastinate.app", "worker", "--queues", queue]
+                argv += [*setting.argv]
             else:
                 argv = [sys.executable, "-m", "bench.peer_rq"]
             with worker(argv, worker_env, log) as proc:
@@ -851,8 +903,47 @@ def bench_peer(
         clean_peer_queue(url, queue)
 
 
+#: The database of procrastinate's tables, on the same server as Hermes's.
+PROCRASTINATE_DATABASE = "bench_procrastinate"
+
+
+def procrastinate_database(url: str) -> str:
+    """A URL of :data:`PROCRASTINATE_DATABASE` on ``url``'s server, with its schema applied.
+
+    A database of its own: procrastinate's schema (tables, types, functions)
+    stays out of the one the tests and other runs share.
+    """
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        found = conn.execute(
+            "SELECT 1 FROM pg_database WHERE datname = %s", [PROCRASTINATE_DATABASE]
+        ).fetchone()
+        if found is None:
+            conn.execute(f'CREATE DATABASE "{PROCRASTINATE_DATABASE}"'.encode())
+    peer_url = f"{url.rsplit('/', 1)[0]}/{PROCRASTINATE_DATABASE}"
+    with psycopg.connect(peer_url, autocommit=True) as conn:
+        applied = conn.execute("SELECT to_regclass('procrastinate_jobs')").fetchone()
+    if applied is None or applied[0] is None:
+        app = ["--app", "bench.peer_procrastinate.app"]
+        subprocess.run(
+            [sys.executable, "-m", "procrastinate", *app, "schema", "--apply"],
+            env={**os.environ, "HERMES_BENCH_BROKER": peer_url},
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+        )
+    return peer_url
+
+
 def clean_peer_queue(url: str, queue: str) -> None:
     """Delete what a peer left on the shared broker under ``queue``."""
+    if url.startswith("postgres"):
+        import psycopg
+
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("DELETE FROM procrastinate_jobs WHERE queue_name = %s", [queue])
+        return
     if url.startswith("redis"):
         import redis
 
@@ -890,6 +981,7 @@ HERMES_SETTINGS = {
     ],
     "sqs": [HermesSetting("")],
     "kafka": [HermesSetting("")],
+    "postgres": [HermesSetting("")],
 }  # fmt: skip
 #: The raw client row beside each broker's Hermes settings (the no-op's limit).
 RAW = {
@@ -900,6 +992,7 @@ RAW = {
     ("rabbitmq", "prefetch=50"): "raw pika prefetch=50",
     ("sqs", ""): "raw boto3",
     ("kafka", ""): "raw confluent-kafka",
+    ("postgres", ""): "raw psycopg claim+delete",
 }
 #: The least ``hermes worker`` / raw client no-op rate of each setting that has one.
 RAW_TARGETS = {
@@ -908,6 +1001,7 @@ RAW_TARGETS = {
     ("rabbitmq", "prefetch=1"): 0.8,
     ("rabbitmq", "prefetch=50"): 0.7,
     ("kafka", ""): 0.75,
+    ("postgres", ""): 0.7,
 }
 
 
@@ -970,6 +1064,8 @@ PEER_TARGETS = {
     ("redis", "incr"): 1.4,
     ("rabbitmq", "noop"): 1.2,
     ("rabbitmq", "incr"): 1.0,
+    ("postgres", "noop"): 1.5,
+    ("postgres", "incr"): 1.5,
 }
 
 
@@ -1023,8 +1119,10 @@ def targets(run: Run) -> list[Target]:
             fs,
         )
     )
-    p50 = run.value("redis", WORKER, "latency p50")
-    found.append(Target("redis: emit->handle p50", p50, 2, "ms", WORKER, at_most=True))
+    for broker, least_ms in (("redis", 2), ("postgres", 5)):
+        p50 = run.value(broker, WORKER, "latency p50")
+        what = f"{broker}: emit->handle p50"
+        found.append(Target(what, p50, least_ms, "ms", WORKER, at_most=True))
     for broker, settings in HERMES_SETTINGS.items():
         system = settings[0].system()
         rss = run.value(broker, system, "idle worker RSS")
@@ -1183,7 +1281,7 @@ def summary(run: Run) -> str:
     lines = [
         header(run) + " Full table: `bench/results/latest.md`.",
         "",
-        peers_table(run, ("redis", "rabbitmq")),
+        peers_table(run, ("redis", "rabbitmq", "postgres")),
         "",
         driver_table(run, tuple(HERMES_SETTINGS)),
         "",
@@ -1279,6 +1377,8 @@ def main() -> int:
     env = Env(redis_url, f"bench-incr-{uuid.uuid4().hex[:8]}")
     io_args = io_concurrency_args()
     hermes = Hermes(run, env, io_args)
+    #: Where a broker's peers run when not on Hermes's URL.
+    peer_urls: dict[str, str] = {}
 
     def section(name: str, fn: Callable[[], None]) -> None:
         if only and name not in only:
@@ -1307,7 +1407,7 @@ def main() -> int:
                     raw()
                 grid = broker in PEERS_ON and not args.no_peers
                 for peer in peer_settings(broker, job, args.quick) if grid else ():
-                    bench_peer(run, env, broker, url, peer, job, size)
+                    bench_peer(run, env, broker, peer_urls.get(broker, url), peer, job, size)
             if "noop" in jobs:
                 for setting in HERMES_SETTINGS[broker]:
                     hermes.latency(broker, setting, url)
@@ -1350,6 +1450,12 @@ def main() -> int:
             bootstrap = url.split("//", 1)[1].split("/", 1)[0]
             hermes_rounds("kafka", url, n, lambda: raw_kafka(run, bootstrap, n))
 
+    def postgres() -> None:
+        url = services.ensure_postgres()
+        if not args.no_peers:
+            peer_urls["postgres"] = procrastinate_database(url)
+        hermes_rounds("postgres", url, n, lambda: raw_postgres(run, url, n))
+
     def profile() -> None:
         profile_worker(run, env, redis_url, n, out)
         profile_worker(run, env, redis_url, n, out, verbose=True)
@@ -1361,6 +1467,7 @@ def main() -> int:
     section("rabbitmq", rabbitmq)
     section("sqs", sqs)
     section("kafka", kafka)
+    section("postgres", postgres)
     if "incr" in jobs:
         section("profile", profile)
     with contextlib.suppress(Exception):
