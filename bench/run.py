@@ -777,8 +777,10 @@ class PeerSetting:
     default: bool = False
     #: Runs jobs one at a time: pointless for the I/O-bound job.
     serial: bool = False
-    #: Fewer messages for a worker this slow (RQ's fork per job).
+    #: Fewer messages for a worker this slow (RQ's fork per job, procrastinate).
     max_n: int | None = None
+    #: Runs each job in a process of its own, which cannot count in memory.
+    forks: bool = False
 
     @property
     def name(self) -> str:
@@ -809,19 +811,19 @@ PEER_SETTINGS = [
     ),
     PeerSetting(
         "rq", "defaults (Worker: a process per job)", (), (("HERMES_BENCH_RQ_WORKER", "fork"),),
-        default=True, max_n=500,
+        default=True, max_n=500, forks=True,
     ),
     PeerSetting("rq", "SimpleWorker", (), (("HERMES_BENCH_RQ_WORKER", "simple"),), serial=True),
     # Its docs' levers for throughput: concurrency (asynchronous jobs at once)
     # and deleting finished jobs, which Hermes always does.
-    PeerSetting("procrastinate", "defaults (concurrency 1)", (), default=True),
+    PeerSetting("procrastinate", "defaults (concurrency 1)", (), default=True, max_n=1000),
     PeerSetting(
         "procrastinate", "concurrency 1, delete successful",
-        ("--delete-jobs", "successful"), serial=True,
+        ("--delete-jobs", "successful"), serial=True, max_n=1000,
     ),
     PeerSetting(
         "procrastinate", "concurrency 8, delete successful",
-        ("--concurrency", "8", "--delete-jobs", "successful"),
+        ("--concurrency", "8", "--delete-jobs", "successful"), max_n=1000,
     ),
 ]  # fmt: skip
 PEERS = ("celery", "rq", "dramatiq", "procrastinate")
@@ -862,7 +864,7 @@ def bench_peer(
     try:
         with tempfile.TemporaryDirectory() as tmp:
             out, log, tally = Path(tmp) / "result.json", Path(tmp) / "worker.log", None
-            if setting.max_n:  # a process per job: count through a file
+            if setting.forks:  # count through a file
                 tally = Path(tmp) / "tally"
                 extra["HERMES_BENCH_TALLY"] = str(tally)
             worker_env = env.make(n, out, job, **extra)
