@@ -126,6 +126,7 @@ BENCH_DEPS = [
     "pyinstrument>=5",
     "redis",
     "pika",
+    "procrastinate>=3",
 ]
 
 

@@ -1,6 +1,6 @@
 """Enqueue ``HERMES_BENCH_N`` benchmark jobs with a peer's own client; print jobs/s.
 
-python -m bench.peer_emit celery|dramatiq|rq
+python -m bench.peer_emit celery|dramatiq|rq|procrastinate
 """
 
 from __future__ import annotations
@@ -33,6 +33,13 @@ def main() -> None:
         queue = Queue(os.environ["HERMES_BENCH_QUEUE"], connection=connection)
         for _ in range(n):
             queue.enqueue(job)
+    elif system == "procrastinate":
+        from bench.peer_procrastinate import app
+        from bench.peer_procrastinate import job as task
+
+        with app.open():
+            for _ in range(n):
+                task.defer()
     else:
         raise SystemExit(f"unknown system {system!r}")
     print(n / (time.perf_counter() - started))

@@ -1,4 +1,4 @@
-"""Hermes as users run it, against the raw clients and Celery, RQ and Dramatiq, in one run.
+"""Hermes as users run it, against the raw clients and Celery, RQ, Dramatiq and procrastinate.
 
     python -m bench.run [--quick] [--only redis,rabbitmq,...] [--jobs noop,incr,sleep]
     python -m bench.run --render    # the reports of bench/results/latest.json, measuring nothing
@@ -8,7 +8,9 @@ a 20 ms sleep) in one worker process against the same broker. Hermes runs as
 ``hermes worker`` (with what it watches by default: on Redis the shutdown
 key); on Redis a bare Dispatcher runs beside it, and ``hermes worker`` with
 each observer plugin (hermes-opentelemetry, hermes-sentry: installed, nothing
-configured) against the same worker without it. Each peer runs a small grid
+configured) against the same worker without it. On PostgreSQL the raw loop
+runs the driver's own claim and delete statements, and procrastinate (in a
+database of its own on the same server) is the peer. Each peer runs a small grid
 of documented settings; the fastest is reported with the setting that won,
 and the defaults beside it. Figures go to ``bench/results/`` as Markdown,
 JSON, a PNG chart and a profile of ``hermes worker``; a full run also writes
@@ -474,6 +476,7 @@ CLIENT_IMPORTS = {
     "rabbitmq": "import pika",
     "sqs": "import boto3; boto3.client('sqs', region_name='us-east-1')",
     "kafka": "import confluent_kafka",
+    "postgres": "import psycopg, psycopg_pool",
 }
 
 
@@ -635,6 +638,36 @@ def raw_redis(run: Run, url: str, n: int) -> None:
     client.close()
 
 
+def raw_postgres(run: Run, url: str, n: int) -> None:
+    """The driver's own claim and delete statements in a loop on one connection.
+
+    The same SQL work as ``hermes worker`` per message (the claim's UPDATE
+    ... SKIP LOCKED, then the DELETE, with the driver's ``synchronous_commit
+    = off`` for both), without the worker around it.
+    """
+    import psycopg
+
+    from hermes.drivers.postgres import PostgresDriver
+
+    driver = connect(isolated_url(url, f"bench-raw-{uuid.uuid4().hex[:8]}"))
+    assert isinstance(driver, PostgresDriver)
+    try:
+        fill(driver, n)
+        claim = driver.sql.claim(sorted(driver.priorities, reverse=True))
+        params = {"queue": driver.queue, "worker": "raw", "lease_s": driver.lease_timeout_s}
+        settling = {"autocommit": True, "options": "-c synchronous_commit=off"}
+        with psycopg.connect(driver.conninfo, **settling) as conn:
+
+            def consume() -> None:
+                while (row := conn.execute(claim, params).fetchone()) is not None:
+                    conn.execute(driver.sql.ack, [row[0]])
+
+            rate_ = timed(n, consume)
+        run.add("postgres", RAW["postgres", ""], "handle no-op", rate_, "msgs/s", "claim + delete")
+    finally:
+        purge_and_close(driver)
+
+
 def raw_rabbitmq(run: Run, url: str, n: int, prefetch: int) -> None:
     import pika
 
@@ -768,8 +801,10 @@ class PeerSetting:
     default: bool = False
     #: Runs jobs one at a time: pointless for the I/O-bound job.
     serial: bool = False
-    #: Fewer messages for a worker this slow (RQ's fork per job).
+    #: Fewer messages for a worker this slow (RQ's fork per job, procrastinate).
     max_n: int | None = None
+    #: Runs each job in a process of its own, which cannot count in memory.
+    forks: bool = False
 
     @property
     def name(self) -> str:
@@ -800,13 +835,28 @@ PEER_SETTINGS = [
     ),
     PeerSetting(
         "rq", "defaults (Worker: a process per job)", (), (("HERMES_BENCH_RQ_WORKER", "fork"),),
-        default=True, max_n=500,
+        default=True, max_n=500, forks=True,
     ),
     PeerSetting("rq", "SimpleWorker", (), (("HERMES_BENCH_RQ_WORKER", "simple"),), serial=True),
+    # Its docs' levers for throughput: concurrency (asynchronous jobs at once)
+    # and deleting finished jobs, which Hermes always does.
+    PeerSetting("procrastinate", "defaults (concurrency 1)", (), default=True, max_n=1000),
+    PeerSetting(
+        "procrastinate", "concurrency 1, delete successful",
+        ("--delete-jobs", "successful"), serial=True, max_n=1000,
+    ),
+    PeerSetting(
+        "procrastinate", "concurrency 8, delete successful",
+        ("--concurrency", "8", "--delete-jobs", "successful"), max_n=1000,
+    ),
 ]  # fmt: skip
-PEERS = ("celery", "rq", "dramatiq")
+PEERS = ("celery", "rq", "dramatiq", "procrastinate")
 #: The peers that support each broker.
-PEERS_ON = {"redis": ("celery", "rq", "dramatiq"), "rabbitmq": ("celery", "dramatiq")}
+PEERS_ON = {
+    "redis": ("celery", "rq", "dramatiq"),
+    "rabbitmq": ("celery", "dramatiq"),
+    "postgres": ("procrastinate",),
+}
 
 
 def peer_settings(broker: str, job: str, quick: bool) -> list[PeerSetting]:
@@ -838,7 +888,7 @@ def bench_peer(
     try:
         with tempfile.TemporaryDirectory() as tmp:
             out, log, tally = Path(tmp) / "result.json", Path(tmp) / "worker.log", None
-            if setting.max_n:  # a process per job: count through a file
+            if setting.forks:  # count through a file
                 tally = Path(tmp) / "tally"
                 extra["HERMES_BENCH_TALLY"] = str(tally)
             worker_env = env.make(n, out, job, **extra)
@@ -860,6 +910,10 @@ def bench_peer(
             elif system == "dramatiq":
                 argv = [sys.executable, "-m", "dramatiq", "bench.peer_dramatiq"]
                 argv += ["--processes", "1", *setting.argv]
+            elif system == "procrastinate":
+                argv = [sys.executable, "-m", "procrastinate", "--app"]
+                argv += ["bench.peer_procrastinate.app", "worker", "--queues", queue]
+                argv += [*setting.argv]
             else:
                 argv = [sys.executable, "-m", "bench.peer_rq"]
             with worker(argv, worker_env, log) as proc:
@@ -875,8 +929,47 @@ def bench_peer(
         clean_peer_queue(url, queue)
 
 
+#: The database of procrastinate's tables, on the same server as Hermes's.
+PROCRASTINATE_DATABASE = "bench_procrastinate"
+
+
+def procrastinate_database(url: str) -> str:
+    """A URL of :data:`PROCRASTINATE_DATABASE` on ``url``'s server, with its schema applied.
+
+    A database of its own: procrastinate's schema (tables, types, functions)
+    stays out of the one the tests and other runs share.
+    """
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        found = conn.execute(
+            "SELECT 1 FROM pg_database WHERE datname = %s", [PROCRASTINATE_DATABASE]
+        ).fetchone()
+        if found is None:
+            conn.execute(f'CREATE DATABASE "{PROCRASTINATE_DATABASE}"'.encode())
+    peer_url = f"{url.rsplit('/', 1)[0]}/{PROCRASTINATE_DATABASE}"
+    with psycopg.connect(peer_url, autocommit=True) as conn:
+        applied = conn.execute("SELECT to_regclass('procrastinate_jobs')").fetchone()
+    if applied is None or applied[0] is None:
+        app = ["--app", "bench.peer_procrastinate.app"]
+        subprocess.run(
+            [sys.executable, "-m", "procrastinate", *app, "schema", "--apply"],
+            env={**os.environ, "HERMES_BENCH_BROKER": peer_url},
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+        )
+    return peer_url
+
+
 def clean_peer_queue(url: str, queue: str) -> None:
     """Delete what a peer left on the shared broker under ``queue``."""
+    if url.startswith("postgres"):
+        import psycopg
+
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("DELETE FROM procrastinate_jobs WHERE queue_name = %s", [queue])
+        return
     if url.startswith("redis"):
         import redis
 
@@ -914,6 +1007,7 @@ HERMES_SETTINGS = {
     ],
     "sqs": [HermesSetting("")],
     "kafka": [HermesSetting("")],
+    "postgres": [HermesSetting("")],
 }  # fmt: skip
 #: The raw client row beside each broker's Hermes settings (the no-op's limit).
 RAW = {
@@ -924,6 +1018,7 @@ RAW = {
     ("rabbitmq", "prefetch=50"): "raw pika prefetch=50",
     ("sqs", ""): "raw boto3",
     ("kafka", ""): "raw confluent-kafka",
+    ("postgres", ""): "raw psycopg claim+delete",
 }
 #: The least ``hermes worker`` / raw client no-op rate of each setting that has one.
 RAW_TARGETS = {
@@ -932,6 +1027,7 @@ RAW_TARGETS = {
     ("rabbitmq", "prefetch=1"): 0.8,
     ("rabbitmq", "prefetch=50"): 0.7,
     ("kafka", ""): 0.75,
+    ("postgres", ""): 0.7,
 }
 
 
@@ -994,6 +1090,8 @@ PEER_TARGETS = {
     ("redis", "incr"): 1.4,
     ("rabbitmq", "noop"): 1.2,
     ("rabbitmq", "incr"): 1.0,
+    ("postgres", "noop"): 1.5,
+    ("postgres", "incr"): 1.5,
 }
 
 
@@ -1061,8 +1159,10 @@ def targets(run: Run) -> list[Target]:
             fs,
         )
     )
-    p50 = run.value("redis", WORKER, "latency p50")
-    found.append(Target("redis: emit->handle p50", p50, 2, "ms", WORKER, at_most=True))
+    for broker, least_ms in (("redis", 2), ("postgres", 5)):
+        p50 = run.value(broker, WORKER, "latency p50")
+        what = f"{broker}: emit->handle p50"
+        found.append(Target(what, p50, least_ms, "ms", WORKER, at_most=True))
     for broker, settings in HERMES_SETTINGS.items():
         system = settings[0].system()
         rss = run.value(broker, system, "idle worker RSS")
@@ -1221,7 +1321,7 @@ def summary(run: Run) -> str:
     lines = [
         header(run) + " Full table: `bench/results/latest.md`.",
         "",
-        peers_table(run, ("redis", "rabbitmq")),
+        peers_table(run, ("redis", "rabbitmq", "postgres")),
         "",
         driver_table(run, tuple(HERMES_SETTINGS)),
         "",
@@ -1320,6 +1420,8 @@ def main() -> int:
     env = Env(redis_url, f"bench-incr-{uuid.uuid4().hex[:8]}")
     io_args = io_concurrency_args()
     hermes = Hermes(run, env, io_args)
+    #: Where a broker's peers run when not on Hermes's URL.
+    peer_urls: dict[str, str] = {}
 
     def section(name: str, fn: Callable[[], None]) -> None:
         if only and name not in only:
@@ -1365,7 +1467,7 @@ def main() -> int:
                     raw()
                 grid = broker in PEERS_ON and not args.no_peers
                 for peer in peer_settings(broker, job, args.quick) if grid else ():
-                    bench_peer(run, env, broker, url, peer, job, size)
+                    bench_peer(run, env, broker, peer_urls.get(broker, url), peer, job, size)
             if "noop" in jobs:
                 for setting in HERMES_SETTINGS[broker]:
                     hermes.latency(broker, setting, url)
@@ -1408,6 +1510,12 @@ def main() -> int:
             bootstrap = url.split("//", 1)[1].split("/", 1)[0]
             hermes_rounds("kafka", url, n, lambda: raw_kafka(run, bootstrap, n))
 
+    def postgres() -> None:
+        url = services.ensure_postgres()
+        if not args.no_peers:
+            peer_urls["postgres"] = procrastinate_database(url)
+        hermes_rounds("postgres", url, n, lambda: raw_postgres(run, url, n))
+
     def profile() -> None:
         profile_worker(run, env, redis_url, n, out)
         profile_worker(run, env, redis_url, n, out, verbose=True)
@@ -1419,6 +1527,7 @@ def main() -> int:
     section("rabbitmq", rabbitmq)
     section("sqs", sqs)
     section("kafka", kafka)
+    section("postgres", postgres)
     if "incr" in jobs:
         section("profile", profile)
     with contextlib.suppress(Exception):

@@ -16,9 +16,12 @@ on several messages in flight. ``--quick`` (CI's smoke run: 400 messages, 4 s
 of kills) leaves out the second: the conformance kit already SIGKILLs a
 worker with 4 handlers in flight on every driver.
 
-PostgreSQL's server is shared, so its outage run does not restart it: it
-terminates every backend of the run's connections (``pg_terminate_backend``
-by ``application_name``), which is what a restart does to a client.
+PostgreSQL runs two outages: ``postgres + terminated connections`` ends
+every backend of the run's connections on the shared server
+(``pg_terminate_backend`` by ``application_name``), which is what a restart
+does to a client; ``postgres + restart`` restarts a server of the run's own
+(``initdb`` in a temporary directory, a free port), as the shared one must
+stay up for everyone else. ``--quick`` runs only the restart.
 
 Redis runs in both delivery modes: ``redis`` (at-most-once, the default) and
 ``redis-at-least-once`` (leases that run out after 5 s).
@@ -26,7 +29,7 @@ Redis runs in both delivery modes: ``redis`` (at-most-once, the default) and
 Rules: at-least-once drivers lose nothing; Redis at-most-once loses at
 most one message per kill and handler thread (the ones the killed worker had
 popped); nothing is ever unexpected. Broker-restart runs (Redis in both modes,
-RabbitMQ) restart the server mid-run while an emitter keeps emitting: every
+RabbitMQ, PostgreSQL) restart the server mid-run while an emitter keeps emitting: every
 ``emit`` either raised or its message is eventually handled. Exit status 1 if
 any rule is broken.
 """
@@ -38,6 +41,7 @@ import collections
 import contextlib
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -316,6 +320,76 @@ def terminate_postgres_backends(url: str, application_name: str) -> None:
         )
 
 
+def postgres_bin(program: str) -> str:
+    """``program`` of the newest PostgreSQL under Debian's layout, else from ``$PATH``."""
+    found = sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{program}"), key=_version)
+    if found:
+        return str(found[-1])
+    on_path = shutil.which(program)
+    if on_path is None:
+        raise RuntimeError(f"{program} not found: install PostgreSQL's server binaries")
+    return on_path
+
+
+def _version(path: Path) -> int:
+    version = path.parent.parent.name
+    return int(version) if version.isdigit() else 0
+
+
+@contextlib.contextmanager
+def private_postgres() -> Iterator[tuple[str, Callable[[], None]]]:
+    """A PostgreSQL server of our own (trust auth, a free port), and a function restarting it.
+
+    The shared server on 5432 serves every other run and engineer: only a
+    server made here may be restarted. initdb refuses to run as root, so as
+    root the server runs as the ``postgres`` user.
+    """
+    as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+    port = services.free_port()
+    tmp = tempfile.mkdtemp(prefix="hermes-postgres-")
+    data, log = os.path.join(tmp, "data"), os.path.join(tmp, "server.log")
+    if as_postgres:
+        shutil.chown(tmp, "postgres", "postgres")
+    pg_ctl = [*as_postgres, postgres_bin("pg_ctl"), "-D", data, "-l", log, "-w", "-t", "60"]
+    options = f"-c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories={tmp}"
+
+    def run(*argv: str) -> None:
+        done = subprocess.run(argv, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(argv)} failed: {(done.stderr or done.stdout)[-800:]}")
+
+    started = False
+    try:
+        run(
+            *as_postgres,
+            postgres_bin("initdb"),
+            "-D",
+            data,
+            "-U",
+            "postgres",
+            "-A",
+            "trust",
+            "--no-sync",  # a throwaway cluster: no need to wait for its files to reach disk
+        )
+        run(*pg_ctl, "-o", options, "start")
+        started = True
+
+        def restart() -> None:
+            # A fast shutdown, as a service manager does it: sessions are
+            # terminated and the WAL flushed; clients see the server go away
+            # for a second and come back with every committed row.
+            run(*pg_ctl, "-m", "fast", "stop")
+            time.sleep(1.0)
+            run(*pg_ctl, "-o", options, "start")
+
+        yield f"postgresql://postgres@127.0.0.1:{port}/postgres", restart
+    finally:
+        if started:
+            # Immediate: the cluster is thrown away, nothing needs flushing.
+            run(*pg_ctl, "-m", "immediate", "stop")
+        shutil.rmtree(tmp)
+
+
 def table(outcomes: list[Outcome]) -> str:
     lines = [
         "| run | sent | indeterminate | handled | kills | broker restarts | lost | duplicated "
@@ -353,9 +427,11 @@ def main() -> int:
         if only and target.split(" ")[0] not in only:
             return
         print(f"== {target}", flush=True)
+        started = time.monotonic()
         outcome = fn()
         outcomes.append(outcome)
-        print(table([outcome]).splitlines()[-1], flush=True)
+        took = time.monotonic() - started
+        print(f"{table([outcome]).splitlines()[-1]} ({took:.0f} s)", flush=True)
         for note in outcome.notes:
             print(note)
 
@@ -392,6 +468,14 @@ def main() -> int:
                 lambda: terminate_postgres_backends(url, app),
             )
 
+    def postgres_restart() -> Outcome:
+        # --quick: a 2 s lease, so that the messages of killed workers come back
+        # (and the drain ends) within the smoke run's time.
+        options = "lease_timeout=2&poll_interval=0.25" if args.quick else services.POSTGRES_OPTIONS
+        with private_postgres() as (url, restart):
+            url += f"?table=hermes_torture&{options}"
+            return soak("postgres + restart", url, count // 2, kill_phase, restart)
+
     names = ("filesystem", "redis", "redis-at-least-once", "rabbitmq", "sqs", "kafka", "postgres")
     for name in names:
         if (ROOT / "drivers" / name.split("-")[0] / "pyproject.toml").exists():
@@ -405,35 +489,81 @@ def main() -> int:
     if (ROOT / "drivers" / "rabbitmq" / "pyproject.toml").exists():
         run("rabbitmq + restart", rabbitmq_restart)
     if (ROOT / "drivers" / "postgres" / "pyproject.toml").exists():
-        run("postgres + terminated connections", postgres_outage)
+        if not args.quick:
+            # A restart ends every connection too: the smoke run keeps only that.
+            run("postgres + terminated connections", postgres_outage)
+        run("postgres + restart", postgres_restart)
     print()
     print(table(outcomes))
-    if not args.quick and not only:
-        update_readme(outcomes, count)
+    if not args.quick:
+        update_readme(outcomes, count, args.only if only else "")
     return 0 if outcomes and all(o.ok for o in outcomes) else 1
 
 
-def update_readme(outcomes: list[Outcome], count: int) -> None:
+def update_readme(outcomes: list[Outcome], count: int, only: str = "") -> None:
     """Write the latest full run's table to ``torture/results/latest.md``, and into the README.
 
     The file is the artifact a reader checks the README's figures against;
     it also keeps what the README leaves out (the failed runs' worker logs).
+    A run of some drivers (``only``) replaces their rows in the file's table,
+    adds the ones it lacks and keeps the others, saying which rows it wrote
+    and when: one driver can be soaked again without soaking them all.
     """
     stamp = time.strftime("%Y-%m-%d %H:%M %Z")
-    intro = (
-        f"`python -m torture.soak` ({stamp}, {os.cpu_count()} cores): {count:,} messages per "
-        f"driver (2,000 on the local SQS server, half for the restart runs), {WORKERS} "
-        f"workers (one handler at a time; `x{CONCURRENCY}`: {CONCURRENCY} at once), a random "
-        "worker SIGKILLed every ~0.5 s for 30 s.\n\n"
-    )
     results = ROOT / "torture" / "results"
     results.mkdir(exist_ok=True)
+    latest = results / "latest.md"
     notes = "".join(f"\n{o.target}:\n{note}\n" for o in outcomes for note in o.notes)
-    (results / "latest.md").write_text(f"{intro}{table(outcomes)}\n{notes}")
+    rows = table(outcomes)
+    if only and latest.exists():
+        intro, rows, old_notes = _merge(latest.read_text(), outcomes)
+        intro += (
+            f"Rows of {', '.join(o.target for o in outcomes)}: `python -m torture.soak --only "
+            f"{only}` ({stamp}, {os.cpu_count()} cores), the same sizes.\n\n"
+        )
+        notes = old_notes + notes
+    else:
+        intro = (
+            f"`python -m torture.soak` ({stamp}, {os.cpu_count()} cores): {count:,} messages per "
+            f"driver (2,000 on the local SQS server, half for the restart runs), {WORKERS} "
+            f"workers (one handler at a time; `x{CONCURRENCY}`: {CONCURRENCY} at once), a random "
+            "worker SIGKILLed every ~0.5 s for 30 s.\n\n"
+        )
+    latest.write_text(f"{intro}{rows}\n{notes}")
     intro += "Written with `torture/results/latest.md` by the same run.\n\n"
-    problem = replace_section(ROOT / "README.md", "torture", f"{intro}{table(outcomes)}\n")
+    problem = replace_section(ROOT / "README.md", "torture", f"{intro}{rows}\n")
     if problem:
         print(problem)
+
+
+def _merge(previous: str, outcomes: list[Outcome]) -> tuple[str, str, str]:
+    """The intro, the table with ``outcomes`` in place of their runs' rows, and the notes.
+
+    ``previous`` is a ``latest.md`` as :func:`update_readme` writes it: an
+    intro (the whole run's, then a line per partial run), the table, notes.
+    A row belongs to the run named in its first cell.
+    """
+    lines = previous.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("| run |"))
+    last = first
+    while last + 1 < len(lines) and lines[last + 1].startswith("|"):
+        last += 1
+    ours = table(outcomes).splitlines()[2:]
+    new_rows = {o.target: row for o, row in zip(outcomes, ours, strict=True)}
+    merged = []
+    for line in lines[first + 2 : last + 1]:
+        target = line.split("|")[1].strip()
+        merged.append(new_rows.pop(target, line))
+    # Runs the table lacks go where a full run puts them: soaks before restarts.
+    outages = next((i for i, line in enumerate(merged) if " + " in line.split("|")[1]), None)
+    plain = [row for target, row in new_rows.items() if " + " not in target]
+    at = len(merged) if outages is None else outages
+    merged[at:at] = plain
+    merged.extend(row for target, row in new_rows.items() if " + " in target)
+    intro = "".join(f"{line}\n" for line in lines[:first])
+    rows = "\n".join([*lines[first : first + 2], *merged])
+    notes = "".join(f"{line}\n" for line in lines[last + 1 :])
+    return intro, rows, notes
 
 
 if __name__ == "__main__":

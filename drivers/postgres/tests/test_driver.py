@@ -15,6 +15,7 @@ from hermes.core.driver import (
     Consumer,
     QueueStats,
     Received,
+    SupportsClaim,
     SupportsPurge,
     SupportsStats,
     SupportsTeardown,
@@ -252,14 +253,44 @@ def test_the_browser_lists_and_removes_waiting_rows_only(driver):
         consumer.close()
 
 
-def test_teardown_drops_both_tables(driver, sql, table):
+def test_teardown_drops_every_table(driver, sql, table):
     assert isinstance(driver, SupportsTeardown)
     driver.send(Message("x"))
+    driver.claim("k", 60)
     driver.teardown()
     found = sql.execute(
-        "SELECT count(*) FROM pg_tables WHERE tablename IN (%s, %s)", [table, f"{table}_rejected"]
+        "SELECT count(*) FROM pg_tables WHERE tablename IN (%s, %s, %s)",
+        [table, f"{table}_rejected", f"{table}_claims"],
     ).fetchone()
     assert found == (0,)
+
+
+def test_a_claim_is_won_once_until_it_expires(driver, sql, table):
+    assert isinstance(driver, SupportsClaim)
+    assert driver.claim("tick:a@1", 0.5) is True
+    assert driver.claim("tick:a@1", 0.5) is False
+    sql.execute(f"UPDATE {table}_claims SET expires_at = now() - interval '1 s'")
+    assert driver.claim("tick:a@1", 0.5) is True
+
+
+def test_claims_of_another_queue_in_the_same_table_are_its_own(make_driver):
+    assert make_driver(queue="a").claim("k", 60) is True
+    assert make_driver(queue="b").claim("k", 60) is True
+    assert make_driver(queue="a").claim("k", 60) is False
+
+
+def test_expired_claims_are_swept_so_ticks_do_not_pile_up(driver, sql, table):
+    driver.claim("old", 60)
+    sql.execute(f"UPDATE {table}_claims SET expires_at = now() - interval '1 s'")
+    driver._next_claim_sweep = 0.0
+    driver.claim("new", 60)
+    keys = sql.execute(f"SELECT key FROM {table}_claims").fetchall()
+    assert keys == [("new",)]
+
+
+def test_a_claim_ttl_must_be_positive(driver):
+    with pytest.raises(ValueError, match="ttl_s"):
+        driver.claim("k", 0)
     driver.send(Message("y"))  # first use again: created again
     assert driver.queue_stats()[0].ready == 1
 

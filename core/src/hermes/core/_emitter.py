@@ -76,7 +76,7 @@ class Emitter:
         if not isinstance(driver, SupportsClaim):
             raise NotSupportedError(
                 f"{driver!r} cannot claim keys, so emit(unique_for=...) cannot work on it: "
-                "emit unique jobs to a broker that can (redis://, file://, memory://)"
+                "emit unique jobs to a broker that can (redis://, file://, postgresql://, memory://)"
             )
         if not window_s > 0:
             raise ValueError(f"unique_for must be > 0 seconds, got {window_s!r}")

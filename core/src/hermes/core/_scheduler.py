@@ -128,8 +128,9 @@ class Scheduler:
         if claims is None:
             if not isinstance(driver, SupportsClaim):
                 raise NotSupportedError(
-                    f"{driver!r} cannot claim ticks: run the scheduler with --lock-url naming "
-                    "a broker that can (redis://, file://), or --single if it is the only one"
+                    f"{driver!r} cannot claim ticks: run the scheduler with --lock-url naming a "
+                    "broker that can (redis://, file://, postgresql://), or --single if it is the "
+                    "only one"
                 )
             claims = driver
         #: Where ticks are claimed.

@@ -239,7 +239,7 @@ def _emit_unique(
         raise CliError("--unique-for emits one message: leave out --count")
     if not isinstance(driver, SupportsClaim):
         raise CliError(
-            f"--unique-for needs a broker that can claim keys (redis://, file://); "
+            f"--unique-for needs a broker that can claim keys (redis://, file://, postgresql://); "
             f"{type(driver).__name__} cannot"
         )
     key = args.unique_key or message.id

@@ -45,6 +45,8 @@ Pool = psycopg_pool.ConnectionPool[Connection]
 DEFAULT_QUEUE = "default"
 #: The messages table of a driver whose URL gives none.
 DEFAULT_TABLE = "hermes_messages"
+#: Seconds between two deletes of the expired claims by one driver object.
+_CLAIM_SWEEP_S = 60.0
 #: Successful claims between two reads of the notifications that arrived meanwhile,
 #: which psycopg keeps until they are read.
 _DRAIN_EVERY = 64
@@ -124,6 +126,7 @@ class PostgresDriver(Driver):
         self._created = False
         self._create_lock = threading.Lock()
         self._heartbeats = _heartbeat.Heartbeats(self)
+        self._next_claim_sweep = 0.0
 
     # Connections ---------------------------------------------------------------
 
@@ -292,6 +295,24 @@ class PostgresDriver(Driver):
             # so an idle worker knows when to look without polling for it.
             "wake": "" if len(later) < len(items) else repr(min(later)),
         }
+
+    def claim(self, key: str, ttl_s: float) -> bool:
+        """Claim ``key`` in ``<table>_claims``, under this driver's queue.
+
+        See :class:`~hermes.core.driver.SupportsClaim`: one ``INSERT ... ON
+        CONFLICT DO UPDATE ... WHERE expired``, a row back when this call won.
+        """
+        if not ttl_s > 0:
+            raise ValueError(f"a claim's ttl_s must be > 0, got {ttl_s!r}")
+        with self.translating(f"claiming {key!r}"), self.connection() as conn:
+            self.ensure_tables(conn)
+            won = conn.execute(
+                self.sql.claim_key, {"queue": self.queue, "key": key, "ttl_s": ttl_s}
+            ).fetchone()
+            if time.monotonic() >= self._next_claim_sweep:
+                self._next_claim_sweep = time.monotonic() + _CLAIM_SWEEP_S
+                conn.execute(self.sql.sweep_claims)
+        return won is not None
 
     # Consuming -----------------------------------------------------------------
 

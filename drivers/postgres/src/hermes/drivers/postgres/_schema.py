@@ -6,8 +6,9 @@ the README print the same DDL the driver runs on first use.
 One messages table holds every queue and priority of a driver (``queue``
 and ``priority`` columns); a message is one row from ``put`` until its ack
 deletes it. A second table keeps the bodies a worker set aside (not Hermes
-messages). Identifiers are checked against a strict pattern and then quoted,
-so they can be written into the statements as they are.
+messages), a third the claims of periodic ticks and unique emits.
+Identifiers are checked against a strict pattern and then quoted, so they
+can be written into the statements as they are.
 """
 
 from __future__ import annotations
@@ -52,6 +53,10 @@ class Names:
         return f'"{self.schema}"."{self.table}_rejected"'
 
     @property
+    def claims(self) -> str:
+        return f'"{self.schema}"."{self.table}_claims"'
+
+    @property
     def lock_key(self) -> str:
         """Text hashed into the advisory lock that serializes creating these tables."""
         return f"hermes-postgres:{self.schema}.{self.table}"
@@ -94,11 +99,17 @@ CREATE TABLE IF NOT EXISTS {names.rejected} (
     created_at timestamptz NOT NULL,
     rejected_at timestamptz NOT NULL DEFAULT now()
 );
+CREATE TABLE IF NOT EXISTS {names.claims} (
+    queue text NOT NULL,
+    key text NOT NULL,
+    expires_at timestamptz NOT NULL,
+    PRIMARY KEY (queue, key)
+);
 """
 
 
 def drop_sql(names: Names) -> str:
-    return f"DROP TABLE IF EXISTS {names.messages}, {names.rejected};"
+    return f"DROP TABLE IF EXISTS {names.messages}, {names.rejected}, {names.claims};"
 
 
 #: A row no worker holds: never claimed, released, or its worker's lease ran out.
@@ -156,6 +167,22 @@ class Statements:
             "ORDER BY priority DESC, available_at, id"
         )
         self.remove = f"DELETE FROM {m} WHERE id = %s AND queue = %s AND {UNLOCKED}"
+        # Won when the row is new or its claim had expired. Concurrent claimers
+        # of one key queue on its row (or its speculative insert) and re-check
+        # the WHERE on the version the winner wrote, which has not expired:
+        # exactly one gets a row back. now() and the expiry are the server's
+        # clock alone, so claimers on hosts whose clocks differ still agree.
+        self.claim_key = (
+            f"INSERT INTO {names.claims} AS c (queue, key, expires_at) "
+            "VALUES (%(queue)s, %(key)s, now() + make_interval(secs => %(ttl_s)s)) "
+            "ON CONFLICT (queue, key) DO UPDATE SET expires_at = EXCLUDED.expires_at "
+            "WHERE c.expires_at <= now() "
+            "RETURNING key"
+        )
+        # Ticks are claimed under a new key each time: expired claims would pile
+        # up without this. Deleting one a claimer is racing for is safe, as
+        # INSERT ... ON CONFLICT retries when the conflicting row goes away.
+        self.sweep_claims = f"DELETE FROM {names.claims} WHERE expires_at <= now()"
         self._messages = m
 
     def claim(self, priorities: list[int]) -> str:
