@@ -7,7 +7,10 @@ draining it, then the other install's, on the same broker and job (which one
 goes first alternates per round); each row is the median of its rounds, and
 the ratio is this install's rate over the other's. The jobs are bench.jobs's
 (``noop``, ``incr``), imported by both workers from this checkout, so the only
-thing that differs is the Hermes each ``hermes`` command imports. Written to
+thing that differs is the Hermes each ``hermes`` command imports. Both run
+through ``bench.hermes_cli`` with every observer plugin blocked, so a plugin
+installed in one environment only (hermes-opentelemetry, hermes-sentry) does
+not count against it. Written to
 ``bench/results/versions.md`` (and ``.json``) unless ``--out`` says otherwise.
 """
 
@@ -27,7 +30,6 @@ from bench.run import (
     Env,
     HermesSetting,
     fill,
-    hermes_command,
     load_average,
     machine,
     purge_and_close,
@@ -86,7 +88,11 @@ def main() -> int:
     args = parser.parse_args()
     only = set(filter(None, args.only.split(",")))
     env = Env(services.ensure_redis(), f"bench-incr-{uuid.uuid4().hex[:8]}")
-    commands = {args.label: hermes_command(), args.other_label: [args.other]}
+    other_python = str(Path(args.other).with_name("python"))
+    commands = {
+        args.label: [sys.executable, "-m", "bench.hermes_cli"],
+        args.other_label: [other_python, "-m", "bench.hermes_cli"],
+    }
     started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     loads = [load_average()]
     samples: dict[tuple[str, str, str], list[float]] = {}

@@ -305,12 +305,16 @@ def test_a_handler_still_running_after_the_grace_period_is_not_settled_after_clo
     assert "did not acknowledge" in hermes_log.text
 
 
-def _deliver_without_settling(driver: Driver, times: int) -> None:
+def _deliver_without_settling(driver: MemoryDriver, times: int) -> None:
     """What a worker killed mid-handler leaves behind: taken ``times`` times, never settled."""
+    # A closed consumer's unsettled messages come back once their lease runs out: at once here.
+    dying = MemoryDriver(driver.name, redelivery_timeout_s=0)
     for _ in range(times):
-        consumer = driver.consumer([])
-        assert consumer.receive(1.0) is not None
-        consumer.close()  # the memory broker hands back what a closed consumer held
+        consumer = dying.consumer([])
+        assert consumer.receive(5.0) is not None
+        consumer.close()
+    with driver._broker.condition:  # its lease ran out: back on its queue now
+        driver._broker.expire(time.monotonic())
 
 
 def test_a_message_delivered_more_than_max_deliveries_is_set_aside_unhandled(

@@ -50,7 +50,7 @@ def test_purge_of_one_priority_leaves_other_priorities_and_the_messages_in_handl
     held = hermes_kit.emit(hermes_kit.message(0))
     blocked = hermes_kit.worker(dispatcher_class=_BlocksThenFails, priorities=[DEFAULT_PRIORITY])
     dispatcher = blocked.dispatcher
-    assert isinstance(dispatcher, _BlocksThenFails)
+    assert isinstance(dispatcher, _BlocksThenFails), f"the kit worker made a {dispatcher!r}"
     assert dispatcher.started.wait(scaled(DELIVERY_S)), (
         f"message {held.id} was not delivered within {DELIVERY_S} s (scaled)"
     )

@@ -175,7 +175,7 @@ def test_a_message_whose_connection_dropped_before_its_settle_is_delivered_again
     message = hermes_kit.emit(hermes_kit.message(1))
     worker = hermes_kit.worker(driver=driver, dispatcher_class=_BlocksThenFails)
     dispatcher = worker.dispatcher
-    assert isinstance(dispatcher, _BlocksThenFails)
+    assert isinstance(dispatcher, _BlocksThenFails), f"the kit worker made a {dispatcher!r}"
     assert dispatcher.started.wait(scaled(DELIVERY_S)), (
         f"message {message.id} was not delivered within {DELIVERY_S} s (scaled)"
     )

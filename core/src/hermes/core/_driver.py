@@ -362,15 +362,31 @@ def translate_errors(driver: Driver, doing: str, failed: type[DriverError]) -> I
     except HermesError:
         raise
     except Exception as exc:
-        kind = driver.classify_error(exc)
-        if kind is None:
+        error = translated(driver, exc, doing, failed)
+        if error is None:
             raise
-        if kind is DriverError:
-            kind = failed
-        text = f"{driver!r}: {_verb(kind)} while {doing}: {error_text(exc)}"
-        if kind is BrokerRefusedError:
-            text += "; check the URL's credentials, database or vhost, and permissions"
-        raise kind(text) from exc
+        raise error from exc
+
+
+def translated(
+    driver: Driver, exc: BaseException, doing: str, failed: type[DriverError] = DriverError
+) -> DriverError | None:
+    """The Hermes error for the client's ``exc`` (not yet raised); None when not the client's.
+
+    What :meth:`Driver.translating` raises, for a hot path that catches the
+    exception itself instead of entering a context manager per call.
+    """
+    if isinstance(exc, HermesError):
+        return exc if isinstance(exc, DriverError) else None
+    kind = driver.classify_error(exc)
+    if kind is None:
+        return None
+    if kind is DriverError:
+        kind = failed
+    text = f"{driver!r}: {_verb(kind)} while {doing}: {error_text(exc)}"
+    if kind is BrokerRefusedError:
+        text += "; check the URL's credentials, database or vhost, and permissions"
+    return kind(text)
 
 
 def _verb(kind: type[DriverError]) -> str:

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from hermes.core._consumer import IDLE_WAIT_S, Consumer, Received, decode, set_current
+from hermes.core._consumer import IDLE_WAIT_S, Consumer, Received, _current, decode
+from hermes.core._driver import translated
 from hermes.core._errors import (
     BrokerRefusedError,
     BrokerUnavailableError,
@@ -404,12 +405,21 @@ class _Loop:
                 stop.started += 1
                 self.deliver(received)
 
+    def _receive(self) -> Received | None:
+        """``consumer.receive``, its client's errors translated (no context manager per call)."""
+        try:
+            return self.consumer.receive(IDLE_WAIT_S)
+        except Exception as exc:
+            error = translated(self.driver, exc, "receiving")
+            if error is None or error is exc:
+                raise
+            raise error from exc
+
     def take(self) -> Received | None:
         """One message from the consumer, unserialized; None when idle, poisoned or unreachable."""
         driver = self.driver
         try:
-            with driver.translating("receiving"):
-                received = self.consumer.receive(IDLE_WAIT_S)
+            received = self._receive()
         except BrokerUnavailableError as exc:
             delay = self.backoff.next_delay_s()
             logger.warning(
@@ -499,7 +509,7 @@ class _Loop:
         with self.count_lock:
             self.stats.started += 1
             self.running[key] = (message.type, message.id, time.time())
-        current = set_current(received)
+        token = _current.set(received)
         try:
             self.handle(message, received.priority)
         except BaseException:
@@ -507,7 +517,7 @@ class _Loop:
                 logger.debug("%r: released message #%s", self.driver, message.id)
             raise
         finally:
-            current()
+            _current.reset(token)
             with self.count_lock:
                 del self.running[key]
         if self.settle("acknowledge", received, self.consumer.ack) and self.debug:
@@ -532,8 +542,13 @@ class _Loop:
             )
             return False
         try:
-            with self.driver.translating(f"{what} {_describe(received)}"):
+            try:
                 action(received, *args)
+            except Exception as exc:  # only a failure pays for the description
+                error = translated(self.driver, exc, f"{what} {_describe(received)}")
+                if error is None or error is exc:
+                    raise
+                raise error from exc
         except BrokerUnavailableError as exc:
             logger.warning(
                 "%r: could not %s %s - %s",
