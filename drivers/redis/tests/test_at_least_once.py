@@ -171,13 +171,42 @@ def test_an_ack_on_the_receiving_thread_is_sent_with_the_next_receive(driver, cl
         assert leases(client, namespace) == {}
 
 
-def test_an_ack_from_another_thread_is_sent_at_once(driver, client, namespace):
+def test_an_ack_from_another_thread_goes_with_the_next_take(driver, client, namespace):
     driver.send(Message("a"))
+    driver.send(Message("b"))
     with driver.consumer([]) as consumer:
         received = consumer.receive(1)
         thread = threading.Thread(target=consumer.ack, args=(received,))
         thread.start()
         thread.join(DEADLINE_S)
+        assert len(leases(client, namespace)) == 1  # deferred: no round trip of its own
+        second = consumer.receive(1)
+        assert second is not None
+        assert list(leases(client, namespace).values()) == [second.body]
+        consumer.ack(second)
+
+
+def test_an_ack_made_while_the_worker_waits_idle_is_sent_at_once(driver, client, namespace):
+    driver.send(Message("a"))
+    client.delete(wake_key(namespace))  # or the wait ends at once on the send's token
+    with driver.consumer([]) as consumer:
+        received = consumer.receive(1)
+        waiting = threading.Thread(target=consumer.receive, args=(3,))
+        waiting.start()
+        deadline = time.monotonic() + DEADLINE_S
+        while not consumer.idle and time.monotonic() < deadline:
+            time.sleep(0.01)
+        consumer.ack(received)
+        assert leases(client, namespace) == {}
+        waiting.join(DEADLINE_S)
+
+
+def test_acks_still_unsent_are_sent_before_an_idle_wait(driver, client, namespace):
+    driver.send(Message("a"))
+    with driver.consumer([]) as consumer:
+        received = consumer.receive(1)
+        consumer.ack(received)
+        assert consumer.receive(0.2) is None
         assert leases(client, namespace) == {}
 
 
@@ -305,10 +334,11 @@ def test_the_same_body_taken_twice_is_held_twice_and_each_lease_settles_alone(
         second = two.receive(1)
         assert first.body == second.body
         assert len(leases(client, namespace)) == 2
-        for _ in range(2):  # from a handler thread (sent at once), twice: harmless
+        for _ in range(2):  # from a handler thread, twice: harmless
             thread = threading.Thread(target=one.ack, args=(first,))
             thread.start()
             thread.join(DEADLINE_S)
+        assert one.receive(0.1) is None  # which sends the acknowledgements
         assert list(leases(client, namespace)) == [lease_of(two, second)]
         two.leases.stop()  # the second worker dies: its lease runs out
         got = eventually(lambda: one.receive(0.2), "the second lease to be put back")

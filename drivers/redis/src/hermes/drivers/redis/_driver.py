@@ -713,12 +713,15 @@ class _LeasingConsumer(_RedisConsumer):
       however many messages are held), so a handler that runs longer than the
       lease keeps its message. A worker that dies stops renewing; its lease
       runs out, and everything it held is delivered again.
-    * :meth:`ack` on the thread that receives is deferred to the next
-      :meth:`receive` (or :meth:`close`); from any other thread (handlers run
-      concurrently) it is one ``HDEL`` on a connection from the pool.
-      :meth:`release` puts the body back at once; :meth:`reject` moves it
-      to ``rejected_key(set)``. All three may be called from any thread: only
-      :meth:`receive` and :meth:`close` use the held connection.
+    * :meth:`ack`, from whichever thread, is deferred to the next take (or
+      :meth:`close`), so concurrent handlers cost no more round trips than a
+      serial worker; what is still unsent when the receiving thread is about
+      to wait idle is sent then, and an acknowledgement made during that wait
+      is sent at once (one ``HDEL`` on a connection from the pool), so a
+      quiet worker does not sit on handled messages. :meth:`release` puts the
+      body back at once; :meth:`reject` moves it to ``rejected_key(set)``.
+      All three may be called from any thread: only :meth:`receive` and
+      :meth:`close` use the held connection.
     * :meth:`close` sends the deferred acknowledgements, stops renewing, and
       takes the consumer off the sets where it holds nothing. What it still
       holds then (handlers that outlived the worker's grace period) is
@@ -748,10 +751,12 @@ class _LeasingConsumer(_RedisConsumer):
         self.count_keys = [deliveries_key(k) for k in self.keys]
         self.claim: _scripts.PackedCall | None = None
         self.counter = itertools.count(1)
-        #: ``[index, take number, digest, ...]`` acknowledged on the receiving thread, not yet sent.
+        #: ``[index, take number, digest, ...]`` acknowledged, not yet sent.
         self.acks: list[bytes] = []
-        #: The thread that receives (:func:`threading.get_ident`), set on the first receive.
-        self.receiver: int | None = None
+        #: Guards ``acks`` and ``idle``: handler threads acknowledge while this one takes.
+        self.acks_lock = threading.Lock()
+        #: True while the receiving thread waits idle: an acknowledgement is then sent at once.
+        self.idle = False
         #: Indexes (1-based) of the sets this consumer has taken from: where it has a
         #: lease. Replaced, never changed, by the receiving thread; read by the renewer.
         self.taken_from: frozenset[int] = frozenset()
@@ -765,11 +770,15 @@ class _LeasingConsumer(_RedisConsumer):
 
     def ack(self, received: Received) -> None:
         index, number, digest = received.token
-        if threading.get_ident() == self.receiver:
-            self.acks += (b"%d" % index, number, digest)  # sent with the next take
-            return
+        with self.acks_lock:
+            if not self.idle:
+                self.acks += (b"%d" % index, number, digest)  # sent with the next take
+                return
+        self._ack_now(self.driver._execute, index, number, digest)
+
+    def _ack_now(self, execute: _scripts.Execute, index: int, number: bytes, digest: bytes) -> None:
         keys = (self.held_keys[index - 1], self.count_keys[index - 1])
-        _scripts.ACK(self.driver._execute, keys, (number, digest))
+        _scripts.ACK(execute, keys, (number, digest))
 
     def release(self, received: Received) -> None:
         index, number, _ = received.token
@@ -808,7 +817,6 @@ class _LeasingConsumer(_RedisConsumer):
             super().close()
 
     def _start(self) -> None:
-        self.receiver = threading.get_ident()
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         self.held_keys = [held_key(queue, self.owner) for queue in self.keys]
         self.claim = _scripts.PackedCall(
@@ -825,16 +833,42 @@ class _LeasingConsumer(_RedisConsumer):
 
     def _claim(self, number: bytes) -> Any:
         """Acknowledge the deferred acknowledgements and, with a take number, take a body."""
-        claim, acks = self.claim, self.acks
+        claim = self.claim
         assert claim is not None
+        with self.acks_lock:
+            acks, self.acks = self.acks, []
         count = b"%d" % (len(acks) // 3)
         try:
-            reply = self._execute(claim.pack(number, count, *acks), True)
-        except NoScriptError:  # a new or restarted server: send the script itself
-            args: list[str | int | bytes] = [*claim.head, number, count, *acks]
-            reply = _scripts.CLAIM(self._execute, claim.keys, args, raw=True)
-        acks.clear()  # sent; after an error they stay, to go with the next take
+            try:
+                reply = self._execute(claim.pack(number, count, *acks), True)
+            except NoScriptError:  # a new or restarted server: send the script itself
+                args: list[str | int | bytes] = [*claim.head, number, count, *acks]
+                reply = _scripts.CLAIM(self._execute, claim.keys, args, raw=True)
+        except BaseException:
+            self._unsent(acks)
+            raise
         return reply
+
+    def _unsent(self, acks: list[bytes]) -> None:
+        """Keep acknowledgements a failed call did not send: they go with the next one."""
+        with self.acks_lock:
+            self.acks[:0] = acks
+
+    def _idle_wait(self, timeout_s: float) -> bool:
+        with self.acks_lock:
+            self.idle = True
+            acks, self.acks = self.acks, []
+        try:
+            for at in range(0, len(acks), 3):
+                try:
+                    self._ack_now(self._execute, int(acks[at]), acks[at + 1], acks[at + 2])
+                except BaseException:
+                    self._unsent(acks[at:])
+                    raise
+            return super()._idle_wait(timeout_s)
+        finally:
+            with self.acks_lock:
+                self.idle = False
 
     def _pop(self) -> Received | None:
         number = b"%d" % next(self.counter)
