@@ -21,7 +21,9 @@ terminates every backend of the run's connections (``pg_terminate_backend``
 by ``application_name``), which is what a restart does to a client.
 
 Redis runs in both delivery modes: ``redis`` (at-most-once, the default) and
-``redis-at-least-once`` (leases that run out after 5 s).
+``redis-at-least-once`` (leases that run out after 5 s), and at least once
+with ``prefetch=16`` (``redis-prefetch``: a killed worker also held what it
+claimed ahead).
 
 Rules: at-least-once drivers lose nothing; Redis at-most-once loses at
 most one message per kill and handler thread (the ones the killed worker had
@@ -392,7 +394,16 @@ def main() -> int:
                 lambda: terminate_postgres_backends(url, app),
             )
 
-    names = ("filesystem", "redis", "redis-at-least-once", "rabbitmq", "sqs", "kafka", "postgres")
+    names = (
+        "filesystem",
+        "redis",
+        "redis-at-least-once",
+        "redis-prefetch",
+        "rabbitmq",
+        "sqs",
+        "kafka",
+        "postgres",
+    )
     for name in names:
         if (ROOT / "drivers" / name.split("-")[0] / "pyproject.toml").exists():
             run(name, with_service(name))
