@@ -36,6 +36,9 @@ POSTGRES_OPTIONS = "lease_timeout=5&poll_interval=0.5"
 #: The options of the redis-at-least-once target: a short lease brings a killed
 #: worker's message back within seconds.
 REDIS_AT_LEAST_ONCE = "delivery=at-least-once&lease_timeout=5"
+#: The same with each take claiming up to 16 messages: what a killed worker had
+#: prefetched must come back too.
+REDIS_PREFETCH = f"{REDIS_AT_LEAST_ONCE}&prefetch=16"
 
 
 def listening(port: int, host: str = "127.0.0.1") -> bool:
@@ -231,6 +234,8 @@ def service_url(name: str) -> Iterator[str]:
         yield ensure_redis()
     elif name == "redis-at-least-once":
         yield f"{ensure_redis()}?{REDIS_AT_LEAST_ONCE}"
+    elif name == "redis-prefetch":
+        yield f"{ensure_redis()}?{REDIS_PREFETCH}"
     elif name == "rabbitmq":
         yield ensure_rabbitmq() + "?queue=hermes"
     elif name == "rabbitmq-delay":

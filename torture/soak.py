@@ -24,7 +24,9 @@ does to a client; ``postgres + restart`` restarts a server of the run's own
 stay up for everyone else. ``--quick`` runs only the restart.
 
 Redis runs in both delivery modes: ``redis`` (at-most-once, the default) and
-``redis-at-least-once`` (leases that run out after 5 s).
+``redis-at-least-once`` (leases that run out after 5 s), and at least once
+with ``prefetch=16`` (``redis-prefetch``: a killed worker also held what it
+claimed ahead).
 
 Rules: at-least-once drivers lose nothing; Redis at-most-once loses at
 most one message per kill and handler thread (the ones the killed worker had
@@ -476,7 +478,16 @@ def main() -> int:
             url += f"?table=hermes_torture&{options}"
             return soak("postgres + restart", url, count // 2, kill_phase, restart)
 
-    names = ("filesystem", "redis", "redis-at-least-once", "rabbitmq", "sqs", "kafka", "postgres")
+    names = (
+        "filesystem",
+        "redis",
+        "redis-at-least-once",
+        "redis-prefetch",
+        "rabbitmq",
+        "sqs",
+        "kafka",
+        "postgres",
+    )
     for name in names:
         if (ROOT / "drivers" / name.split("-")[0] / "pyproject.toml").exists():
             run(name, with_service(name))

@@ -18,6 +18,15 @@ def test_a_message_gets_a_fresh_uuid4_id() -> None:
     assert first.id != second.id
 
 
+def test_ids_read_like_str_uuid4_has_them() -> None:
+    for _ in range(200):
+        id = Message("job").id
+        parsed = uuid.UUID(id)
+        assert str(parsed) == id
+        assert parsed.version == 4
+        assert parsed.variant == uuid.RFC_4122
+
+
 def test_an_empty_id_also_gets_a_fresh_uuid4() -> None:
     assert uuid.UUID(Message("job", id="").id).version == 4
 

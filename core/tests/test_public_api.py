@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import inspect
+import subprocess
+import sys
 from pathlib import Path
 
 import hermes.core
@@ -86,3 +88,17 @@ def test_the_echo_handler_prints_the_message_and_succeeds(capsys: object) -> Non
     out = capsys.readouterr().out  # type: ignore[attr-defined]
     assert f"#{message.id}" in out
     assert "Žilina" in out
+
+
+#: Imported where they are used, not by ``import hermes.core``: each cost a few
+#: milliseconds of every process's start-up, and most processes never need them.
+IMPORTED_LATER = ("uuid", "decimal", "zoneinfo", "hashlib", "ctypes", "pathlib")
+
+
+def test_importing_hermes_core_leaves_out_what_only_some_processes_use() -> None:
+    code = (
+        "import sys; before = set(sys.modules); import hermes.core; "
+        f"print(sorted(m for m in {IMPORTED_LATER!r} if m in sys.modules and m not in before))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

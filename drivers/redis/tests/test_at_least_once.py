@@ -13,7 +13,7 @@ import pytest
 import redis
 from hermes_test_support import DEADLINE_S
 
-from hermes.core import ConfigurationError, Dispatcher, Message, connect
+from hermes.core import ConfigurationError, Dispatcher, Message, Worker, connect
 from hermes.core.driver import Delivery, Received, outgoing
 from hermes.drivers.redis import (
     RedisSetDriver,
@@ -101,11 +101,112 @@ def test_a_url_chooses_the_delivery_and_the_lease_and_the_capabilities_follow():
         ("redis://localhost/0?lease_timeout=10", "needs delivery='at-least-once'"),
         ("redis://localhost/0?delivery=at-least-once&lease_timeout=0.5", "from 1 to 86400"),
         ("redis://localhost/0?delivery=at-least-once&lease_timeout=long", "lease_timeout"),
+        ("redis://localhost/0?prefetch=4", "prefetch=4 needs delivery='at-least-once'"),
+        ("redis://localhost/0?delivery=at-least-once&prefetch=0", "prefetch"),
+        ("redis://localhost/0?delivery=at-least-once&prefetch=1001", "from 1 to 1000"),
     ],
 )
 def test_a_bad_delivery_option_fails_at_connect_naming_the_problem(url, complaint):
     with pytest.raises(ConfigurationError, match=complaint):
         connect(url)
+
+
+def prefetching(client: redis.Redis[Any], namespace: str, prefetch: int) -> RedisSetDriver:
+    return RedisSetDriver(
+        client,
+        key=namespace,
+        schedule_key=f"{namespace}_schedule",
+        refresh_interval=0.2,
+        delivery="at-least-once",
+        prefetch=prefetch,
+    )
+
+
+def test_a_url_sets_the_prefetch_of_an_at_least_once_driver():
+    driver = connect("redis://127.0.0.1:6390/0?delivery=at-least-once&prefetch=16")
+    assert isinstance(driver, RedisSetDriver)
+    assert driver.prefetch == 16
+    driver.close()
+
+
+def test_with_prefetch_one_take_claims_several_bodies_under_the_lease(client, namespace):
+    driver = prefetching(client, namespace, 3)
+    driver.send_batch([Message("a"), Message("b"), Message("c"), Message("d")])
+    with driver.consumer([]) as consumer:
+        first = consumer.receive(1)
+        assert first is not None
+        assert len(leases(client, namespace)) == 3
+        assert client.scard(namespace) == 1
+        rest = [consumer.receive(1), consumer.receive(1)]
+        assert len(leases(client, namespace)) == 3  # handed out without a take
+        taken = [first, *rest]
+        assert len({r.token for r in taken if r is not None}) == 3
+        assert all(r is not None and r.delivery_count == 1 for r in taken)
+        for received in taken:
+            assert received is not None
+            consumer.ack(received)
+        last = consumer.receive(1)
+        assert last is not None
+        assert list(leases(client, namespace).values()) == [last.body]
+        consumer.ack(last)
+    assert leases(client, namespace) == {}
+    assert client.hlen(deliveries_key(namespace)) == 0
+
+
+def test_close_gives_back_at_once_what_was_claimed_and_never_handed_out(client, namespace):
+    driver = prefetching(client, namespace, 5)
+    driver.send_batch([Message(str(i)) for i in range(5)])
+    with driver.consumer([]) as consumer:
+        running = consumer.receive(1)  # a handler still runs it when the worker closes
+        assert running is not None
+    assert list(leases(client, namespace).values()) == [running.body]
+    assert client.scard(namespace) == 4
+    assert running.body not in client.smembers(namespace)
+    # Given back as if never taken: the next delivery is each body's first.
+    assert client.hlen(deliveries_key(namespace)) == 1
+    with driver.consumer([]) as again:
+        received = again.receive(1)
+        assert received is not None and received.delivery_count == 1
+        again.ack(received)
+
+
+def test_with_prefetch_an_ack_does_not_wait_long_for_the_next_take(client, namespace):
+    driver = prefetching(client, namespace, 3)
+    driver.send_batch([Message("a"), Message("b"), Message("c")])
+    with driver.consumer([]) as consumer:
+        first = consumer.receive(1)
+        assert first is not None
+        consumer.ack(first)
+        time.sleep(0.15)  # a slow handler: longer than an acknowledgement may wait
+        second = consumer.receive(1)
+        assert second is not None
+        assert first.body not in leases(client, namespace).values()
+        consumer.ack(second)
+
+
+def test_a_worker_with_prefetch_handles_every_message_once(client, namespace):
+    driver = prefetching(client, namespace, 16)
+    driver.send_batch([Message("n", {"i": i}) for i in range(50)])
+    seen: list[int] = []
+    lock = threading.Lock()
+
+    def handle(message: Message, priority: int) -> bool:
+        with lock:
+            seen.append(message.payload["i"])
+        return True
+
+    Worker(driver, handle, concurrency=4, max_items=50, handle_signals=False).run()
+    assert sorted(seen) == list(range(50))
+    assert leases(client, namespace) == {}
+    assert client.scard(namespace) == 0
+
+
+def test_a_worker_that_stops_at_max_items_gives_back_what_it_prefetched(client, namespace):
+    driver = prefetching(client, namespace, 16)
+    driver.send_batch([Message("n", {"i": i}) for i in range(20)])
+    Worker(driver, lambda message, priority: True, max_items=5, handle_signals=False).run()
+    assert leases(client, namespace) == {}
+    assert client.scard(namespace) == 15
 
 
 def test_a_received_message_is_held_under_a_lease_naming_its_worker(driver, client, namespace):
@@ -171,13 +272,42 @@ def test_an_ack_on_the_receiving_thread_is_sent_with_the_next_receive(driver, cl
         assert leases(client, namespace) == {}
 
 
-def test_an_ack_from_another_thread_is_sent_at_once(driver, client, namespace):
+def test_an_ack_from_another_thread_goes_with_the_next_take(driver, client, namespace):
     driver.send(Message("a"))
+    driver.send(Message("b"))
     with driver.consumer([]) as consumer:
         received = consumer.receive(1)
         thread = threading.Thread(target=consumer.ack, args=(received,))
         thread.start()
         thread.join(DEADLINE_S)
+        assert len(leases(client, namespace)) == 1  # deferred: no round trip of its own
+        second = consumer.receive(1)
+        assert second is not None
+        assert list(leases(client, namespace).values()) == [second.body]
+        consumer.ack(second)
+
+
+def test_an_ack_made_while_the_worker_waits_idle_is_sent_at_once(driver, client, namespace):
+    driver.send(Message("a"))
+    client.delete(wake_key(namespace))  # or the wait ends at once on the send's token
+    with driver.consumer([]) as consumer:
+        received = consumer.receive(1)
+        waiting = threading.Thread(target=consumer.receive, args=(3,))
+        waiting.start()
+        deadline = time.monotonic() + DEADLINE_S
+        while not consumer.idle and time.monotonic() < deadline:
+            time.sleep(0.01)
+        consumer.ack(received)
+        assert leases(client, namespace) == {}
+        waiting.join(DEADLINE_S)
+
+
+def test_acks_still_unsent_are_sent_before_an_idle_wait(driver, client, namespace):
+    driver.send(Message("a"))
+    with driver.consumer([]) as consumer:
+        received = consumer.receive(1)
+        consumer.ack(received)
+        assert consumer.receive(0.2) is None
         assert leases(client, namespace) == {}
 
 
@@ -225,7 +355,7 @@ def test_a_lease_that_runs_out_is_put_back_and_delivered_to_another_worker(
     dead.leases.stop()  # the worker "dies": no more renewals, no acknowledgement
     with driver.consumer([]) as live:
         got = eventually(lambda: live.receive(0.2), "the run-out lease to be delivered again")
-        assert got.body == taken.body and got.token != taken.token
+        assert got.body == taken.body and got.delivery_count == 2
         live.ack(got)
     assert "put back 1 message(s) held by workers whose lease ran out" in caplog.text
     assert leases(client, namespace) == {}
@@ -305,10 +435,11 @@ def test_the_same_body_taken_twice_is_held_twice_and_each_lease_settles_alone(
         second = two.receive(1)
         assert first.body == second.body
         assert len(leases(client, namespace)) == 2
-        for _ in range(2):  # from a handler thread (sent at once), twice: harmless
+        for _ in range(2):  # from a handler thread, twice: harmless
             thread = threading.Thread(target=one.ack, args=(first,))
             thread.start()
             thread.join(DEADLINE_S)
+        assert one.receive(0.1) is None  # which sends the acknowledgements
         assert list(leases(client, namespace)) == [lease_of(two, second)]
         two.leases.stop()  # the second worker dies: its lease runs out
         got = eventually(lambda: one.receive(0.2), "the second lease to be put back")

@@ -11,7 +11,6 @@ cancelled when it overruns.
 
 from __future__ import annotations
 
-import ctypes
 import heapq
 import itertools
 import logging
@@ -37,6 +36,8 @@ class TimeLimitExceeded(HermesError):
 
 def _raise_in(thread_id: int, exc: type[BaseException] | None) -> int:
     """Schedule ``exc`` in thread ``thread_id`` (None clears a pending one); threads affected."""
+    import ctypes  # only once a time limit fires: a costly import otherwise unused
+
     return int(
         ctypes.pythonapi.PyThreadState_SetAsyncExc(
             ctypes.c_ulong(thread_id), ctypes.py_object(exc) if exc is not None else None

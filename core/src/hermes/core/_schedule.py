@@ -28,10 +28,7 @@ from __future__ import annotations
 import datetime as dt
 import enum
 import functools
-import hashlib
 import math
-import uuid
-import zoneinfo
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Concatenate, ParamSpec, TypeVar
@@ -43,7 +40,10 @@ from hermes.core._message import Message
 #: The smallest interval an entry may have: the tick key is to the second.
 MIN_INTERVAL_S = 1.0
 #: Namespace of the tick messages' ids: uuid5 of the tick key.
-_TICK_NAMESPACE = uuid.UUID("6c1f0b4e-57a2-4c4e-9a8e-2f4a1d3c9b70")
+_TICK_NAMESPACE = "6c1f0b4e-57a2-4c4e-9a8e-2f4a1d3c9b70"
+
+# uuid, hashlib and zoneinfo are imported where a schedule uses them: every
+# process imports this module (the registry's every/cron), few run a schedule.
 
 
 class CatchUp(enum.Enum):
@@ -83,7 +83,9 @@ class Tick:
     @property
     def message_id(self) -> str:
         """The id of the message this tick emits: the same in every scheduler (uuid5 of the key)."""
-        return str(uuid.uuid5(_TICK_NAMESPACE, self.key))
+        import uuid
+
+        return str(uuid.uuid5(uuid.UUID(_TICK_NAMESPACE), self.key))
 
 
 #: A payload, or a function of the tick that returns one.
@@ -221,6 +223,8 @@ class Entry:
         """When the tick at ``at`` is emitted: ``at`` plus its share of the jitter."""
         if not self.jitter_s:
             return at
+        import hashlib
+
         digest = hashlib.blake2b(self.tick(at).key.encode(), digest_size=8).digest()
         return at + self.jitter_s * int.from_bytes(digest, "big") / 2**64
 
@@ -347,6 +351,8 @@ def _catch_up(value: CatchUp | str, name: str) -> CatchUp:
 def _zone(name: str, where: str) -> dt.tzinfo:
     if name == "UTC":
         return dt.UTC
+    import zoneinfo
+
     try:
         return zoneinfo.ZoneInfo(name)
     except (zoneinfo.ZoneInfoNotFoundError, ValueError):

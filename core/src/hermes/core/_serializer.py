@@ -1,9 +1,9 @@
 from __future__ import annotations
 
 import datetime
-import decimal
 import json
 import math
+import sys
 from typing import Any, Protocol, runtime_checkable
 
 from hermes.core._errors import SerializeError
@@ -93,7 +93,9 @@ def _fix(value: Any, name: str) -> str:
     """How to send ``value`` in a payload instead."""
     if isinstance(value, datetime.datetime | datetime.date | datetime.time):
         return f"JSON has no dates; send {name}.isoformat() (or a UNIX timestamp)"
-    if isinstance(value, decimal.Decimal):
+    # Not imported for this: a Decimal exists only once its module was imported.
+    decimal = sys.modules.get("decimal")
+    if decimal is not None and isinstance(value, decimal.Decimal):
         return f"send str({name}) to keep every digit (or float({name}))"
     if isinstance(value, set | frozenset):
         return f"JSON has no sets; send sorted({name}) or list({name})"

@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 #: How long a Shutdown that asks something outside the process (a file, a
@@ -45,6 +44,8 @@ class SharedFileShutdown:
                 f"check_interval_s must be a number of seconds >= 0, got {check_interval_s!r}"
             )
         #: The file whose modification time is the shutdown request.
+        from pathlib import Path  # here: most workers never watch a file
+
         self.path = Path(path)
         self.check_interval_s = float(check_interval_s)
         #: The file's mtime at the last look (None: no file), and when to look again.

@@ -10,43 +10,32 @@ Anything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import importlib
 import signal
 import sys
 from collections.abc import Sequence
 from importlib import metadata
 from typing import NoReturn
 
-from hermes.core._cli import (
-    _demo,
-    _drivers,
-    _emit,
-    _failed,
-    _plugins,
-    _purge,
-    _scheduler,
-    _shutdown,
-    _stats,
-    _worker,
-    _workers,
-)
 from hermes.core._cli._common import CliError, describe_error, print_error, print_traceback
 from hermes.core._errors import HermesError
 
 __all__ = ["build_parser", "main"]
 
-#: The commands in the order ``hermes --help`` lists them; each module adds its own parser.
+#: The commands in the order ``hermes --help`` lists them; each is the module
+#: ``hermes.core._cli._<command>``, which adds its own parser.
 COMMANDS = (
-    _worker,
-    _workers,
-    _emit,
-    _failed,
-    _drivers,
-    _plugins,
-    _shutdown,
-    _stats,
-    _purge,
-    _scheduler,
-    _demo,
+    "worker",
+    "workers",
+    "emit",
+    "failed",
+    "drivers",
+    "plugins",
+    "shutdown",
+    "stats",
+    "purge",
+    "scheduler",
+    "demo",
 )
 
 
@@ -69,7 +58,12 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The ``hermes`` parser; with ``only`` (a command), that command's alone.
+
+    Each command's module is imported to add its parser: a worker does not
+    wait for the demo's, the scheduler's or the failed store's imports.
+    """
     parser = _Parser(
         prog="hermes",
         description="Hermes background jobs: run workers, emit messages, list drivers.",
@@ -77,18 +71,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"hermes-core {_version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for command in COMMANDS:
-        command.add_parser(commands)
-    # Commands of other distributions (hermes-dashboard's `hermes dashboard`), after core's.
-    from hermes.core._registry import notify, plugin_manager
+    for command in (only,) if only in COMMANDS else COMMANDS:
+        importlib.import_module(f"hermes.core._cli._{command}").add_parser(commands)
+    if only not in COMMANDS:
+        # Commands of other distributions (hermes-dashboard's `hermes dashboard`), after core's.
+        from hermes.core._registry import notify, plugin_manager
 
-    notify(plugin_manager().hook.hermes_cli_commands, commands=commands)
+        notify(plugin_manager().hook.hermes_cli_commands, commands=commands)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``hermes`` command; returns the exit code."""
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv[0] if argv else None)
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help(sys.stderr)

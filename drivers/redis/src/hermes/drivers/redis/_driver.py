@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import itertools
+import collections
 import logging
 import os
 import secrets
@@ -58,6 +58,9 @@ _SHORT_WAIT_S = 0.1
 
 #: At-least-once: how long a lease lasts unless renewed, by default.
 LEASE_TIMEOUT_S = 30.0
+#: At-least-once with prefetch: the longest an acknowledgement waits for the next
+#: take while the worker hands out what it claimed ahead.
+ACK_DELAY_S = 0.1
 #: A lease is renewed this many times per lease timeout while its handler runs.
 RENEWALS_PER_LEASE = 3
 
@@ -196,6 +199,10 @@ class RedisSetDriver(Driver):
       puts back what it held, so each message is delivered again within
       :attr:`Capabilities.redelivery_timeout_s`. Emitters are the same
       in both modes; a PHP worker on the same set still pops at most once.
+      ``prefetch`` (at-least-once only; default 1) lets one script call
+      claim up to that many messages, held under the lease like one; what a
+      worker claimed and never handed to a handler goes back to its set when
+      it stops.
     * Sets are read from the highest priority down. A body that is not a
       Hermes message is pushed to ``<queue>_rejected`` (:func:`rejected_key`,
       the newest :data:`REJECTED_CAP` kept).
@@ -255,6 +262,7 @@ class RedisSetDriver(Driver):
         lease_timeout_s: float | None = None,
         wait_replicas: int = 0,
         wait_timeout_s: float = 1.0,
+        prefetch: int = 1,
     ) -> None:
         try:
             delivery = Delivery(delivery)
@@ -267,6 +275,15 @@ class RedisSetDriver(Driver):
             raise ConfigurationError(
                 f"RedisSetDriver lease_timeout_s={lease_timeout_s!r} needs "
                 "delivery='at-least-once': an at-most-once worker holds no lease"
+            )
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or not 1 <= prefetch <= 1000:
+            raise ConfigurationError(
+                f"RedisSetDriver prefetch must be an int from 1 to 1000, got {prefetch!r}"
+            )
+        if prefetch > 1 and delivery is not Delivery.AT_LEAST_ONCE:
+            raise ConfigurationError(
+                f"RedisSetDriver prefetch={prefetch} needs delivery='at-least-once': an "
+                "at-most-once worker would lose what it popped ahead if it died"
             )
         if lease_timeout_s is None:
             lease_timeout_s = LEASE_TIMEOUT_S
@@ -313,6 +330,8 @@ class RedisSetDriver(Driver):
         self.delivery = delivery
         #: At-least-once: how long a lease lasts unless its worker renews it.
         self.lease_timeout_s = float(lease_timeout_s)
+        #: At-least-once: the most messages one take claims under the worker's lease.
+        self.prefetch = prefetch
         if delivery is Delivery.AT_LEAST_ONCE:
             # A run-out lease is put back by the next look at the schedule: at
             # most a second later on an idle worker (core caps each receive at it).
@@ -726,12 +745,15 @@ class _LeasingConsumer(_RedisConsumer):
       however many messages are held), so a handler that runs longer than the
       lease keeps its message. A worker that dies stops renewing; its lease
       runs out, and everything it held is delivered again.
-    * :meth:`ack` on the thread that receives is deferred to the next
-      :meth:`receive` (or :meth:`close`); from any other thread (handlers run
-      concurrently) it is one ``HDEL`` on a connection from the pool.
-      :meth:`release` puts the body back at once; :meth:`reject` moves it
-      to ``rejected_key(set)``. All three may be called from any thread: only
-      :meth:`receive` and :meth:`close` use the held connection.
+    * :meth:`ack`, from whichever thread, is deferred to the next take (or
+      :meth:`close`), so concurrent handlers cost no more round trips than a
+      serial worker; what is still unsent when the receiving thread is about
+      to wait idle is sent then, and an acknowledgement made during that wait
+      is sent at once (one ``HDEL`` on a connection from the pool), so a
+      quiet worker does not sit on handled messages. :meth:`release` puts the
+      body back at once; :meth:`reject` moves it to ``rejected_key(set)``.
+      All three may be called from any thread: only :meth:`receive` and
+      :meth:`close` use the held connection.
     * :meth:`close` sends the deferred acknowledgements, stops renewing, and
       takes the consumer off the sets where it holds nothing. What it still
       holds then (handlers that outlived the worker's grace period) is
@@ -741,6 +763,11 @@ class _LeasingConsumer(_RedisConsumer):
     * Each take increments the body's count in :func:`deliveries_key` in the
       same script call (``Received.delivery_count``); acknowledging or
       setting aside deletes it, a release or a run-out lease keeps it.
+    * With the driver's ``prefetch`` above 1, one take claims up to that many
+      bodies from the first non-empty set, all held under the lease; they are
+      handed out one per :meth:`receive` before the next take. :meth:`close`
+      puts back at once those never handed out (their delivery counts go
+      down again), never one a handler holds.
 
     ``Received.token`` is ``(index of the set, take number, body SHA-1)``.
     """
@@ -760,11 +787,19 @@ class _LeasingConsumer(_RedisConsumer):
         #: The delivery counts of each set (as ``self.keys``).
         self.count_keys = [deliveries_key(k) for k in self.keys]
         self.claim: _scripts.PackedCall | None = None
-        self.counter = itertools.count(1)
-        #: ``[index, take number, digest, ...]`` acknowledged on the receiving thread, not yet sent.
+        #: The number of the next take (a field of the held hash).
+        self.next_number = 1
+        #: Claimed by the last take and not handed out yet, next first.
+        self.prefetched: collections.deque[Received] = collections.deque()
+        #: ``[index, take number, digest, ...]`` acknowledged, not yet sent.
         self.acks: list[bytes] = []
-        #: The thread that receives (:func:`threading.get_ident`), set on the first receive.
-        self.receiver: int | None = None
+        #: Guards ``acks`` and ``idle``: handler threads acknowledge while this one takes.
+        self.acks_lock = threading.Lock()
+        #: True while the receiving thread waits idle: an acknowledgement is then sent at once.
+        self.idle = False
+        #: ``time.monotonic()`` of the oldest acknowledgement not yet sent (None: none).
+        self.acks_since: float | None = None
+        self.ack_call: _scripts.PackedCall | None = None
         #: Indexes (1-based) of the sets this consumer has taken from: where it has a
         #: lease. Replaced, never changed, by the receiving thread; read by the renewer.
         self.taken_from: frozenset[int] = frozenset()
@@ -772,17 +807,30 @@ class _LeasingConsumer(_RedisConsumer):
         self.leases: LeaseKeeper | None = None
 
     def receive(self, timeout_s: float) -> Received | None:
+        if self.prefetched:
+            # Handed out without a take: acknowledgements wait for the next
+            # one, but not for long while handlers are slow.
+            since = self.acks_since
+            if since is not None and time.monotonic() - since > ACK_DELAY_S:
+                self._send_acks()
+            return self.prefetched.popleft()
         if self.leases is None:
             self._start()
         return super().receive(timeout_s)
 
     def ack(self, received: Received) -> None:
         index, number, digest = received.token
-        if threading.get_ident() == self.receiver:
-            self.acks += (b"%d" % index, number, digest)  # sent with the next take
-            return
+        with self.acks_lock:
+            if not self.idle:
+                self.acks += (b"%d" % index, number, digest)  # sent with the next take
+                if self.acks_since is None:
+                    self.acks_since = time.monotonic()
+                return
+        self._ack_now(self.driver._execute, index, number, digest)
+
+    def _ack_now(self, execute: _scripts.Execute, index: int, number: bytes, digest: bytes) -> None:
         keys = (self.held_keys[index - 1], self.count_keys[index - 1])
-        _scripts.ACK(self.driver._execute, keys, (number, digest))
+        _scripts.ACK(execute, keys, (number, digest))
 
     def release(self, received: Received) -> None:
         index, number, _ = received.token
@@ -805,8 +853,17 @@ class _LeasingConsumer(_RedisConsumer):
                 # Here, not in core's translation around close: what a failure
                 # costs depends on what was still to acknowledge.
                 with self.driver.translating("closing"):
+                    self._give_back()
                     self._claim(b"")  # no take number: acknowledge, take nothing, leave
         except DriverError as error:
+            if self.prefetched:
+                logger.warning(
+                    "%r: could not give back %d message(s) claimed and never started, which "
+                    "are delivered again once the lease runs out - %s",
+                    self.driver,
+                    len(self.prefetched),
+                    error,
+                )
             if self.acks:
                 logger.warning(
                     "%r: could not acknowledge %d message(s), which are delivered again once "
@@ -815,19 +872,23 @@ class _LeasingConsumer(_RedisConsumer):
                     len(self.acks) // 3,
                     error,
                 )
-            else:  # nothing is lost: the lease of a worker holding nothing just runs out
+            elif not self.prefetched:
+                # Nothing is lost: the lease of a worker holding nothing just runs out.
                 logger.info("%r: could not take its lease off Redis - %s", self.driver, error)
         finally:
             super().close()
 
     def _start(self) -> None:
-        self.receiver = threading.get_ident()
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         self.held_keys = [held_key(queue, self.owner) for queue in self.keys]
         self.claim = _scripts.PackedCall(
             _scripts.CLAIM,
             [*self.keys, *self.lease_keys, *self.held_keys, *self.count_keys],
-            [self.lease_ms, self.owner],
+            [self.lease_ms, self.owner, self.driver.prefetch],
+        )
+        #: The same script taking nothing: acknowledgements alone.
+        self.ack_call = _scripts.PackedCall(
+            _scripts.CLAIM, self.claim.keys, [self.lease_ms, self.owner, 0]
         )
         self.leases = LeaseKeeper(
             self._renew,
@@ -836,30 +897,84 @@ class _LeasingConsumer(_RedisConsumer):
             name="hermes-redis-leases",
         ).start()
 
-    def _claim(self, number: bytes) -> Any:
-        """Acknowledge the deferred acknowledgements and, with a take number, take a body."""
-        claim, acks = self.claim, self.acks
+    def _claim(self, number: bytes, claim: _scripts.PackedCall | None = None) -> Any:
+        """Send the deferred acknowledgements and, with a take number, take bodies."""
+        claim = claim or self.claim
         assert claim is not None
+        with self.acks_lock:
+            acks, self.acks = self.acks, []
+            self.acks_since = None
         count = b"%d" % (len(acks) // 3)
         try:
-            reply = self._execute(claim.pack(number, count, *acks), True)
-        except NoScriptError:  # a new or restarted server: send the script itself
-            args: list[str | int | bytes] = [*claim.head, number, count, *acks]
-            reply = _scripts.CLAIM(self._execute, claim.keys, args, raw=True)
-        acks.clear()  # sent; after an error they stay, to go with the next take
+            try:
+                reply = self._execute(claim.pack(number, count, *acks), True)
+            except NoScriptError:  # a new or restarted server: send the script itself
+                args: list[str | int | bytes] = [*claim.head, number, count, *acks]
+                reply = _scripts.CLAIM(self._execute, claim.keys, args, raw=True)
+        except BaseException:
+            self._unsent(acks)
+            raise
         return reply
 
+    def _unsent(self, acks: list[bytes]) -> None:
+        """Keep acknowledgements a failed call did not send: they go with the next one."""
+        with self.acks_lock:
+            self.acks[:0] = acks
+            if self.acks_since is None:
+                self.acks_since = time.monotonic()
+
+    def _send_acks(self) -> None:
+        """Send the deferred acknowledgements alone, taking nothing."""
+        assert self.ack_call is not None  # made with the lease, before any take
+        self._claim(b"0", self.ack_call)
+
+    def _idle_wait(self, timeout_s: float) -> bool:
+        with self.acks_lock:
+            self.idle = True
+            pending = bool(self.acks)
+        try:
+            if pending:
+                self._send_acks()
+            return super()._idle_wait(timeout_s)
+        finally:
+            with self.acks_lock:
+                self.idle = False
+
     def _pop(self) -> Received | None:
-        number = b"%d" % next(self.counter)
-        reply = self._claim(number)
-        if reply is None:
+        if self.prefetched:
+            return self.prefetched.popleft()
+        first = self.next_number
+        reply = self._claim(b"%d" % first)
+        if not reply:
             return None
-        index, body, deliveries, digest = int(reply[0]), reply[1], int(reply[2]), reply[3]
+        self.next_number += len(reply) // 4
+        index = int(reply[0])
         if index not in self.taken_from:
             self.taken_from = self.taken_from | {index}
-        return Received(
-            body, self.priorities[index - 1], (index, number, digest), delivery_count=deliveries
-        )
+        priority = self.priorities[index - 1]
+        taken = [
+            Received(
+                reply[at + 1],
+                priority,
+                (index, b"%d" % (first + at // 4), reply[at + 3]),
+                delivery_count=int(reply[at + 2]),
+            )
+            for at in range(0, len(reply), 4)
+        ]
+        self.prefetched.extend(taken[1:])
+        return taken[0]
+
+    def _give_back(self) -> None:
+        """Put back at once what was claimed and never handed out (the worker stops)."""
+        if not self.prefetched:
+            return
+        args: list[str | int | bytes] = [WAKE_LIST_CAP]
+        for received in self.prefetched:
+            index, number, digest = received.token
+            args += (index, number, digest)
+        keys = [*self.keys, *self.held_keys, *self.count_keys, *(wake_key(k) for k in self.keys)]
+        _scripts.GIVE_BACK(self._execute, keys, args)
+        self.prefetched.clear()
 
     def _move_due(self) -> int:
         moved, first, recovered = _scripts.MOVE_DUE_AND_RECOVER(

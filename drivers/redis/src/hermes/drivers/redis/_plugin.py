@@ -26,6 +26,7 @@ _DRIVER_OPTIONS = (
     "prefix",
     "delivery",
     "lease_timeout",
+    "prefetch",
     "wait_replicas",
     "wait_timeout",
 )
@@ -213,6 +214,7 @@ def _from_url(url: DriverUrl, **options: Any) -> RedisSetDriver:
         ),
         wait_replicas=url.get_int("wait_replicas", 0, minimum=0),
         wait_timeout_s=url.get_float("wait_timeout", 1.0, minimum=0.001),
+        prefetch=url.get_int("prefetch", 1, minimum=1),
     )
 
 

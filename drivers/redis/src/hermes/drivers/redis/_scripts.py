@@ -212,57 +212,100 @@ local function leases_of(set) return set .. '_inflight' end
 local function held_by(set, owner) return leases_of(set) .. ':' .. owner end
 """
 
-#: Acknowledge the takes given, then take one body from the first non-empty set.
+#: Acknowledge the takes given, then take up to M bodies from the first non-empty set.
 #:
 #: KEYS: the N sets (highest priority first), then their N lease sorted sets,
 #: then the owner's N lease hashes on them, then their N delivery counts.
-#: ARGV: lease length in ms, owner, the new take's number (empty: take
-#: nothing, and leave the sorted sets where the owner holds nothing: the
-#: worker is closing), the number A of takes to acknowledge, then A (1-based
-#: set index, take number, body digest) triples.
-#: Returns ``{index, body, deliveries, digest}`` or nil; the
+#: ARGV: lease length in ms, owner, M (the most to take: the worker's
+#: prefetch; 0 takes nothing), the first take's number (the others follow it
+#: one by one; empty: take nothing, and leave the sorted sets where the owner
+#: holds nothing: the worker is closing), the number A of takes to
+#: acknowledge, then A (1-based set index, take number, body digest) triples.
+#: Returns ``{index, body, deliveries, digest}`` for each body taken, in the
+#: order of their take numbers (empty: nothing was waiting); the
 #: acknowledgements are done either way.
 CLAIM = LuaScript(
     _EFFECTS
     + """
 local n = #KEYS / 4
-local owner, number = ARGV[2], ARGV[3]
+local owner, most, first = ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local function acknowledge()
-    for a = 5, 4 + 3 * tonumber(ARGV[4]), 3 do
+    for a = 6, 5 + 3 * tonumber(ARGV[5]), 3 do
         local i = tonumber(ARGV[a])
         redis.call('HDEL', KEYS[2 * n + i], ARGV[a + 1])
         redis.call('HDEL', KEYS[3 * n + i], ARGV[a + 2])
     end
 end
-if number == '' then
+if first == '' then
     acknowledge()
     for i = 1, n do
         if redis.call('EXISTS', KEYS[2 * n + i]) == 0 then
             redis.call('ZREM', KEYS[n + i], owner)
         end
     end
-    return false
+    return {}
 end
-for i = 1, n do
-    local body = redis.call('SPOP', KEYS[i])
-    if body then
-        if not redis.call('ZSCORE', KEYS[n + i], owner) then
+local taken = {}
+if most > 0 then
+    for i = 1, n do
+        local bodies = redis.call('SPOP', KEYS[i], most)
+        if #bodies > 0 then
+            if not redis.call('ZSCORE', KEYS[n + i], owner) then
 """
     + _NOW_MS
     + """
-            redis.call('ZADD', KEYS[n + i], string.format('%d', now_ms + tonumber(ARGV[1])), owner)
+                local deadline = string.format('%d', now_ms + tonumber(ARGV[1]))
+                redis.call('ZADD', KEYS[n + i], deadline, owner)
+            end
+            local number = tonumber(first)
+            for _, body in ipairs(bodies) do
+                -- Held first, acknowledged after: a busy worker's hash never empties, so
+                -- Redis does not delete and create it again for every message.
+                redis.call('HSET', KEYS[2 * n + i], string.format('%d', number), body)
+                local digest = redis.sha1hex(body)
+                local deliveries = redis.call('HINCRBY', KEYS[3 * n + i], digest, 1)
+                taken[#taken + 1] = i
+                taken[#taken + 1] = body
+                taken[#taken + 1] = deliveries
+                taken[#taken + 1] = digest
+                number = number + 1
+            end
+            break
         end
-        -- Held first, acknowledged after: a busy worker's hash never empties, so
-        -- Redis does not delete and create it again for every message.
-        redis.call('HSET', KEYS[2 * n + i], number, body)
-        local digest = redis.sha1hex(body)
-        local deliveries = redis.call('HINCRBY', KEYS[3 * n + i], digest, 1)
-        acknowledge()
-        return {i, body, deliveries, digest}
     end
 end
 acknowledge()
-return false
+return taken
+"""
+)
+
+#: Put back what a closing worker took and never handed to a handler: each
+#: body returns to its set as if it had never been taken (its delivery count
+#: goes down again), and the sets are woken.
+#:
+#: KEYS: the N sets, then the owner's N lease hashes on them, then their N
+#: delivery counts, then their N wake lists. ARGV: the wake list cap, then
+#: (1-based set index, take number, body digest) triples.
+#: Returns how many bodies went back.
+GIVE_BACK = LuaScript(
+    _WAKE
+    + """
+local n = #KEYS / 4
+local back = 0
+for a = 2, #ARGV, 3 do
+    local i = tonumber(ARGV[a])
+    local body = redis.call('HGET', KEYS[n + i], ARGV[a + 1])
+    if body then
+        redis.call('HDEL', KEYS[n + i], ARGV[a + 1])
+        redis.call('SADD', KEYS[i], body)
+        if redis.call('HINCRBY', KEYS[2 * n + i], ARGV[a + 2], -1) <= 0 then
+            redis.call('HDEL', KEYS[2 * n + i], ARGV[a + 2])
+        end
+        wake(KEYS[3 * n + i], 1, tonumber(ARGV[1]))
+        back = back + 1
+    end
+end
+return back
 """
 )
 
