@@ -611,5 +611,7 @@ def test_every_hook_states_its_contract_in_a_docstring() -> None:
         "hermes_handler_call",
         "hermes_emit_call",
         "hermes_tick",
+        "hermes_cli_commands",
+        "hermes_worker_process_exited",
     }
     assert all(len(inspect.getdoc(f) or "") > 30 for f in hooks)
