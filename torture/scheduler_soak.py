@@ -55,11 +55,18 @@ RESULTS = Path(__file__).parent / "results" / "scheduler.md"
 def _child(target: str, location: str, sink: str) -> None:
     import logging
 
-    from hermes.core.driver import Consumer, Driver, Outgoing
+    from hermes.core.driver import Capabilities, Consumer, Delay, Delivery, Driver, Outgoing
     from hermes.core.schedule import Schedule, Scheduler
 
     class Sink(Driver):
         """Appends each body and when it was put to ``sink`` (O_APPEND: one write per line)."""
+
+        capabilities = Capabilities(
+            delivery=Delivery.AT_LEAST_ONCE,
+            delay=Delay.IGNORED,
+            priorities=False,
+            competing_consumers=False,
+        )
 
         def put(self, items: Sequence[Outgoing], priority: int = 100) -> None:
             lines = "".join(
