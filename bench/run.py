@@ -532,7 +532,8 @@ def profile_worker(
         with tempfile.TemporaryDirectory() as tmp:
             out, log, saved = Path(tmp) / "r.json", Path(tmp) / "w.log", Path(tmp) / "s"
             argv = [sys.executable, "-m", "pyinstrument", "-r", "session", "-o", str(saved)]
-            argv += [*worker_command(), "worker", "--url", url, *flags]
+            # pyinstrument runs a module itself: the launcher of worker_command(), by name.
+            argv += ["-m", "bench.hermes_cli", "worker", "--url", url, *flags]
             argv += ["--handlers", "bench.jobs:register", "--max-items", str(n)]
             with worker(argv, env.make(n, out, "incr"), log) as proc:
                 wait_result(out, proc, 600, log)
