@@ -243,6 +243,23 @@ class ForgetsAcks(_BrokenMemory):
         return _ForgetsAcks(self, super().consumer(priorities, concurrency=concurrency))
 
 
+class _CountsEveryDeliveryAsTheFirst(_Relay):
+    def receive(self, timeout_s: float) -> Received | None:
+        received = super().receive(timeout_s)
+        if received is not None:
+            received.delivery_count = 1
+        return received
+
+
+class CountsEveryDeliveryAsTheFirst(_BrokenMemory):
+    """Declares that it counts deliveries, and says 1 however often a message came back."""
+
+    scheme = "first-delivery-always"
+
+    def consumer(self, priorities: Sequence[int], *, concurrency: int = 1) -> Consumer:
+        return _CountsEveryDeliveryAsTheFirst(super().consumer(priorities, concurrency=concurrency))
+
+
 class CountsUnknownAsZero(_BrokenMemory):
     """Says 0 in flight, whatever the workers hold: an unknown count shown as 0."""
 
@@ -638,6 +655,7 @@ _MEMORY_VARIANTS: list[type[_BrokenMemory]] = [
     WaitsBehindTheHead,
     HandsOneMessageToTwoConsumers,
     ForgetsAcks,
+    CountsEveryDeliveryAsTheFirst,
     DropsRetries,
     DropsHeaders,
     CountsUnknownAsZero,

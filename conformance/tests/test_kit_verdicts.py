@@ -54,6 +54,8 @@ FORK = "test_a_driver_used_before_fork_emits_and_consumes_in_the_child"
 KILL_IN_FLIGHT = "test_a_worker_killed_with_four_handlers_in_flight_follows_the_declared_delivery"
 PROCESSES_CONCURRENT = "test_three_worker_processes_at_concurrency_four_share_300_messages"
 MAX_ITEMS_CONCURRENT = "test_max_items_at_concurrency_four_starts_exactly_that_many"
+DELIVERY_COUNT = "test_a_counting_driver_reports_one_then_more_after_a_redelivery"
+MAX_DELIVERIES = "test_a_worker_sets_aside_what_was_delivered_more_than_max_deliveries"
 HEADERS = "test_headers_survive_the_broker_in_order"
 HEADERS_RETRY = "test_the_retry_copy_comes_back_with_the_same_headers"
 STATS = "test_queue_stats_count_ready_scheduled_and_in_flight_and_purge_deletes_what_waits"
@@ -100,6 +102,7 @@ BROKEN = {
     "zero-in-flight://x": ([STATS], "a worker blocked inside its handler: in_flight=0"),
     "drops-retries://x": ([ROUND_TRIP, RETRY_BACK], "the retry copy did not come back"),
     "drops-headers://x": ([HEADERS, HEADERS_RETRY], "headers changed on the broker"),
+    "first-delivery-always://x": ([DELIVERY_COUNT, MAX_DELIVERIES], "delivery_count"),
     "truncates-large://x": ([LARGE], "a message of exactly max_message_bytes"),
     "writes-before-serializing://x": ([UNENCODABLE], "these reached the broker"),
     "crashes-on-poison://x": ([POISON], "KeyError"),
@@ -383,7 +386,7 @@ def test_the_kit_passes_on_the_memory_driver_and_says_what_it_could_not_verify(
         "an Exception escaping the callback: raised, delivered again verified; "
         "SIGKILL mid-handler not verified: driver is in-process" in run.output
     ), run.describe()
-    assert "44 verified, 8 not verified, 0 not applicable, 0 failed" in run.output
+    assert "46 verified, 8 not verified, 0 not applicable, 0 failed" in run.output
 
 
 def test_the_example_driver_of_the_kit_readme_passes_the_kit(
