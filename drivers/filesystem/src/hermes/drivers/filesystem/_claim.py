@@ -44,6 +44,15 @@ _MAX_NAME = 200
 _last_sweep: dict[str, float] = {}
 
 
+def _link(prepared: str, path: str) -> bool:
+    """Put the prepared claim file at ``path``; False when a claim already stands there."""
+    try:
+        os.link(prepared, path)
+    except FileExistsError:
+        return False  # held by someone: the caller looks whether it has expired
+    return True
+
+
 def claim(queue_dir: str, key: str, ttl_s: float) -> bool:
     """Create the claim file of ``key`` in ``queue_dir/claims`` unless a live one exists."""
     if not ttl_s > 0:
@@ -53,11 +62,8 @@ def claim(queue_dir: str, key: str, ttl_s: float) -> bool:
     prepared = _prepare(directory, time.time() + ttl_s)
     try:
         for _ in range(_ATTEMPTS):
-            try:
-                os.link(prepared, path)
+            if _link(prepared, path):
                 return True
-            except FileExistsError:
-                pass
             try:
                 found = os.stat(path)
             except FileNotFoundError:
