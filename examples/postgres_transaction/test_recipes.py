@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -91,9 +92,13 @@ def test_sqlalchemy_commit_handles_the_job_once_and_rollback_never(database, han
 def test_django_atomic_commit_handles_the_job_once_and_rollback_never(database, handled):
     pytest.importorskip("django")
     run = [sys.executable, "-m", "examples.postgres_transaction.place_django_order"]
-    committed = subprocess.run([*run, "book"], cwd=ROOT, capture_output=True, text=True)
+    # The Django app's test, earlier in the session, sets its own settings module in
+    # os.environ; the recipe's process must not inherit it.
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "examples.postgres_transaction.django_settings"}
+    place = functools.partial(subprocess.run, cwd=ROOT, env=env, capture_output=True, text=True)
+    committed = place([*run, "book"])
     assert committed.returncode == 0, committed.stderr
-    failed = subprocess.run([*run, "never", "--fail"], cwd=ROOT, capture_output=True, text=True)
+    failed = place([*run, "never", "--fail"])
     assert failed.returncode == 1, failed.stderr
     assert sentinel_after(handled) == ["send-receipt", "sentinel"]
     from examples.postgres_transaction import sqlalchemy_orders
