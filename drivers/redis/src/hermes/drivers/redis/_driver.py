@@ -104,11 +104,12 @@ def held_key(queue_key: str, owner: str | bytes) -> str:
 
 
 def deliveries_key(queue_key: str) -> str:
-    """At-least-once: the hash of body SHA-1 -> how many times a worker took it from ``queue_key``.
+    """At-least-once: body SHA-1 -> how many takes of it from ``queue_key`` went unsettled.
 
-    Incremented by the take, deleted when the message is acknowledged or set
-    aside; a release or a run-out lease keeps it, so ``Received.delivery_count``
-    grows with each redelivery.
+    A release or a run-out lease adds one, so ``Received.delivery_count`` (one
+    more than the count) grows with each redelivery; deleted when the message
+    is acknowledged or set aside. A message handled at its first delivery is
+    never in it.
     """
     return f"{queue_key}_deliveries"
 
@@ -760,16 +761,18 @@ class _LeasingConsumer(_RedisConsumer):
       delivered again once the lease runs out, rather than handed to another
       worker while its handler may still be running.
 
-    * Each take increments the body's count in :func:`deliveries_key` in the
-      same script call (``Received.delivery_count``); acknowledging or
-      setting aside deletes it, a release or a run-out lease keeps it.
+    * A release or a run-out lease adds one to the body's count in
+      :func:`deliveries_key`, and the take reports one more than it holds
+      (``Received.delivery_count``); acknowledging or setting aside deletes
+      it. A take while that hash is empty, the usual case, reads nothing more.
     * With the driver's ``prefetch`` above 1, one take claims up to that many
       bodies from the first non-empty set, all held under the lease; they are
       handed out one per :meth:`receive` before the next take. :meth:`close`
-      puts back at once those never handed out (their delivery counts go
-      down again), never one a handler holds.
+      puts back at once those never handed out (their delivery counts
+      unchanged), never one a handler holds.
 
-    ``Received.token`` is ``(index of the set, take number, body SHA-1)``.
+    ``Received.token`` is ``(index of the set, take number, body SHA-1)``; the
+    SHA-1 is empty when the set had no counts at the take.
     """
 
     def __init__(self, driver: RedisSetDriver, priorities: Sequence[int]) -> None:
@@ -778,7 +781,11 @@ class _LeasingConsumer(_RedisConsumer):
         self.lease_keys = [inflight_key(k) for k in self.keys]
         self.move_keys = (
             *self.move_keys,
-            *(key for queue in self.keys for key in (queue, inflight_key(queue), wake_key(queue))),
+            *(
+                key
+                for queue in self.keys
+                for key in (queue, inflight_key(queue), wake_key(queue), deliveries_key(queue))
+            ),
         )
         #: ``<host>:<pid>:<random>``, set on the first receive (in the process that runs it).
         self.owner = ""
@@ -835,7 +842,7 @@ class _LeasingConsumer(_RedisConsumer):
     def release(self, received: Received) -> None:
         index, number, _ = received.token
         queue = self.keys[index - 1]
-        keys = (queue, self.held_keys[index - 1], wake_key(queue))
+        keys = (queue, self.held_keys[index - 1], wake_key(queue), self.count_keys[index - 1])
         _scripts.RELEASE(self.driver._execute, keys, (number, WAKE_LIST_CAP))
 
     def reject(self, received: Received, reason: str) -> None:
@@ -947,6 +954,11 @@ class _LeasingConsumer(_RedisConsumer):
         reply = self._claim(b"%d" % first)
         if not reply:
             return None
+        if type(reply) is bytes:  # one body from the first set, its first delivery
+            self.next_number += 1
+            if 1 not in self.taken_from:
+                self.taken_from = self.taken_from | {1}
+            return Received(reply, self.priorities[0], (1, b"%d" % first, b""), delivery_count=1)
         self.next_number += len(reply) // 4
         index = int(reply[0])
         if index not in self.taken_from:
@@ -970,9 +982,9 @@ class _LeasingConsumer(_RedisConsumer):
             return
         args: list[str | int | bytes] = [WAKE_LIST_CAP]
         for received in self.prefetched:
-            index, number, digest = received.token
-            args += (index, number, digest)
-        keys = [*self.keys, *self.held_keys, *self.count_keys, *(wake_key(k) for k in self.keys)]
+            index, number, _ = received.token
+            args += (index, number)
+        keys = [*self.keys, *self.held_keys, *(wake_key(k) for k in self.keys)]
         _scripts.GIVE_BACK(self._execute, keys, args)
         self.prefetched.clear()
 

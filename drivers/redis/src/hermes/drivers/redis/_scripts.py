@@ -169,11 +169,12 @@ return 1
 # owner in one script, so a body goes back once and is handed to one worker.
 #
 # Deliveries are counted per body in the hash ``<set>_deliveries`` (the body's
-# SHA-1 -> how many times a worker took it): the take increments it, in the
-# same script call; acknowledging or setting the body aside deletes it; a
-# release or a run-out lease keeps it, so the next take reports one more. A
-# set holds a body once, so the body is the message's identity here, as it is
-# for SADD.
+# SHA-1 -> how many takes of it ended without a settlement): a release and a
+# run-out lease add one, and the next take reports one more than the hash
+# holds; acknowledging or setting the body aside deletes it. A message handled
+# the first time, the common case, writes nothing there: while the hash does
+# not exist the take does not even hash the body. A set holds a body once, so
+# the body is the message's identity here, as it is for SADD.
 #
 # Invariant: a body is in a lease hash only while its owner is in the sorted
 # set. The take registers the owner if it is missing (first take, or after its
@@ -222,8 +223,10 @@ local function held_by(set, owner) return leases_of(set) .. ':' .. owner end
 #: holds nothing: the worker is closing), the number A of takes to
 #: acknowledge, then A (1-based set index, take number, body digest) triples.
 #: Returns ``{index, body, deliveries, digest}`` for each body taken, in the
-#: order of their take numbers (empty: nothing was waiting); the
-#: acknowledgements are done either way.
+#: order of their take numbers (empty: nothing was waiting); the digest is
+#: empty when no body of the set had a count. One body from the first set
+#: whose digest is empty (its first delivery) comes back as the body alone.
+#: The acknowledgements are done either way.
 CLAIM = LuaScript(
     _EFFECTS
     + """
@@ -233,7 +236,7 @@ local function acknowledge()
     for a = 6, 5 + 3 * tonumber(ARGV[5]), 3 do
         local i = tonumber(ARGV[a])
         redis.call('HDEL', KEYS[2 * n + i], ARGV[a + 1])
-        redis.call('HDEL', KEYS[3 * n + i], ARGV[a + 2])
+        if ARGV[a + 2] ~= '' then redis.call('HDEL', KEYS[3 * n + i], ARGV[a + 2]) end
     end
 end
 if first == '' then
@@ -258,12 +261,17 @@ if most > 0 then
                 redis.call('ZADD', KEYS[n + i], deadline, owner)
             end
             local number = tonumber(first)
+            local counted = redis.call('EXISTS', KEYS[3 * n + i]) == 1
             for _, body in ipairs(bodies) do
                 -- Held first, acknowledged after: a busy worker's hash never empties, so
                 -- Redis does not delete and create it again for every message.
                 redis.call('HSET', KEYS[2 * n + i], string.format('%d', number), body)
-                local digest = redis.sha1hex(body)
-                local deliveries = redis.call('HINCRBY', KEYS[3 * n + i], digest, 1)
+                local deliveries, digest = 1, ''
+                if counted then
+                    digest = redis.sha1hex(body)
+                    local earlier = redis.call('HGET', KEYS[3 * n + i], digest)
+                    deliveries = deliveries + (tonumber(earlier) or 0)
+                end
                 taken[#taken + 1] = i
                 taken[#taken + 1] = body
                 taken[#taken + 1] = deliveries
@@ -275,33 +283,33 @@ if most > 0 then
     end
 end
 acknowledge()
+-- The usual take, one body from the first set delivered the first time: the
+-- body alone, which the client parses for a fraction of the four-part reply.
+if #taken == 4 and taken[1] == 1 and taken[4] == '' then return taken[2] end
 return taken
 """
 )
 
 #: Put back what a closing worker took and never handed to a handler: each
 #: body returns to its set as if it had never been taken (its delivery count
-#: goes down again), and the sets are woken.
+#: stays as it was), and the sets are woken.
 #:
 #: KEYS: the N sets, then the owner's N lease hashes on them, then their N
-#: delivery counts, then their N wake lists. ARGV: the wake list cap, then
-#: (1-based set index, take number, body digest) triples.
+#: wake lists. ARGV: the wake list cap, then (1-based set index, take number)
+#: pairs.
 #: Returns how many bodies went back.
 GIVE_BACK = LuaScript(
     _WAKE
     + """
-local n = #KEYS / 4
+local n = #KEYS / 3
 local back = 0
-for a = 2, #ARGV, 3 do
+for a = 2, #ARGV, 2 do
     local i = tonumber(ARGV[a])
     local body = redis.call('HGET', KEYS[n + i], ARGV[a + 1])
     if body then
         redis.call('HDEL', KEYS[n + i], ARGV[a + 1])
         redis.call('SADD', KEYS[i], body)
-        if redis.call('HINCRBY', KEYS[2 * n + i], ARGV[a + 2], -1) <= 0 then
-            redis.call('HDEL', KEYS[2 * n + i], ARGV[a + 2])
-        end
-        wake(KEYS[3 * n + i], 1, tonumber(ARGV[1]))
+        wake(KEYS[2 * n + i], 1, tonumber(ARGV[1]))
         back = back + 1
     end
 end
@@ -321,9 +329,10 @@ return 1
 """
 )
 
-#: Release one take: its body goes back to its set at once, and wakes a worker.
+#: Release one take: its body goes back to its set at once, one more delivery
+#: counted, and wakes a worker.
 #:
-#: KEYS: the set, the owner's lease hash on it, the set's wake list.
+#: KEYS: the set, the owner's lease hash on it, the set's wake list, its delivery counts.
 #: ARGV: take number, wake list cap. Returns 1 if the body went back, 0 if it
 #: was no longer held (the lease ran out, and the body went back then).
 RELEASE = LuaScript(
@@ -333,6 +342,7 @@ local body = redis.call('HGET', KEYS[2], ARGV[1])
 if not body then return 0 end
 redis.call('HDEL', KEYS[2], ARGV[1])
 redis.call('SADD', KEYS[1], body)
+redis.call('HINCRBY', KEYS[4], redis.sha1hex(body), 1)
 wake(KEYS[3], 1, tonumber(ARGV[2]))
 return 1
 """
@@ -374,11 +384,12 @@ return lost
 """
 )
 
-#: :data:`MOVE_DUE`, then put back what the owners of run-out leases held.
+#: :data:`MOVE_DUE`, then put back what the owners of run-out leases held,
+#: one more delivery counted for each body.
 #:
 #: KEYS: schedule sorted set, default queue set, wake list of the default
 #: queue, then for each set whose leases to look at: the set, its lease sorted
-#: set, its wake list.
+#: set, its wake list, its delivery counts.
 #: ARGV: now (UNIX time, for the schedule), most members to move (and owners
 #: to look at per set), wake list cap.
 #: Returns ``{moved, score of the earliest message still scheduled or nil, put back}``.
@@ -397,13 +408,16 @@ if #due > 0 then
 end
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 local recovered = 0
-for k = 4, #KEYS, 3 do
+for k = 4, #KEYS, 4 do
     local expired = redis.call('ZRANGEBYSCORE', KEYS[k + 1], '-inf', now_ms, 'LIMIT', 0, limit)
     for _, owner in ipairs(expired) do
         local held = held_by(KEYS[k], owner)
         local bodies = redis.call('HVALS', held)
         for at = 1, #bodies, 1000 do
             redis.call('SADD', KEYS[k], unpack(bodies, at, math.min(at + 999, #bodies)))
+        end
+        for _, body in ipairs(bodies) do
+            redis.call('HINCRBY', KEYS[k + 3], redis.sha1hex(body), 1)
         end
         redis.call('DEL', held)
         redis.call('ZREM', KEYS[k + 1], owner)
