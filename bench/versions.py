@@ -10,7 +10,14 @@ the ratio is this install's rate over the other's. The jobs are bench.jobs's
 thing that differs is the Hermes each ``hermes`` command imports. Both run
 through ``bench.hermes_cli`` with every observer plugin blocked, so a plugin
 installed in one environment only (hermes-opentelemetry, hermes-sentry) does
-not count against it. Written to
+not count against it.
+
+Beside the rate, each row gives the worker's CPU time per message (its
+``time.process_time()`` from the first job to the last, over the messages
+between): on a shared machine whose load moves, the rate of one sample swings
+by a fifth, while the CPU a message costs the worker moves less, so the CPU
+ratio (the other's over this one's, above 1 when this one is cheaper) is the
+steadier answer to "did it get slower". Written to
 ``bench/results/versions.md`` (and ``.json``) unless ``--out`` says otherwise.
 """
 
@@ -61,8 +68,9 @@ def base_url(broker: str, tmp: Path) -> str:
     return f"file://{tmp / 'queue'}"
 
 
-def one(command: list[str], url: str, job: str, n: int, env: Env) -> float:
-    """Fill ``url`` with ``n`` messages; the rate at which ``command worker`` drains it."""
+def one(command: list[str], url: str, job: str, n: int, env: Env) -> tuple[float, float]:
+    """Fill ``url`` with ``n`` messages; the rate at which ``command worker`` drains it
+    and the worker's CPU microseconds per message."""
     driver = connect(url)
     try:
         fill(driver, n)
@@ -71,7 +79,8 @@ def one(command: list[str], url: str, job: str, n: int, env: Env) -> float:
             argv = [*command, "worker", "--url", url, "--handlers", "bench.jobs:register"]
             argv += ["--max-items", str(n)]
             with worker(argv, env.make(n, out, job), log) as proc:
-                return rate(wait_result(out, proc, 600, log))
+                result = wait_result(out, proc, 600, log)
+                return rate(result), result["cpu_s"] * 1e6 / max(result["count"] - 1, 1)
     finally:
         purge_and_close(driver)
 
@@ -95,7 +104,7 @@ def main() -> int:
     }
     started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     loads = [load_average()]
-    samples: dict[tuple[str, str, str], list[float]] = {}
+    samples: dict[tuple[str, str, str], list[tuple[float, float]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for round_ in range(args.rounds):
             order = list(commands) if round_ % 2 == 0 else list(reversed(commands))
@@ -105,9 +114,13 @@ def main() -> int:
                 for job in JOBS:
                     for name in order:
                         url = HermesSetting(label, options).url(base_url(broker, Path(tmp)))
-                        value = one(commands[name], url, job, args.n, env)
-                        samples.setdefault((label, job, name), []).append(value)
-                        print(f"round {round_ + 1} {label} {job} {name}: {value:,.0f}", flush=True)
+                        value, cpu_us = one(commands[name], url, job, args.n, env)
+                        samples.setdefault((label, job, name), []).append((value, cpu_us))
+                        print(
+                            f"round {round_ + 1} {label} {job} {name}: {value:,.0f} msgs/s, "
+                            f"{cpu_us:.1f} us CPU/msg",
+                            flush=True,
+                        )
     loads.append(load_average())
     rows = []
     for label, _, _ in SETTINGS:
@@ -116,9 +129,21 @@ def main() -> int:
             theirs = samples.get((label, job, args.other_label))
             if not mine or not theirs:
                 continue
-            a, b = statistics.median(mine), statistics.median(theirs)
+            a = statistics.median(rate for rate, _ in mine)
+            b = statistics.median(rate for rate, _ in theirs)
+            cpu_a = statistics.median(cpu for _, cpu in mine)
+            cpu_b = statistics.median(cpu for _, cpu in theirs)
             rows.append(
-                {"row": label, "job": job, args.label: a, args.other_label: b, "ratio": a / b}
+                {
+                    "row": label,
+                    "job": job,
+                    args.label: a,
+                    args.other_label: b,
+                    "ratio": a / b,
+                    f"{args.label} cpu_us": cpu_a,
+                    f"{args.other_label} cpu_us": cpu_b,
+                    "cpu_ratio": cpu_b / cpu_a,
+                }
             )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -129,13 +154,16 @@ def main() -> int:
         f"`hermes worker` of two installs interleaved, {args.n:,} messages per sample, "
         f"median of {args.rounds} rounds.",
         "",
-        f"| setting | job | {args.label} msgs/s | {args.other_label} msgs/s | ratio |",
-        "|---|---|---:|---:|---:|",
+        f"| setting | job | {args.label} msgs/s | {args.other_label} msgs/s | ratio "
+        f"| {args.label} CPU µs/msg | {args.other_label} CPU µs/msg | CPU ratio |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         lines.append(
             f"| {row['row']} | {row['job']} | {row[args.label]:,.0f} | "
-            f"{row[args.other_label]:,.0f} | {row['ratio']:.2f}x |"
+            f"{row[args.other_label]:,.0f} | {row['ratio']:.2f}x "
+            f"| {row[f'{args.label} cpu_us']:.1f} | {row[f'{args.other_label} cpu_us']:.1f} "
+            f"| {row['cpu_ratio']:.2f}x |"
         )
     (out / "versions.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -360,15 +360,19 @@ class Dispatcher:
         hooks = self._hooks
         debug = self.logger.isEnabledFor(logging.DEBUG)
         started = time.perf_counter() if debug else 0.0
+        around = hooks.hermes_handler_call
         try:
-            ok = wrap_call(
-                hooks.hermes_handler_call,
-                lambda: self.call_handler(handler, message),
-                message=message,
-                priority=priority,
-                handler=handler,
-                driver=self.driver,
-            )
+            if around.get_hookimpls():
+                ok = wrap_call(
+                    around,
+                    lambda: self.call_handler(handler, message),
+                    message=message,
+                    priority=priority,
+                    handler=handler,
+                    driver=self.driver,
+                )
+            else:  # nobody wraps handler calls (most workers): no closure, no keywords
+                ok = self.call_handler(handler, message)
         except Exception as exc:
             if debug:
                 self._took(handler, message, started, f"raised {type(exc).__name__}")

@@ -513,17 +513,26 @@ class _Loop:
         try:
             self.handle(message, received.priority)
         except BaseException:
-            if self.settle("release", received, self.consumer.release) and self.debug:
-                logger.debug("%r: released message #%s", self.driver, message.id)
+            try:
+                if self.settle("release", received, self.consumer.release) and self.debug:
+                    logger.debug("%r: released message #%s", self.driver, message.id)
+            finally:
+                _current.reset(token)
+                with self.count_lock:
+                    del self.running[key]
             raise
+        _current.reset(token)
+        settled = False
+        try:
+            if self.settle("acknowledge", received, self.consumer.ack) and self.debug:
+                logger.debug("%r: acknowledged message #%s", self.driver, message.id)
+            settled = True
         finally:
-            _current.reset(token)
+            # In flight until it is acknowledged; one lock for both counts.
             with self.count_lock:
                 del self.running[key]
-        if self.settle("acknowledge", received, self.consumer.ack) and self.debug:
-            logger.debug("%r: acknowledged message #%s", self.driver, message.id)
-        with self.count_lock:
-            self.stats.processed += 1
+                if settled:
+                    self.stats.processed += 1
 
     def settle(
         self, what: str, received: Received, action: Callable[..., None], *args: Any
