@@ -1,6 +1,6 @@
 """SIGKILL the children of a worker pool, and recycle them, on the at-least-once drivers.
 
-    python -m torture.pool_soak [--quick] [--only filesystem,redis-at-least-once,postgres]
+    python -m torture.pool_soak [--quick] [--only filesystem,redis-at-least-once,rabbitmq,...]
 
 Kill runs: one ``hermes worker --processes 2 --concurrency 4`` (the real
 command: its supervisor forks the children), numbered messages on the
@@ -289,14 +289,18 @@ def table(outcomes: list[Outcome]) -> str:
     return "\n".join(lines)
 
 
+#: The at-least-once drivers (Redis in its at-least-once mode), by tools/services.py's names.
+FULL_TARGETS = ["filesystem", "redis-at-least-once", "rabbitmq", "sqs", "kafka", "postgres"]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="CI's smoke run, under 30 s")
     parser.add_argument("--only", default="")
     args = parser.parse_args()
     only = set(filter(None, args.only.split(",")))
-    # Quick: file:// only (no server); the full run adds Redis with leases and PostgreSQL.
-    targets = ["filesystem"] if args.quick else ["filesystem", "redis-at-least-once", "postgres"]
+    # Quick: file:// only (no server); the full run adds every other at-least-once driver.
+    targets = ["filesystem"] if args.quick else FULL_TARGETS
     count, kill_phase = (300, 5.0) if args.quick else (10_000, 120.0)
     outcomes: list[Outcome] = []
     for target in targets:
