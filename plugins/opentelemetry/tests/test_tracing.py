@@ -246,3 +246,30 @@ def test_without_a_tracer_provider_nothing_is_added_to_the_headers(driver: Drive
     dispatcher.register_handler("plain", got.append)
     drain(dispatcher)
     assert dict(got[0].headers) == {}
+
+
+def test_without_a_tracer_provider_the_hooks_step_aside_unless_a_context_travels(
+    driver: Driver,
+) -> None:
+    """Nothing could record a span: no work per emit or job, but a carried context still
+    becomes current in the handler (its own instrumented calls pass it on)."""
+    assert isinstance(_plugin._tracer, trace.ProxyTracer)
+    assert not isinstance(trace.get_tracer_provider(), TracerProvider)
+    plain = Message("plain")
+    assert _plugin.hermes_emit_call(message=plain, priority=100, driver=driver) is None
+    handler = object()
+    assert (
+        _plugin.hermes_handler_call(message=plain, priority=100, handler=handler, driver=driver)
+        is None
+    )
+    parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    carried = Message("traced", headers={"traceparent": parent})
+    seen: list[str] = []
+    manager = _plugin.hermes_handler_call(
+        message=carried, priority=100, handler=handler, driver=driver
+    )
+    assert manager is not None
+    with manager:
+        seen.append(format(trace.get_current_span().get_span_context().trace_id, "032x"))
+    _plugin.hermes_message_finished()
+    assert seen == ["0af7651916cd43dd8448eb211c80319c"]

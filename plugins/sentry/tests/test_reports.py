@@ -138,3 +138,21 @@ def test_a_sentry_sdk_that_raises_is_logged_and_changes_nothing_about_the_job(
     assert dispatcher.stats.retried == 1
     assert events == []
     assert "sentry raised in hermes_handler_call" in caplog.text
+
+
+def test_without_a_dsn_no_scope_is_opened(driver: Driver) -> None:
+    sentry_sdk.init()  # no DSN: the client has no transport, nothing could be sent
+    assert sentry_sdk.get_client().transport is None
+    assert _plugin.hermes_handler_call(message=Message("x"), priority=100, handler=object()) is None
+    dispatcher = Dispatcher(driver)
+    failed: list[int] = []
+
+    @dispatcher.handler("failing")
+    def failing(message: Message) -> None:
+        failed.append(message.retries)
+        raise ValueError("no report, and no error either")
+
+    Emitter(driver).emit(Message("failing"))
+    drain(dispatcher)
+    assert failed == [0]
+    assert dispatcher.stats.failed == 1

@@ -12,6 +12,11 @@ run of a job is a child of the same ``send`` span.
 The consumer span stays open past the handler call until the Dispatcher
 announces the outcome (succeeded, retried, gave up) on the same thread, so
 the outcome is an attribute of the span it belongs to.
+
+Installed in an application that never sets a TracerProvider (or disables
+the SDK), nothing would record a span: the hooks then do nothing unless
+there is a trace context to pass on (a current span of the emitting request,
+headers on the message), so an untraced worker pays next to nothing per job.
 """
 
 from __future__ import annotations
@@ -23,7 +28,15 @@ from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
-from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
+from opentelemetry.trace import (
+    Link,
+    NoOpTracerProvider,
+    ProxyTracerProvider,
+    Span,
+    SpanKind,
+    Status,
+    StatusCode,
+)
 
 from hermes.core import DEFAULT_PRIORITY, Message, Outcome, hookimpl
 from hermes.core.driver import Driver
@@ -38,6 +51,17 @@ _system_of: dict[type, str] = {}
 
 #: Per handler thread: the consumer span waiting for its handler's outcome.
 _pending = threading.local()
+
+
+def _recording() -> bool:
+    """Whether a span started now could be recorded: a TracerProvider (the SDK's) is set.
+
+    The module's tracer is a ProxyTracer that follows the global provider; one
+    put in its place (a test's, an application's own) is taken to record.
+    """
+    if not isinstance(_tracer, trace.ProxyTracer):
+        return True
+    return not isinstance(trace.get_tracer_provider(), (ProxyTracerProvider, NoOpTracerProvider))
 
 
 def messaging_system(driver: Driver) -> str:
@@ -120,7 +144,9 @@ def _attributes(message: Message, priority: int, driver: Driver, operation: str)
 @hookimpl
 def hermes_emit_call(
     message: Message, priority: int, driver: Driver
-) -> AbstractContextManager[Mapping[str, str] | None]:
+) -> AbstractContextManager[Mapping[str, str] | None] | None:
+    if not _recording() and not trace.get_current_span().get_span_context().is_valid:
+        return None  # no span would be recorded and no context passed on
     return _send(message, priority, driver)
 
 
@@ -158,7 +184,9 @@ def _send(message: Message, priority: int, driver: Driver) -> Iterator[Mapping[s
 @hookimpl
 def hermes_handler_call(
     message: Message, priority: int, handler: object, driver: Driver
-) -> AbstractContextManager[None]:
+) -> AbstractContextManager[None] | None:
+    if not message.headers and not _recording():
+        return None  # no span would be recorded and no context passed on
     return _process(message, priority, handler, driver)
 
 

@@ -5,6 +5,9 @@ the message's context; what the handler adds (breadcrumbs, tags) stays
 there. The exception is reported when the Dispatcher has decided what
 follows it -- a retry (level warning) or the end (level error) -- so the
 event carries that outcome as a tag.
+
+Until the application calls ``sentry_sdk.init`` (or after it with no DSN),
+nothing would be sent: the hooks then open no scope at all.
 """
 
 from __future__ import annotations
@@ -52,7 +55,10 @@ def message_context(message: Message, priority: int) -> dict[str, Any]:
 @hookimpl
 def hermes_handler_call(
     message: Message, priority: int, handler: object
-) -> AbstractContextManager[None]:
+) -> AbstractContextManager[None] | None:
+    if sentry_sdk.get_client().transport is None:
+        _pending.call = None
+        return None  # no init(), or one without a DSN: nothing would be sent
     return _call(message, priority, handler)
 
 
