@@ -61,6 +61,10 @@ WORKER = "hermes worker"
 OBSERVED = ("opentelemetry", "sentry")
 
 
+#: ``hermes worker`` without its heartbeat thread, beside the default (heartbeats on).
+NO_HEARTBEAT = f"{WORKER} --no-heartbeat"
+
+
 def observed_system(plugin: str) -> str:
     return f"{WORKER} + hermes-{plugin}"
 
@@ -337,15 +341,19 @@ class Hermes:
         measure_emit: bool = False,
         concurrent: bool = False,
         observe: str | None = None,
+        heartbeat: bool = True,
     ) -> None:
         """Fill a fresh queue with ``n`` messages, then time one worker draining it.
 
         ``concurrent``: the row of ``hermes worker --concurrency 8`` (the I/O-bound
         job always runs so), beside the serial one, as the peers' grid has 1 and 8 threads.
         ``observe``: the row of ``hermes worker`` with that observer plugin registered.
+        ``heartbeat=False``: the row of ``hermes worker --no-heartbeat``.
         """
         url = setting.url(base_url)
         system = observed_system(observe) if observe else setting.system(bare, concurrent)
+        if not heartbeat:
+            system = NO_HEARTBEAT
         driver = connect(url)
         try:
             started = time.perf_counter()
@@ -368,6 +376,8 @@ class Hermes:
                     note = "as users run it"
                     if observe:
                         note += f", hermes-{observe} registered, nothing configured"
+                    if not heartbeat:
+                        argv.append("--no-heartbeat")
                     if (job == "sleep" or concurrent) and self.io_args:
                         argv += self.io_args
                         note += f", {' '.join(self.io_args)}"
@@ -1128,6 +1138,18 @@ def targets(run: Run) -> list[Target]:
                 f"{WORKER} / {BARE}",
             )
         )
+    for job in ("noop", "incr"):
+        beating = run.value("redis", WORKER, handle_metric(job))
+        silent = run.value("redis", NO_HEARTBEAT, handle_metric(job))
+        found.append(
+            Target(
+                f"redis, {JOB_LABELS[job]}: `hermes worker` with heartbeats / without",
+                beating / silent if beating and silent else None,
+                0.97,
+                "x",
+                f"{WORKER} / {NO_HEARTBEAT}",
+            )
+        )
     for plugin in OBSERVED:
         # Installed but not configured (no TracerProvider, no DSN): what every
         # worker of an app that depends on the plugin pays before anyone looks.
@@ -1452,17 +1474,26 @@ def main() -> int:
                 size = n_sleep if job == "sleep" else n
                 for setting in HERMES_SETTINGS[broker]:
                     noop = job == "noop"
-                    if noop and broker == "redis" and setting is HERMES_SETTINGS[broker][0]:
-                        # hermes worker without an observer and with each one, back to
-                        # back, the one that goes first rotating per round: a burst of
-                        # noise on this shared machine does not always hit the same row.
-                        turns: list[str | None] = [None, *observed]
+                    first = broker == "redis" and setting is HERMES_SETTINGS[broker][0]
+                    if first and job in ("noop", "incr"):
+                        # hermes worker as it runs by default, without its heartbeat and
+                        # (no-op) with each observer, back to back, the one that goes
+                        # first rotating per round: a burst of noise on this shared
+                        # machine does not always hit the same row.
+                        turns: list[tuple[str | None, bool]] = [(None, True), (None, False)]
+                        turns += [(observe, True) for observe in observed] if noop else []
                         shift = round_ % len(turns)
-                        for observe in turns[shift:] + turns[:shift]:
-                            if observe is None:
-                                hermes.handle(broker, setting, url, job, size, measure_emit=True)
-                            else:
-                                hermes.handle(broker, setting, url, job, size, observe=observe)
+                        for observe, beats in turns[shift:] + turns[:shift]:
+                            hermes.handle(
+                                broker,
+                                setting,
+                                url,
+                                job,
+                                size,
+                                measure_emit=noop and observe is None and beats,
+                                observe=observe,
+                                heartbeat=beats,
+                            )
                     else:
                         hermes.handle(broker, setting, url, job, size, measure_emit=noop)
                     if noop:

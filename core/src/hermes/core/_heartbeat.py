@@ -133,9 +133,16 @@ class HeartbeatPublisher:
 
     @contextlib.contextmanager
     def running(self, describe: Describe) -> Iterator[HeartbeatPublisher]:
-        """Beat every period while the block runs; remove the record when it ends."""
+        """Beat every period while the block runs; remove the record when it ends.
+
+        The first beat is sent here, before the block starts: the run is listed
+        before it takes its first job, and that beat (the first connection to
+        the registry, for one) does not compete with the first jobs for the
+        interpreter.
+        """
         self._static["started"] = time.time()
         self._stop.clear()
+        self.beat(describe)
         self._thread = threading.Thread(
             target=self._run, args=(describe,), name="hermes-heartbeat", daemon=True
         )
@@ -160,10 +167,8 @@ class HeartbeatPublisher:
             )
 
     def _run(self, describe: Describe) -> None:
-        while True:
+        while not self._stop.wait(self.interval_s):
             self.beat(describe)
-            if self._stop.wait(self.interval_s):
-                return
 
     def _translating(self, doing: str) -> contextlib.AbstractContextManager[None]:
         registry = self.registry
