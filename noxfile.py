@@ -68,13 +68,17 @@ def tests(session: nox.Session) -> None:
 
 
 CONFORMANCE_TARGETS = ["memory", *(svc for services in DRIVERS.values() for svc in services)]
-#: Kit targets whose broker each run starts for itself (tools/services.py): the
-#: session mostly waits on it, so ``./run test`` runs these beside the rest.
-OWN_SERVER = ("sqs", "kafka")
+#: Kit targets that ``./run test`` runs in a second lane, beside the rest (tag
+#: ``ci-beside``; the rest is ``ci``): each session mostly waits on its broker,
+#: and nothing else in the run shares that broker's state. SQS and Kafka start
+#: a server per session (tools/services.py); PostgreSQL's kit has a table of its
+#: own, and the tests that also use the server keep to their own tables and
+#: connections.
+BESIDE = ("sqs", "kafka", "postgres")
 
 
 def _lane(target: str) -> list[str]:
-    return ["ci-own-server" if target.split("-")[0] in OWN_SERVER else "ci"]
+    return ["ci-beside" if target.split("-")[0] in BESIDE else "ci"]
 
 
 @nox.session(python="3.11")

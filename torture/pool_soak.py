@@ -15,7 +15,8 @@ Recycle run: ``--max-jobs-per-child 100`` over 2,000 messages (``--quick``:
 10 over 200) on file://: about 20 replacements, lost 0, none handled twice
 (no child is killed, so an at-least-once driver has no reason to repeat one).
 
-Exit status 1 if a rule is broken. The full run writes torture/results/pool.md.
+Exit status 1 if a rule is broken. The full run writes torture/results/pool.md,
+a run with ``--only`` torture/results/pool-<its targets>.md.
 """
 
 from __future__ import annotations
@@ -310,7 +311,8 @@ def main() -> int:
         with services.service_url(target) as url:
             outcomes.append(kill_run(target, url, count, kill_phase))
         print(table(outcomes[-1:]).splitlines()[-1], flush=True)
-    if not only or "recycle" in only:
+    recycled = not only or "recycle" in only
+    if recycled:
         total, max_jobs = (200, 10) if args.quick else (2_000, 100)
         print(f"== --max-jobs-per-child {max_jobs} over {total:,} messages", flush=True)
         with services.service_url("filesystem") as url:
@@ -321,19 +323,22 @@ def main() -> int:
     for o in outcomes:
         if o.note:
             print(f"\n{o.run}:\n{o.note}")
-    if not args.quick and not only:
+    if not args.quick:
         stamp = time.strftime("%Y-%m-%d %H:%M %Z")
         intro = (
             f"`python -m torture.pool_soak` ({stamp}, {os.cpu_count()} cores): one "
             f"`hermes worker --processes {PROCESSES} --concurrency {CONCURRENCY}`, "
             f"{count:,} messages, a random child SIGKILLed every ~0.5 s for "
-            f"{kill_phase:g} s; then `--max-jobs-per-child 100` over 2,000 messages. "
-            "Rules: lost 0, never more than 2 children alive, every death answered by a "
+            f"{kill_phase:g} s"
+            + ("; then `--max-jobs-per-child 100` over 2,000 messages" if recycled else "")
+            + ". Rules: lost 0, never more than 2 children alive, every death answered by a "
             "replacement; recycling handles none twice.\n\n"
         )
         results = ROOT / "torture" / "results"
         results.mkdir(exist_ok=True)
-        (results / "pool.md").write_text(f"{intro}{table(outcomes)}\n")
+        # A run of some targets (--only) has a file of its own beside the full run's.
+        name = "pool.md" if not only else f"pool-{'-'.join(sorted(only))}.md"
+        (results / name).write_text(f"{intro}{table(outcomes)}\n")
     return 0 if outcomes and all(o.ok for o in outcomes) else 1
 
 
