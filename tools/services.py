@@ -77,6 +77,18 @@ def _apt_install(package: str, command: str) -> None:
     subprocess.run(["apt-get", "install", "-y", "-qq", package], check=True)
 
 
+def ensure_netns_tools() -> None:
+    """``ip`` and ``iptables`` for the partition tests, installed with apt-get where missing.
+
+    Only as root on a machine with apt-get (network namespaces need root
+    anyway); elsewhere the partition test says what it lacks and skips.
+    """
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        return
+    _apt_install("iproute2", "ip")
+    _apt_install("iptables", "iptables")
+
+
 def ensure_redis() -> str:
     """``redis://127.0.0.1:6379/0``, starting the machine's redis-server if nothing listens."""
     if not listening(REDIS_PORT):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 
+import hermes_test_services as services
 import pytest
 
 from torture import partition
@@ -19,6 +20,7 @@ QUICK_SLOT = 60
 def test_a_worker_and_an_emitter_ride_out_a_silent_redis() -> None:
     if os.geteuid() != 0:
         pytest.skip("network namespaces need root")
+    services.ensure_netns_tools()
     problem = partition.ip_netns_problem()
     if problem:
         pytest.skip(problem)
