@@ -1126,44 +1126,25 @@ def targets(run: Run) -> list[Target]:
                 f"{ours[1] if ours else '-'} / {peer[1] if peer else '-'}",
             )
         )
+
+    def redis_ratio(label: str, system: str, other: str, job: str, least: float) -> Target:
+        """``system`` over ``other`` on Redis, the same job and run."""
+        mine = run.value("redis", system, handle_metric(job))
+        theirs = run.value("redis", other, handle_metric(job))
+        ratio = mine / theirs if mine and theirs else None
+        name = f"redis, {JOB_LABELS[job]}: {label}"
+        return Target(name, ratio, least, "x", f"{system} / {other}")
+
     for job in ("noop", "incr"):
-        cli = run.value("redis", WORKER, handle_metric(job))
-        bare = run.value("redis", BARE, handle_metric(job))
-        found.append(
-            Target(
-                f"redis, {JOB_LABELS[job]}: `hermes worker` / bare Dispatcher",
-                cli / bare if cli and bare else None,
-                0.9,
-                "x",
-                f"{WORKER} / {BARE}",
-            )
-        )
+        found.append(redis_ratio("`hermes worker` / bare Dispatcher", WORKER, BARE, job, 0.9))
     for job in ("noop", "incr"):
-        beating = run.value("redis", WORKER, handle_metric(job))
-        silent = run.value("redis", NO_HEARTBEAT, handle_metric(job))
-        found.append(
-            Target(
-                f"redis, {JOB_LABELS[job]}: `hermes worker` with heartbeats / without",
-                beating / silent if beating and silent else None,
-                0.97,
-                "x",
-                f"{WORKER} / {NO_HEARTBEAT}",
-            )
-        )
+        label = "`hermes worker` with heartbeats / without"
+        found.append(redis_ratio(label, WORKER, NO_HEARTBEAT, job, 0.97))
     for plugin in OBSERVED:
         # Installed but not configured (no TracerProvider, no DSN): what every
         # worker of an app that depends on the plugin pays before anyone looks.
-        observed = run.value("redis", observed_system(plugin), handle_metric("noop"))
-        without = run.value("redis", WORKER, handle_metric("noop"))
-        found.append(
-            Target(
-                f"redis, no-op: `hermes worker` with hermes-{plugin} / without",
-                observed / without if observed and without else None,
-                0.9,
-                "x",
-                f"{observed_system(plugin)} / {WORKER}",
-            )
-        )
+        label = f"`hermes worker` with hermes-{plugin} / without"
+        found.append(redis_ratio(label, observed_system(plugin), WORKER, "noop", 0.9))
     for (broker, label), least in RAW_TARGETS.items():
         # The filesystem and SQS raw loops do less than a driver must: no ratio target.
         raw = RAW[broker, label]
