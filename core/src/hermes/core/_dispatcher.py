@@ -163,6 +163,9 @@ class Dispatcher:
         #: message take a large share of a busy worker's time.
         self.log_each_message = True
         self._handlers: dict[str, list[Handler]] = {}
+        #: id(handler) -> (handler, whether its ``handle`` is ``async def``): asked
+        #: once per handler, not per message (the handler is kept so its id stays its own).
+        self._async: dict[int, tuple[Handler, bool]] = {}
         self._hooks = plugin_manager().hook
 
     # Registration ------------------------------------------------------------
@@ -233,6 +236,7 @@ class Dispatcher:
 
     def unregister_all_handlers(self) -> Dispatcher:
         self._handlers.clear()
+        self._async.clear()
         return self
 
     def handlers(self, type: str) -> list[Handler]:
@@ -285,7 +289,10 @@ class Dispatcher:
         if limit is None:
             limit = self.time_limit_s
         handle = handler.handle
-        if inspect.iscoroutinefunction(handle):
+        known = self._async.get(id(handler))
+        if known is None:
+            known = self._async[id(handler)] = (handler, inspect.iscoroutinefunction(handle))
+        if known[1]:
             return bool(self._event_loop.run(handle(message), limit))
         if limit is None:
             result = handle(message)
@@ -301,6 +308,8 @@ class Dispatcher:
                 raise TimeLimitExceeded(f"timed out after {limit:g} s") from None
             if fired:
                 raise TimeLimitExceeded(f"timed out after {limit:g} s")
+        if result is None or result is True or result is False:  # the usual answers, at once
+            return bool(result)
         if inspect.iscoroutine(result):
             result = self._event_loop.run(result, limit)
         return bool(result)
@@ -327,7 +336,8 @@ class Dispatcher:
         return outcome is Outcome.SUCCEEDED
 
     def _run_handlers(self, message: Message, priority: int) -> Outcome:
-        self._count("received")
+        with self._count_lock:  # _count's work, without its getattr/setattr per message
+            self.stats.received += 1
         info = self.log_each_message and self.logger.isEnabledFor(logging.INFO)
         if info:
             self.logger.info(
@@ -402,7 +412,8 @@ class Dispatcher:
         if debug:
             self._took(handler, message, started, f"returned {ok}")
         if ok:
-            self._count("handled")
+            with self._count_lock:
+                self.stats.handled += 1
             if info:
                 self.logger.info("End handle message #%s (%s)", message.id, message.type)
             notify(

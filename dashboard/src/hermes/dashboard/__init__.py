@@ -7,7 +7,25 @@ Binds 127.0.0.1 by default; any other address needs authentication or
 ``--read-only``; every change is a POST carrying a CSRF token.
 """
 
-from hermes.dashboard._app import Auth, create_app
-from hermes.dashboard._state import Dashboard
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hermes.dashboard._app import Auth, create_app
+    from hermes.dashboard._state import Dashboard
 
 __all__ = ["Auth", "Dashboard", "create_app"]
+
+#: Each public name and its module, imported on first use: the plugin module
+#: (``hermes.dashboard._plugin``) is loaded by every ``hermes`` command, and
+#: importing this package must not bring Starlette and Jinja2 with it.
+_HOMES = {"Auth": "_app", "create_app": "_app", "Dashboard": "_state"}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{home}"), name)

@@ -248,19 +248,22 @@ class FileSystemDriver(Driver):
             return False
         return True
 
-    def _read(self, claimed: str, queued: QueuedName) -> bytes | None:
-        """The claimed file's bytes; None if it was quarantined as unreadable, or purged."""
+    def _read(self, claimed: str, name: str) -> bytes | None:
+        """The claimed file's bytes; None if it was quarantined as unreadable, or purged.
+
+        ``name`` is the file's name once claimed: the one it keeps if it goes back.
+        """
         try:
             with open(claimed, "rb") as file:
                 return file.read()
         except IsADirectoryError as exc:
-            self._quarantine(claimed, queued.name, f"cannot read the file: {exc}")
+            self._quarantine(claimed, name, f"cannot read the file: {exc}")
             return None
         except FileNotFoundError:
             return None  # the queue was purged between the claim and the read
         except OSError:
             # Often passing (EMFILE, EIO) and no fault of the message: it keeps its place.
-            self._put_back(claimed, queued.name)
+            self._put_back(claimed, name)
             raise
 
     def _put_back(self, claimed: str, name: str) -> None:
@@ -487,7 +490,7 @@ class _FileConsumer(Consumer):
             claimed = f"{claims.path}/{name}"
             if not driver._claim(queued.name, claimed, claims):
                 continue
-            data = driver._read(claimed, queued._replace(name=name))
+            data = driver._read(claimed, name)
             if data is not None:
                 self.held.add(name)
                 return Received(
@@ -504,8 +507,10 @@ class _FileConsumer(Consumer):
     def ack(self, received: Received) -> None:
         claimed, name, _ = received.token
         self.held.discard(name)
-        with contextlib.suppress(FileNotFoundError):  # purged meanwhile: nothing to delete
+        try:  # not contextlib.suppress: this runs once per message
             os.unlink(claimed)
+        except FileNotFoundError:
+            pass  # purged meanwhile: nothing to delete
 
     def release(self, received: Received) -> None:
         claimed, name, _ = received.token
