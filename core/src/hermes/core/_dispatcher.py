@@ -321,18 +321,22 @@ class Dispatcher:
         ``finished`` last, with the message's :class:`Outcome`, on every path.
         """
         hooks = self._hooks
-        notify(hooks.hermes_message_started, message=message, priority=priority)
+        # Asked before notify(): without observers (most workers) no keyword dict
+        # is built for nobody, three times a message.
+        if hooks.hermes_message_started.get_hookimpls():
+            notify(hooks.hermes_message_started, message=message, priority=priority)
         outcome = Outcome.NO_HANDLER
         try:
             outcome = self._run_handlers(message, priority)
         finally:
-            notify(
-                hooks.hermes_message_finished,
-                message=message,
-                priority=priority,
-                result=outcome is Outcome.SUCCEEDED,
-                outcome=outcome,
-            )
+            if hooks.hermes_message_finished.get_hookimpls():
+                notify(
+                    hooks.hermes_message_finished,
+                    message=message,
+                    priority=priority,
+                    result=outcome is Outcome.SUCCEEDED,
+                    outcome=outcome,
+                )
         return outcome is Outcome.SUCCEEDED
 
     def _run_handlers(self, message: Message, priority: int) -> Outcome:
@@ -416,13 +420,14 @@ class Dispatcher:
                 self.stats.handled += 1
             if info:
                 self.logger.info("End handle message #%s (%s)", message.id, message.type)
-            notify(
-                hooks.hermes_message_succeeded,
-                message=message,
-                priority=priority,
-                handler=handler,
-                result=True,
-            )
+            if hooks.hermes_message_succeeded.get_hookimpls():
+                notify(
+                    hooks.hermes_message_succeeded,
+                    message=message,
+                    priority=priority,
+                    handler=handler,
+                    result=True,
+                )
             return Outcome.SUCCEEDED, None
         self._count("failed")
         reason = "it returned False (a handler that returns False is never retried)"

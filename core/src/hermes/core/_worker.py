@@ -244,8 +244,8 @@ class Worker:
         loop = self._loop
         if loop is None:
             return []
-        with loop.count_lock:
-            return list(loop.running.values())
+        # dict.copy() is one step under the interpreter lock: no lock needed to read.
+        return list(loop.running.copy().values())
 
     def stop(self) -> None:
         """Ask the run to stop after the messages in flight; callable from any thread."""
@@ -405,21 +405,18 @@ class _Loop:
                 stop.started += 1
                 self.deliver(received)
 
-    def _receive(self) -> Received | None:
-        """``consumer.receive``, its client's errors translated (no context manager per call)."""
-        try:
-            return self.consumer.receive(IDLE_WAIT_S)
-        except Exception as exc:
-            error = translated(self.driver, exc, "receiving")
-            if error is None or error is exc:
-                raise
-            raise error from exc
-
     def take(self) -> Received | None:
         """One message from the consumer, unserialized; None when idle, poisoned or unreachable."""
         driver = self.driver
         try:
-            received = self._receive()
+            # The client's errors translated here, not by a context manager per call.
+            try:
+                received = self.consumer.receive(IDLE_WAIT_S)
+            except Exception as exc:
+                error = translated(driver, exc, "receiving")
+                if error is None or error is exc:
+                    raise
+                raise error from exc
         except BrokerUnavailableError as exc:
             delay = self.backoff.next_delay_s()
             logger.warning(
@@ -506,9 +503,10 @@ class _Loop:
         message = received.message
         assert message is not None
         key = id(received)
+        # One dict store, atomic under the interpreter lock (in_flight copies the dict).
+        self.running[key] = (message.type, message.id, time.time())
         with self.count_lock:
             self.stats.started += 1
-            self.running[key] = (message.type, message.id, time.time())
         token = _current.set(received)
         try:
             self.handle(message, received.priority)
@@ -518,8 +516,7 @@ class _Loop:
                     logger.debug("%r: released message #%s", self.driver, message.id)
             finally:
                 _current.reset(token)
-                with self.count_lock:
-                    del self.running[key]
+                del self.running[key]
             raise
         _current.reset(token)
         settled = False
@@ -528,10 +525,10 @@ class _Loop:
                 logger.debug("%r: acknowledged message #%s", self.driver, message.id)
             settled = True
         finally:
-            # In flight until it is acknowledged; one lock for both counts.
-            with self.count_lock:
-                del self.running[key]
-                if settled:
+            # In flight until it is acknowledged.
+            del self.running[key]
+            if settled:
+                with self.count_lock:
                     self.stats.processed += 1
 
     def settle(

@@ -58,9 +58,10 @@ class QueuedName(NamedTuple):
 
     def claimed_name(self) -> str:
         """The name a claim gives it: one delivery more than now."""
+        if not self.deliveries:  # the usual case: a first claim
+            return self.name[:-5] + ".d1.json"
         stem = self.name.removesuffix(".json")
-        if self.deliveries:
-            stem = stem[: stem.rindex(".d")]
+        stem = stem[: stem.rindex(".d")]
         return f"{stem}.d{self.deliveries + 1}.json"
 
 
