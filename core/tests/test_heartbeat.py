@@ -85,6 +85,13 @@ def test_the_url_in_a_record_has_no_password(driver: MemoryDriver) -> None:
     assert "s3cret" not in json.dumps(publisher.record(dict))
 
 
+def test_only_a_pool_child_s_record_names_a_supervisor_and_a_slot(driver: MemoryDriver) -> None:
+    child = HeartbeatPublisher(driver, supervisor_pid=4242, slot=2).record(dict)
+    assert (child["supervisor_pid"], child["slot"], child["pid"]) == (4242, 2, os.getpid())
+    alone = HeartbeatPublisher(driver).record(dict)
+    assert "supervisor_pid" not in alone and "slot" not in alone
+
+
 class _Unreachable(MemoryDriver):
     def beat(self, record: Mapping[str, Any], ttl_s: float) -> None:
         raise BrokerUnavailableError("the registry is down")

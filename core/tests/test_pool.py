@@ -206,6 +206,51 @@ def test_a_killed_child_is_replaced_and_never_more_than_n_run(project, pools):
     assert "1 died and were replaced" in pool.stdout.read_text()
 
 
+def test_each_child_s_heartbeat_names_its_supervisor_and_slot_and_a_replacement_takes_the_slot(
+    project, pools
+):
+    from hermes.core.heartbeat import live_workers
+
+    url = file_url(project)
+    pool = start(
+        pools,
+        project,
+        "--url",
+        url,
+        "--handlers",
+        "jobs:HANDLERS",
+        "--processes",
+        "2",
+        "--heartbeat-interval",
+        "0.5",
+    )
+
+    def beating(pids):
+        """The live records, once they are exactly those of ``pids``."""
+        with connect(url) as driver:
+            found = live_workers(driver)
+        return found if sorted(r["pid"] for r in found) == sorted(pids) else None
+
+    first = eventually(lambda: len(pool.children()) == 2 and pool.children(), "two children", 20)
+    records = eventually(lambda: beating(first), "a heartbeat from each child", 20)
+    assert {r["supervisor_pid"] for r in records} == {pool.proc.pid}
+    slots = {r["pid"]: r["slot"] for r in records}
+    assert sorted(slots.values()) == [1, 2]
+    victim = first[0]
+    os.kill(victim, signal.SIGKILL)
+    now = eventually(
+        lambda: len(pool.children()) == 2 and victim not in pool.children() and pool.children(),
+        "a replacement",
+        20,
+    )
+    # The killed child's record stays until it expires (three periods): then only the two live.
+    records = eventually(lambda: beating(now), "the replacement's heartbeat, the victim's gone", 20)
+    (replacement,) = [r for r in records if r["pid"] not in first]
+    assert replacement["slot"] == slots[victim]
+    assert replacement["supervisor_pid"] == pool.proc.pid
+    assert pool.stop() == 0
+
+
 def test_a_handlers_module_raising_at_import_ends_the_pool_with_exit_2_and_one_line(project, pools):
     (project / "broken.py").write_text("raise RuntimeError('no DATABASE_URL set')\n")
     started = time.monotonic()

@@ -20,6 +20,12 @@ dashboard, another language -- sees the same keys)::
 
 A scheduler's record has ``"kind": "scheduler"`` and ``"entries"`` (name ->
 its next fire and the last tick this scheduler emitted) instead of the counts.
+
+A child of a worker pool (``hermes worker --processes N``) also says which
+pool it belongs to: ``"supervisor_pid"``, the pid of the supervisor that
+forked it, and ``"slot"``, its place in the pool (1..N; a replacement takes
+the same one). The supervisor publishes no record of its own (it never
+connects to a broker), so without these a pool reads as N unrelated workers.
 """
 
 from __future__ import annotations
@@ -75,6 +81,8 @@ class HeartbeatPublisher:
     :meth:`running` around the run; ``Worker(heartbeat=...)`` does. A broker
     that fails a beat is logged once (WARNING, then DEBUG until it is back,
     then INFO): the run goes on, and the record expires if the outage lasts.
+    A pool's child gives ``supervisor_pid`` and ``slot``; the record then
+    carries them, and no other record does.
     """
 
     def __init__(
@@ -85,6 +93,8 @@ class HeartbeatPublisher:
         kind: str = "worker",
         interval_s: float = HEARTBEAT_INTERVAL_S,
         worker_id: str | None = None,
+        supervisor_pid: int | None = None,
+        slot: int | None = None,
     ) -> None:
         if not interval_s > 0:
             raise ValueError(f"a heartbeat interval must be > 0 seconds, got {interval_s!r}")
@@ -105,6 +115,10 @@ class HeartbeatPublisher:
             "version": hermes_version(),
             "url": redact_url(url) if url else repr(registry),
         }
+        if supervisor_pid is not None:
+            self._static["supervisor_pid"] = supervisor_pid
+        if slot is not None:
+            self._static["slot"] = slot
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._failing = False

@@ -438,7 +438,14 @@ def run(args: argparse.Namespace, child: ChildLink | None = None) -> int:
             args.max_deliveries,
         )
         beats = stack.enter_context(registry(driver, args.registry_url))
-        heartbeat = publisher_for(args, beats, url, "worker")
+        heartbeat = publisher_for(
+            args,
+            beats,
+            url,
+            "worker",
+            supervisor_pid=child.supervisor_pid if child is not None else None,
+            slot=child.slot if child is not None else None,
+        )
         worker = Worker(
             driver,
             dispatcher,

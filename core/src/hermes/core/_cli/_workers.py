@@ -82,9 +82,18 @@ def registry(driver: Driver, registry_url: str | None) -> Iterator[SupportsHeart
 
 
 def publisher_for(
-    args: argparse.Namespace, store: SupportsHeartbeats | None, url: str, kind: str
+    args: argparse.Namespace,
+    store: SupportsHeartbeats | None,
+    url: str,
+    kind: str,
+    *,
+    supervisor_pid: int | None = None,
+    slot: int | None = None,
 ) -> HeartbeatPublisher | None:
-    """The publisher the options ask for, or None (said once in the log when it is the broker's)."""
+    """The publisher the options ask for, or None (said once in the log when it is the broker's).
+
+    A pool's child passes its supervisor's pid and its slot, for the record.
+    """
     if args.no_heartbeat:
         return None
     if store is None:
@@ -95,7 +104,14 @@ def publisher_for(
             kind,
         )
         return None
-    return HeartbeatPublisher(store, url=url, kind=kind, interval_s=args.heartbeat_interval)
+    return HeartbeatPublisher(
+        store,
+        url=url,
+        kind=kind,
+        interval_s=args.heartbeat_interval,
+        supervisor_pid=supervisor_pid,
+        slot=slot,
+    )
 
 
 def add_parser(commands: Commands) -> None:
