@@ -34,7 +34,13 @@ from starlette.routing import Route
 from hermes.core import HermesError
 from hermes.core._cli._workers import duration, in_flight_text
 from hermes.dashboard._chart import chart
-from hermes.dashboard._state import BROWSE_LIMIT, FAILED_LIMIT, Dashboard, payload_text
+from hermes.dashboard._state import (
+    BROWSE_LIMIT,
+    FAILED_LIMIT,
+    Dashboard,
+    payload_text,
+    worker_groups,
+)
 
 #: Security headers of every response. No script may run, nothing may frame a page.
 SECURITY_HEADERS = {
@@ -230,7 +236,9 @@ def create_app(dashboard: Dashboard, *, auth: Auth | None = None) -> Starlette:
         return {"messages": dashboard.failed_messages(), "limit": FAILED_LIMIT}
 
     def workers(request: Request) -> dict[str, Any]:
-        return {"workers": dashboard.workers()}
+        records = dashboard.workers()
+        groups = None if records is None else worker_groups(records)
+        return {"workers": records, "groups": groups}
 
     def periodic(request: Request) -> dict[str, Any]:
         records = dashboard.workers()

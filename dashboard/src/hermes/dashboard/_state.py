@@ -63,6 +63,46 @@ class Waiting:
     scheduled: bool
 
 
+@dataclass(frozen=True, slots=True)
+class WorkerGroup:
+    """The live records of one worker pool (its children, by slot), or of one process alone."""
+
+    host: str
+    #: The pid of the pool's supervisor; None for a process that runs without one.
+    supervisor_pid: int | None
+    records: list[dict[str, Any]] = field(default_factory=list)
+
+
+def worker_groups(records: Iterable[dict[str, Any]]) -> list[WorkerGroup]:
+    """``records`` with each pool's children together, groups in the order ``records`` has them.
+
+    A pool is its supervisor's pid on one host: the supervisor publishes no
+    record, its children name it in theirs. Pids repeat across hosts, so the
+    host is part of what makes two children one pool's.
+    """
+    groups: list[WorkerGroup] = []
+    pools: dict[tuple[str, int], WorkerGroup] = {}
+    for record in records:
+        host = str(record.get("host", "?"))
+        supervisor = record.get("supervisor_pid")
+        if not isinstance(supervisor, int):
+            groups.append(WorkerGroup(host, None, [record]))
+            continue
+        pool = pools.get((host, supervisor))
+        if pool is None:
+            pool = pools[host, supervisor] = WorkerGroup(host, supervisor)
+            groups.append(pool)
+        pool.records.append(record)
+    for pool in pools.values():
+        pool.records.sort(key=_slot)
+    return groups
+
+
+def _slot(record: dict[str, Any]) -> int:
+    slot = record.get("slot")
+    return slot if isinstance(slot, int) else 0
+
+
 def entry_key(entry: Hashable) -> str:
     """A form-safe name for a browser entry (a Redis member, a file name), the same each listing."""
     return hashlib.sha256(repr(entry).encode()).hexdigest()[:24]
