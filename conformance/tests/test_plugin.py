@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 UNRELATED_TESTS = """
@@ -159,3 +160,71 @@ def test_a_summary_line_keeps_the_reason_cut_at_a_word_and_the_report_has_all_of
     assert "END" not in line, line
     assert "E       AssertionError: the reason comes first: word0" in run.output
     assert "word59 END" in run.output, run.describe()
+
+
+DROPPED = "test_a_message_whose_connection_dropped_before_its_settle_is_delivered_again"
+
+
+def _dropped_row(*options: str) -> tuple[str, ...]:
+    """The kit's arguments for its dropped-connection row alone, on the memory driver."""
+    return (
+        "--pyargs",
+        "hermes.conformance.test_settles",
+        "--hermes-url",
+        "memory://selftest",
+        "--hermes-strict",
+        "-k",
+        "connection_dropped",
+        *options,
+    )
+
+
+def test_a_driver_declared_without_a_connection_has_the_drop_row_not_applicable(
+    kit_runner: Any,
+) -> None:
+    run = kit_runner.run(*_dropped_row("--hermes-no-connection"))
+
+    assert run.returncode == 0, run.describe()
+    assert run.outcomes == {DROPPED: "skipped"}, run.describe()
+    assert run.reasons[DROPPED] == (
+        "n/a: the driver holds no broker connection (--hermes-no-connection)"
+    )
+    assert "1 checks: 0 verified, 0 not verified, 1 not applicable, 0 failed" in run.output
+
+
+def test_the_drop_command_runs_in_a_shell_whose_parent_is_the_kit_process(
+    kit_runner: Any, tmp_path: Path
+) -> None:
+    parent = tmp_path / "parent-cmdline"
+    # Records the command line of $PPID; the memory driver has nothing to drop.
+    command = f"tr '\\0' ' ' < /proc/$PPID/cmdline > {parent}; echo recorded its parent"
+
+    run = kit_runner.run(*_dropped_row("--hermes-drop-connection", command))
+
+    assert run.returncode == 0, run.describe()
+    assert run.outcomes == {DROPPED: "passed"}, run.describe()
+    assert "-p kit_outcomes" in parent.read_text(), parent.read_text()
+    assert "(--hermes-drop-connection): delivered again verified" in run.output, run.describe()
+    # What the command printed is a figure under the row.
+    assert "    --hermes-drop-connection: recorded its parent" in run.output, run.describe()
+
+
+def test_a_drop_command_that_fails_fails_the_row_naming_its_exit_and_output(
+    kit_runner: Any,
+) -> None:
+    command = "echo cannot abort the sockets >&2; exit 3"
+
+    run = kit_runner.run(*_dropped_row("--hermes-drop-connection", command))
+
+    assert run.returncode == 1, run.describe()
+    assert run.outcomes == {DROPPED: "failed"}, run.describe()
+    assert "exited 3: cannot abort the sockets" in run.output, run.describe()
+
+
+def test_a_drop_command_and_no_connection_together_stop_the_run(kit_runner: Any) -> None:
+    run = kit_runner.run(
+        *_dropped_row("--hermes-drop-connection", "true", "--hermes-no-connection")
+    )
+
+    assert run.returncode == 4, run.describe()
+    assert "--hermes-drop-connection and --hermes-no-connection" in run.output

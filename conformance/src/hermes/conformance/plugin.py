@@ -97,7 +97,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         metavar="COMMAND",
         help="a shell command that drops the broker's client connections (e.g. "
-        '"redis-cli CLIENT KILL TYPE normal"), for drivers without drop_connection()',
+        '"redis-cli CLIENT KILL TYPE normal"), for drivers without drop_connection(); '
+        "it runs in a shell whose $PPID is the kit's process",
+    )
+    group.addoption(
+        "--hermes-no-connection",
+        dest="hermes_no_connection",
+        action="store_true",
+        default=False,
+        help="the driver holds no broker connection (in-process, files on a disk): the "
+        "dropped-connection check is not applicable rather than not verified",
     )
 
 
@@ -119,6 +128,11 @@ def pytest_configure(config: pytest.Config) -> None:
         _harness.time_scale()
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
+    if config.getoption("hermes_drop_connection") and config.getoption("hermes_no_connection"):
+        raise pytest.UsageError(
+            "--hermes-drop-connection and --hermes-no-connection: a driver without a "
+            "connection has none to drop; give one or the other"
+        )
     plugins = tuple(config.getoption("hermes_plugins"))
     try:
         register_plugins(plugins)
@@ -401,12 +415,31 @@ def hermes_driver(hermes_kit: _harness.Kit) -> Driver:
     return hermes_kit.driver()
 
 
+#: Why the dropped-connection check did not run, when this run has no way to drop one.
+NO_WAY_TO_DROP = (
+    "not verified: no way to drop the connection (give the driver drop_connection() "
+    "or run with --hermes-drop-connection COMMAND)"
+)
+#: Why it did not run on a driver declared to hold no connection (``--hermes-no-connection``).
+NO_CONNECTION = "n/a: the driver holds no broker connection (--hermes-no-connection)"
+
+
 class DropConnection:
     """Drops a driver object's broker connections, the way this run can (see the fixture)."""
 
-    def __init__(self, command: str | None) -> None:
+    def __init__(self, command: str | None, no_connection: bool = False) -> None:
         #: ``--hermes-drop-connection``: a shell command, for drivers without the method.
         self.command = command
+        #: ``--hermes-no-connection``: the driver has nothing to drop.
+        self.no_connection = no_connection
+        #: What the command printed last time, one line (shown in the summary:
+        #: which connections it dropped).
+        self.said = ""
+
+    @property
+    def skip_reason(self) -> str:
+        """Why the check does not run when :meth:`how` is None: not applicable, or not verified."""
+        return NO_CONNECTION if self.no_connection else NO_WAY_TO_DROP
 
     def how(self, driver: Driver) -> str | None:
         """How ``driver``'s connections would be dropped; None when they cannot be."""
@@ -433,6 +466,7 @@ class DropConnection:
                 f"--hermes-drop-connection {shlex.quote(self.command)} exited "
                 f"{done.returncode}: {(done.stderr or done.stdout).strip()[-500:]}"
             )
+            self.said = "; ".join(line for line in done.stdout.splitlines() if line.strip())[:500]
         assert how is not None, "no way to drop the connection (check how() first)"
         return how
 
@@ -442,5 +476,9 @@ def hermes_drop_connection(request: pytest.FixtureRequest) -> DropConnection:
     """Drops a driver's broker connections: its own ``drop_connection()``
     (:class:`~hermes.conformance._harness.SupportsDropConnection`) first, else
     ``--hermes-drop-connection COMMAND`` run by the shell; ``how(driver)`` is
-    None when neither is there, and the test is then not verified."""
-    return DropConnection(request.config.getoption("hermes_drop_connection"))
+    None when neither is there, and the test then skips with ``skip_reason``:
+    not applicable under ``--hermes-no-connection``, else not verified."""
+    return DropConnection(
+        request.config.getoption("hermes_drop_connection"),
+        request.config.getoption("hermes_no_connection"),
+    )

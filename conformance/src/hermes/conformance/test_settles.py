@@ -168,10 +168,7 @@ def test_a_message_whose_connection_dropped_before_its_settle_is_delivered_again
     ledger = hermes_kit.ledger
     driver: Driver = hermes_kit.driver()
     if hermes_drop_connection.how(driver) is None:
-        pytest.skip(
-            "not verified: no way to drop the connection (give the driver drop_connection() "
-            "or run with --hermes-drop-connection COMMAND)"
-        )
+        pytest.skip(hermes_drop_connection.skip_reason)
     message = hermes_kit.emit(hermes_kit.message(1))
     worker = hermes_kit.worker(driver=driver, dispatcher_class=_BlocksThenFails)
     dispatcher = worker.dispatcher
@@ -183,6 +180,8 @@ def test_a_message_whose_connection_dropped_before_its_settle_is_delivered_again
         how = hermes_drop_connection(driver)
     finally:
         dispatcher.go_on.set()  # the release goes out on a connection that is gone
+    if hermes_drop_connection.said:
+        hermes_kit.report(f"{how}: {hermes_drop_connection.said}")
     assert worker.join(DELIVERY_S + STOP_S), "the worker did not end after its callback raised"
     # The callback's error, or the broker's if the release could not go out.
     worker.stop(expect=Exception)
