@@ -1,6 +1,13 @@
 """``hermes worker`` of two installs, interleaved in one run: did a change cost throughput?
 
     python -m bench.versions --other /path/to/other/.venv/bin/hermes [--rounds 5] [-n 5000]
+    python -m bench.versions --other-args=--no-heartbeat --name heartbeat --only redis
+
+The second form compares one install with itself, run two ways: ``--args``
+and ``--other-args`` add ``hermes worker`` options to each side, and
+``--observe`` / ``--other-observe`` let one observer plugin through
+(bench.hermes_cli), so a heartbeat or a plugin is measured the same steady
+way as a version.
 
 Each round fills a fresh queue and times this environment's ``hermes worker``
 draining it, then the other install's, on the same broker and job (which one
@@ -25,11 +32,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 
 from bench.run import (
@@ -68,7 +77,9 @@ def base_url(broker: str, tmp: Path) -> str:
     return f"file://{tmp / 'queue'}"
 
 
-def one(command: list[str], url: str, job: str, n: int, env: Env) -> tuple[float, float]:
+def one(
+    command: list[str], url: str, job: str, n: int, env: Env, extra: Sequence[str] = ()
+) -> tuple[float, float]:
     """Fill ``url`` with ``n`` messages; the rate at which ``command worker`` drains it
     and the worker's CPU microseconds per message."""
     driver = connect(url)
@@ -77,7 +88,7 @@ def one(command: list[str], url: str, job: str, n: int, env: Env) -> tuple[float
         with tempfile.TemporaryDirectory() as tmp:
             out, log = Path(tmp) / "result.json", Path(tmp) / "worker.log"
             argv = [*command, "worker", "--url", url, "--handlers", "bench.jobs:register"]
-            argv += ["--max-items", str(n)]
+            argv += ["--max-items", str(n), *extra]
             with worker(argv, env.make(n, out, job), log) as proc:
                 result = wait_result(out, proc, 600, log)
                 return rate(result), result["cpu_s"] * 1e6 / max(result["count"] - 1, 1)
@@ -87,7 +98,16 @@ def one(command: list[str], url: str, job: str, n: int, env: Env) -> tuple[float
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--other", required=True, help="the other install's hermes command")
+    parser.add_argument(
+        "--other", default="", help="the other install's hermes command (default: this one)"
+    )
+    parser.add_argument("--args", default="", help="hermes worker options for this side")
+    parser.add_argument("--other-args", default="", help="hermes worker options for the other")
+    parser.add_argument("--observe", default="", help="an observer plugin to let through here")
+    parser.add_argument("--other-observe", default="", help="the same for the other side")
+    parser.add_argument(
+        "--name", default="versions", help="output file name: bench/results/NAME.md and .json"
+    )
     parser.add_argument("--other-label", default="before", help="its name in the table")
     parser.add_argument("--label", default="after", help="this install's name in the table")
     parser.add_argument("--rounds", type=int, default=5)
@@ -97,11 +117,18 @@ def main() -> int:
     args = parser.parse_args()
     only = set(filter(None, args.only.split(",")))
     env = Env(services.ensure_redis(), f"bench-incr-{uuid.uuid4().hex[:8]}")
-    other_python = str(Path(args.other).with_name("python"))
+    if args.label == args.other_label:
+        parser.error(f"--label and --other-label are both {args.label!r}")
+    other_python = str(Path(args.other).with_name("python")) if args.other else sys.executable
+
+    def launcher(python: str, observe: str) -> list[str]:
+        return [python, "-m", "bench.hermes_cli", *(["--observe", observe] if observe else [])]
+
     commands = {
-        args.label: [sys.executable, "-m", "bench.hermes_cli"],
-        args.other_label: [other_python, "-m", "bench.hermes_cli"],
+        args.label: launcher(sys.executable, args.observe),
+        args.other_label: launcher(other_python, args.other_observe),
     }
+    extras = {args.label: shlex.split(args.args), args.other_label: shlex.split(args.other_args)}
     started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     loads = [load_average()]
     samples: dict[tuple[str, str, str], list[tuple[float, float]]] = {}
@@ -114,7 +141,9 @@ def main() -> int:
                 for job in JOBS:
                     for name in order:
                         url = HermesSetting(label, options).url(base_url(broker, Path(tmp)))
-                        value, cpu_us = one(commands[name], url, job, args.n, env)
+                        value, cpu_us = one(
+                            commands[name], url, job, args.n, env, extras[name]
+                        )
                         samples.setdefault((label, job, name), []).append((value, cpu_us))
                         print(
                             f"round {round_ + 1} {label} {job} {name}: {value:,.0f} msgs/s, "
@@ -148,11 +177,16 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = {"started": started, "machine": machine(), "load": loads, "rounds": args.rounds}
-    (out / "versions.json").write_text(json.dumps({**meta, "n": args.n, "rows": rows}, indent=1))
+    sides = {name: " ".join([*commands[name][1:], "worker", *extras[name]]) for name in commands}
+    meta["commands"] = sides
+    (out / f"{args.name}.json").write_text(json.dumps({**meta, "n": args.n, "rows": rows}, indent=1))
     lines = [
         f"`python -m bench.versions` ({started}, {meta['machine']}, load {' -> '.join(loads)}): "
-        f"`hermes worker` of two installs interleaved, {args.n:,} messages per sample, "
+        f"`hermes worker` two ways, interleaved, {args.n:,} messages per sample, "
         f"median of {args.rounds} rounds.",
+        "",
+        *(f"- {name}: `{side}` ({'this install' if name == args.label else other_python})"
+          for name, side in sides.items()),
         "",
         f"| setting | job | {args.label} msgs/s | {args.other_label} msgs/s | ratio "
         f"| {args.label} CPU µs/msg | {args.other_label} CPU µs/msg | CPU ratio |",
@@ -165,7 +199,7 @@ def main() -> int:
             f"| {row[f'{args.label} cpu_us']:.1f} | {row[f'{args.other_label} cpu_us']:.1f} "
             f"| {row['cpu_ratio']:.2f}x |"
         )
-    (out / "versions.md").write_text("\n".join(lines) + "\n")
+    (out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
 

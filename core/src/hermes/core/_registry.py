@@ -210,8 +210,12 @@ def notify(hook: Any, **kwargs: Any) -> None:
                     "implement it without wrapper=True/hookwrapper=True"
                 )
             args = [kwargs[name] for name in impl.argnames]
-            extra = {name: kwargs[name] for name in impl.kwargnames if name in kwargs}
-            impl.function(*args, **extra)
+            if impl.kwargnames:
+                impl.function(
+                    *args, **{name: kwargs[name] for name in impl.kwargnames if name in kwargs}
+                )
+            else:  # the usual implementation: positional arguments only
+                impl.function(*args)
         except Exception as exc:
             hook_failed(impl.plugin_name, hook.name, exc)
 
@@ -245,6 +249,8 @@ def wrap_call(hook: Any, call: Callable[[], T], **kwargs: Any) -> T:
             entered.append((impl.plugin_name, manager))
         except Exception as exc:
             hook_failed(impl.plugin_name, hook.name, exc)
+    if not entered:  # every implementation declined (an observer with nothing set up)
+        return call()
     try:
         result = call()
     except BaseException as exc:
