@@ -42,6 +42,7 @@ from hermes.drivers.rabbitmq._errors import (
     UNAVAILABLE_ERRORS,
     classify,
     close_quietly,
+    connect_failure,
     declaring,
     describe,
     refusal,
@@ -389,6 +390,13 @@ class LazyRabbitMqDriver(Driver):
         except REFUSED_ERRORS as exc:
             user = getattr(self.parameters.credentials, "username", None)
             raise refusal(exc, self._where, user, self.parameters.virtual_host) from exc
+        except pika_exc.AMQPError:
+            raise  # the declared tuples say what it means
+        except Exception as exc:
+            error = connect_failure(exc, self._where)
+            if error is None:
+                raise
+            raise error from exc
 
     def classify_error(self, exc: BaseException) -> type[DriverError] | None:
         return classify(exc) or super().classify_error(exc)

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import ssl
 from collections.abc import Iterator
 from typing import Any
 
 from pika import exceptions as pika_exc
+from pika.adapters.utils.connection_workflow import AMQPConnectorException
 
 from hermes.core.driver import (
     BrokerRefusedError,
@@ -79,6 +81,27 @@ def refusal(exc: BaseException, where: str, user: str | None, vhost: str) -> Bro
             "password in the URL"
         )
     return BrokerRefusedError(f"{where}: {fix} - {error_text(exc)}")
+
+
+def connect_failure(exc: BaseException, where: str) -> DriverError | None:
+    """The Hermes error for what opening a connection raised past pika's own errors, or None.
+
+    pika hands the failure of the TLS handshake, and a timeout of the whole
+    connection set-up, back as they are rather than as ``AMQPConnectionError``.
+    A certificate that does not verify is refused: retrying cannot make it
+    verify, the URL or the server's certificate must change. Any other TLS,
+    socket or set-up failure is an absent broker, as a refused TCP
+    connection is.
+    """
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return BrokerRefusedError(
+            f"{where}: the server's TLS certificate was not accepted: give the CA that "
+            "signed it (ssl_ca_certs=PATH in the amqps:// URL), renew an expired "
+            f"certificate, or connect by a host name the certificate names - {error_text(exc)}"
+        )
+    if isinstance(exc, OSError | AMQPConnectorException):
+        return BrokerUnavailableError(f"{where}: unavailable while connecting: {describe(exc)}")
+    return None
 
 
 @contextlib.contextmanager
