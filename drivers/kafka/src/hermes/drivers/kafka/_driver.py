@@ -38,7 +38,13 @@ from hermes.drivers.kafka._capabilities import (
     DEFAULT_SESSION_TIMEOUT_MS,
 )
 from hermes.drivers.kafka._consumer import _KafkaConsumer
-from hermes.drivers.kafka._errors import REFUSED_CODES, classify, error_of, explained
+from hermes.drivers.kafka._errors import (
+    classify,
+    error_of,
+    explained,
+    is_refusal,
+    refused_certificate,
+)
 
 T = TypeVar("T")
 
@@ -308,10 +314,11 @@ class KafkaDriver(Driver):
     def log_client_error(self, error: KafkaError) -> None:
         """Every client's ``error_cb``: log it (repeats quietly); remember a fatal one or a refusal.
 
-        librdkafka reports refused credentials here only, and keeps trying:
-        remembered, they end the wait of the next receive or send instead.
+        librdkafka reports refused credentials and a broker certificate that
+        does not verify here only, and keeps trying: remembered, they end the
+        wait of the next receive or send instead.
         """
-        if error.fatal() or error.code() in REFUSED_CODES:
+        if error.fatal() or is_refusal(error):
             if self.fatal_error is None:
                 logger.error("Kafka %s: %s", self.bootstrap, error.str())
             self.fatal_error = error
@@ -344,17 +351,24 @@ class KafkaDriver(Driver):
         return super().classify_error(exc)
 
     def raise_refused(self) -> None:
-        """Raise the refusal ``error_cb`` saw (credentials, an ACL), if any, once."""
+        """Raise the refusal ``error_cb`` saw (credentials, an ACL, a certificate), if any, once."""
         error = self.fatal_error
-        if error is not None and error.code() in REFUSED_CODES:
+        if error is not None and is_refusal(error):
             # Forgotten once raised: librdkafka reports it again while it lasts,
             # and a login the broker takes later is not refused for ever.
             self.fatal_error = None
-            raise explained(
-                error,
-                f"Kafka {self.bootstrap} refused this client: check sasl.username / "
-                "sasl.password (the URL's user:password), sasl.mechanism and the ACLs",
-            )
+            if refused_certificate(error):
+                text = (
+                    f"Kafka {self.bootstrap}: the broker's TLS certificate was not accepted: "
+                    "give the CA that signed it (ssl.ca.location=PATH in the URL), renew an "
+                    "expired certificate, or connect by a host name the certificate names"
+                )
+            else:
+                text = (
+                    f"Kafka {self.bootstrap} refused this client: check sasl.username / "
+                    "sasl.password (the URL's user:password), sasl.mechanism and the ACLs"
+                )
+            raise explained(error, text)
 
     def _producer(self) -> Producer:
         if self._closed:

@@ -3,7 +3,7 @@
 confluent-kafka raises one exception type, ``KafkaException``, for everything;
 what went wrong is the code of the ``KafkaError`` it carries. Core translates
 the driver's exceptions through :meth:`KafkaDriver.classify_error`, which reads
-the code here: credentials or permissions the broker refused stop a worker,
+the code here: credentials, permissions or a TLS certificate refused stop a worker,
 a broker that cannot be reached (or is electing a leader or a group
 coordinator) makes it wait and try again, anything else is a failure.
 """
@@ -51,12 +51,27 @@ def error_of(exc: KafkaException) -> KafkaError:
     return KafkaError(KafkaError._FAIL, str(error) if error is not None else "unknown error")
 
 
+def refused_certificate(error: KafkaError) -> bool:
+    """Whether ``error`` is a TLS handshake that failed on the broker's certificate.
+
+    librdkafka reports every failed handshake as ``_SSL``, a connection reset
+    in the middle of one too; only a certificate that did not verify (another
+    CA's, expired, another host's) is a refusal, which retrying cannot change.
+    """
+    return error.code() == KafkaError._SSL and "certificate verify failed" in error.str()
+
+
+def is_refusal(error: KafkaError) -> bool:
+    """Credentials, an ACL or the broker's certificate refused: the URL or broker must change."""
+    return error.code() in REFUSED_CODES or refused_certificate(error)
+
+
 def classify(error: KafkaError) -> type[DriverError]:
     """The Hermes error a ``KafkaError`` means."""
     code = error.code()
-    if code in REFUSED_CODES:
+    if is_refusal(error):
         return BrokerRefusedError
-    if code in UNAVAILABLE_CODES or error.retriable():
+    if code in UNAVAILABLE_CODES or code == KafkaError._SSL or error.retriable():
         return BrokerUnavailableError
     return DriverError
 
