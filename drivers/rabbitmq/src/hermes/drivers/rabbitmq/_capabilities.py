@@ -10,7 +10,9 @@ from hermes.core.driver import Capabilities, Delay, Delivery
 
 #: Acknowledged after the handler, ``execute_at`` ignored unless the URL says
 #: ``delay=true`` (the driver then reports :attr:`Delay.NATIVE`), one queue
-#: per priority, any number of consumers on one queue.
+#: per priority, any number of consumers on one queue. Deliveries are not
+#: counted: a driver on quorum queues (``x-queue-type=quorum``) reports
+#: ``counts_deliveries=True``, classic queues keep no count.
 CAPABILITIES = Capabilities(
     delivery=Delivery.AT_LEAST_ONCE,
     delay=Delay.IGNORED,

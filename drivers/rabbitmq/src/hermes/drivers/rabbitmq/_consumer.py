@@ -14,6 +14,7 @@ from pika import exceptions as pika_exc
 from hermes.core.driver import Consumer, DriverError, Handover, PerProcess, Received
 from hermes.drivers.rabbitmq._delay import DUE_TOLERANCE_S
 from hermes.drivers.rabbitmq._errors import close_quietly, declaring, describe
+from hermes.drivers.rabbitmq._quorum import delivery_count
 
 if TYPE_CHECKING:
     from hermes.drivers.rabbitmq._driver import LazyRabbitMqDriver
@@ -48,6 +49,9 @@ class RabbitMqConsumer(Consumer):
       they are consumed (one message each) so a new message wakes the worker
       at once, and the first one that arrives cancels those consumers.
       Deliveries that arrive together come out highest priority first.
+    * On quorum work queues each :class:`Received` carries its
+      ``delivery_count``, from the ``x-delivery-count`` header RabbitMQ
+      puts on what it delivers again; on classic queues it is None.
     * With the driver's ``delay``, a message whose ``execute_at`` is not yet
       due goes back through a delay queue and is acknowledged here; core
       never sees it.
@@ -234,6 +238,8 @@ class _Session:
         #: Tags of this channel's active consumers.
         self.consumers: list[str] = []
         self.consumer_tag = driver.consumer_tag
+        #: Quorum queues: read each delivery's count from its headers.
+        self.counts = driver.quorum
         self.cancelled_by_broker = False
         #: Why the session is unusable (a settle failed); the next receive opens a new one.
         self.lost: BaseException | None = None
@@ -276,10 +282,10 @@ class _Session:
                 if buffer:
                     return buffer.popleft()
                 name = self.queues[priority]
-                method, _properties, body = self.channel.basic_get(name)
+                method, properties, body = self.channel.basic_get(name)
                 if method is not None:
                     tag = _Tag(self.channel, method.delivery_tag, name)
-                    return Received(body or b"", priority, tag)
+                    return self._received(body or b"", priority, tag, properties)
             self._consume()
             if time.monotonic() >= deadline:
                 return None
@@ -306,10 +312,15 @@ class _Session:
     def _on_message(self, priority: int, name: str) -> Callable[[Any, Any, Any, bytes], None]:
         buffer, channel = self.buffers[priority], self.channel
 
-        def on_message(_channel: Any, method: Any, _properties: Any, body: bytes) -> None:
-            buffer.append(Received(body, priority, _Tag(channel, method.delivery_tag, name)))
+        def on_message(_channel: Any, method: Any, properties: Any, body: bytes) -> None:
+            tag = _Tag(channel, method.delivery_tag, name)
+            buffer.append(self._received(body, priority, tag, properties))
 
         return on_message
+
+    def _received(self, body: bytes, priority: int, tag: _Tag, properties: Any) -> Received:
+        count = delivery_count(properties.headers) if self.counts else None
+        return Received(body, priority, tag, delivery_count=count)
 
     def _on_cancel(self, _frame: Any) -> None:
         self.cancelled_by_broker = True

@@ -47,6 +47,12 @@ from hermes.drivers.rabbitmq._errors import (
     describe,
     refusal,
 )
+from hermes.drivers.rabbitmq._quorum import (
+    STARTING_RETRY_S,
+    STARTING_S,
+    check_quorum,
+    is_quorum,
+)
 
 logger = logging.getLogger("hermes.drivers.rabbitmq")
 
@@ -138,6 +144,12 @@ class LazyRabbitMqDriver(Driver):
       ignored. ``delay=True``: a message due later waits in a TTL queue that
       dead-letters back to its work queue (see ``_delay``); workers must use
       ``delay=True`` too, so a message that came back early goes round again.
+    * Quorum work queues (``x-queue-type=quorum`` in ``queue_arguments``)
+      count deliveries: ``Received.delivery_count`` is 1, then one more than
+      RabbitMQ's ``x-delivery-count`` header, and the driver declares
+      ``counts_deliveries`` (so ``max_deliveries`` works). Classic queues
+      keep no count: None. Settings a quorum queue cannot have
+      (``durable=False``, ``x-max-priority`` ...) raise ConfigurationError here.
     * A body that is not a Hermes message is rejected without requeue: a
       dead-letter exchange configured through ``queue_arguments``
       (``x-dead-letter-exchange``) catches it.
@@ -201,9 +213,18 @@ class LazyRabbitMqDriver(Driver):
         self.delay = delay
         #: Arguments of every work queue (dead-lettering, TTL, quorum type ...).
         self.queue_arguments: dict[str, Any] = dict(queue_arguments or {})
+        #: The work queues are quorum queues: the only type whose deliveries RabbitMQ counts.
+        self.quorum = is_quorum(self.queue_arguments)
+        if self.quorum:
+            check_quorum(self.queue_arguments, durable)
         self.message_properties = _properties(message_properties, durable)
+        differs: dict[str, Any] = {}
         if delay:
-            self.capabilities = dataclasses.replace(type(self).capabilities, delay=Delay.NATIVE)
+            differs["delay"] = Delay.NATIVE
+        if self.quorum:
+            differs["counts_deliveries"] = True
+        if differs:
+            self.capabilities = dataclasses.replace(type(self).capabilities, **differs)
         #: Priority -> work queue name.
         self._queues: dict[int, str] = {DEFAULT_PRIORITY: queue}
         #: Delay queues this object declared, deleted by :meth:`teardown`.
@@ -279,7 +300,7 @@ class LazyRabbitMqDriver(Driver):
                 self._declare(publisher, spec)
             if len(items) == 1 or not self.confirm:
                 for spec, body in items:
-                    self._basic_publish(publisher.channel, spec, body)
+                    self._publish_one(publisher, spec, body)
             else:
                 self._publish_transaction(publisher, items)
 
@@ -326,6 +347,28 @@ class LazyRabbitMqDriver(Driver):
                     # them) is unusable; start afresh next time.
                     publisher.drop()
                     raise
+
+    def _publish_one(self, publisher: _Publisher, spec: _QueueSpec, body: bytes) -> None:
+        """Publish ``body`` on the confirming channel, again if a starting quorum queue nacks it."""
+        declared = publisher.declared.get(spec.name)
+        while True:
+            try:
+                self._basic_publish(publisher.channel, spec, body)
+                return
+            except pika_exc.NackError:
+                if declared is None or not is_quorum(spec.arguments):
+                    raise
+                since_s = time.monotonic() - declared
+                if since_s >= STARTING_S:
+                    raise
+                logger.debug(
+                    "%s: RabbitMQ nacked a publish to quorum queue %r declared %.3f s ago "
+                    "(still starting); sending it again",
+                    self._where,
+                    spec.name,
+                    since_s,
+                )
+            time.sleep(STARTING_RETRY_S)
 
     def _basic_publish(self, channel: Any, spec: _QueueSpec, body: bytes) -> None:
         channel.basic_publish(
