@@ -19,7 +19,7 @@ CONFORMANCE = "conformance"
 DRIVERS = {
     "filesystem": ["filesystem"],
     "redis": ["redis", "redis-at-least-once"],
-    "rabbitmq": ["rabbitmq", "rabbitmq-delay"],
+    "rabbitmq": ["rabbitmq", "rabbitmq-delay", "rabbitmq-quorum"],
     "sqs": ["sqs", "sqs-delay"],
     "kafka": ["kafka", "kafka-delay"],
     "postgres": ["postgres"],

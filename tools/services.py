@@ -349,6 +349,9 @@ def service_url(name: str) -> Iterator[str]:
         yield ensure_rabbitmq() + "?queue=hermes"
     elif name == "rabbitmq-delay":
         yield ensure_rabbitmq() + "?queue=hermes&delay=true"
+    elif name == "rabbitmq-quorum":
+        # Quorum queues, the RabbitMQ queue type that counts deliveries.
+        yield ensure_rabbitmq() + "?queue=hermes&x-queue-type=quorum"
     elif name == "postgres":
         yield f"{ensure_postgres()}?table=hermes_kit&{POSTGRES_OPTIONS}"
     elif name in ("sqs", "sqs-delay"):

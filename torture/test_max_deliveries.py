@@ -33,6 +33,8 @@ TARGETS = {
     "redis-at-least-once": {"lease_timeout": "1"},
     "postgres": {"lease_timeout": "1"},
     "sqs": {"visibility_timeout": "1"},
+    # RabbitMQ hands a dead consumer's messages out again as its connection closes.
+    "rabbitmq-quorum": {},
 }
 LIMIT = 3
 GOOD = 20
