@@ -8,6 +8,7 @@ import subprocess
 from typing import Any
 
 from dash_support import HERMES, Deployment, eventually, get, post, screenshot
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 from selenium.webdriver.common.by import By
 
 
@@ -20,6 +21,18 @@ def cell(browser: Any, priority: int, column: str) -> str:
 def open_page(browser: Any, url: str) -> str:
     browser.get(url)
     return str(browser.find_element(By.TAG_NAME, "main").text)
+
+
+def main_text(browser: Any) -> str:
+    """The page's main text; "" while a click's navigation is replacing the page.
+
+    A click on a link or a form's button returns before the next page has
+    loaded: what it leads to is polled for, never read at once.
+    """
+    try:
+        return str(browser.find_element(By.TAG_NAME, "main").text)
+    except (NoSuchElementException, StaleElementReferenceException):
+        return ""
 
 
 def test_the_overview_counts_change_as_messages_are_emitted(
@@ -57,7 +70,7 @@ def test_a_failed_message_is_retried_from_the_page_and_then_handled_by_the_worke
     screenshot(browser, "failed")
     (deployment.work / "fixed").touch()
     row.find_element(By.CSS_SELECTOR, "button.retry").click()
-    assert "Sent 1 failed message(s) back" in browser.find_element(By.TAG_NAME, "main").text
+    eventually(lambda: "Sent 1 failed message(s) back" in main_text(browser))
     eventually(lambda: failing in deployment.handled_ids())
     open_page(browser, deployment.base + "/failed")
     assert not browser.find_elements(By.CSS_SELECTOR, f'tr[data-id="{failing}"]')
@@ -73,13 +86,14 @@ def test_a_purge_asks_first_then_empties_only_the_queue_it_named(
     kept = int(cell(browser, 50, "ready"))
     name = browser.find_element(By.CSS_SELECTOR, 'tr[data-priority="60"] td:nth-child(2)').text
     browser.find_element(By.CSS_SELECTOR, 'tr[data-priority="60"] a.danger').click()
+    eventually(lambda: "cannot be undone" in main_text(browser))
     question = browser.find_element(By.ID, "purge-question").text
     assert name in question and "cannot be undone" in question
     assert int(cell_from_stats(deployment, 60)) >= 2, "asking must not purge anything yet"
     screenshot(browser, "purge")
     browser.find_element(By.ID, "purge-confirm").click()
-    main = browser.find_element(By.TAG_NAME, "main").text
-    assert re.search(rf"Purged [2-9]\d* message\(s\) from {re.escape(name)}", main), main
+    purged = rf"Purged [2-9]\d* message\(s\) from {re.escape(name)}"
+    eventually(lambda: re.search(purged, main_text(browser)))
     assert cell(browser, 60, "ready") == "0"
     assert int(cell(browser, 50, "ready")) == kept, "a purge of one queue touched another"
     screenshot(browser, "queues")
