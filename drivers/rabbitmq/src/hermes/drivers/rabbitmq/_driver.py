@@ -309,8 +309,8 @@ class LazyRabbitMqDriver(Driver):
     def _with_publisher(self, action: Callable[[_Publisher], None], doing: str) -> None:
         """Run ``action`` on this process's publishing connection, under its lock.
 
-        A connection that died while idle (heartbeat timeout, broker restart)
-        is replaced and ``action`` runs once more; so does a publish to a queue
+        A connection that died while idle (a broker restart) is replaced and
+        ``action`` runs once more; so does a publish to a queue
         that vanished after it was declared. Anything else raises pika's
         exception, which core translates by the declared errors.
         """
@@ -333,8 +333,18 @@ class LazyRabbitMqDriver(Driver):
                     publisher.declared.clear()
                 except pika_exc.AMQPConnectionError as exc:
                     publisher.drop()
-                    # A blocked broker (memory/disk alarm) would block the retry too.
-                    if fresh or attempt == 2 or isinstance(exc, pika_exc.ConnectionBlockedTimeout):
+                    # A blocked broker (memory/disk alarm) would block the retry too;
+                    # a heartbeat timeout is a broker gone silent under this very
+                    # call, not a connection that died while idle, and a new
+                    # connection would wait out its own time limit on it as well.
+                    if (
+                        fresh
+                        or attempt == 2
+                        or isinstance(
+                            exc,
+                            pika_exc.ConnectionBlockedTimeout | pika_exc.AMQPHeartbeatTimeout,
+                        )
+                    ):
                         raise
                     logger.warning(
                         "%s: the connection had closed (%s) before %s; using a new one",
