@@ -385,7 +385,7 @@ def translated(
         kind = failed
     text = f"{driver!r}: {_verb(kind)} while {doing}: {error_text(exc)}"
     if kind is BrokerRefusedError:
-        text += "; check the URL's credentials, database or vhost, and permissions"
+        text += "; check the URL's credentials, database or vhost, TLS certificates and permissions"
     return kind(text)
 
 
