@@ -226,9 +226,12 @@ class ServerTls:
 
 @contextlib.contextmanager
 def sqs_server() -> Iterator[str]:
-    """A local SQS-compatible server (moto, see moto_server.py); yields its endpoint URL."""
+    """A local SQS-compatible server (moto, see moto_server.py); yields its endpoint URL.
+
+    It keeps connections open between requests, as SQS does.
+    """
     port = free_port()
-    moto = [sys.executable, str(Path(__file__).with_name("moto_server.py"))]
+    moto = [sys.executable, str(Path(__file__).with_name("moto_server.py")), "--keep-alive"]
     env = {**os.environ, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
     with _process([*moto, "-H", "127.0.0.1", "-p", str(port)], port, "moto_server", 60, env=env):
         yield f"http://127.0.0.1:{port}"
