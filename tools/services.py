@@ -11,16 +11,35 @@ reconfigured for: a TLS listener, an address in a network namespace.
 As a command, it runs another command with a server up and its URL in
 ``HERMES_URL`` (and ``{url}`` in the arguments replaced)::
 
-    python tools/services.py run sqs -- pytest --pyargs hermes.conformance --hermes-url {url}
+    python tools/services.py run sqs -- pytest --pyargs hermes.conformance --hermes-url {url} {drop}
+
+An argument that is ``{drop}`` becomes the kit's options for its
+dropped-connection check: ``--hermes-no-connection`` for the targets without a
+connection (memory, filesystem), else ``--hermes-drop-connection`` with a
+``drop`` command (below) aimed at the kit's own process and the server's port.
+
+``drop`` aborts the TCP connections one process holds to a server's port, and
+no other process's: the shared Redis, RabbitMQ and PostgreSQL servers serve
+other test runs at the same time::
+
+    python tools/services.py drop --pid PID --port 6379
+
+It finds the process's sockets in ``/proc/PID/fd`` and ``/proc/PID/net/tcp``
+and aborts each by its address pair with ``ss -K`` (as root, else through
+``sudo -n``), then checks that they are gone; it fails, saying why, when it
+cannot (no ``ss``, no root, a kernel without socket destroy, no connection).
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
+import shlex
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -28,7 +47,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import quote
+from urllib.parse import parse_qs, quote, urlsplit
 
 REDIS_PORT = 6379
 AMQP_PORT = 5672
@@ -377,7 +396,157 @@ def service_url(name: str) -> Iterator[str]:
         raise SystemExit(f"services: unknown service {name!r}")
 
 
+#: The targets whose driver holds no broker connection: the kit's
+#: dropped-connection check does not apply to them.
+NO_CONNECTION = ("memory", "filesystem")
+
+
+def server_port(name: str, url: str) -> int:
+    """The TCP port of the server behind target ``name``'s ``url``."""
+    parts = urlsplit(url)
+    if name.startswith("sqs"):  # the server is the endpoint, not the queue URL
+        parts = urlsplit(parse_qs(parts.query)["endpoint_url"][0])
+    if parts.port is None:
+        raise ValueError(f"services: {name}'s URL names no port: {url}")
+    return parts.port
+
+
+def drop_options(name: str, url: str) -> list[str]:
+    """The kit's options for target ``name``'s dropped-connection check (``{drop}``)."""
+    if name in NO_CONNECTION:
+        return ["--hermes-no-connection"]
+    helper = [sys.executable, str(Path(__file__).resolve()), "drop"]
+    # The kit runs the command in a shell it starts itself: the shell's $PPID
+    # is the kit's process, whose connections alone are dropped.
+    command = f"{shlex.join(helper)} --port {server_port(name, url)} --pid $PPID"
+    return ["--hermes-drop-connection", command]
+
+
+@dataclass(frozen=True)
+class TcpConnection:
+    """One TCP socket, as ``/proc/PID/net/tcp`` shows it."""
+
+    inode: int
+    local: tuple[str, int]
+    remote: tuple[str, int]
+
+    def ss_filter(self) -> list[str]:
+        """The ``ss`` filter that matches this socket alone: both ends, address and port."""
+        (src, sport), (dst, dport) = self.local, self.remote
+        src, dst = (f"[{host}]" if ":" in host else host for host in (src, dst))
+        return ["src", src, "sport", "=", f":{sport}", "dst", dst, "dport", "=", f":{dport}"]
+
+
+_TCP_LISTEN = "0A"
+
+
+def _address(field: str) -> tuple[str, int]:
+    """``0100007F:18EB`` (or its 32-digit IPv6 form) as ``("127.0.0.1", 6379)``.
+
+    The kernel prints each 32-bit word of the address in the machine's byte order.
+    """
+    hex_host, hex_port = field.split(":")
+    words = [int(hex_host[i : i + 8], 16) for i in range(0, len(hex_host), 8)]
+    packed = struct.pack(f"={len(words)}I", *words)
+    family = socket.AF_INET if len(words) == 1 else socket.AF_INET6
+    return socket.inet_ntop(family, packed), int(hex_port, 16)
+
+
+def tcp_connections(pid: int, port: int) -> dict[int, TcpConnection]:
+    """The TCP connections process ``pid`` holds to a server on ``port``, by socket inode."""
+    inodes: set[int] = set()
+    fd_dir = Path(f"/proc/{pid}/fd")
+    for fd in fd_dir.iterdir():
+        try:
+            target = os.readlink(fd)
+        except FileNotFoundError:
+            continue  # closed since the listing: not a connection any more
+        if target.startswith("socket:["):
+            inodes.add(int(target[len("socket:[") : -1]))
+    found: dict[int, TcpConnection] = {}
+    for table in ("tcp", "tcp6"):
+        path = Path(f"/proc/{pid}/net/{table}")
+        if not path.exists():  # a kernel without IPv6
+            continue
+        for line in path.read_text().splitlines()[1:]:
+            fields = line.split()
+            local, remote, state, inode = fields[1], fields[2], fields[3], int(fields[9])
+            if inode not in inodes or state == _TCP_LISTEN:
+                continue
+            connection = TcpConnection(inode, _address(local), _address(remote))
+            if connection.remote[1] == port:
+                found[inode] = connection
+    return found
+
+
+class DropError(RuntimeError):
+    """The connections could not be dropped; the message says why."""
+
+
+def drop_connections(pid: int, port: int) -> list[TcpConnection]:
+    """Abort every TCP connection process ``pid`` holds to ``port``; the ones aborted.
+
+    Raises :class:`DropError` unless each was there and is gone afterwards: a
+    drop that did nothing would let the kit's check pass without its event.
+    """
+    ss = shutil.which("ss") or next(
+        (p for p in ("/usr/sbin/ss", "/sbin/ss", "/usr/bin/ss") if os.access(p, os.X_OK)), None
+    )
+    if ss is None:
+        raise DropError("drop: `ss` is not installed (apt-get install iproute2)")
+    as_root: list[str] = []
+    if os.geteuid() != 0:
+        if shutil.which("sudo") is None:
+            raise DropError("drop: ss -K needs root (CAP_NET_ADMIN); not root and no sudo")
+        as_root = ["sudo", "-n"]  # a password prompt would hang the kit: fail instead
+    try:
+        held = tcp_connections(pid, port)
+    except OSError as exc:
+        raise DropError(f"drop: cannot read process {pid}'s sockets: {exc}") from exc
+    if not held:
+        raise DropError(f"drop: process {pid} holds no TCP connection to port {port}")
+    for connection in held.values():
+        done = subprocess.run(
+            [*as_root, ss, "-K", "-t", "-n", *connection.ss_filter()],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        if done.returncode != 0:
+            raise DropError(
+                f"drop: {shlex.join(done.args)} exited {done.returncode}: "
+                f"{(done.stderr or done.stdout).strip()}"
+            )
+    left = set(held) & set(tcp_connections(pid, port))
+    if left:
+        raise DropError(
+            f"drop: ss -K left {len(left)} of process {pid}'s {len(held)} connections to port "
+            f"{port} open (a kernel without CONFIG_INET_DIAG_DESTROY cannot abort a socket)"
+        )
+    return list(held.values())
+
+
+def _drop_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="services.py drop", description="abort one process's TCP connections to a port"
+    )
+    parser.add_argument("--pid", type=int, required=True, help="the process whose connections")
+    parser.add_argument("--port", type=int, required=True, help="the server's port")
+    args = parser.parse_args(argv)
+    try:
+        dropped = drop_connections(args.pid, args.port)
+    except DropError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    for connection in dropped:
+        (src, sport), (dst, dport) = connection.local, connection.remote
+        print(f"dropped {src}:{sport} -> {dst}:{dport} of process {args.pid}")
+    return 0
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["drop"]:
+        return _drop_main(argv[1:])
     if len(argv) < 3 or argv[0] != "run" or "--" not in argv:
         print(__doc__, file=sys.stderr)
         return 2
@@ -385,7 +554,10 @@ def main(argv: list[str]) -> int:
     with service_url(name) as url:
         # service_url() has set what the service needs (e.g. AWS credentials for SQS).
         env = {**os.environ, "HERMES_URL": url}
-        return subprocess.run([arg.replace("{url}", url) for arg in command], env=env).returncode
+        args: list[str] = []
+        for arg in command:
+            args += drop_options(name, url) if arg == "{drop}" else [arg.replace("{url}", url)]
+        return subprocess.run(args, env=env).returncode
 
 
 if __name__ == "__main__":
