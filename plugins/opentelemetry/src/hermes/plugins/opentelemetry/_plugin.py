@@ -21,6 +21,7 @@ headers on the message), so an untraced worker pays next to nothing per job.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
@@ -28,6 +29,7 @@ from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
+from opentelemetry.environment_variables import OTEL_PYTHON_TRACER_PROVIDER
 from opentelemetry.trace import (
     Link,
     NoOpTracerProvider,
@@ -51,6 +53,13 @@ _system_of: dict[type, str] = {}
 
 #: Per handler thread: the consumer span waiting for its handler's outcome.
 _pending = threading.local()
+#: Set once this process has left a consumer span pending: until then the
+#: outcome hooks, called for every message, have nothing to look up.
+_any_pending = False
+#: Stands for "the API has no ``_TRACER_PROVIDER``" (another version's layout).
+_UNKNOWN = object()
+#: The environment names a TracerProvider to load on first use.
+_PROVIDER_FROM_ENV = OTEL_PYTHON_TRACER_PROVIDER in os.environ
 
 
 def _recording() -> bool:
@@ -61,7 +70,15 @@ def _recording() -> bool:
     """
     if not isinstance(_tracer, trace.ProxyTracer):
         return True
-    return not isinstance(trace.get_tracer_provider(), (ProxyTracerProvider, NoOpTracerProvider))
+    # Asked for every message: the global provider itself when the API keeps it
+    # where it always has, since get_tracer_provider() looks up an environment
+    # variable on each call until one is set (about a microsecond a message).
+    provider = getattr(trace, "_TRACER_PROVIDER", _UNKNOWN)
+    if provider is None and not _PROVIDER_FROM_ENV:
+        return False
+    if provider is _UNKNOWN or provider is None:
+        provider = trace.get_tracer_provider()  # loads one the environment names
+    return not isinstance(provider, (ProxyTracerProvider, NoOpTracerProvider))
 
 
 def messaging_system(driver: Driver) -> str:
@@ -192,6 +209,7 @@ def hermes_handler_call(
 
 @contextmanager
 def _process(message: Message, priority: int, handler: object, driver: Driver) -> Iterator[None]:
+    global _any_pending
     _end_pending(None)  # one no outcome hook ended (the Dispatcher always sends one)
     attributes = _attributes(message, priority, driver, "process")
     attributes["hermes.handler"] = _handler_name(handler)
@@ -214,10 +232,13 @@ def _process(message: Message, priority: int, handler: object, driver: Driver) -
         raise
     finally:
         otel_context.detach(token)
+        _any_pending = True
         _pending.span = span
 
 
 def _end_pending(outcome: Outcome | None, **attributes: Any) -> Span | None:
+    if not _any_pending:
+        return None
     span: Span | None = getattr(_pending, "span", None)
     if span is None:
         return None
