@@ -141,9 +141,7 @@ def main() -> int:
                 for job in JOBS:
                     for name in order:
                         url = HermesSetting(label, options).url(base_url(broker, Path(tmp)))
-                        value, cpu_us = one(
-                            commands[name], url, job, args.n, env, extras[name]
-                        )
+                        value, cpu_us = one(commands[name], url, job, args.n, env, extras[name])
                         samples.setdefault((label, job, name), []).append((value, cpu_us))
                         print(
                             f"round {round_ + 1} {label} {job} {name}: {value:,.0f} msgs/s, "
@@ -179,14 +177,17 @@ def main() -> int:
     meta = {"started": started, "machine": machine(), "load": loads, "rounds": args.rounds}
     sides = {name: " ".join([*commands[name][1:], "worker", *extras[name]]) for name in commands}
     meta["commands"] = sides
-    (out / f"{args.name}.json").write_text(json.dumps({**meta, "n": args.n, "rows": rows}, indent=1))
+    report = {**meta, "n": args.n, "rows": rows}
+    (out / f"{args.name}.json").write_text(json.dumps(report, indent=1))
     lines = [
         f"`python -m bench.versions` ({started}, {meta['machine']}, load {' -> '.join(loads)}): "
         f"`hermes worker` two ways, interleaved, {args.n:,} messages per sample, "
         f"median of {args.rounds} rounds.",
         "",
-        *(f"- {name}: `{side}` ({'this install' if name == args.label else other_python})"
-          for name, side in sides.items()),
+        *(
+            f"- {name}: `{side}` ({'this install' if name == args.label else other_python})"
+            for name, side in sides.items()
+        ),
         "",
         f"| setting | job | {args.label} msgs/s | {args.other_label} msgs/s | ratio "
         f"| {args.label} CPU µs/msg | {args.other_label} CPU µs/msg | CPU ratio |",

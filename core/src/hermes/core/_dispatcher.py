@@ -5,9 +5,9 @@ import inspect
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 from hermes.core._driver import Delay, Driver
 from hermes.core._errors import ConfigurationError
@@ -292,8 +292,9 @@ class Dispatcher:
         known = self._async.get(id(handler))
         if known is None:
             known = self._async[id(handler)] = (handler, inspect.iscoroutinefunction(handle))
-        if known[1]:
-            return bool(self._event_loop.run(handle(message), limit))
+        if known[1]:  # an async def handle: calling it made a coroutine
+            coroutine = cast(Coroutine[Any, Any, Any], handle(message))
+            return bool(self._event_loop.run(coroutine, limit))
         if limit is None:
             result = handle(message)
         else:
