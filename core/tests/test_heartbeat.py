@@ -128,6 +128,24 @@ def test_the_table_shows_uptime_in_flight_jobs_and_last_seen() -> None:
     assert duration(59) == "59s" and duration(3 * 86400 + 7200) == "3d02h"
 
 
+def test_hermes_workers_lists_a_pools_children_together_under_their_supervisor() -> None:
+    now = 1_767_225_600.0
+
+    def record(pid: int, started: float, **pool: int) -> dict[str, object]:
+        return {"host": "web-1", "pid": pid, "started": started, "last_seen": now, **pool}
+
+    # live_workers orders by start: a replaced child (slot 1) started last.
+    records = [
+        record(901, now - 60, supervisor_pid=900, slot=2),
+        record(950, now - 50),
+        record(903, now - 5, supervisor_pid=900, slot=1),
+    ]
+    rows = table(records, now).splitlines()[1:]
+    assert [row.split()[1] for row in rows] == ["903", "901", "950"]
+    assert "supervisor 900, worker-1" in rows[0] and "supervisor 900, worker-2" in rows[1]
+    assert rows[2].split()[2] == "-"  # a worker on its own is in no pool
+
+
 def _hermes(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     assert HERMES is not None
     env = {k: v for k, v in os.environ.items() if k != "HERMES_URL"}

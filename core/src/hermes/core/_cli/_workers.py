@@ -152,11 +152,41 @@ def in_flight_text(record: dict[str, Any], now: float) -> str:
     return ", ".join(parts) or "-"
 
 
+def pool_text(record: dict[str, Any]) -> str:
+    """``supervisor 812, worker-2`` for a pool's child (its log prefix), else ``-``."""
+    supervisor = record.get("supervisor_pid")
+    if supervisor is None:
+        return "-"
+    slot = record.get("slot")
+    return f"supervisor {supervisor}" + (f", worker-{slot}" if slot is not None else "")
+
+
+def _grouped(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records in their order, but a pool's children together, by slot, where the first is."""
+    first: dict[tuple[str, int], int] = {}
+    for index, record in enumerate(records):
+        supervisor = record.get("supervisor_pid")
+        key = (str(record.get("host")), supervisor if supervisor is not None else -1 - index)
+        first.setdefault(key, index)
+
+    def place(item: tuple[int, dict[str, Any]]) -> tuple[int, int, int]:
+        index, record = item
+        supervisor = record.get("supervisor_pid")
+        if supervisor is None:
+            return (index, 0, index)
+        slot = record.get("slot")
+        return (first[(str(record.get("host")), supervisor)], 1, int(slot or 0))
+
+    return [record for _, record in sorted(enumerate(records), key=place)]
+
+
 def table(records: Sequence[dict[str, Any]], now: float) -> str:
-    """The records as an aligned text table, one line per worker."""
+    """The records as an aligned text table, one line per worker; a pool's children together."""
+    records = _grouped(records)
     header = [
         "host",
         "pid",
+        "pool",
         "kind",
         "uptime",
         "concurrency",
@@ -169,6 +199,7 @@ def table(records: Sequence[dict[str, Any]], now: float) -> str:
         [
             str(r.get("host", "?")),
             str(r.get("pid", "?")),
+            pool_text(r),
             str(r.get("kind", "worker")),
             duration(now - float(r.get("started") or now)),
             str(r.get("concurrency", "-")),
