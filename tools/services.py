@@ -247,10 +247,12 @@ class ServerTls:
 def sqs_server() -> Iterator[str]:
     """A local SQS-compatible server (moto, see moto_server.py); yields its endpoint URL.
 
-    It keeps connections open between requests, as SQS does.
+    Plain moto, which closes each connection after its reply: its
+    ``--keep-alive`` front (as SQS keeps connections) made the kit on SQS half
+    as slow again, and its delayed messages late.
     """
     port = free_port()
-    moto = [sys.executable, str(Path(__file__).with_name("moto_server.py")), "--keep-alive"]
+    moto = [sys.executable, str(Path(__file__).with_name("moto_server.py"))]
     env = {**os.environ, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
     with _process([*moto, "-H", "127.0.0.1", "-p", str(port)], port, "moto_server", 60, env=env):
         yield f"http://127.0.0.1:{port}"
@@ -415,6 +417,10 @@ def drop_options(name: str, url: str) -> list[str]:
     """The kit's options for target ``name``'s dropped-connection check (``{drop}``)."""
     if name in NO_CONNECTION:
         return ["--hermes-no-connection"]
+    if name.startswith("sqs"):
+        # The local server closes each connection after its reply: there is none
+        # to drop between a receive and its settle, so the row says "not verified".
+        return []
     helper = [sys.executable, str(Path(__file__).resolve()), "drop"]
     # The kit runs the command in a shell it starts itself: the shell's $PPID
     # is the kit's process, whose connections alone are dropped.
