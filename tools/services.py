@@ -247,9 +247,8 @@ class ServerTls:
 def sqs_server() -> Iterator[str]:
     """A local SQS-compatible server (moto, see moto_server.py); yields its endpoint URL.
 
-    Plain moto, which closes each connection after its reply: its
-    ``--keep-alive`` front (as SQS keeps connections) made the kit on SQS half
-    as slow again, and its delayed messages late.
+    moto closes each connection after its reply (SQS keeps them open): a front
+    that kept them made the kit on SQS half as slow again and its delays late.
     """
     port = free_port()
     moto = [sys.executable, str(Path(__file__).with_name("moto_server.py"))]
