@@ -21,6 +21,7 @@ from hermes.core.driver import (
     Received,
 )
 from hermes.drivers.kafka._errors import classify, error_of, explained
+from hermes.drivers.kafka._handles import destroy_unused
 from hermes.drivers.kafka._offsets import OffsetLedger, Partition, PartitionState
 
 if TYPE_CHECKING:
@@ -131,6 +132,7 @@ class _KafkaConsumer(Consumer):
     def close(self) -> None:
         self._closed = True
         self._sessions.discard()
+        destroy_unused()
 
     def __repr__(self) -> str:
         return f"<KafkaConsumer of {self.driver!r} topics={sorted(self.topics)}>"

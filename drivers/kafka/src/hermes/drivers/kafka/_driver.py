@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import re
 import threading
 import time
@@ -45,6 +44,7 @@ from hermes.drivers.kafka._errors import (
     is_refusal,
     refused_certificate,
 )
+from hermes.drivers.kafka._handles import Handles, destroy_unused
 
 T = TypeVar("T")
 
@@ -78,36 +78,6 @@ _CLIENT_DEFAULTS = (
 _client_logger = logging.getLogger("hermes.drivers.kafka.librdkafka")
 #: The same client error is logged as a warning at most once per this many seconds.
 _REPEAT_LOG_INTERVAL_S = 30.0
-
-
-class _Handles:
-    """Every librdkafka handle a driver made, by the process that made it, until closed there.
-
-    :class:`~hermes.core.PerProcess` makes a new client in a forked child and
-    drops its reference to the parent's. A dropped librdkafka handle is
-    destroyed, and destroying one in the child waits for threads that only run
-    in the parent (a second per handle, measured). Kept here, the parent's
-    handles are never destroyed in the child.
-    """
-
-    def __init__(self) -> None:
-        self._by_pid: dict[int, list[object]] = {}
-
-    def per_process(
-        self, make: Callable[[], T], close: Callable[[T], None] | None = None
-    ) -> PerProcess[T]:
-        def factory() -> T:
-            handle = make()
-            self._by_pid.setdefault(os.getpid(), []).append(handle)
-            return handle
-
-        def forget(handle: T) -> None:
-            with contextlib.suppress(ValueError):  # librdkafka handles compare by identity
-                self._by_pid.get(os.getpid(), []).remove(handle)
-            if close is not None:
-                close(handle)
-
-        return PerProcess(factory, forget)
 
 
 class _DeliveryReport:
@@ -276,7 +246,7 @@ class KafkaDriver(Driver):
         self.unavailable_error: KafkaError | None = None
         #: Client error text -> when it was last logged as a warning.
         self._client_errors_logged: dict[str, float] = {}
-        self._handles = _Handles()
+        self._handles = Handles()
         self._producers = self.per_process(lambda: Producer(self.producer_config))
         self._admins = self.per_process(lambda: AdminClient(self.admin_config))
         #: Topics known to exist (created or found).
@@ -682,6 +652,8 @@ class KafkaDriver(Driver):
                 logger.error(
                     "Kafka %s: %d message(s) still undelivered at close", self.bootstrap, left
                 )
+            del producer
+        destroy_unused()
 
     def __repr__(self) -> str:
         return f"<KafkaDriver kafka://{self.bootstrap}/{self.topic} group={self.group_id}>"
