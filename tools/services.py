@@ -28,6 +28,11 @@ It finds the process's sockets in ``/proc/PID/fd`` and ``/proc/PID/net/tcp``
 and aborts each by its address pair with ``ss -K`` (as root, else through
 ``sudo -n``), then checks that they are gone; it fails, saying why, when it
 cannot (no ``ss``, no root, a kernel without socket destroy, no connection).
+
+The local SQS server closes each connection after its reply, so between a
+receive and its settle the client holds none; for it ``drop --refuse-s S``
+answers every new connection to the port with a reset for S seconds (an
+iptables rule, as root), and checks that one is refused.
 """
 
 from __future__ import annotations
@@ -416,15 +421,91 @@ def drop_options(name: str, url: str) -> list[str]:
     """The kit's options for target ``name``'s dropped-connection check (``{drop}``)."""
     if name in NO_CONNECTION:
         return ["--hermes-no-connection"]
+    helper = [sys.executable, str(Path(__file__).resolve()), "drop"]
     if name.startswith("sqs"):
         # The local server closes each connection after its reply: there is none
-        # to drop between a receive and its settle, so the row says "not verified".
-        return []
-    helper = [sys.executable, str(Path(__file__).resolve()), "drop"]
+        # to abort between a receive and its settle. The settle's own connection
+        # is what fails instead: new connections are refused for a while.
+        ensure_netns_tools()
+        if os.geteuid() != 0 or shutil.which("iptables") is None:
+            return []  # no way to refuse them: the row says "not verified"
+        helper += ["--refuse-s", str(REFUSE_S)]
     # The kit runs the command in a shell it starts itself: the shell's $PPID
     # is the kit's process, whose connections alone are dropped.
     command = f"{shlex.join(helper)} --port {server_port(name, url)} --pid $PPID"
     return ["--hermes-drop-connection", command]
+
+
+#: How long ``drop --refuse-s`` refuses the local SQS server's new connections:
+#: longer than a settle's two tries (the driver's default), shorter than the
+#: kit's wait for the message to come back.
+REFUSE_S = 3.0
+
+
+def _refusal(port: int) -> list[str]:
+    """The iptables rule that answers a new connection to 127.0.0.1:``port`` with a reset."""
+    return [
+        "OUTPUT",
+        "-p",
+        "tcp",
+        "-d",
+        "127.0.0.1",
+        "--dport",
+        str(port),
+        "-m",
+        "comment",
+        "--comment",
+        f"hermes-refuse-{port}",
+        "-j",
+        "REJECT",
+        "--reject-with",
+        "tcp-reset",
+    ]
+
+
+def refuse_connections(port: int, seconds: float) -> None:
+    """Refuse every new TCP connection to 127.0.0.1:``port`` for ``seconds``, then accept them.
+
+    A process of its own removes the rule after ``seconds``; ``run`` removes
+    any left at its end. Raises :class:`DropError` unless a connection made
+    afterwards is refused: a refusal that did nothing would let the kit's
+    check pass without its event.
+    """
+    iptables = shutil.which("iptables")
+    if iptables is None or os.geteuid() != 0:
+        raise DropError("drop: refusing connections needs iptables, as root")
+    rule = _refusal(port)
+    done = subprocess.run([iptables, "-I", *rule], capture_output=True, text=True, timeout=10)
+    if done.returncode != 0:
+        raise DropError(f"drop: {shlex.join(done.args)} exited {done.returncode}: {done.stderr}")
+    subprocess.Popen(
+        ["sh", "-c", f"sleep {seconds:g}; {shlex.join([iptables, '-D', *rule])}"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    except ConnectionRefusedError:
+        return
+    except OSError as exc:
+        raise DropError(f"drop: a connection to port {port} failed otherwise: {exc}") from exc
+    allow_connections(port)
+    raise DropError(f"drop: iptables did not refuse a connection to port {port}")
+
+
+def allow_connections(port: int) -> None:
+    """Remove every refusal of ``port`` that :func:`refuse_connections` left."""
+    iptables = shutil.which("iptables")
+    if iptables is None or os.geteuid() != 0:
+        return
+    for _ in range(100):  # one rule per refusal; a run makes a handful
+        done = subprocess.run(
+            [iptables, "-D", *_refusal(port)], capture_output=True, text=True, timeout=10
+        )
+        if done.returncode != 0:
+            return
 
 
 @dataclass(frozen=True)
@@ -537,15 +618,28 @@ def _drop_main(argv: list[str]) -> int:
     )
     parser.add_argument("--pid", type=int, required=True, help="the process whose connections")
     parser.add_argument("--port", type=int, required=True, help="the server's port")
+    parser.add_argument(
+        "--refuse-s",
+        type=float,
+        metavar="SECONDS",
+        help="also refuse new connections to the port for SECONDS (for a server that "
+        "closes each connection after its reply: the process may hold none to abort)",
+    )
     args = parser.parse_args(argv)
+    dropped: list[TcpConnection] = []
     try:
-        dropped = drop_connections(args.pid, args.port)
-    except DropError as exc:
+        if args.refuse_s is None or tcp_connections(args.pid, args.port):
+            dropped = drop_connections(args.pid, args.port)
+        if args.refuse_s is not None:
+            refuse_connections(args.port, args.refuse_s)
+    except (DropError, OSError) as exc:
         print(exc, file=sys.stderr)
         return 1
     for connection in dropped:
         (src, sport), (dst, dport) = connection.local, connection.remote
         print(f"dropped {src}:{sport} -> {dst}:{dport} of process {args.pid}")
+    if args.refuse_s is not None:
+        print(f"refused new connections to 127.0.0.1:{args.port} for {args.refuse_s:g} s")
     return 0
 
 
@@ -562,7 +656,11 @@ def main(argv: list[str]) -> int:
         args: list[str] = []
         for arg in command:
             args += drop_options(name, url) if arg == "{drop}" else [arg.replace("{url}", url)]
-        return subprocess.run(args, env=env).returncode
+        try:
+            return subprocess.run(args, env=env).returncode
+        finally:
+            if "{drop}" in command and name.startswith("sqs"):
+                allow_connections(server_port(name, url))
 
 
 if __name__ == "__main__":
