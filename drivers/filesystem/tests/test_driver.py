@@ -463,16 +463,17 @@ def test_a_stray_file_named_like_the_lock_does_not_break_the_worker(
 
 @pytest.fixture
 def open_fails_once(monkeypatch) -> list[str]:
-    """The driver's first open() of a claimed file fails with EMFILE; the paths it failed."""
+    """The driver's first os.open() of a claimed file fails with EMFILE; the paths it failed."""
     failed: list[str] = []
+    real_open = os.open
 
     def open_failing_once(path, *args, **kwargs):
         if not failed and os.sep + "processing" + os.sep in os.fspath(path):
             failed.append(path)
             raise OSError(errno.EMFILE, "Too many open files", path)
-        return open(path, *args, **kwargs)
+        return real_open(path, *args, **kwargs)
 
-    monkeypatch.setattr(driver_module, "open", open_failing_once, raising=False)
+    monkeypatch.setattr(driver_module.os, "open", open_failing_once)
     return failed
 
 

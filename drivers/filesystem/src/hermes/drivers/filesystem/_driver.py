@@ -44,6 +44,9 @@ logger = logging.getLogger("hermes.drivers.filesystem")
 _PRIORITY_LIMIT = 10**18
 #: A listing of ``new/`` is redone at least this often, whatever its mtime says.
 _FULL_LISTING_S = 1.0
+#: What one read of a message file asks for: a regular file's read returns
+#: less only at its end, so a message smaller than this takes one read.
+_READ_SIZE = 1 << 16
 #: Partial files a sender left in ``tmp/`` (it died mid-write) are removed after this.
 _TMP_MAX_AGE_S = 3600.0
 #: How often ``tmp/`` is checked for such leftovers.
@@ -254,8 +257,19 @@ class FileSystemDriver(Driver):
         ``name`` is the file's name once claimed: the one it keeps if it goes back.
         """
         try:
-            with open(claimed, "rb") as file:
-                return file.read()
+            # os.open and os.read, not open(): a file object costs more than the
+            # read itself (measured: 9.8 against 4.3 µs for a small message).
+            fd = os.open(claimed, os.O_RDONLY)
+            try:
+                data = os.read(fd, _READ_SIZE)
+                if len(data) == _READ_SIZE:  # a large message: read on to the end
+                    parts = [data]
+                    while chunk := os.read(fd, _READ_SIZE):
+                        parts.append(chunk)
+                    data = b"".join(parts)
+            finally:
+                os.close(fd)
+            return data
         except IsADirectoryError as exc:
             self._quarantine(claimed, name, f"cannot read the file: {exc}")
             return None
