@@ -410,16 +410,7 @@ def run(args: argparse.Namespace, child: ChildLink | None = None) -> int:
         shutdowns = _shutdowns(args, url, driver)
         if child is not None:
             shutdowns = child.since_pool_start(shutdowns)
-        dispatcher = Dispatcher(
-            driver,
-            logger,
-            concurrency=args.concurrency,
-            time_limit_s=args.time_limit,
-            grace_s=args.grace,
-            failed=store,
-            max_deliveries=args.max_deliveries,
-        )
-        dispatcher.log_each_message = verbosity > 0
+        dispatcher = _dispatcher(args, driver, store, log_each_message=verbosity > 0)
         register_handlers(dispatcher, target, spec)
         if args.metrics_port is not None and child is None:  # a pool's supervisor serves them
             _serve_metrics(args.metrics_port, url, args.metrics_host)
@@ -477,6 +468,23 @@ def run(args: argparse.Namespace, child: ChildLink | None = None) -> int:
                 reporter.set()
                 child.finished(worker.stats, _counts(worker))
     return 0
+
+
+def _dispatcher(
+    args: argparse.Namespace, driver: Driver, store: FailedStore | None, log_each_message: bool
+) -> Dispatcher:
+    """The worker's Dispatcher, as the command line sets it up (handlers not yet registered)."""
+    dispatcher = Dispatcher(
+        driver,
+        logger,
+        concurrency=args.concurrency,
+        time_limit_s=args.time_limit,
+        grace_s=args.grace,
+        failed=store,
+        max_deliveries=args.max_deliveries,
+    )
+    dispatcher.log_each_message = log_each_message
+    return dispatcher
 
 
 def _failed_store(
