@@ -249,17 +249,38 @@ class ServerTls:
 
 
 @contextlib.contextmanager
-def sqs_server() -> Iterator[str]:
+def sqs_server(host: str = "127.0.0.1", tls: ServerTls | None = None) -> Iterator[str]:
     """A local SQS-compatible server (moto, see moto_server.py); yields its endpoint URL.
 
     moto closes each connection after its reply (SQS keeps them open): a front
     that kept them made the kit on SQS half as slow again and its delays late.
+    With ``tls`` the endpoint is ``https://HOST:PORT``, socat's TLS listener in
+    front of moto on a loopback port of its own (see :func:`_tls_front`).
     """
-    port = free_port()
+    port = free_port(host)
+    inner = port if tls is None else free_port()
     moto = [sys.executable, str(Path(__file__).with_name("moto_server.py"))]
     env = {**os.environ, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
-    with _process([*moto, "-H", "127.0.0.1", "-p", str(port)], port, "moto_server", 60, env=env):
-        yield f"http://127.0.0.1:{port}"
+    bind = host if tls is None else "127.0.0.1"
+    with _process([*moto, "-H", bind, "-p", str(inner)], inner, "moto_server", 60, bind, env=env):
+        if tls is None:
+            yield f"http://{host}:{port}"
+            return
+        with _tls_front(tls, host, port, inner):
+            yield f"https://{host}:{port}"
+
+
+@contextlib.contextmanager
+def _tls_front(tls: ServerTls, host: str, port: int, inner: int) -> Iterator[None]:
+    """socat's OpenSSL listener on ``host:port``, each connection handed to 127.0.0.1:``inner``.
+
+    It serves ``tls.cert`` and asks clients for no certificate.
+    """
+    _apt_install("socat", "socat")
+    listen = f"OPENSSL-LISTEN:{port},bind={host},reuseaddr,fork,verify=0"
+    listen += f",cert={tls.cert},key={tls.key}"
+    with _process(["socat", listen, f"TCP:127.0.0.1:{inner}"], port, "socat", 30, host):
+        yield
 
 
 @contextlib.contextmanager
@@ -291,10 +312,7 @@ def kafka_broker(host: str = "127.0.0.1", tls: ServerTls | None = None) -> Itera
         if tls is None:
             yield f"{host}:{port}"
             return
-        _apt_install("socat", "socat")
-        listen = f"OPENSSL-LISTEN:{port},bind={host},reuseaddr,fork,verify=0"
-        listen += f",cert={tls.cert},key={tls.key}"
-        with _process(["socat", listen, f"TCP:127.0.0.1:{inner}"], port, "socat", 30, host):
+        with _tls_front(tls, host, port, inner):
             yield f"{host}:{port}"
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ssl
 from typing import Any
 
 import boto3
@@ -14,6 +15,8 @@ from botocore.exceptions import (
     PartialCredentialsError,
 )
 from botocore.exceptions import ConnectionError as BotoConnectionError
+from botocore.exceptions import SSLError as BotoSslError
+from urllib3.util.ssl_match_hostname import CertificateError as HostnameMismatch
 
 from hermes.core import BrokerRefusedError, BrokerUnavailableError, DriverError
 
@@ -26,6 +29,39 @@ REFUSED_ERRORS = (NoCredentialsError, PartialCredentialsError, NoRegionError)
 UNAVAILABLE_ERRORS = (BotoConnectionError, HTTPClientError)
 #: Anything else boto3 raises; a ClientError's code decides (:func:`classify`).
 CLIENT_ERRORS = (ClientError, BotoCoreError)
+
+
+class SqsTlsError(BrokerRefusedError):
+    """The endpoint's TLS certificate did not verify: a wrong CA, expired, or another host's."""
+
+    hint = (
+        "the endpoint's TLS certificate was not accepted: give the CA that signed it "
+        "(ssl_ca_certs=PATH in the sqs:// URL), renew an expired certificate, or connect "
+        "by a host name the certificate names"
+    )
+
+    def __init__(self, text: str) -> None:
+        super().__init__(f"{text} - {self.hint}")
+
+
+def certificate_refused(exc: BaseException) -> bool:
+    """True if ``exc`` is botocore's SSLError for a certificate that did not verify.
+
+    Retrying cannot make it verify: the URL or the endpoint must change. Other
+    TLS failures (a handshake cut short) leave the endpoint merely unavailable.
+    """
+    if not isinstance(exc, BotoSslError):
+        return False
+    seen: BaseException | None = exc
+    for _ in range(5):  # botocore wraps urllib3's error, which wraps ssl's
+        if seen is None:
+            return False
+        # urllib3 matches the host name itself, and raises its own class.
+        if isinstance(seen, ssl.SSLCertVerificationError | ssl.CertificateError | HostnameMismatch):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return "CERTIFICATE_VERIFY_FAILED" in str(exc)
+
 
 #: ClientError codes that mean AWS refused these credentials or this permission.
 _REFUSED_CODES = frozenset(
@@ -95,8 +131,8 @@ def clone_client(client: Any) -> Any:
     Region, endpoint and botocore config are copied. Keys that were passed to
     ``client()`` explicitly are copied too; every other kind of credentials
     (environment, profile, role) is resolved again by the standard chain,
-    which finds the same ones. Pass ``client_factory`` to the driver when
-    that is not enough.
+    which finds the same ones. ``verify`` is not copied: pass
+    ``client_factory`` to the driver when that is not enough (a CA of your own).
     """
     meta = client.meta
     kwargs: dict[str, Any] = {

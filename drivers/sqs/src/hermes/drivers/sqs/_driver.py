@@ -40,6 +40,8 @@ from hermes.drivers.sqs._client import (
     CLIENT_ERRORS,
     REFUSED_ERRORS,
     UNAVAILABLE_ERRORS,
+    SqsTlsError,
+    certificate_refused,
     classify,
     clone_client,
     error_code,
@@ -349,6 +351,8 @@ class AmazonSqsDriver(Driver):
         """A ClientError by its code (credentials refused, throttled, ...); the rest by type."""
         if isinstance(exc, ClientError):
             return classify(exc)
+        if certificate_refused(exc):
+            return SqsTlsError
         return super().classify_error(exc)
 
     def _make_client(self) -> Any:

@@ -45,7 +45,30 @@ OPTIONS = {
     "read_timeout": f"seconds a request waits for the reply beyond wait_time "
     f"(default {READ_TIMEOUT_S:g})",
     "max_attempts": f"tries per request, the first included (default {MAX_ATTEMPTS})",
+    "ssl_ca_certs": "PEM file of the CA that signed an https endpoint's certificate "
+    "(default: the CAs botocore trusts)",
+    "ssl_cert_reqs": "required (default): verify the endpoint's certificate; none: do not",
 }
+#: ``ssl_cert_reqs`` values.
+CERT_REQS = ("required", "none")
+
+
+def _verify(url: DriverUrl) -> bool | str | None:
+    """boto3's ``verify``: the CA file, False when the URL turns verification off, else None."""
+    cert_reqs = url.get_str("ssl_cert_reqs", "required")
+    if cert_reqs not in CERT_REQS:
+        raise ConfigurationError(
+            f"ssl_cert_reqs in {url.redacted!r} must be one of {', '.join(CERT_REQS)}, "
+            f"got {cert_reqs!r}"
+        )
+    ca_certs = url.options.get("ssl_ca_certs") or None
+    if cert_reqs == "none":
+        if ca_certs:
+            raise ConfigurationError(
+                f"{url.redacted!r}: ssl_ca_certs has no use with ssl_cert_reqs=none"
+            )
+        return False
+    return ca_certs
 
 
 @functools.cache
@@ -86,6 +109,7 @@ def _client_factory(url: DriverUrl, wait_time_s: int) -> Any:
 
     region = url.options.get("region") or None
     endpoint_url = url.options.get("endpoint_url") or None
+    verify = _verify(url)
     profile = url.options.get("profile") or None
     config = Config(
         connect_timeout=url.get_float("connect_timeout", CONNECT_TIMEOUT_S, minimum=0.1),
@@ -112,7 +136,7 @@ def _client_factory(url: DriverUrl, wait_time_s: int) -> Any:
 
     def factory() -> Any:
         return boto3.session.Session(profile_name=profile, region_name=region).client(
-            "sqs", endpoint_url=endpoint_url, config=config
+            "sqs", endpoint_url=endpoint_url, config=config, verify=verify
         )
 
     return factory
