@@ -20,8 +20,9 @@ from typing import Any
 
 import psycopg
 import pytest
+from hermes_test_support import refused_send
 
-from hermes.core import BrokerRefusedError, Message, connect
+from hermes.core import Message, connect
 from hermes.core.driver import DriverUrl
 from hermes.drivers.postgres._plugin import conninfo
 
@@ -110,16 +111,7 @@ def server() -> Iterator[Server]:
 
 
 def _refusal(url: str) -> str:
-    driver = connect(url)
-    try:
-        with pytest.raises(BrokerRefusedError) as caught:
-            driver.send(Message("tls"))
-    finally:
-        driver.close()
-    text = str(caught.value)
-    assert "\n" not in text, text
-    assert "sslrootcert=PATH" in text, text
-    return text
+    return refused_send(url, "sslrootcert=PATH")
 
 
 def test_a_root_certificate_without_sslmode_means_verify_full() -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hermes_test_support import refused_send
 
 from hermes.core import BrokerRefusedError, ConfigurationError, Message, Worker, connect
 from hermes.drivers.redis import RedisTlsError
@@ -89,16 +90,7 @@ def expired(redis_server: Any, tmp_path_factory: pytest.TempPathFactory, tls: Tl
 
 def _refusal(url: str) -> str:
     """The one line ``send`` raises on ``url``."""
-    driver = connect(url)
-    try:
-        with pytest.raises(RedisTlsError) as caught:
-            driver.send(Message("tls"))
-    finally:
-        driver.close()
-    text = str(caught.value)
-    assert "\n" not in text, text
-    assert "ssl_ca_certs" in text, text
-    return text
+    return refused_send(url, "ssl_ca_certs", kind=RedisTlsError)
 
 
 def test_a_rediss_url_with_the_ca_connects_and_carries_messages(tls: Tls) -> None:
