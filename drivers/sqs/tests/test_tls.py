@@ -137,3 +137,11 @@ def test_verification_is_off_only_when_the_url_says_so(server: Endpoint) -> None
         connect(server.url(ssl_cert_reqs="optional"))
     with pytest.raises(ConfigurationError, match="no use with ssl_cert_reqs=none"):
         connect(server.url(ssl_cert_reqs="none", ssl_ca_certs=str(server.ca_path)))
+
+
+def test_a_ca_file_that_is_not_there_is_refused_at_connect(
+    server: Endpoint, tmp_path: Path
+) -> None:
+    missing = tmp_path / "no-such-ca.pem"
+    with pytest.raises(ConfigurationError, match=r"no-such-ca\.pem.*not a readable file"):
+        connect(server.url(ssl_ca_certs=str(missing)))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
@@ -68,6 +69,11 @@ def _verify(url: DriverUrl) -> bool | str | None:
                 f"{url.redacted!r}: ssl_ca_certs has no use with ssl_cert_reqs=none"
             )
         return False
+    if ca_certs and not os.access(ca_certs, os.R_OK):
+        # botocore would find out at each request, as an endpoint it cannot reach.
+        raise ConfigurationError(
+            f"{url.redacted!r}: ssl_ca_certs names {ca_certs!r}, which is not a readable file"
+        )
     return ca_certs
 
 
