@@ -445,7 +445,7 @@ def drop_options(name: str, url: str) -> list[str]:
         # to abort between a receive and its settle. The settle's own connection
         # is what fails instead: new connections are refused for a while.
         ensure_netns_tools()
-        if os.geteuid() != 0 or shutil.which("iptables") is None:
+        if _iptables() is None:
             return []  # no way to refuse them: the row says "not verified"
         helper += ["--refuse-s", str(REFUSE_S)]
     # The kit runs the command in a shell it starts itself: the shell's $PPID
@@ -458,6 +458,11 @@ def drop_options(name: str, url: str) -> list[str]:
 #: longer than a settle's two tries (the driver's default), shorter than the
 #: kit's wait for the message to come back.
 REFUSE_S = 3.0
+
+
+def _iptables() -> str | None:
+    """The iptables command, if this process may change the rules (root); else None."""
+    return shutil.which("iptables") if os.geteuid() == 0 else None
 
 
 def _refusal(port: int) -> list[str]:
@@ -489,8 +494,8 @@ def refuse_connections(port: int, seconds: float) -> None:
     afterwards is refused: a refusal that did nothing would let the kit's
     check pass without its event.
     """
-    iptables = shutil.which("iptables")
-    if iptables is None or os.geteuid() != 0:
+    iptables = _iptables()
+    if iptables is None:
         raise DropError("drop: refusing connections needs iptables, as root")
     rule = _refusal(port)
     done = subprocess.run([iptables, "-I", *rule], capture_output=True, text=True, timeout=10)
@@ -515,8 +520,8 @@ def refuse_connections(port: int, seconds: float) -> None:
 
 def allow_connections(port: int) -> None:
     """Remove every refusal of ``port`` that :func:`refuse_connections` left."""
-    iptables = shutil.which("iptables")
-    if iptables is None or os.geteuid() != 0:
+    iptables = _iptables()
+    if iptables is None:
         return
     for _ in range(100):  # one rule per refusal; a run makes a handful
         done = subprocess.run(
