@@ -184,6 +184,32 @@ def test_a_signal_during_a_handler_ends_handle_after_that_message(
     assert any(signum.name in r.getMessage() for r in hermes_log.records if r.levelno == NOTICE)
 
 
+@pytest.mark.parametrize("attached", ["before the signal", "after the signal"])
+def test_a_signal_while_the_worker_command_starts_stops_its_run_before_any_message(
+    attached: str, driver: MemoryDriver, safety_handlers: list[int], peek: Any
+) -> None:
+    from hermes.core import Worker
+    from hermes.core._cli._worker import _signals_while_starting
+
+    message = Message("job")
+    Emitter(driver).emit(message)
+    dispatcher = Dispatcher(driver).register_handler("job", _Ok())
+    with _signals_while_starting() as early:
+        worker = Worker(driver, dispatcher)
+        if attached == "before the signal":
+            early.stop(worker)
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert _wait_for(lambda: early.reason == "SIGTERM")
+        early.stop(worker)
+        stats = worker.run()
+
+    assert stats.stopped_by == "SIGTERM"
+    assert [m.id for m in peek.queued(driver)] == [message.id]
+    assert safety_handlers == []
+    os.kill(os.getpid(), signal.SIGTERM)  # the handlers found are back once the command ends
+    assert _wait_for(lambda: safety_handlers == [signal.SIGTERM])
+
+
 def test_handle_puts_the_previous_signal_handlers_back(
     driver: MemoryDriver, safety_handlers: list[int]
 ) -> None:

@@ -247,11 +247,15 @@ class Worker:
         # dict.copy() is one step under the interpreter lock: no lock needed to read.
         return list(loop.running.copy().values())
 
-    def stop(self) -> None:
-        """Ask the run to stop after the messages in flight; callable from any thread."""
-        self._stop_requested = "stop()"
+    def stop(self, reason: str = "stop()") -> None:
+        """Ask the run to stop after the messages in flight; callable from any thread.
+
+        Asked before :meth:`run`, the run stops before taking a message;
+        ``reason`` is what :attr:`WorkerStats.stopped_by` then says.
+        """
+        self._stop_requested = reason
         if self._stop is not None:
-            self._stop.request("stop()")
+            self._stop.request(reason)
 
     def run(self) -> WorkerStats:
         """Handle messages until a stop condition holds; the run's counts.

@@ -10,9 +10,11 @@ import importlib
 import inspect
 import logging
 import os
+import signal
 import sys
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -44,7 +46,7 @@ from hermes.core._message import Message
 from hermes.core._registry import connect, driver_for_url, plugin_manager
 from hermes.core._shutdown import SharedFileShutdown, Shutdown
 from hermes.core._url import redact_url
-from hermes.core._worker import Worker
+from hermes.core._worker import NOTICE, Worker
 
 if TYPE_CHECKING:
     from hermes.core._cli._common import Commands
@@ -387,6 +389,50 @@ def _instance(handler: object, type_: str, spec: str) -> object:
         ) from None
 
 
+class _EarlyStop:
+    """A signal received before the run starts, passed on to the Worker once it exists."""
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+        self._worker: Worker | None = None
+
+    def on_signal(self, signum: int, frame: object) -> None:
+        name = signal.Signals(signum).name
+        if self.reason is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C does not wait for the start-up
+        if self.reason is None:
+            logger.log(NOTICE, "Received %s while starting; stopping before any message", name)
+            self.reason = name
+        if self._worker is not None:
+            self._worker.stop(name)
+
+    def stop(self, worker: Worker) -> None:
+        """From now on a signal stops ``worker``; one received already stops it before it starts."""
+        self._worker = worker
+        if self.reason is not None:
+            worker.stop(self.reason)
+
+
+@contextlib.contextmanager
+def _signals_while_starting() -> Iterator[_EarlyStop]:
+    """SIGTERM and SIGINT between the first log line and the run: a clean stop, not a kill.
+
+    The run installs its own handlers for its length; these stand before and
+    after it, and the ones found are restored on the way out.
+    """
+    early = _EarlyStop()
+    if threading.current_thread() is not threading.main_thread():
+        yield early
+        return
+    handled = (signal.SIGTERM, signal.SIGINT)
+    previous = {sig: signal.signal(sig, early.on_signal) for sig in handled}
+    try:
+        yield early
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def run(args: argparse.Namespace, child: ChildLink | None = None) -> int:
     """``hermes worker``; in a worker pool, what each child process runs (``child``)."""
     if child is None and _pool.wanted(args):
@@ -416,6 +462,8 @@ def run(args: argparse.Namespace, child: ChildLink | None = None) -> int:
             _serve_metrics(args.metrics_port, url, args.metrics_host)
         registered = _registered(dispatcher, target, spec)
         names = {**from_url, **from_cli}
+        # The first line promises a stop on SIGTERM: it holds from here, not from worker.run().
+        early = stack.enter_context(_signals_while_starting())
         _log_start(
             url,
             driver,
@@ -446,6 +494,7 @@ def run(args: argparse.Namespace, child: ChildLink | None = None) -> int:
             stop_when=child.stop_when(lambda: worker.stats) if child is not None else None,
             heartbeat=heartbeat,
         )
+        early.stop(worker)
         # Imported here: _scheduler imports this module for load_object.
         from hermes.core._cli import _scheduler
 
