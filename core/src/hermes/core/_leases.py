@@ -118,7 +118,7 @@ class Handover:
         return threading.get_ident() == self.owner
 
     def call(self, fn: Callable[..., None], *args: Any) -> None:
-        if self.on_owner:
+        if threading.get_ident() == self.owner:  # on_owner, without a property call per settle
             fn(*args)
             return
         self._pending.append((fn, args))

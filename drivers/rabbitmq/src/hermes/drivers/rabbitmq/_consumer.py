@@ -178,19 +178,22 @@ class RabbitMqConsumer(Consumer):
         if session is None or tag.channel is not session.channel or session.lost is not None:
             self._skip_stale(tag, how)
             return
-        # Translated here as well as by core: a settle handed over from another
-        # thread runs inside pika's wait, where only a DriverError is caught.
-        with self.driver.translating(f"{how} a message of queue {tag.queue!r}"):
-            try:
-                if how is _ACK:
-                    tag.channel.basic_ack(tag.delivery_tag)
-                elif how is _REQUEUE:
-                    tag.channel.basic_nack(tag.delivery_tag, requeue=True)
-                else:
-                    tag.channel.basic_reject(tag.delivery_tag, requeue=False)
-            except pika_exc.AMQPError as exc:
+        try:
+            if how is _ACK:
+                tag.channel.basic_ack(tag.delivery_tag)
+            elif how is _REQUEUE:
+                tag.channel.basic_nack(tag.delivery_tag, requeue=True)
+            else:
+                tag.channel.basic_reject(tag.delivery_tag, requeue=False)
+        except Exception as exc:
+            if isinstance(exc, pika_exc.AMQPError):
                 session.lost = exc
+            # Translated here as well as by core: a settle handed over from another
+            # thread runs inside pika's wait, where only a DriverError is caught.
+            error = self.driver.translated(exc, f"{how} a message of queue {tag.queue!r}")
+            if error is None or error is exc:
                 raise
+            raise error from exc
 
     def _wake(self) -> None:
         """From a handler thread: make the receiving thread run the settles queued for it."""
