@@ -5,7 +5,9 @@ priority held by a running handler: ``purge(100)`` deletes the ready and
 scheduled messages of priority 100 and says how many; the higher priority's
 messages, scheduled ones included, all arrive; and the message in the
 handler, released afterwards, comes back (it was not waiting: purge must not
-touch it).
+touch it). A driver whose broker cannot delete part of it without deleting
+more may refuse with a :class:`DriverError`; what must be kept is checked
+still, and the row says it could not verify the deletion.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from hermes.conformance._harness import (
 )
 from hermes.conformance.test_settles import _BlocksThenFails
 from hermes.core import DEFAULT_PRIORITY
-from hermes.core.driver import Delay, Delivery, SupportsPurge, SupportsStats
+from hermes.core.driver import Delay, Delivery, DriverError, SupportsPurge, SupportsStats
 
 _HIGH = 200
 _READY = 3
@@ -67,8 +69,15 @@ def test_purge_of_one_priority_leaves_other_priorities_and_the_messages_in_handl
     shared_schedule = _files_delayed_under_default(driver, _LATER * 2)
     if shared_schedule:
         low, high = low + high[_READY:], high[:_READY]
+    # A broker may be unable to delete some of what waits without deleting more
+    # (SQS deletes delayed messages only with PurgeQueue, which takes those in
+    # flight too): the driver then refuses with a DriverError saying what is
+    # left. What purge must keep is checked either way.
+    refused: DriverError | None = None
     try:
         removed = driver.purge(DEFAULT_PRIORITY)
+    except DriverError as exc:
+        refused, removed = exc, -1
     finally:
         dispatcher.go_on.set()  # the held message is released: it was not waiting
     assert blocked.join(DELIVERY_S), "the worker did not end after its callback raised"
@@ -76,7 +85,7 @@ def test_purge_of_one_priority_leaves_other_priorities_and_the_messages_in_handl
     where = f"({_READY} ready, {len(low) - _READY} scheduled" + (
         ", every priority's delayed ones counted there by queue_stats)" if shared_schedule else ")"
     )
-    assert removed == len(low), (
+    assert refused is not None or removed == len(low), (
         f"purge({DEFAULT_PRIORITY}) deleted {removed} messages; {len(low)} were waiting there "
         + where
     )
@@ -102,6 +111,12 @@ def test_purge_of_one_priority_leaves_other_priorities_and_the_messages_in_handl
         f"after purge({DEFAULT_PRIORITY}) these never arrived: "
         + ", ".join(what(id_) for id_ in sorted(wanted - arrived()))
     )
+    if refused is not None:
+        pytest.skip(
+            f"not verified: purge({DEFAULT_PRIORITY}) refused, so what it deletes was not "
+            f"checked (it kept priority {_HIGH}'s {len(high)} and the message in a "
+            f"handler) - {type(refused).__name__}: {refused}"
+        )
     purged = {m.id for m in low}
     assert stays_false(lambda: purged & set(ledger.ids()), QUIET_S), (
         f"purge({DEFAULT_PRIORITY}) said it deleted {removed}, yet "
