@@ -5,6 +5,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import threading
 import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
@@ -38,6 +39,16 @@ _DRAIN_BATCH = 500
 #: committed (or rewound) between polls, so at most this late.
 SETTLE_INTERVAL_S = 0.1
 #: While the broker does not answer commits: how often, and how long, to ask whether it is back.
+#: librdkafka's default ``max.poll.interval.ms``: how long a rebalance waits for a member.
+DEFAULT_MAX_POLL_INTERVAL_MS = 300_000
+#: The share of ``max.poll.interval.ms`` a revoke waits for running handlers.
+REVOKE_WAIT_SHARE = 0.8
+#: How long leaving waits for a closed consumer's thread to leave the group.
+_LEAVE_WAIT_S = 10.0
+#: How long leaving the group first waits for a rebalance in progress to end.
+_REJOIN_WAIT_S = 5.0
+#: How often a revoke that waits for running handlers looks again.
+_REVOKE_POLL_S = 0.05
 _PROBE_INTERVAL_S = 1.0
 _PROBE_TIMEOUT_S = 0.2
 
@@ -75,10 +86,18 @@ class _KafkaConsumer(Consumer):
       are running or finished are skipped when read again, not handed out twice.
     * ``reject`` copies the record to ``dead_letter_topic`` (if set) and
       finishes it.
+    * A partition taken away by a rebalance (another worker joined) waits,
+      inside the revoke, for the records of it that are in handlers now --
+      up to ``REVOKE_WAIT_SHARE`` of ``max.poll.interval.ms``, the time the
+      group gives a member to rejoin -- and commits them before it goes, so
+      its next owner does not run them a second time while they still run.
     * ``close`` commits what is finished and leaves the group. A record still
-      open then (its handler outlived the worker's grace period) holds its
+      in a handler then (it outlived the worker's grace period) holds its
       partition's commit point: it is neither committed nor sought back, and
-      the partition's next owner reads it again.
+      the consumer stays in the group, its partitions with it, until the
+      driver closes, its next consumer joins, or the process exits; the
+      partition's next owner then reads it again. A consumer leaving while a
+      rebalance is under way rejoins first, so the group is not left waiting.
 
     Threads: ``ack``, ``release`` and ``reject`` may be called from any
     thread; they only update the offset ledger, under its lock. Every call
@@ -114,6 +133,7 @@ class _KafkaConsumer(Consumer):
             # this receive may: a broker that does not answer is unavailable.
             topics = [*self.topics, self.driver.dead_letter_topic]
             self.driver.ensure_topics([topic for topic in topics if topic], timeout_s)
+            self.driver._leave_lingering()  # an earlier run's consumer, if one stayed
             session = self._sessions.get()
         return session.receive(timeout_s)
 
@@ -160,6 +180,12 @@ class _Session:
         self.last_commit = time.monotonic()
         self.settle_deadline: float | None = None
         self.closed = False
+        #: Closed with records in handlers: a thread keeps the consumer in the group,
+        #: serving its rebalances, until :meth:`leave`.
+        self._lingering: threading.Thread | None = None
+        self._leaving = threading.Event()
+        #: Between a revoke and the assignment that follows it.
+        self._rebalancing = False
         #: The broker stopped answering commits: none is sent (a commit nobody
         #: answers blocks for the session timeout) until a bounded probe is answered.
         self.commits_unanswered = False
@@ -504,7 +530,11 @@ class _Session:
             self._their_error_cb(error)
 
     def close(self) -> None:
-        """Commit what is finished and leave the group; records still open go to the next owner."""
+        """Commit what is finished and leave the group; records still open go to the next owner.
+
+        With records still in handlers, the group is left only by :meth:`leave`,
+        which the driver calls when it closes (or not at all, the process exiting).
+        """
         self.closed = True
         self.last_probe = 0.0  # one more chance to commit if the broker is back
         try:
@@ -517,7 +547,59 @@ class _Session:
                 "since the last commit are delivered again",
                 self.driver.group_id,
             )
+        running = self._running(self.ledger.partitions())
+        if running:
+            logger.warning(
+                "Kafka group %s: %d record(s) still in their handlers at close (%s); the "
+                "consumer stays in the group until the driver closes or this process exits, "
+                "so no other worker takes them while they run; not committed, they are "
+                "delivered again after that",
+                self.driver.group_id,
+                len(running),
+                ", ".join(f"{topic}[{number}]@{offset}" for (topic, number), offset in running),
+            )
+            self._lingering = threading.Thread(
+                target=self._linger, name="hermes-kafka-linger", daemon=True
+            )
+            self._lingering.start()
+            self.driver._leave_later(self)
+            return
+        self._close_client()
+
+    def leave(self) -> None:
+        """Leave the group: this consumer's partitions go to the others."""
+        self._leaving.set()
+        if self._lingering is None:
+            self._close_client()
+        elif self._lingering is not threading.current_thread():
+            self._lingering.join(_LEAVE_WAIT_S)
+
+    def _linger(self) -> None:
+        """Closed with records in handlers: stay in the group, take nothing, until :meth:`leave`.
+
+        Polling serves the group: a rebalance meanwhile (another worker joining)
+        gets its revoke, which waits for those handlers (:meth:`_wait_for_handlers`)
+        instead of the whole group waiting for a member that never answers.
+        What the poll brings is dropped, never committed: its next owner reads it.
+        """
         try:
+            while not self._leaving.is_set():
+                self.client.poll(SETTLE_INTERVAL_S)
+        except (KafkaException, RuntimeError) as exc:
+            logger.warning(
+                "Kafka group %s: a closed consumer's poll failed - %s", self.driver.group_id, exc
+            )
+        finally:
+            self._close_client()
+
+    def _close_client(self) -> None:
+        try:
+            # A member that leaves between a revoke and the assignment after it can
+            # leave the rest of the group waiting for it (seen on Tansu): rejoin
+            # first. What these polls bring is dropped: never handed out or committed.
+            deadline = time.monotonic() + _REJOIN_WAIT_S
+            while self._rebalancing and time.monotonic() < deadline:
+                self.client.poll(SETTLE_INTERVAL_S)
             self.client.close()
         except (KafkaException, RuntimeError) as exc:
             logger.warning(
@@ -530,12 +612,58 @@ class _Session:
         partitions = _partitions(assigned)
         logger.debug("Kafka group %s: assigned %s", self.driver.group_id, partitions)
         self.assigned.update(partitions)
+        self._rebalancing = False
 
     def _on_revoke(self, client: Client, revoked: list[TopicPartition]) -> None:
         partitions = _partitions(revoked)
         logger.debug("Kafka group %s: revoked %s", self.driver.group_id, partitions)
+        self._rebalancing = True
+        if not self._leaving.is_set():
+            self._wait_for_handlers(partitions)
         self._commit(partitions)
         self._drop(partitions)
+
+    def _running(self, partitions: list[Partition]) -> list[tuple[Partition, int]]:
+        """The records of ``partitions`` handed out and not settled: in handlers now."""
+        buffered = {
+            (received.token.state.partition, received.token.offset)
+            for _, _, received in (*self.ready, *self.held)
+        }
+        return sorted(self.ledger.unsettled(partitions) - buffered)
+
+    def _wait_for_handlers(self, partitions: list[Partition]) -> None:
+        """Before revoked partitions go: let the handlers running their records finish.
+
+        Settles only touch the ledger (under its lock), so a handler thread
+        acknowledges while this thread waits here, inside the rebalance.
+        """
+        running = self._running(partitions)
+        if not running:
+            return
+        interval_ms = self.driver.consumer_config.get(
+            "max.poll.interval.ms", DEFAULT_MAX_POLL_INTERVAL_MS
+        )
+        wait_s = REVOKE_WAIT_SHARE * float(interval_ms) / 1000
+        logger.info(
+            "Kafka group %s: %s taken away while %d record(s) of them are in handlers; "
+            "waiting up to %.0f s for those before letting the partitions go",
+            self.driver.group_id,
+            partitions,
+            len(running),
+            wait_s,
+        )
+        deadline = time.monotonic() + wait_s
+        while running and time.monotonic() < deadline and not self._leaving.is_set():
+            time.sleep(_REVOKE_POLL_S)
+            running = self._running(partitions)
+        if running and not self._leaving.is_set():
+            logger.warning(
+                "Kafka group %s: %d record(s) still in handlers after %.0f s; their partitions' "
+                "next owner reads them again",
+                self.driver.group_id,
+                len(running),
+                wait_s,
+            )
 
     def _on_lost(self, client: Client, lost: list[TopicPartition]) -> None:
         partitions = _partitions(lost)

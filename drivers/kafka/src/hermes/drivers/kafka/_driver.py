@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
 import threading
 import time
@@ -36,7 +37,7 @@ from hermes.drivers.kafka._capabilities import (
     CAPABILITIES,
     DEFAULT_SESSION_TIMEOUT_MS,
 )
-from hermes.drivers.kafka._consumer import _KafkaConsumer
+from hermes.drivers.kafka._consumer import _KafkaConsumer, _Session
 from hermes.drivers.kafka._errors import (
     classify,
     error_of,
@@ -251,6 +252,9 @@ class KafkaDriver(Driver):
         self._admins = self.per_process(lambda: AdminClient(self.admin_config))
         #: Topics known to exist (created or found).
         self.ready_topics: set[str] = set()
+        #: (pid, consumer session) closed with records still in handlers: they leave
+        #: the group when this driver closes.
+        self._lingering: list[tuple[int, _Session]] = []
         self._closed = False
         self._check_config()
         # librdkafka accepted the settings, so the numbers below are numbers.
@@ -643,6 +647,7 @@ class KafkaDriver(Driver):
         if self._closed:
             return
         self._closed = True
+        self._leave_lingering()
         producer = self._producers.peek()
         self._producers.discard()
         self._admins.discard()
@@ -654,6 +659,19 @@ class KafkaDriver(Driver):
                 )
             del producer
         destroy_unused()
+
+    def _leave_later(self, session: _Session) -> None:
+        """Keep a closed consumer in the group until :meth:`close`: its handlers still run.
+
+        Or until this driver's next consumer joins: the process has moved on to another run.
+        """
+        self._lingering.append((os.getpid(), session))
+
+    def _leave_lingering(self) -> None:
+        lingering, self._lingering = self._lingering, []
+        for pid, session in lingering:
+            if pid == os.getpid():  # a child leaves its parent's consumers alone
+                session.leave()
 
     def __repr__(self) -> str:
         return f"<KafkaDriver kafka://{self.bootstrap}/{self.topic} group={self.group_id}>"

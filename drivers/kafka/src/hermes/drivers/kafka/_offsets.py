@@ -146,6 +146,20 @@ class OffsetLedger:
                     state.committed = max(state.committed, offset)
             self.finished_since_commit = max(0, self.finished_since_commit - finished)
 
+    def unsettled(self, partitions: list[Partition]) -> set[tuple[Partition, int]]:
+        """``(partition, offset)`` of the records taken and neither finished nor given back."""
+        with self.lock:
+            return {
+                (partition, offset)
+                for partition in partitions
+                if (state := self._states.get(partition)) is not None
+                for offset in state.open - state.given_back
+            }
+
+    def partitions(self) -> list[Partition]:
+        with self.lock:
+            return list(self._states)
+
     def forget(self, partitions: list[Partition]) -> None:
         """Drop partitions this consumer no longer owns; their open records go to the next owner."""
         with self.lock:
