@@ -464,18 +464,7 @@ def run(args: argparse.Namespace, child: ChildLink | None = None) -> int:
         names = {**from_url, **from_cli}
         # The first line promises a stop on SIGTERM: it holds from here, not from worker.run().
         early = stack.enter_context(_signals_while_starting())
-        _log_start(
-            url,
-            driver,
-            registered,
-            priorities,
-            names,
-            args.max_items,
-            shutdowns,
-            args.concurrency,
-            failed_url,
-            args.max_deliveries,
-        )
+        _log_start(args, url, driver, registered, priorities, names, shutdowns, failed_url)
         beats = stack.enter_context(registry(driver, args.registry_url))
         heartbeat = publisher_for(
             args,
@@ -610,17 +599,19 @@ def _summary(dispatcher: Dispatcher | DispatcherStats, elapsed_s: float) -> str:
 
 
 def _log_start(
+    args: argparse.Namespace,
     url: str,
     driver: Driver,
     registered: Mapping[str, list[Handler]],
     priorities: list[int],
     names: Mapping[int, str],
-    max_items: int,
     shutdowns: list[Shutdown],
-    concurrency: int,
     failed_url: str | None,
-    max_deliveries: int = 0,
 ) -> None:
+    """The worker's first lines: where, what, which queues, when it stops."""
+    max_items: int = args.max_items
+    concurrency: int = args.concurrency
+    max_deliveries: int = args.max_deliveries
     caps = driver.capabilities
     logger.info(
         "Worker on %s (%s: %s, delay %s%s)",
