@@ -414,14 +414,15 @@ class _EarlyStop:
 
 
 @contextlib.contextmanager
-def _signals_while_starting() -> Iterator[_EarlyStop]:
+def _signals_while_starting(install: bool = True) -> Iterator[_EarlyStop]:
     """SIGTERM and SIGINT between the first log line and the run: a clean stop, not a kill.
 
     The run installs its own handlers for its length; these stand before and
-    after it, and the ones found are restored on the way out.
+    after it, and the ones found are restored on the way out. With ``install``
+    False (or off the main thread) the handlers found are left as they are.
     """
     early = _EarlyStop()
-    if threading.current_thread() is not threading.main_thread():
+    if not install or threading.current_thread() is not threading.main_thread():
         yield early
         return
     handled = (signal.SIGTERM, signal.SIGINT)
@@ -463,7 +464,8 @@ def run(args: argparse.Namespace, child: ChildLink | None = None) -> int:
         registered = _registered(dispatcher, target, spec)
         names = {**from_url, **from_cli}
         # The first line promises a stop on SIGTERM: it holds from here, not from worker.run().
-        early = stack.enter_context(_signals_while_starting())
+        # (A pool's child keeps the default: its supervisor expects it gone at once.)
+        early = stack.enter_context(_signals_while_starting(child is None))
         _log_start(args, url, driver, registered, priorities, names, shutdowns, failed_url)
         beats = stack.enter_context(registry(driver, args.registry_url))
         heartbeat = publisher_for(
