@@ -446,10 +446,19 @@ class Supervisor:
         # Unflushed output would be written twice: once by each process.
         sys.stdout.flush()
         sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:  # the child: never returns into the supervisor's stack
-            os.close(read_fd)
-            self._become_child(slot, write_fd)
+        # Blocked across the fork: a SIGTERM the supervisor sends a child that has
+        # not yet put its own handlers in place would reach the supervisor's
+        # handler there and be lost with it (Python drops the signals a child has
+        # not handled yet). Unblocked in the child once its handlers are the
+        # default ones, such a SIGTERM ends it, as the supervisor expects.
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, _FORK_BLOCKED)
+        try:
+            pid = os.fork()
+            if pid == 0:  # the child: never returns into the supervisor's stack
+                os.close(read_fd)
+                self._become_child(slot, write_fd, mask)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         os.close(write_fd)
         os.set_blocking(read_fd, False)
         child = _Child(slot, pid, read_fd, self._generation)
@@ -459,7 +468,7 @@ class Supervisor:
         logger.info("Started %s", child.name)
         return child
 
-    def _become_child(self, slot: int, fd: int) -> None:
+    def _become_child(self, slot: int, fd: int, mask: Iterable[int]) -> None:
         code = 1
         try:
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
@@ -467,6 +476,7 @@ class Supervisor:
             # The supervisor decides what a hangup means (a rolling restart): a
             # terminal closing must not take the children down one by one.
             signal.signal(signal.SIGHUP, signal.SIG_IGN)
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             os.close(self._wake_r)
             os.close(self._wake_w)
             for other in self.children.values():
@@ -740,6 +750,9 @@ class Supervisor:
 
 #: Signals sent to a process from outside (an operator, a process manager, the OOM
 #: killer): a child ended by one did not crash by itself.
+#: Held back across ``fork()`` until the child's own handlers are in place.
+_FORK_BLOCKED = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
+
 _SENT_SIGNALS = {signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT}
 
 
