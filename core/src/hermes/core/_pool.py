@@ -447,9 +447,10 @@ class Supervisor:
         sys.stdout.flush()
         sys.stderr.flush()
         # Blocked across the fork: a SIGTERM the supervisor sends a child that has
-        # not yet put its own handlers in place would reach the supervisor's
-        # handler there and be lost with it (Python drops the signals a child has
-        # not handled yet). Unblocked in the child once its handlers are the
+        # not yet put its own handlers in place would reach the child's copy of
+        # the supervisor's handler, which only records it for a loop the child
+        # never runs (or, arriving during the fork, be cleared with the child's
+        # pending signals). Unblocked in the child once its handlers are the
         # default ones, such a SIGTERM ends it, as the supervisor expects.
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, _FORK_BLOCKED)
         try:
