@@ -95,8 +95,9 @@ class _KafkaConsumer(Consumer):
       in a handler then (it outlived the worker's grace period) holds its
       partition's commit point: it is neither committed nor sought back, and
       the consumer stays in the group, its partitions with it, until the
-      driver closes, its next consumer joins, or the process exits; the
-      partition's next owner then reads it again. A consumer leaving while a
+      driver closes, its next consumer joins, a rebalance takes that
+      partition, or the process exits; the partition's next owner then reads
+      it again. A consumer leaving while a
       rebalance is under way rejoins first, so the group is not left waiting.
 
     Threads: ``ack``, ``release`` and ``reject`` may be called from any
@@ -551,8 +552,9 @@ class _Session:
         if running:
             logger.warning(
                 "Kafka group %s: %d record(s) still in their handlers at close (%s); the "
-                "consumer stays in the group until the driver closes or this process exits, "
-                "so no other worker takes them while they run; not committed, they are "
+                "consumer stays in the group (until the driver closes, its next consumer "
+                "joins, a rebalance takes those partitions or this process exits), so no "
+                "other worker takes them while they run; not committed, they are "
                 "delivered again after that",
                 self.driver.group_id,
                 len(running),
@@ -583,7 +585,10 @@ class _Session:
         What the poll brings is dropped, never committed: its next owner reads it.
         """
         try:
-            while not self._leaving.is_set():
+            # Once a rebalance took the partitions of those records (the revoke
+            # forgets them), there is nothing left to hold: leave, and free the
+            # partitions this consumer would otherwise keep taking nothing from.
+            while not self._leaving.is_set() and self._running(self.ledger.partitions()):
                 self.client.poll(SETTLE_INTERVAL_S)
         except (KafkaException, RuntimeError) as exc:
             logger.warning(
