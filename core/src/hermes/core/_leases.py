@@ -95,12 +95,18 @@ class LeaseKeeper:
 class Handover:
     """Runs settles on the thread that owns a client; other threads queue them.
 
-    :meth:`claim` makes the calling thread the owner (the consumer's
-    receiving thread, on its first receive). :meth:`call` runs ``fn(*args)``
-    at once on the owner, and from any other thread queues it and calls
-    ``wake`` (pika's ``add_callback_threadsafe``, say) so the owner comes
-    round to it. The owner runs what is queued with :meth:`run_pending`:
+    :meth:`claim` makes the calling thread the owner: call it at the start of
+    every ``receive`` and in ``close``, since the worker may receive on a
+    different thread each time (one at a time). :meth:`call` runs
+    ``fn(*args)`` at once on the owner, and from any other thread queues it
+    and calls ``wake`` (pika's ``add_callback_threadsafe``, say) so the owner
+    comes round to it. The owner runs what is queued with :meth:`run_pending`:
     before each receive, from its client's callback, and in ``close``.
+
+    A settle the owner runs at once holds a lock that :meth:`claim` takes
+    too: once another thread has claimed the client, the former owner's
+    settles are queued, and one it was running has finished. So the client
+    is never used by two threads at once, whichever thread receives next.
     """
 
     def __init__(self, wake: Callable[[], None] | None = None) -> None:
@@ -109,18 +115,24 @@ class Handover:
         self._pending: collections.deque[tuple[Callable[..., None], tuple[Any, ...]]] = (
             collections.deque()
         )
+        self._lock = threading.Lock()
 
     def claim(self) -> None:
-        self.owner = threading.get_ident()
+        """Make the calling thread the owner, once a settle the former owner runs has finished."""
+        with self._lock:
+            self.owner = threading.get_ident()
 
     @property
     def on_owner(self) -> bool:
         return threading.get_ident() == self.owner
 
     def call(self, fn: Callable[..., None], *args: Any) -> None:
-        if threading.get_ident() == self.owner:  # on_owner, without a property call per settle
-            fn(*args)
-            return
+        me = threading.get_ident()
+        if me == self.owner:  # on_owner, without a property call per settle
+            with self._lock:
+                if me == self.owner:  # still: no other thread claimed it meanwhile
+                    fn(*args)
+                    return
         self._pending.append((fn, args))
         if self.wake is not None:
             self.wake()

@@ -55,15 +55,17 @@ class RabbitMqConsumer(Consumer):
     * With the driver's ``delay``, a message whose ``execute_at`` is not yet
       due goes back through a delay queue and is acknowledged here; core
       never sees it.
-    * pika's connection is not thread-safe. :meth:`ack`, :meth:`release` and
-      :meth:`reject` go through core's :class:`~hermes.core.driver.Handover`:
-      on the receiving thread they settle at once; from another thread they
-      are queued for it and wake it (``connection.add_callback_threadsafe``),
-      so it sends them from inside its wait on the socket. A delivery from a
+    * pika's connection is not thread-safe. The thread that last called
+      :meth:`receive` (or :meth:`close`) owns it; :meth:`ack`,
+      :meth:`release` and :meth:`reject` go through core's
+      :class:`~hermes.core.driver.Handover`: on that thread they settle at
+      once; from another thread they are queued for it and wake it
+      (``connection.add_callback_threadsafe``), so it sends them from inside
+      its wait on the socket, or before its next receive. A delivery from a
       connection since lost is not settled on the new one (its tag means
       nothing there): it is skipped with an INFO line, and RabbitMQ, which
       requeued it when the old connection closed, delivers it again.
-    * :meth:`close`, on the receiving thread, sends what other threads
+    * :meth:`close` (after the last receive) sends what other threads
       settled, requeues what was delivered but never handed out, and closes
       the connection. A delivery still held (its handler outlived the
       worker's grace period) is not requeued by this consumer: RabbitMQ
@@ -88,6 +90,8 @@ class RabbitMqConsumer(Consumer):
 
     def receive(self, timeout_s: float) -> Received | None:
         deadline = time.monotonic() + min(timeout_s, self._wait_cap_s)
+        # The worker may receive on another thread than last time: it owns pika's connection now.
+        self._handover.claim()
         self._handover.run_pending(self._not_settled)
         session = self._session()
         try:
@@ -118,6 +122,7 @@ class RabbitMqConsumer(Consumer):
     def close(self) -> None:
         session = self._sessions.peek()
         try:
+            self._handover.claim()
             self._handover.run_pending(self._not_settled)
             if session is not None and session.lost is None:
                 with self.driver.translating("giving back undelivered messages"):
@@ -139,10 +144,7 @@ class RabbitMqConsumer(Consumer):
             if session.lost is None:
                 return session
             self._sessions.discard()
-        session = self._sessions.get()
-        # The thread that opened the connection is the only one that uses it.
-        self._handover.claim()
-        return session
+        return self._sessions.get()
 
     def _delayed_again(self, session: _Session, received: Received) -> bool:
         """Send a message that is not yet due through a delay queue; True if it was."""
