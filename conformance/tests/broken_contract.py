@@ -4,7 +4,8 @@ Loaded into the kit's runs with ``--hermes-plugin broken_contract``, next to
 ``broken_drivers``. Each is a :class:`MemoryDriver` subclass whose bug its
 URL scheme names, broken the way a driver author might: a lease never
 renewed, a close() that gives back what handlers still hold, acks deferred
-and dropped at close, a release that becomes an ack on another thread, ...
+and dropped at close, a release that becomes an ack on another thread, a
+consumer bound to one thread, ...
 One more, ``keeps-held-on-drop``, is sound: the kit's control for the
 dropped-connection check (the memory driver itself has no connection to drop).
 """
@@ -22,7 +23,7 @@ from typing import Any
 
 from hermes.core import DEFAULT_PRIORITY, Message, hookimpl
 from hermes.core._memory import MemoryDriver, _Lease, _MemoryConsumer
-from hermes.core.driver import Consumer, DriverPlugin, Outgoing, Received, outgoing
+from hermes.core.driver import Consumer, DriverError, DriverPlugin, Outgoing, Received, outgoing
 
 
 class _Broken(MemoryDriver):
@@ -188,6 +189,30 @@ class ReleaseFromHandlerThreadAcks(_Broken):
 
     def consumer(self, priorities: Sequence[int], *, concurrency: int = 1) -> Consumer:
         return _ReleaseOffThreadAcks(super().consumer(priorities, concurrency=concurrency))
+
+
+class _OneThread(_Relay):
+    def __init__(self, inner: Consumer) -> None:
+        super().__init__(inner)
+        self.thread: int | None = None
+
+    def receive(self, timeout_s: float) -> Received | None:
+        me = threading.get_ident()
+        if self.thread is None:
+            self.thread = me
+        elif me != self.thread:
+            raise DriverError(f"the client belongs to thread {self.thread}, not to thread {me}")
+        return self.inner.receive(timeout_s)
+
+
+class ReceivesOnOneThread(_Broken):
+    """Its consumer works only on the thread of its first receive, as a client bound to
+    one thread would: a worker that hands the consumer to another thread fails."""
+
+    scheme = "receives-on-one-thread"
+
+    def consumer(self, priorities: Sequence[int], *, concurrency: int = 1) -> Consumer:
+        return _OneThread(super().consumer(priorities, concurrency=concurrency))
 
 
 class _RejectKeepsHeld(_Relay):
@@ -401,6 +426,7 @@ VARIANTS: list[type[_Broken]] = [
     ReadsNumbersAsDoubles,
     DropsDeferredAcksOnClose,
     ReleaseFromHandlerThreadAcks,
+    ReceivesOnOneThread,
     RejectLeavesPoisonHeld,
     AcksWhatItHeldOnReconnect,
     KeepsHeldOnDrop,

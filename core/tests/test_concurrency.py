@@ -6,7 +6,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 
@@ -19,7 +19,7 @@ from hermes.core import (
     TimeLimitExceeded,
     Worker,
 )
-from hermes.core.driver import MemoryDriver
+from hermes.core.driver import Consumer, MemoryDriver, Received
 
 from .conftest import RecordingDriver
 
@@ -115,6 +115,121 @@ def test_a_blocked_handler_does_not_stop_the_others(driver: MemoryDriver) -> Non
     assert not thread.is_alive() and not thread.errors
     assert done[-1] == "blocker"
     assert queued(driver) == 0
+
+
+class _WatchedConsumer(Consumer):
+    """A memory consumer that writes down who receives, and any close during a receive."""
+
+    def __init__(self, inner: Consumer) -> None:
+        self.inner = inner
+        self.lock = threading.Lock()
+        self.receiving = 0
+        self.threads: set[int] = set()
+        self.closed_while_receiving = False
+
+    def receive(self, timeout_s: float) -> Received | None:
+        with self.lock:
+            self.receiving += 1
+            self.threads.add(threading.get_ident())
+        try:
+            return self.inner.receive(timeout_s)
+        finally:
+            with self.lock:
+                self.receiving -= 1
+
+    def ack(self, received: Received) -> None:
+        self.inner.ack(received)
+
+    def release(self, received: Received) -> None:
+        self.inner.release(received)
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed_while_receiving = self.receiving > 0
+        self.inner.close()
+
+
+class _WatchedDriver(MemoryDriver):
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.consumers: list[_WatchedConsumer] = []
+
+    def consumer(self, priorities: Sequence[int], *, concurrency: int = 1) -> Consumer:
+        consumer = _WatchedConsumer(super().consumer(priorities, concurrency=concurrency))
+        self.consumers.append(consumer)
+        return consumer
+
+
+@pytest.fixture
+def watched(broker_name: str) -> Iterator[_WatchedDriver]:
+    driver = _WatchedDriver(broker_name)
+    yield driver
+    driver.teardown()
+
+
+def test_a_long_handler_is_overtaken_and_the_next_message_is_received_elsewhere(
+    watched: _WatchedDriver,
+) -> None:
+    driver = watched
+    first_ran_on: list[int] = []
+    second_ran_on: list[int] = []
+    second_done = threading.Event()
+
+    class Handler:
+        def handle(self, message: Message) -> bool:
+            if message.payload["n"] == 1:
+                first_ran_on.append(threading.get_ident())
+                second_done.wait(DEADLINE_S)  # long: runs until the next one is done
+            else:
+                second_ran_on.append(threading.get_ident())
+                second_done.set()
+            return True
+
+    driver.send(Message("job", {"n": 1}))
+    driver.send(Message("job", {"n": 2}))
+    dispatcher = Dispatcher(driver, concurrency=2)
+    dispatcher.register_handler("job", Handler())
+    Worker(
+        driver, dispatcher, shutdown=StopWhen(lambda: dispatcher.stats.handled == 2),
+        handle_signals=False,
+    ).run()  # fmt: skip
+
+    assert second_done.is_set() and first_ran_on != second_ran_on
+    assert len(driver.consumers[0].threads) == 2, "one thread received both messages"
+    assert dispatcher.stats.handled == 2 and queued(driver) == 0
+
+
+def test_the_consumer_is_closed_only_after_a_receive_in_progress_has_returned(
+    watched: _WatchedDriver, caplog: pytest.LogCaptureFixture
+) -> None:
+    driver = watched
+    stuck, running = threading.Event(), threading.Event()
+
+    class Stuck:
+        def handle(self, message: Message) -> bool:
+            running.set()
+            stuck.wait(DEADLINE_S)
+            return True
+
+    driver.send(Message("job"))
+    dispatcher = Dispatcher(driver, concurrency=2, grace_s=0)
+    dispatcher.register_handler("job", Stuck())
+    consumers = driver.consumers
+    # Stop once the other thread has taken the consumer over and waits in an idle receive.
+    worker = Worker(
+        driver,
+        dispatcher,
+        shutdown=StopWhen(lambda: running.is_set() and consumers[0].receiving > 0),
+        handle_signals=False,
+    )
+    try:
+        worker.run()
+        consumer = consumers[0]
+        assert len(consumer.threads) == 2
+        assert not consumer.closed_while_receiving, "closed while a thread was in receive()"
+        assert any("still running after the 0 s grace" in r.getMessage() for r in caplog.records)
+    finally:
+        stuck.set()
 
 
 def test_counts_are_exact_when_many_handlers_finish_at_once(driver: MemoryDriver) -> None:

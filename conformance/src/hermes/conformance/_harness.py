@@ -50,9 +50,11 @@ from hermes.core import (
 )
 from hermes.core.driver import (
     Capabilities,
+    Consumer,
     Driver,
     DriverPlugin,
     DriverUrl,
+    Received,
     SupportsTeardown,
     isolated_url,
 )
@@ -83,6 +85,12 @@ FRESH_S = 1.0
 #: How many messages a consumer may hold taken ahead of its handler (an SQS
 #: receive batch): the slack of the priority checks on a running worker.
 TAKEN_AHEAD = 10
+
+#: A handler that runs this long is overtaken: core's worker hands the consumer
+#: to another of its threads, which receives the next message meanwhile (it
+#: waits about a millisecond), so this handler's settle comes from a thread
+#: that is no longer the one receiving.
+OVERTAKEN_S = 0.05
 
 _NAMESPACE_LENGTH = 48
 _POLL_S = 0.02
@@ -489,6 +497,79 @@ class Worker:
             raise AssertionError(
                 f"handle() raised {error!r} ({self.name} on {self.driver!r})"
             ) from error
+
+
+class Sleeps:
+    """A handler that takes ``seconds`` (long enough to be overtaken, by default), then succeeds."""
+
+    def __init__(self, seconds: float = OVERTAKEN_S) -> None:
+        self.seconds = seconds
+
+    def handle(self, message: Message) -> bool:
+        time.sleep(self.seconds)
+        return True
+
+
+class _Watched(Consumer):
+    """A driver's consumer, with the thread of each ``receive`` written down."""
+
+    def __init__(self, inner: Consumer, threads: ReceivingThreads) -> None:
+        self.inner = inner
+        self.threads = threads
+
+    def receive(self, timeout_s: float) -> Received | None:
+        self.threads.add(threading.get_ident())
+        return self.inner.receive(timeout_s)
+
+    def ack(self, received: Received) -> None:
+        self.inner.ack(received)
+
+    def release(self, received: Received) -> None:
+        self.inner.release(received)
+
+    def reject(self, received: Received, reason: str) -> None:
+        self.inner.reject(received, reason)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class ReceivingThreads:
+    """The threads that call ``receive`` on the consumers ``driver`` makes from now on.
+
+    Core's worker gives the consumer to whichever of its handler threads is
+    free: a row that means to settle off the receiving thread makes its
+    handler wait until another thread received (:meth:`wait_for_other`).
+    """
+
+    def __init__(self, driver: Driver) -> None:
+        self._lock = threading.Lock()
+        self._idents: list[int] = []
+        make = driver.consumer
+
+        def consumer(priorities: Sequence[int], *, concurrency: int = 1) -> Consumer:
+            return _Watched(make(priorities, concurrency=concurrency), self)
+
+        driver.consumer = consumer  # type: ignore[method-assign]
+
+    def add(self, ident: int) -> None:
+        with self._lock:
+            if not self._idents or self._idents[-1] != ident:
+                self._idents.append(ident)
+
+    def distinct(self) -> int:
+        """How many threads have received so far."""
+        with self._lock:
+            return len(set(self._idents))
+
+    def last(self) -> int | None:
+        with self._lock:
+            return self._idents[-1] if self._idents else None
+
+    def wait_for_other(self, timeout_s: float) -> bool:
+        """Wait until a thread other than the calling one received last; True if one did."""
+        me = threading.get_ident()
+        return wait_until(lambda: self.last() not in (None, me), timeout_s)
 
 
 # Worker processes --------------------------------------------------------------

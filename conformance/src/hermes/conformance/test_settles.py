@@ -3,8 +3,9 @@
 An acknowledgement made just before the worker stops reaches the broker
 (a consumer that defers acks, or hands them to the client's thread, flushes
 them in ``close()``): runs of a few messages each, serial and concurrent,
-leave no duplicate behind. A release made from a handler thread is a release:
-the message comes back. A body set aside as poison stays set aside after
+leave no duplicate behind. A release made from a handler thread that no
+longer receives (another one took the consumer over while it ran) is a
+release: the message comes back. A body set aside as poison stays set aside after
 its lease would have run out. And a message whose broker connection dropped
 between its receive and its settle is delivered again, never lost.
 """
@@ -23,12 +24,15 @@ from hermes.conformance._harness import (
     STOP_S,
     Kit,
     KitDispatcher,
+    ReceivingThreads,
+    Sleeps,
     TotalQueue,
     scaled,
     stays_false,
     wait_for_progress,
     wait_until,
 )
+from hermes.conformance._worker import JOB
 from hermes.conformance.plugin import DropConnection
 from hermes.conformance.test_delivery import _FailsOnceDispatcher, _RetrySendFailed
 from hermes.conformance.test_leases import require_at_least_once
@@ -52,9 +56,15 @@ def test_every_acknowledgement_reaches_the_broker_however_often_the_worker_stops
     for run in range(_RUNS):
         driver = hermes_kit.driver()
         driver.set_max_process_items(_PER_RUN)
-        # Serial runs, then concurrent ones: an ack handed from a handler thread
-        # to the client's own thread must be flushed by close() too.
-        worker = hermes_kit.worker(driver=driver, concurrency=1 if run < _RUNS // 2 else 2)
+        # Serial runs, then concurrent ones whose handlers are overtaken: an ack
+        # made off the receiving thread (handed to the client's own thread,
+        # say) must be flushed by close() too.
+        concurrent = run >= _RUNS // 2
+        worker = hermes_kit.worker(
+            driver=driver,
+            concurrency=2 if concurrent else 1,
+            handlers={JOB: [Sleeps()]} if concurrent else None,
+        )
         assert worker.join(DELIVERY_S + STOP_S), (
             f"run {run + 1}: a worker with max items {_PER_RUN} did not return"
         )
@@ -77,6 +87,18 @@ def test_every_acknowledgement_reaches_the_broker_however_often_the_worker_stops
     hermes_kit.claim(f"{_RUNS} stops after {_PER_RUN} messages each: no duplicate")
 
 
+class _FailsOnceOffThread(_FailsOnceDispatcher):
+    """Raises for the first message once another thread has taken the consumer over,
+    so its release is made off the receiving thread; handles every later message."""
+
+    receiving: ReceivingThreads | None = None
+
+    def handle_message(self, message: Message, priority: int) -> bool:
+        if not self.raised and self.receiving is not None:
+            self.receiving.wait_for_other(DELIVERY_S)
+        return super().handle_message(message, priority)
+
+
 @pytest.mark.hermes_check("settles", "a release from a handler thread", new=True)
 def test_a_message_released_from_a_handler_thread_at_concurrency_four_comes_back(
     hermes_kit: Kit,
@@ -84,7 +106,14 @@ def test_a_message_released_from_a_handler_thread_at_concurrency_four_comes_back
     caps = hermes_kit.capabilities
     ledger = hermes_kit.ledger
     message = hermes_kit.emit(hermes_kit.message(1))
-    failing = hermes_kit.worker(dispatcher_class=_FailsOnceDispatcher, concurrency=4)
+    driver = hermes_kit.driver()
+    receiving = ReceivingThreads(driver)
+    failing = hermes_kit.worker(
+        driver=driver, dispatcher_class=_FailsOnceOffThread, concurrency=4, start=False
+    )
+    assert isinstance(failing.dispatcher, _FailsOnceOffThread)
+    failing.dispatcher.receiving = receiving
+    failing.start()
     assert wait_until(lambda: ledger.has(message.id), DELIVERY_S), (
         f"message {message.id} was not delivered within {DELIVERY_S} s (scaled)"
     )

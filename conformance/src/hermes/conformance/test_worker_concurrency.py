@@ -2,7 +2,10 @@
 
 Core's loop runs the handlers on threads and settles each message from the
 thread that ran it, so the driver's ack and release must work from any
-thread, and a broker's prefetch must let 4 messages be in flight. With 4
+thread, and a broker's prefetch must let 4 messages be in flight. The
+consumer goes to whichever thread is free: a handler that runs long is
+overtaken, and the next receive is made on another thread (one at a time),
+so receive must work from any thread too. With 4
 handlers blocked and the worker SIGKILLed, all 4 messages come back on an
 at-least-once driver and none on an at-most-once one. Three such worker
 processes share 300 messages: none lost, none duplicated. Max items counts
@@ -19,12 +22,17 @@ import pytest
 
 from hermes.conformance._harness import (
     DELIVERY_S,
+    OVERTAKEN_S,
     QUIET_S,
     STOP_S,
     WORKER_START_S,
     Kit,
+    ReceivingThreads,
+    Sleeps,
     TotalQueue,
+    scaled,
     stays_false,
+    wait_for_progress,
     wait_until,
 )
 from hermes.conformance._worker import JOB
@@ -97,6 +105,40 @@ def test_three_worker_processes_at_concurrency_four_share_300_messages(hermes_ki
         )
     else:
         hermes_kit.claim("3 processes x concurrency 4: none lost (duplicates allowed)")
+
+
+_OVERTAKEN = 12
+
+
+@pytest.mark.hermes_check("worker concurrency", "receive on whichever thread is free", new=True)
+def test_the_consumer_works_whichever_handler_thread_receives(hermes_kit: Kit) -> None:
+    caps = hermes_kit.capabilities
+    ledger = hermes_kit.ledger
+    sent = [hermes_kit.emit(hermes_kit.message(n)).id for n in range(_OVERTAKEN)]
+    driver = hermes_kit.driver()
+    receiving = ReceivingThreads(driver)
+    worker = hermes_kit.worker(driver=driver, handlers={JOB: [Sleeps()]}, concurrency=_CONCURRENCY)
+    assert wait_for_progress(ledger.distinct, len(sent), DELIVERY_S), (
+        f"{len(sent) - ledger.distinct()} of {len(sent)} messages never arrived at a worker "
+        f"of concurrency {_CONCURRENCY} whose handlers take {OVERTAKEN_S} s"
+    )
+    worker.stop()  # raises what ended the run: a consumer that refused a thread, say
+    threads = receiving.distinct()
+    assert threads >= 2, (
+        f"every receive came from one thread, though each handler took {OVERTAKEN_S} s at "
+        f"concurrency {_CONCURRENCY}: the worker no longer hands the consumer on"
+    )
+    hermes_kit.worker()  # takes what a settle lost between threads would bring back
+    window_s = caps.redelivery_timeout_s + scaled(QUIET_S)
+    stays_false(lambda: TotalQueue.of(sent, ledger.ids()).duplicated, window_s, scale=False)
+    check = TotalQueue.of(sent, ledger.ids())
+    hermes_kit.report(f"receives on {threads} threads: {check.summary()}")
+    assert not check.lost and not check.unexpected, check.summary()
+    assert not check.duplicated, (
+        f"{len(check.duplicated)} messages handled once came back, acknowledged off the "
+        f"thread that received next: {sorted(check.duplicated)[:5]}"
+    )
+    hermes_kit.claim(f"receives on {threads} threads, settles off them: none lost or repeated")
 
 
 class _Slow:

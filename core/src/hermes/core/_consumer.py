@@ -104,10 +104,17 @@ class Consumer(ABC):
       poll capped at ``timeout_s``) should use it. Queues are read from the
       highest priority down, and a message whose ``execute_at`` the driver
       holds is returned only once due.
+    * :meth:`receive` is called by one thread at a time, but not always the
+      same one: a worker that runs several handlers at once gives the
+      consumer to whichever of its threads is free (the one that received
+      last may still be running a handler). A client bound to one thread
+      does not fit; one that is merely not thread-safe is fine, since no two
+      receives overlap. :meth:`close` comes after the last receive returned.
     * :meth:`ack`, :meth:`release` and :meth:`reject` may be called from
-      another thread than the one that received the message (a worker may run
-      several handlers at once); a client that is not thread-safe hands the
-      call to its own thread. They raise :class:`BrokerUnavailableError` when
+      another thread than the one that received the message, and while
+      another thread receives; a client that is not thread-safe hands the
+      call to the thread that receives now
+      (:class:`~hermes.core.driver.Handover`). They raise :class:`BrokerUnavailableError` when
       the broker is gone; core logs it and goes on (an at-least-once broker
       delivers the message again). Core wraps every call in
       :meth:`Driver.translating`: raising the client's own exceptions is fine.

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import queue
 import random
 import signal
 import threading
@@ -572,110 +571,213 @@ class _Loop:
         return True
 
 
+#: A message whose handlers have run this long on the thread that took it is
+#: overtaken: an idle handler thread takes the consumer and the next message.
+OVERTAKE_AFTER_S = 0.001
+#: How often the standby thread looks at the consumer's holder: the first
+#: value, doubling while every message it sees finishes in time, up to the second.
+STANDBY_LOOK_S = (0.001, 0.05)
+#: How often the calling thread of a concurrent run looks at the stop conditions.
+_WATCH_S = 0.25
+
+
 class _ConcurrentRun:
-    """``concurrency`` handler threads fed by this thread, never more taken than they can run.
+    """``concurrency`` threads that take turns at the consumer; each runs what it took.
 
-    This thread receives only while a handler thread is free, so at most
-    ``concurrency`` messages are off the broker at once (plus what a consumer
-    prefetches). When the run stops -- a stop condition, or a handle function
-    that raised -- no more are taken; the handlers in flight get ``grace_s``
-    to finish, and what has not finished by then is left unsettled: the
-    consumer is closed with it held, and a late handler settles nothing (the
-    broker's own timeout decides). Handler threads are daemon threads: a
-    second Ctrl-C ends the process at once.
+    One thread at a time holds the consumer. It receives a message and runs
+    its handlers itself, as a serial worker does, then receives the next. While
+    it runs handlers another thread may take the consumer over and receive the
+    next message: at once, a thread that has just finished a message of its
+    own; otherwise the standby (one idle thread, looking every few
+    milliseconds) once the handlers have run :data:`OVERTAKE_AFTER_S`. Short
+    jobs thus run back to back on one thread, and long ones overlap up to
+    ``concurrency``. A queue from a receiving thread to handler threads costs
+    a handoff per message, and on short jobs the context switches it brings
+    (several per message) cost more than the overlap gains.
 
-    The handoff is two C-level queues and nothing else per message: a token
-    per free handler (taken before a receive, given back once the message is
-    settled) and the messages themselves. The locks, condition variables and
-    notifications a semaphore and an in-flight count cost on every message
-    made eight threads slower than one on short jobs.
+    The consumer is used by one thread at a time, not always the same one; a
+    settle may come from any thread (see :class:`~hermes.core.driver.Consumer`).
+    A thread receives only while it runs nothing, so at most ``concurrency``
+    messages are off the broker at once (plus what a consumer prefetches).
+
+    The calling thread receives nothing: it watches the stop conditions. When
+    the run stops -- a stop condition, or a handle function that raised -- no
+    more are taken; the handlers in flight get ``grace_s`` to finish, and what
+    has not finished by then is left unsettled: the consumer is closed with it
+    held, and a late handler settles nothing (the broker's own timeout
+    decides). Handler threads are daemon threads: a second Ctrl-C ends the
+    process at once.
     """
 
     def __init__(self, loop: _Loop, concurrency: int, grace_s: float) -> None:
         self.loop = loop
         self.concurrency = concurrency
         self.grace_s = grace_s
-        #: One token per handler thread that is not running a message; the tokens
-        #: missing are the messages taken and not yet settled.
-        self.free: queue.SimpleQueue[None] = queue.SimpleQueue()
-        for _ in range(concurrency):
-            self.free.put(None)
-        self.work: queue.SimpleQueue[Received | None] = queue.SimpleQueue()
-        self.error_lock = threading.Lock()
-        #: The first exception a handle function raised: the run stops and re-raises it.
+        self.lock = threading.Lock()
+        #: Idle threads wait here for the consumer.
+        self.turn = threading.Condition(self.lock)
+        #: The thread (its ident) that holds the consumer; None while none does.
+        self.holder: int | None = None
+        #: When the holder handed its message to the handlers; None while it receives.
+        self.busy_since: float | None = None
+        #: True while the holder is inside ``receive``: the consumer may not be closed then.
+        self.receiving = False
+        #: Whether an idle thread is the standby (looks at the holder every few ms).
+        self.has_standby = False
+        #: ``should_stop()`` is asked by one thread at a time: the holder, or the calling thread.
+        self.stop_lock = threading.Lock()
+        #: Set by the thread that finds the run must stop: the calling thread wakes.
+        self.stopping = threading.Event()
+        #: The first exception a handle function or the consumer raised: the run
+        #: stops and re-raises it.
         self.error: BaseException | None = None
         #: Set once the run gave up waiting: late handlers must not settle any more.
         self.abandoned = False
 
     def run(self) -> None:
         threads = [
-            threading.Thread(target=self._work, name=f"hermes-handler-{i + 1}", daemon=True)
+            threading.Thread(target=self._runner, name=f"hermes-handler-{i + 1}", daemon=True)
             for i in range(self.concurrency)
         ]
         for thread in threads:
             thread.start()
+        stop, stop_lock = self.loop.stop, self.stop_lock
         try:
-            self._feed()
+            # The holder asks the stop conditions before each receive; this thread
+            # asks too, for the runs in which every thread is in a long handler.
+            while not self.stopping.wait(_WATCH_S) and self.error is None:
+                with stop_lock:
+                    if stop.should_stop():
+                        break
         finally:
-            for _ in threads:
-                self.work.put(None)
-            self._drain()
+            with self.turn:
+                self.stopping.set()
+                self.turn.notify_all()  # idle threads see the stop at once
+            try:
+                self._drain(threads)
+            except BaseException:
+                # A second Ctrl-C: the run ends now, and what still runs settles nothing.
+                self.abandoned = self.loop.abandoned = True
+                raise
         if self.error is not None:
             raise self.error
 
-    def _feed(self) -> None:
-        stop = self.loop.stop
-        take, hand_over = self.loop.take, self.work.put
-        wait_for_free, give_back = self.free.get, self.free.put
-        while not stop.should_stop():
+    def _runner(self) -> None:
+        me = threading.get_ident()
+        finished = False
+        try:
+            while self._take_turn(me, finished):
+                finished = self._hold(me)
+        except BaseException as exc:
+            with self.turn:
+                if self.error is None:
+                    self.error = exc
+        finally:
+            with self.turn:
+                if self.holder == me:
+                    self.holder = self.busy_since = None
+                if self.error is not None:
+                    self.stopping.set()
+                self.turn.notify_all()
+
+    def _take_turn(self, me: int, finished: bool) -> bool:
+        """Wait until this thread holds the consumer; False once the run stops.
+
+        ``finished``: this thread has just run a message and was overtaken
+        meanwhile; it takes the consumer back at once if its holder is busy.
+        """
+        look_s, max_look_s = STANDBY_LOOK_S
+        standby = relook = False
+        with self.turn:
             try:
-                wait_for_free(timeout=IDLE_WAIT_S)
-            except queue.Empty:
-                continue  # every handler busy: look at the stop conditions again
-            received = take() if not stop.should_stop() else None
+                while not self.stopping.is_set():
+                    since = self.busy_since
+                    if self.holder is None or (
+                        since is not None
+                        and (finished or time.monotonic() - since >= OVERTAKE_AFTER_S)
+                    ):
+                        self.holder, self.busy_since = me, None
+                        return True
+                    finished = False
+                    if not standby and not self.has_standby:
+                        standby = self.has_standby = True
+                    if not standby:
+                        self.turn.wait(IDLE_WAIT_S)  # the standby wakes one of us as it leaves
+                    elif since is not None and not relook:
+                        # A message in its handlers: look again when it is due to be overtaken.
+                        relook = True
+                        self.turn.wait(OVERTAKE_AFTER_S - (time.monotonic() - since))
+                    else:
+                        # The message looked at finished in time, or the holder
+                        # receives: look less often while that is all there is.
+                        relook = False
+                        look_s = min(look_s * 2, max_look_s)
+                        self.turn.wait(look_s)
+                return False
+            finally:
+                if standby:
+                    self.has_standby = False
+                    self.turn.notify()  # another idle thread becomes the standby
+
+    def _hold(self, me: int) -> bool:
+        """Receive and run messages while this thread holds the consumer.
+
+        True when it was overtaken while it ran a message; False when the run stops.
+        """
+        loop, stop, lock, stop_lock = self.loop, self.loop.stop, self.lock, self.stop_lock
+        take, deliver, monotonic = loop.take, loop.deliver, time.monotonic
+        while True:
+            with stop_lock:
+                stopping = stop.should_stop()
+            if stopping or self.stopping.is_set():
+                with self.turn:
+                    self.holder = None
+                    self.stopping.set()
+                    self.turn.notify_all()
+                return False
+            self.receiving = True
+            try:
+                received = take()
+            finally:
+                self.receiving = False
             if received is None:
-                give_back(None)
                 continue
             stop.started += 1
-            hand_over(received)
-
-    def _work(self) -> None:
-        loop = self.loop
-        next_message, done = self.work.get, self.free.put
-        while (received := next_message()) is not None:
+            self.busy_since = monotonic()
             try:
-                if self.abandoned:  # taken, never started: give it back
-                    loop.settle("release", received, loop.consumer.release)
+                deliver(received)
+            except BaseException:
+                stop.request("a handler raised")
+                raise
+            with lock:
+                if self.holder == me:
+                    self.busy_since = None
                     continue
-                loop.deliver(received)
-            except BaseException as exc:
-                with self.error_lock:
-                    if self.error is None:
-                        self.error = exc
-                        loop.stop.request("a handler raised")
-            finally:
-                done(None)
+            return True
 
-    def _drain(self) -> None:
-        """Wait up to the grace period for every token, i.e. every message taken, to come back."""
+    def _drain(self, threads: list[threading.Thread]) -> None:
+        """Wait up to the grace period for every thread to finish what it runs.
+
+        A thread inside ``receive`` is waited for past the grace period (a
+        receive is bounded): the consumer is closed after it returns.
+        """
         deadline = time.monotonic() + self.grace_s
-        back = 0
-        while back < self.concurrency:
-            left = deadline - time.monotonic()
-            try:
+        for thread in threads:
+            while thread.is_alive():
+                left = deadline - time.monotonic()
+                if left <= 0 and not self.receiving:
+                    self._abandon()
+                    return
                 # In steps, so a second Ctrl-C is seen while handlers run.
-                self.free.get(timeout=min(max(left, 0.0), 0.5))
-            except queue.Empty:
-                if left > 0:
-                    continue
-                self.abandoned = self.loop.abandoned = True
-                logger.warning(
-                    "%r: %d handler(s) still running after the %.0f s grace period; "
-                    "their messages are not acknowledged (an at-least-once broker "
-                    "delivers them again)",
-                    self.loop.driver,
-                    self.concurrency - back,
-                    self.grace_s,
-                )
-                return
-            back += 1
+                thread.join(min(max(left, 0.05), 0.5))
+
+    def _abandon(self) -> None:
+        self.abandoned = self.loop.abandoned = True
+        logger.warning(
+            "%r: %d handler(s) still running after the %.0f s grace period; "
+            "their messages are not acknowledged (an at-least-once broker "
+            "delivers them again)",
+            self.loop.driver,
+            len(self.loop.running),
+            self.grace_s,
+        )
