@@ -23,12 +23,16 @@ from collections.abc import Sequence
 
 
 def observers() -> list[str]:
-    """The names of the observer plugins installed here (drivers are ``hermes.drivers.*``)."""
-    import importlib.metadata
+    """The names of the observer plugins installed here (drivers are ``hermes.drivers.*``).
+
+    Read as core's registry reads them (not with importlib.metadata, whose import
+    would add to the start-up of every worker the benchmark times).
+    """
+    from hermes.core import _entry_points
 
     return sorted(
         entry_point.name
-        for entry_point in importlib.metadata.entry_points(group="hermes")
+        for entry_point in _entry_points.entry_points("hermes")
         if entry_point.value.startswith("hermes.plugins.")
     )
 

@@ -33,7 +33,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import secrets
 import socket
 import threading
 import time
@@ -62,16 +61,14 @@ Describe = Callable[[], dict[str, Any]]
 
 def new_worker_id() -> str:
     """``host:pid:random``: unique even when a pid is reused on the host, or in a container."""
-    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+    # os.urandom is what secrets.token_hex reads, without importing hmac and hashlib.
+    return f"{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
 
 
 def hermes_version() -> str:
-    from importlib import metadata
+    from hermes.core import _entry_points
 
-    try:
-        return metadata.version("hermes-core")
-    except metadata.PackageNotFoundError:
-        return "unknown"
+    return _entry_points.version("hermes-core") or "unknown"
 
 
 class HeartbeatPublisher:

@@ -14,7 +14,6 @@ import importlib
 import signal
 import sys
 from collections.abc import Sequence
-from importlib import metadata
 from typing import NoReturn
 
 from hermes.core._cli._common import CliError, describe_error, print_error, print_traceback
@@ -40,10 +39,9 @@ COMMANDS = (
 
 
 def _version() -> str:
-    try:
-        return metadata.version("hermes-core")
-    except metadata.PackageNotFoundError:
-        return "unknown"
+    from hermes.core import _entry_points
+
+    return _entry_points.version("hermes-core") or "unknown"
 
 
 class _Parser(argparse.ArgumentParser):
