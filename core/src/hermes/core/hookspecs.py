@@ -23,13 +23,13 @@ skipped with an error: there is no call of other plugins for them to wrap.
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import pluggy
 
 if TYPE_CHECKING:
+    import argparse
     from contextlib import AbstractContextManager
 
     from hermes.core._dispatcher import Outcome

@@ -9,7 +9,6 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypeAlias, TypeVar, runtime_checkable
 
 from hermes.core._driver import DEFAULT_PRIORITY, Driver, SupportsStats
@@ -32,6 +31,8 @@ T = TypeVar("T")
 
 #: The environment variable that names the broker when ``--url`` is not given.
 URL_ENV = "HERMES_URL"
+#: The environment variable that names the failed-message store when ``--url`` is not given.
+FAILED_URL_ENV = "HERMES_FAILED_URL"
 #: The queue directory, relative to the current directory, used when neither is given.
 DEFAULT_QUEUE_DIR = "hermes-queue"
 #: The help of every command's ``--url`` that names the broker.
@@ -120,6 +121,8 @@ def default_url(option: str = "--url", what: str = "your broker's URL") -> str:
     url = os.environ.get(URL_ENV)
     if url:
         return url
+    from pathlib import Path  # here: a worker given its URL does without
+
     url = Path(DEFAULT_QUEUE_DIR).resolve().as_uri()
     if not scheme_installed("file"):
         raise CliError(
@@ -332,7 +335,7 @@ def raise_site(exc: BaseException) -> str | None:
     frames = traceback.extract_tb(exc.__traceback__)
     if not frames:
         return None
-    return f"{Path(frames[-1].filename).name}:{frames[-1].lineno}"
+    return f"{os.path.basename(frames[-1].filename)}:{frames[-1].lineno}"
 
 
 def exception_origin(exc: BaseException) -> str:

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from hermes.core._cli._common import (
+    FAILED_URL_ENV,
     URL_ENV,
     CliError,
     add_verbosity,
@@ -23,9 +24,6 @@ from hermes.core._url import redact_url
 
 if TYPE_CHECKING:
     from hermes.core._cli._common import Commands
-
-#: The environment variable that names the failed-message store when ``--url`` is not given.
-FAILED_URL_ENV = "HERMES_FAILED_URL"
 
 
 def add_parser(commands: Commands) -> None:

@@ -33,13 +33,6 @@ from hermes.core._registry import driver_for_url
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
-def wanted(args: argparse.Namespace) -> bool:
-    """Whether this ``hermes worker`` runs a supervisor (else: one process, as ever)."""
-    return bool(
-        args.processes > 1 or args.max_jobs_per_child or args.max_memory_per_child or args.reload
-    )
-
-
 def run(args: argparse.Namespace) -> int:
     """Supervise the pool until it stops; print its summary; the exit code."""
     if args.max_items:

@@ -15,11 +15,10 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hermes.core._cli import _pool
 from hermes.core._cli._common import (
+    FAILED_URL_ENV,
     URL_HELP,
     CliError,
     add_verbosity,
@@ -35,12 +34,10 @@ from hermes.core._cli._common import (
     setup_priorities,
     whole_number,
 )
-from hermes.core._cli._failed import FAILED_URL_ENV
 from hermes.core._cli._workers import add_heartbeat_options, publisher_for, registry
 from hermes.core._dispatcher import Dispatcher, DispatcherStats
 from hermes.core._driver import DEFAULT_PRIORITY, Driver
 from hermes.core._errors import ConfigurationError
-from hermes.core._failed import FailedStore
 from hermes.core._handler import Handler, HandlerRegistry, as_handler, handler_name
 from hermes.core._message import Message
 from hermes.core._registry import connect, driver_for_url, plugin_manager
@@ -50,6 +47,7 @@ from hermes.core._worker import NOTICE, Worker
 
 if TYPE_CHECKING:
     from hermes.core._cli._common import Commands
+    from hermes.core._failed import FailedStore
     from hermes.core._pool import ChildLink
 
 logger = logging.getLogger("hermes")
@@ -260,7 +258,7 @@ def load_object(spec: str) -> object:
             "which is not installed"
         ) from None
     except SyntaxError as exc:
-        where = f"{Path(exc.filename or '?').name}:{exc.lineno}"
+        where = f"{os.path.basename(exc.filename or '?')}:{exc.lineno}"
         raise CliError(
             f"cannot import handlers module {module_name!r}: SyntaxError at {where}: {exc.msg}"
         ) from None
@@ -283,6 +281,8 @@ def load_object(spec: str) -> object:
 
 def _file_path_hint(spec: str, path: str, attr_path: str) -> str:
     """What to give instead of a file path: the module, and where to run the worker."""
+    from pathlib import Path
+
     file = Path(path.removesuffix(".py"))
     if file.is_absolute():
         module, where = file.name, f"{file.name}.py ({file.parent})"
@@ -436,7 +436,9 @@ def _signals_while_starting(install: bool = True) -> Iterator[_EarlyStop]:
 
 def run(args: argparse.Namespace, child: ChildLink | None = None) -> int:
     """``hermes worker``; in a worker pool, what each child process runs (``child``)."""
-    if child is None and _pool.wanted(args):
+    if child is None and _pool_wanted(args):
+        from hermes.core._cli import _pool  # a supervisor's imports: not for one process
+
         return _pool.run(args)
     url: str = args.url or default_url()
     failed_url: str | None = args.failed_url or os.environ.get(FAILED_URL_ENV) or None
@@ -527,12 +529,21 @@ def _dispatcher(
     return dispatcher
 
 
+def _pool_wanted(args: argparse.Namespace) -> bool:
+    """Whether this ``hermes worker`` runs a supervisor (else: one process, as ever)."""
+    return bool(
+        args.processes > 1 or args.max_jobs_per_child or args.max_memory_per_child or args.reload
+    )
+
+
 def _failed_store(
     stack: contextlib.ExitStack, failed_url: str | None, driver: Driver
 ) -> FailedStore | None:
     """The failed-message store ``--failed-url`` names; the worker's own queue is a mistake."""
     if not failed_url:
         return None
+    from hermes.core._failed import FailedStore
+
     store = stack.enter_context(FailedStore.connect(failed_url))
     if repr(store.driver) == repr(driver):
         raise CliError(

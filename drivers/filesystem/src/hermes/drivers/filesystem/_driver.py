@@ -25,16 +25,14 @@ from hermes.core import (
     DriverError,
 )
 from hermes.core.driver import (
-    Capabilities,
     Consumer,
-    Delay,
-    Delivery,
     Driver,
     Outgoing,
     QueueStats,
     Received,
 )
 from hermes.drivers.filesystem import _claim, _heartbeat
+from hermes.drivers.filesystem._capabilities import CAPABILITIES
 from hermes.drivers.filesystem._names import SCHEME, QueuedName, next_name, parse
 from hermes.drivers.filesystem._worker import LOCK_NAME, WorkerClaims, recover_dead_workers
 
@@ -107,16 +105,7 @@ class FileSystemDriver(Driver):
     not supported.
     """
 
-    capabilities = Capabilities(
-        delivery=Delivery.AT_LEAST_ONCE,
-        delay=Delay.NATIVE,
-        priorities=True,
-        competing_consumers=True,
-        cross_process=True,
-        max_message_bytes=16 * 1024 * 1024,
-        redelivery_timeout_s=1.0,
-        counts_deliveries=True,
-    )
+    capabilities = CAPABILITIES
     refused_errors = (PermissionError, NotADirectoryError)
     client_errors = (OSError,)
 

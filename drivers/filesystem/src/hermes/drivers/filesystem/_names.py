@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import os
 import re
-import secrets
 import threading
 import time
 from typing import NamedTuple
@@ -84,7 +83,7 @@ class _NameSource:
 
     def _reset(self) -> None:
         self._lock = threading.Lock()
-        self._origin = f"{os.getpid():x}{secrets.token_hex(4)}"
+        self._origin = f"{os.getpid():x}{os.urandom(4).hex()}"
         self._sequence = 0
         self._last_ns = 0
 

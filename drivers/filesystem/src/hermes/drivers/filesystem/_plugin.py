@@ -9,10 +9,11 @@ from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from hermes.core import ConfigurationError, hookimpl
 from hermes.core.driver import Driver, DriverPlugin, DriverUrl
-from hermes.drivers.filesystem._driver import FileSystemDriver
+from hermes.drivers.filesystem._capabilities import CAPABILITIES
 
 if TYPE_CHECKING:
     from hermes.core.driver import QueueBrowser
+    from hermes.drivers.filesystem._driver import FileSystemDriver
 
 #: Options a ``file://`` URL may carry, e.g. ``file:///var/spool/hermes?fsync=false``.
 URL_OPTIONS = ("fsync", "poll_interval_s", "recovery_interval_s")
@@ -53,6 +54,8 @@ def driver_from_url(url: DriverUrl, **options: Any) -> FileSystemDriver:
         "recovery_interval_s": url.get_float("recovery_interval_s", 1.0),
     }
     settings.update(options)
+    from hermes.drivers.filesystem._driver import FileSystemDriver  # on use, not on plugin load
+
     return FileSystemDriver(directory_from_url(url), **settings)
 
 
@@ -81,7 +84,7 @@ def hermes_drivers() -> list[DriverPlugin]:
             name="filesystem",
             schemes=("file",),
             factory=driver_from_url,
-            capabilities=FileSystemDriver.capabilities,
+            capabilities=CAPABILITIES,
             isolate=isolate,
             example_url="file:///var/spool/hermes",
             browse=browse,

@@ -24,7 +24,6 @@ import errno
 import fcntl
 import logging
 import os
-import secrets
 from collections.abc import Collection
 
 logger = logging.getLogger("hermes.drivers.filesystem")
@@ -53,7 +52,7 @@ class WorkerClaims:
     def register(self) -> None:
         """Create and lock a fresh worker directory (again, if it was removed under us)."""
         self.release()
-        worker_id = f"{os.getpid()}-{secrets.token_hex(4)}"
+        worker_id = f"{os.getpid()}-{os.urandom(4).hex()}"
         staging = os.path.join(self._tmp_dir, f"{worker_id}.worker")
         os.mkdir(staging)
         fd = os.open(os.path.join(staging, LOCK_NAME), os.O_RDONLY | os.O_CREAT, 0o644)

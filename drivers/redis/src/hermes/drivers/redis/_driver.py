@@ -5,7 +5,6 @@ from __future__ import annotations
 import collections
 import logging
 import os
-import secrets
 import socket
 import ssl
 import threading
@@ -886,7 +885,7 @@ class _LeasingConsumer(_RedisConsumer):
             super().close()
 
     def _start(self) -> None:
-        self.owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{os.urandom(4).hex()}"
         self.held_keys = [held_key(queue, self.owner) for queue in self.keys]
         self.claim = _scripts.PackedCall(
             _scripts.CLAIM,
