@@ -7,6 +7,8 @@
   the worker's own to ``HERMES_BENCH_REDIS`` (a tiny realistic job: one round
   trip to a service that is not the broker);
 - ``sleep``: ``time.sleep(0.02)``, an I/O-bound job;
+- ``io``: the 20 ms sleep, then the ``INCR``: an I/O-bound job that also
+  talks to a service (the start-up rows of ``bench/startup.py``);
 - ``cpu``: a pure-Python loop of ``CPU_ITERATIONS`` (about 5 ms on the
   benchmark machine), a CPU-bound job that threads cannot spread over cores.
 
@@ -51,14 +53,16 @@ def _work_for(name: str) -> Callable[[], object]:
         return lambda: time.sleep(SLEEP_S)
     if name == "cpu":
         return _compute
-    if name == "incr":
+    if name in ("incr", "io"):
         import redis
 
         client = redis.Redis.from_url(os.environ["HERMES_BENCH_REDIS"])
         client.ping()  # connected before the first job, in every system alike
         key = os.environ["HERMES_BENCH_INCR_KEY"]
+        if name == "io":
+            return lambda: (time.sleep(SLEEP_S), client.incr(key))
         return lambda: client.incr(key)
-    raise ValueError(f"HERMES_BENCH_JOB must be noop, incr, sleep or cpu, not {name!r}")
+    raise ValueError(f"HERMES_BENCH_JOB must be noop, incr, sleep, io or cpu, not {name!r}")
 
 
 def _compute() -> int:
