@@ -176,6 +176,61 @@ def test_the_buffer_holds_at_most_prefetch_and_close_gives_it_back_in_order(
     assert [payload(r) for r in rest] == [1, 2, 3, 4, 5]
 
 
+def _cut_and_take_what_comes_back(
+    broker_link: Any, link_url: str, make_driver: MakeDriver, consumer: Consumer
+) -> list[int]:
+    """Cut the consumer's connection; the payloads RabbitMQ then delivers to a new consumer.
+
+    What the consumer had not sent when its connection was cut is lost with it.
+    """
+    broker_link.cut()
+    consumer.close()
+    broker_link.restore()
+    back = []
+    with make_driver().consumer(()) as fresh:
+        while (received := fresh.receive(0.5)) is not None:
+            back.append(payload(received))
+            fresh.ack(received)
+    return sorted(back)
+
+
+def test_acknowledgements_made_together_never_cover_a_delivery_still_in_a_handler(
+    make_driver: MakeDriver,
+) -> None:
+    driver = make_driver("prefetch=8")  # acknowledgements go out four at a time
+    for n in range(1, 9):
+        driver.send(Message("t", {"v": n}))
+    with driver.consumer(()) as consumer:
+        held = receive(consumer, "message 1")
+        for n in range(2, 6):
+            consumer.ack(receive(consumer, f"message {n}"))
+        # 2-5 went out, each on its own: 1 is still in its handler, and one frame
+        # acknowledging "up to 5" would have settled it too. Closing leaves 1 to
+        # RabbitMQ, which requeues it, and gives back the buffered 6-8.
+    assert payload(held) == 1
+    back = []
+    with driver.consumer(()) as fresh:
+        while (received := fresh.receive(0.5)) is not None:
+            back.append(payload(received))
+            fresh.ack(received)
+    assert sorted(back) == [1, 6, 7, 8]
+
+
+def test_acknowledgements_waiting_to_go_together_go_before_the_consumer_waits_idle(
+    make_driver: MakeDriver, link_url: str, broker_link: Any
+) -> None:
+    sender = make_driver()
+    for n in range(1, 4):
+        sender.send(Message("t", {"v": n}))
+    driver = connect(f"{link_url}&prefetch=50")  # 25 would be sent together
+    consumer = driver.consumer(())
+    for n in range(1, 4):
+        consumer.ack(receive(consumer, f"message {n}"))
+    assert consumer.receive(0.3) is None  # waits on the socket: the three acks go first
+    back = _cut_and_take_what_comes_back(broker_link, link_url, make_driver, consumer)
+    assert back == []
+
+
 def test_a_stale_delivery_from_a_lost_connection_is_not_settled_on_the_new_one(
     make_driver: MakeDriver,
     link_url: str,

@@ -21,6 +21,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("hermes.drivers.rabbitmq")
 
+#: The longest an acknowledgement waits to be sent with others while the worker
+#: still has deliveries in hand (it never waits while the worker waits on the socket).
+ACK_DELAY_S = 0.1
+
 # How a delivery is settled; the words go into log lines and errors.
 _ACK = "acknowledging"
 _REQUEUE = "requeueing"
@@ -55,6 +59,13 @@ class RabbitMqConsumer(Consumer):
     * With the driver's ``delay``, a message whose ``execute_at`` is not yet
       due goes back through a delay queue and is acknowledged here; core
       never sees it.
+    * Acknowledgements are sent together: one ``basic_ack`` with
+      ``multiple`` for every delivery up to a tag when none below it is still
+      in a handler or undelivered (else one per tag). They go out once half
+      the prefetch window is acknowledged, before the consumer waits on the
+      socket, when one has waited :data:`ACK_DELAY_S`, and in :meth:`close`.
+      At prefetch 50 that is one frame per 25 messages instead of 25. A
+      requeue or a reject goes out at once.
     * pika's connection is not thread-safe. The thread that last called
       :meth:`receive` (or :meth:`close`) owns it; :meth:`ack`,
       :meth:`release` and :meth:`reject` go through core's
@@ -95,14 +106,21 @@ class RabbitMqConsumer(Consumer):
         self._handover.run_pending(self._not_settled)
         session = self._session()
         try:
+            if (
+                session.acks_since is not None
+                and time.monotonic() - session.acks_since > ACK_DELAY_S
+            ):
+                session.send_acks()
             while True:
                 received = session.next(deadline)
-                if received is None or not self.driver.delay:
-                    return received
-                if not self._delayed_again(session, received):
-                    return received
-                if time.monotonic() >= deadline:
-                    return None
+                if received is not None and self.driver.delay:
+                    if self._delayed_again(session, received):
+                        if time.monotonic() >= deadline:
+                            return None
+                        continue
+                if received is not None:
+                    session.handed.add(received.token.delivery_tag)
+                return received
         except pika_exc.AMQPError:
             # Core says what it means (a lost channel or connection: unavailable);
             # either way this session is done, and the next receive opens another.
@@ -181,8 +199,9 @@ class RabbitMqConsumer(Consumer):
             self._skip_stale(tag, how)
             return
         try:
+            session.handed.discard(tag.delivery_tag)
             if how is _ACK:
-                tag.channel.basic_ack(tag.delivery_tag)
+                session.ack(tag.delivery_tag)
             elif how is _REQUEUE:
                 tag.channel.basic_nack(tag.delivery_tag, requeue=True)
             else:
@@ -213,6 +232,18 @@ class RabbitMqConsumer(Consumer):
         # Called back from inside pika's process_data_events: it must not raise
         # a DriverError, so failures are logged and the session marked lost.
         self._handover.run_pending(self._not_settled)
+        # The receiving thread waits on the socket: what was acknowledged goes out now.
+        session = self._sessions.peek()
+        if session is not None and session.lost is None and session.acks:
+            try:
+                session.send_acks()
+            except Exception as exc:
+                if isinstance(exc, pika_exc.AMQPError):
+                    session.lost = exc
+                error = self.driver.translated(exc, "acknowledging messages")
+                if not isinstance(error, DriverError):
+                    raise
+                self._not_settled(error)
 
     def _not_settled(self, exc: DriverError) -> None:
         logger.warning("%s: %s; RabbitMQ delivers the message again", self._where, exc)
@@ -248,6 +279,13 @@ class _Session:
         self.cancelled_by_broker = False
         #: Why the session is unusable (a settle failed); the next receive opens a new one.
         self.lost: BaseException | None = None
+        #: Tags handed out by ``receive`` and not settled yet (their handlers run).
+        self.handed: set[int] = set()
+        #: Tags acknowledged and not sent yet, and when the oldest of them was.
+        self.acks: list[int] = []
+        self.acks_since: float | None = None
+        #: Send the acknowledgements once this many wait: half the prefetch window.
+        self.ack_every = max(1, consumer.prefetch // 2) if len(self.order) == 1 else 1
         self.connection = driver._connect()
         try:
             self.channel = self.connection.channel()
@@ -295,8 +333,32 @@ class _Session:
             if time.monotonic() >= deadline:
                 return None
 
+    def ack(self, tag: int) -> None:
+        """Acknowledge ``tag``: now, or with the next ones (see the consumer)."""
+        self.acks.append(tag)
+        if self.acks_since is None:
+            self.acks_since = time.monotonic()
+        if len(self.acks) >= self.ack_every:
+            self.send_acks()
+
+    def send_acks(self) -> None:
+        """Send the acknowledgements that wait: one frame for those below every open tag."""
+        acks, self.acks, self.acks_since = self.acks, [], None
+        if not acks:
+            return
+        open_tags = [*self.handed, *(buffer[0].token.delivery_tag for buffer in
+                                     self.buffers.values() if buffer)]  # fmt: skip
+        lowest_open = min(open_tags, default=None)
+        below = [tag for tag in acks if lowest_open is None or tag < lowest_open]
+        if below:
+            self.channel.basic_ack(max(below), multiple=True)
+        for tag in acks:
+            if lowest_open is not None and tag > lowest_open:
+                self.channel.basic_ack(tag)
+
     def _wait(self, deadline: float) -> bool:
         """Read the socket until something is delivered or ``deadline``; False at the deadline."""
+        self.send_acks()  # nothing is held back while the worker waits
         left = deadline - time.monotonic()
         self.connection.process_data_events(time_limit=max(0.0, left))
         if self.cancelled_by_broker:
@@ -341,6 +403,7 @@ class _Session:
         What was handed out and not settled is left alone: RabbitMQ requeues
         it when the connection closes, after this worker stopped touching it.
         """
+        self.send_acks()
         self._cancel_consumers()
         for buffer in self.buffers.values():
             while buffer:

@@ -73,6 +73,11 @@ class _QueueSpec:
     dead_letters_to: _QueueSpec | None = None
 
 
+#: A publishing connection the broker answered on less than this long ago is used
+#: as it is; one idle longer first reads what the broker sent meanwhile.
+_IDLE_CHECK_S = 1.0
+
+
 class _Publisher:
     """This process's sending side: one connection, opened on first use, used under :attr:`lock`.
 
@@ -93,6 +98,8 @@ class _Publisher:
         self.batch_returned: list[tuple[str, bytes]] = []
         #: Queue name -> ``time.monotonic()`` of its last declaration on this connection.
         self.declared: dict[str, float] = {}
+        #: ``time.monotonic()`` when the broker last answered on this connection.
+        self.answered = 0.0
 
     def link(self) -> bool:
         """Open the connection unless it is open; True if it is a new one."""
@@ -319,10 +326,12 @@ class LazyRabbitMqDriver(Driver):
             for attempt in (1, 2):
                 fresh = publisher.link()
                 try:
-                    # Reads what the broker sent meanwhile (heartbeats, a close),
-                    # so a connection it dropped is noticed before using it.
-                    publisher.connection.process_data_events(0)
+                    if time.monotonic() - publisher.answered > _IDLE_CHECK_S:
+                        # Reads what the broker sent meanwhile (heartbeats, a close),
+                        # so a connection it dropped while idle is noticed before use.
+                        publisher.connection.process_data_events(0)
                     action(publisher)
+                    publisher.answered = time.monotonic()
                     return
                 except pika_exc.UnroutableError:
                     if attempt == 2:
