@@ -154,7 +154,7 @@ class Dispatcher:
         self.driver = driver
         self.logger = logger or logging.getLogger("hermes")
         self.shutdown = shutdown
-        self.randomizer = randomizer if randomizer is not None else default_randomizer()
+        self._randomizer = randomizer
         #: Where messages given up on are kept; None (the default) keeps none.
         self.failed = _failed_store(failed, driver) if failed is not None else None
         self.stats = DispatcherStats()
@@ -444,6 +444,17 @@ class Dispatcher:
             message.type,
             (time.perf_counter() - started) * 1000,
         )
+
+    @property
+    def randomizer(self) -> Randomizer:
+        """The random source of :meth:`next_retry`'s jitter (default ``random.SystemRandom()``)."""
+        if self._randomizer is None:
+            self._randomizer = default_randomizer()
+        return self._randomizer
+
+    @randomizer.setter
+    def randomizer(self, randomizer: Randomizer) -> None:
+        self._randomizer = randomizer
 
     def next_retry(self, message: Message) -> float:
         """When a retry of ``message`` may run: now + r⁴ + 15 + randint(1, 30)·(r+1)."""

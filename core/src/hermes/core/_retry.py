@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import math
-import random
 import threading
 import time
 import warnings
@@ -145,6 +144,8 @@ def next_retry(message: Message, randomizer: Randomizer, now: float | None = Non
 
 
 def default_randomizer() -> Randomizer:
+    import random  # when a dispatcher first needs it: most workers never retry
+
     return random.SystemRandom()
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import random
 import signal
 import threading
 import time
@@ -66,6 +65,8 @@ class Backoff:
         """Count one more failure; how long to wait before the next attempt."""
         self.failures += 1
         delay = min(self.cap_s, self.first_s * 2.0 ** min(self.failures - 1, 32))
+        import random  # on the first failure: most runs never back off
+
         return delay * random.uniform(0.5, 1.0)
 
     def reset(self) -> int:

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import signal
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from hermes.core._cli._common import CliError, describe_error, print_error, print_traceback
 from hermes.core._errors import HermesError
@@ -44,12 +45,38 @@ def _version() -> str:
     return _entry_points.version("hermes-core") or "unknown"
 
 
+def _terminal_width() -> int:
+    """The width argparse wraps help to: ``$COLUMNS``, else the terminal's, else 80.
+
+    What ``shutil.get_terminal_size`` answers, without importing shutil (and
+    with it zlib, bz2 and lzma) into every worker, which never prints help.
+    """
+    try:
+        return int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        pass
+    try:
+        return os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+    except (AttributeError, ValueError, OSError):
+        return 80
+
+
+class _Formatter(argparse.HelpFormatter):
+    def __init__(self, prog: str, **kwargs: Any) -> None:
+        kwargs.setdefault("width", _terminal_width() - 2)  # argparse's own margin
+        super().__init__(prog, **kwargs)
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, with a usage mistake as one line on stderr like every other mistake.
 
     argparse prints the whole usage block before its error; ``--help`` still
     shows it, and the line says so.
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         print_error(f"{self.prog}: {message} (`{self.prog} --help` shows the usage)")

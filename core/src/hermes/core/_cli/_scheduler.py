@@ -92,26 +92,6 @@ def add_parser(commands: Any) -> None:
     parser.set_defaults(run=run)
 
 
-def add_worker_options(worker: argparse.ArgumentParser) -> None:
-    """``hermes worker --scheduler [MODULE:OBJECT] [--lock-url URL]``."""
-    worker.add_argument(
-        "--scheduler",
-        nargs="?",
-        const=True,
-        default=None,
-        metavar="MODULE:OBJECT",
-        help="also run the periodic entries in a thread of this worker: those of the --handlers "
-        "registry, or of the Schedule or registry named here (any number of workers may run "
-        "it: each tick is emitted once)",
-    )
-    worker.add_argument(
-        "--lock-url",
-        metavar="URL",
-        help="with --scheduler: claim ticks on this broker when --url cannot (amqp://, sqs://, "
-        "kafka://)",
-    )
-
-
 def schedule_of(target: object, spec: str) -> Schedule:
     """The entries of ``target`` (a registry or a Schedule); a :class:`CliError` if it has none."""
     if isinstance(target, HandlerRegistry):

@@ -128,10 +128,32 @@ def add_parser(commands: Commands) -> None:
     )
     add_heartbeat_options(worker)
     _add_pool_options(worker)
+    _add_scheduler_options(worker)
     worker.set_defaults(run=run)
-    from hermes.core._cli import _scheduler  # not at the top: it imports load_object from here
 
-    _scheduler.add_worker_options(worker)
+
+def _add_scheduler_options(worker: argparse.ArgumentParser) -> None:
+    """``hermes worker --scheduler [MODULE:OBJECT] [--lock-url URL]``.
+
+    Here rather than in the scheduler's module, which a worker without
+    ``--scheduler`` does not import.
+    """
+    worker.add_argument(
+        "--scheduler",
+        nargs="?",
+        const=True,
+        default=None,
+        metavar="MODULE:OBJECT",
+        help="also run the periodic entries in a thread of this worker: those of the --handlers "
+        "registry, or of the Schedule or registry named here (any number of workers may run "
+        "it: each tick is emitted once)",
+    )
+    worker.add_argument(
+        "--lock-url",
+        metavar="URL",
+        help="with --scheduler: claim ticks on this broker when --url cannot (amqp://, sqs://, "
+        "kafka://)",
+    )
 
 
 def _add_run_options(worker: argparse.ArgumentParser) -> None:
