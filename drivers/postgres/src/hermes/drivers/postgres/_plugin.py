@@ -6,7 +6,6 @@ driver are imported when a PostgreSQL driver is built, not here.
 
 from __future__ import annotations
 
-import hashlib
 import re
 from typing import TYPE_CHECKING, Any
 
@@ -125,6 +124,8 @@ def _isolate(url: DriverUrl, namespace: str) -> str:
     base = url.get_str("table", "hermes")
     name = f"{base}_{re.sub(r'[^a-z0-9_]', '_', namespace.lower())}"
     if len(name) > 48:
+        import hashlib  # here: every connect() loads this plugin, whatever the scheme
+
         name = f"{base[:24]}_{hashlib.sha1(namespace.encode()).hexdigest()[:20]}"
     return url.with_options(table=name)
 
