@@ -136,6 +136,7 @@ class _KafkaConsumer(Consumer):
             self.driver.ensure_topics([topic for topic in topics if topic], timeout_s)
             self.driver._leave_lingering()  # an earlier run's consumer, if one stayed
             session = self._sessions.get()
+            self.driver.shed_idle_clients()
         return session.receive(timeout_s)
 
     def ack(self, received: Received) -> None:

@@ -11,12 +11,13 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from confluent_kafka import Consumer as Client
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient
-from confluent_kafka.cimpl import NewTopic  # what confluent_kafka.admin re-exports
+
+if TYPE_CHECKING:
+    from confluent_kafka.admin import AdminClient
 
 from hermes.core.driver import (
     DEFAULT_PRIORITY,
@@ -249,7 +250,10 @@ class KafkaDriver(Driver):
         self._client_errors_logged: dict[str, float] = {}
         self._handles = Handles()
         self._producers = self.per_process(lambda: Producer(self.producer_config))
-        self._admins = self.per_process(lambda: AdminClient(self.admin_config))
+        self._admins = self.per_process(self._new_admin)
+        #: Whether this process's producer has sent anything (a worker that never
+        #: retries lets it go once its consumer runs; see :meth:`shed_idle_clients`).
+        self._produced = False
         #: Topics known to exist (created or found).
         self.ready_topics: set[str] = set()
         #: (pid, consumer session) closed with records still in handlers: they leave
@@ -352,6 +356,25 @@ class KafkaDriver(Driver):
     def _admin(self) -> AdminClient:
         return self._admins.get()
 
+    def _new_admin(self) -> AdminClient:
+        # Imported here: confluent_kafka.admin costs a worker 0.4 MB it needs only
+        # to create topics before the first receive.
+        from confluent_kafka.admin import AdminClient
+
+        return AdminClient(self.admin_config)
+
+    def shed_idle_clients(self) -> None:
+        """Let go of the admin client, and of the producer if it never sent anything.
+
+        A worker's consumer calls it once it has joined: each librdkafka client
+        holds its own threads and buffers (0.4 MB or so), and a worker needs the
+        producer only for a retry or a dead letter, when it is made again.
+        """
+        self._admins.discard()
+        if not self._produced:
+            self._producers.discard()
+        destroy_unused()
+
     def ensure_topics(self, topics: Sequence[str], timeout_s: float | None = None) -> None:
         """Create those of ``topics`` that do not exist yet (``partitions`` each).
 
@@ -363,6 +386,8 @@ class KafkaDriver(Driver):
             return
         wait_s = self.admin_timeout_s if timeout_s is None else min(timeout_s, self.admin_timeout_s)
         deadline = time.monotonic() + wait_s
+        from confluent_kafka.cimpl import NewTopic  # what confluent_kafka.admin re-exports
+
         admin = self._admin()
         new = [NewTopic(topic, num_partitions=self.partitions) for topic in missing]
         futures = admin.create_topics(new, request_timeout=self.admin_timeout_s)
@@ -453,6 +478,7 @@ class KafkaDriver(Driver):
             return
         self.ensure_topics([topic])
         producer = self._producer()
+        self._produced = True
         report = _DeliveryReport(len(bodies))
         deadline = time.monotonic() + self.send_timeout_s
         for index, body in enumerate(bodies):

@@ -163,6 +163,9 @@ class PostgresDriver(Driver):
             timeout=self.connect_timeout_s,
             name=f"hermes-{self.names.table}{'-settle' if settling else ''}",
             open=False,
+            # One thread to open and check connections in the background (not
+            # psycopg_pool's three): a pool of a few connections keeps it idle.
+            num_workers=1,
         )
         pool.open(wait=False)
         return pool
