@@ -46,7 +46,7 @@ from readme import replace_section  # noqa: E402
 
 from bench.hermes_cli import block_observers, observers  # noqa: E402
 from hermes.core import Emitter, Message, connect  # noqa: E402
-from hermes.core.driver import DriverUrl, SupportsTeardown, isolated_url  # noqa: E402
+from hermes.core.driver import Delay, DriverUrl, SupportsTeardown, isolated_url  # noqa: E402
 
 JOBS = ("noop", "incr", "sleep")
 JOB_LABELS = {"noop": "no-op", "incr": "INCR", "sleep": "sleep 20 ms"}
@@ -104,6 +104,8 @@ class Run:
     #: ``hermes worker`` arguments ("" or "-v") -> (part, share of the time) of its profile.
     profiles: dict[str, list[tuple[str, float]]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    #: What a section could not measure, and why (not an error: said in the report).
+    notes: list[str] = field(default_factory=list)
 
     def add(
         self, broker: str, system: str, metric: str, value: float, unit: str, note: str = ""
@@ -145,6 +147,7 @@ class Run:
                 "targets": [asdict(t) for t in targets(self)],
                 "profiles": self.profiles,
                 "errors": self.errors,
+                "notes": self.notes,
             },
             indent=2,
         )
@@ -166,6 +169,7 @@ def load_run(path: Path) -> Run:
     run.sizes = {(b, s): (n, r) for b, s, n, r in data["sizes"]}
     run.profiles = {flags: [tuple(p) for p in split] for flags, split in data["profiles"].items()}
     run.errors = data["errors"]
+    run.notes = data.get("notes", [])
     return run
 
 
@@ -402,7 +406,7 @@ class Hermes:
             purge_and_close(driver)
 
     def latency(self, broker: str, setting: HermesSetting, base_url: str) -> None:
-        """Emit->handle of an idle ``hermes worker`` at light load, and its idle RSS."""
+        """Emit->handle of an idle ``hermes worker`` at light load."""
         url = setting.url(base_url)
         system = setting.system()
         count = self.latency_count
@@ -415,7 +419,6 @@ class Hermes:
                 with worker(argv, self.env.make(count, out, "noop"), log) as proc:
                     wait_until_logged(log, "Reading priorit", proc, 120)
                     time.sleep(self.settle_s)  # let it settle into its idle wait
-                    self.run.add(broker, system, "idle worker RSS", rss_mb(proc.pid), "MB")
                     emitter = Emitter(driver)
                     for _ in range(count):
                         emitter.emit(Message("bench", {"sent": time.time()}))
@@ -428,6 +431,24 @@ class Hermes:
         self.run.add(broker, system, "latency p50", 1000 * statistics.median(lat), "ms", note)
         p99 = 1000 * lat[int(0.99 * (len(lat) - 1))]
         self.run.add(broker, system, "latency p99", p99, "ms", note)
+
+
+@contextlib.contextmanager
+def broker_url(broker: str) -> Iterator[str]:
+    """A base URL of ``broker`` with its server up for the duration (a temporary directory
+    for the filesystem driver)."""
+    if broker == "filesystem":
+        with tempfile.TemporaryDirectory() as tmp:
+            yield f"file://{tmp}/q"
+    elif broker == "redis":
+        yield services.ensure_redis()
+    elif broker == "rabbitmq":
+        yield services.ensure_rabbitmq()
+    elif broker == "postgres":
+        yield services.ensure_postgres()
+    else:
+        with services.service_url(broker) as url:
+            yield url
 
 
 def fill(driver: Any, n: int) -> None:
@@ -478,34 +499,6 @@ def import_time(run: Run) -> None:
             samples.append(int(match.group(1)) / 1000)
     note = "best of 7, -X importtime, bytecode cached"
     run.add("-", "hermes", "import hermes.core", min(samples), "ms", note)
-
-
-#: What each driver's client library costs on its own: the statement that loads it.
-CLIENT_IMPORTS = {
-    "redis": "import redis",
-    "rabbitmq": "import pika",
-    "sqs": "import boto3; boto3.client('sqs', region_name='us-east-1')",
-    "kafka": "import confluent_kafka",
-    "postgres": "import psycopg, psycopg_pool",
-}
-
-
-def client_rss(run: Run) -> None:
-    """RSS of an interpreter that only loads each driver's client library."""
-    for broker, statement in CLIENT_IMPORTS.items():
-        code = (
-            f"{statement}\n"
-            "for line in open('/proc/self/status'):\n"
-            "    if line.startswith('VmRSS:'): print(int(line.split()[1]) / 1024)"
-        )
-        try:
-            out = subprocess.run(
-                [sys.executable, "-c", code], capture_output=True, text=True, check=True
-            ).stdout
-        except subprocess.CalledProcessError as exc:
-            run.errors.append(f"client RSS {broker}: {exc.stderr.strip()[-300:]}")
-            continue
-        run.add(broker, "client library alone", "RSS", float(out), "MB", statement)
 
 
 # Profile ------------------------------------------------------------------------
@@ -1042,11 +1035,23 @@ RAW_TARGETS = {
     ("redis", "at-least-once"): 0.8,
     # One script call claims 16 where the raw loop pops one per round trip.
     ("redis", "at-least-once prefetch=16"): 1.5,
-    ("rabbitmq", "prefetch=1"): 0.8,
-    ("rabbitmq", "prefetch=50"): 0.7,
+    ("rabbitmq", "prefetch=1"): 0.85,
+    ("rabbitmq", "prefetch=50"): 0.85,
     ("kafka", ""): 0.75,
     ("postgres", ""): 0.7,
+    # The raw loop renames, reads and unlinks; the driver also lists new/ in
+    # priority and due order, counts deliveries and recovers dead workers' files.
+    ("filesystem", "fsync=false"): 0.7,
 }
+#: Settings whose ``--concurrency 8`` INCR row must keep up with their serial one.
+CONCURRENT_TARGETS = [
+    ("redis", ""),
+    ("redis", "at-least-once"),
+    ("rabbitmq", "prefetch=1"),
+    ("filesystem", "fsync=false"),
+]
+#: Idle memory a worker may add over its client library's own idle consumer, in MB.
+IDLE_OVER_CLIENT_MB = 3.0
 
 
 @dataclass
@@ -1068,7 +1073,7 @@ class Target:
 
     def cells(self) -> tuple[str, str]:
         """(measured, target) as table cells."""
-        spec = ".2f" if self.unit == "x" else ".1f" if self.unit == "ms" else ",.0f"
+        spec = ".2f" if self.unit == "x" else ".1f" if self.unit in ("ms", "MB") else ",.0f"
         sign = "<=" if self.at_most else ">="
         unit = self.unit if self.unit == "x" else f" {self.unit}"
         bound = f"{self.bound:g}" if self.unit == "x" else f"{self.bound:,.0f}"
@@ -1145,8 +1150,35 @@ def targets(run: Run) -> list[Target]:
         # worker of an app that depends on the plugin pays before anyone looks.
         label = f"`hermes worker` with hermes-{plugin} / without"
         found.append(redis_ratio(label, observed_system(plugin), WORKER, "noop", 0.9))
+    for broker, label in CONCURRENT_TARGETS:
+        setting = HermesSetting(label)
+        eight = run.value(broker, setting.system(concurrent=True), "handle INCR")
+        one = run.value(broker, setting.system(), "handle INCR")
+        found.append(
+            Target(
+                f"{broker}{f' ({label})' if label else ''}, INCR: `{CONCURRENT}` / one thread",
+                eight / one if eight and one else None,
+                0.9,
+                "x",
+                f"{setting.system(concurrent=True)} / {setting.system()}",
+            )
+        )
+    emit, raw_emit = (
+        run.value("rabbitmq", "hermes worker prefetch=1", "emit"),
+        run.value("rabbitmq", "raw pika", "emit"),
+    )
+    found.append(
+        Target(
+            "rabbitmq, emit with confirms: Hermes / raw pika",
+            emit / raw_emit if emit and raw_emit else None,
+            0.85,
+            "x",
+            "hermes worker prefetch=1 / raw pika (emit)",
+        )
+    )
+    found += startup_targets(run) + footprint_targets(run) + backlog_targets(run)
     for (broker, label), least in RAW_TARGETS.items():
-        # The filesystem and SQS raw loops do less than a driver must: no ratio target.
+        # The SQS raw loop does less than a driver must: no ratio target.
         raw = RAW[broker, label]
         system = HermesSetting(label).system()
         mine = run.value(broker, system, "handle no-op")
@@ -1180,6 +1212,87 @@ def targets(run: Run) -> list[Target]:
         found.append(Target(f"{broker}: idle worker RSS", rss, 40, "MB", system, at_most=True))
     imported = run.value("-", "hermes", "import hermes.core")
     found.append(Target("`import hermes.core`", imported, 50, "ms", "hermes", at_most=True))
+    return found
+
+
+def startup_targets(run: Run) -> list[Target]:
+    """From a cold start (bench/startup.py): Hermes against Dramatiq and Celery."""
+    from bench import startup
+
+    hermes, dramatiq, celery = (name for name, _ in startup.SYSTEMS)
+    found = []
+    for peer in (dramatiq, celery):
+        ours = run.value("redis", hermes, startup.COLD_RATE)
+        theirs = run.value("redis", peer, startup.COLD_RATE)
+        found.append(
+            Target(
+                f"redis, I/O job from a cold start: `{hermes}` / {peer}",
+                ours / theirs if ours and theirs else None,
+                1.0,
+                "x",
+                f"{hermes} / {peer}",
+            )
+        )
+    ours = run.value("redis", hermes, startup.START_UP)
+    theirs = run.value("redis", dramatiq, startup.START_UP)
+    found.append(
+        Target(
+            f"redis, start-up to the first job: `{hermes}` / {dramatiq}",
+            ours / theirs if ours and theirs else None,
+            1.0,
+            "x",
+            f"{hermes} / {dramatiq}",
+            at_most=True,
+        )
+    )
+    return found
+
+
+def footprint_targets(run: Run) -> list[Target]:
+    """Idle ``hermes worker`` over its client library's idle consumer (bench/footprint.py)."""
+    from bench import footprint
+
+    found = []
+    for broker, settings in HERMES_SETTINGS.items():
+        if broker == "filesystem":
+            continue  # no client library to compare with
+        ours = run.value(broker, settings[0].system(), footprint.IDLE)
+        client = run.value(broker, footprint.CLIENT, "RSS")
+        found.append(
+            Target(
+                f"{broker}: idle worker RSS over its client library's idle consumer",
+                ours - client if ours is not None and client is not None else None,
+                IDLE_OVER_CLIENT_MB,
+                "MB",
+                f"{settings[0].system()} - {footprint.CLIENT}",
+                at_most=True,
+            )
+        )
+    return found
+
+
+def backlog_targets(run: Run) -> list[Target]:
+    """Rates behind and beside a big backlog over the empty queue's (bench/scale.py)."""
+    from bench import scale
+
+    found = []
+    for broker, settings in scale.BACKLOG_SETTINGS.items():
+        for setting in settings:
+            empty = run.value(broker, setting.system(), scale.EMPTY)
+            for metric in (scale.waiting_metric(run), scale.scheduled_metric(run)):
+                rate = run.value(broker, setting.system(), metric)
+                if rate is None and metric == scale.scheduled_metric(run):
+                    continue  # delay ignored: nothing is held for later
+                found.append(
+                    Target(
+                        f"{broker}{f' ({setting.label})' if setting.label else ''}: "
+                        f"{metric.removeprefix('handle no-op, ')} / empty queue",
+                        rate / empty if rate and empty else None,
+                        0.8,
+                        "x",
+                        f"{setting.system()}",
+                    )
+                )
     return found
 
 
@@ -1221,6 +1334,8 @@ def markdown(run: Run) -> str:
     lines += ["", targets_table(run)]
     if run.profiles:
         lines += ["", profile_line(run)]
+    if run.notes:
+        lines += ["", "Not measured, and why:", ""] + [f"- {note}" for note in run.notes]
     if run.errors:
         lines += ["", "Rows that could not be measured:", ""] + [f"- {e}" for e in run.errors]
     return "\n".join(lines) + "\n"
@@ -1326,6 +1441,12 @@ def driver_table(run: Run, brokers: tuple[str, ...]) -> str:
     return "\n".join(lines)
 
 
+def startup_table(run: Run) -> str:
+    from bench import startup
+
+    return startup.table(run)
+
+
 def summary(run: Run) -> str:
     """README.md's section: Hermes against its peers and its raw clients, and the targets."""
     imported = run.value("-", "hermes", "import hermes.core")
@@ -1338,6 +1459,12 @@ def summary(run: Run) -> str:
         "",
         f"`import hermes.core`: {fmt(imported, '.0f')} ms (best of 7, `-X importtime`, "
         "bytecode cached, taken while nothing else of the benchmark runs).",
+        "",
+        "From a cold start (`bench/startup.py`): 2,000 jobs of a 20 ms sleep and one "
+        "INCR wait on Redis; each worker is spawned with 8 threads, from an environment "
+        "holding only what its users install:",
+        "",
+        startup_table(run),
         "",
         targets_table(run),
     ]
@@ -1356,7 +1483,14 @@ def driver_summary(run: Run, broker: str) -> str:
     ]
     if broker in PEERS_ON:
         lines += ["", peers_table(run, (broker,))]
-    wanted = [t for t in targets(run) if t.what.startswith(f"{broker},")]
+    from bench import scale
+
+    big_queues = scale.driver_section(run, broker)
+    if big_queues:
+        lines += ["", big_queues]
+    wanted = [
+        t for t in targets(run) if t.what.startswith((f"{broker},", f"{broker}:", f"{broker} ("))
+    ]
     if wanted:
         lines += ["", "| target | measured | bound | result |", "|---|---:|---:|---|"]
         lines += [f"| {t.what} | {' | '.join(t.cells())} | {t.held} |" for t in wanted]
@@ -1409,6 +1543,9 @@ def main() -> int:
         "--render", action="store_true", help="measure nothing: write the reports of latest.json"
     )
     args = parser.parse_args()
+    # Not at the top: each imports helpers from this module.
+    from bench import footprint, scale, startup
+
     if args.render:
         run = load_run(Path(args.out) / "latest.json")
         write_reports(run, Path(args.out), readmes=not run.quick and not run.errors)
@@ -1540,14 +1677,58 @@ def main() -> int:
         profile_worker(run, env, redis_url, n, out)
         profile_worker(run, env, redis_url, n, out, verbose=True)
 
+    def each_broker(measure: Callable[[str, HermesSetting, str], None],
+                    settings: dict[str, list[HermesSetting]]) -> None:  # fmt: skip
+        """``measure(broker, setting, url)`` for every broker in ``settings``, each server up."""
+        for broker, chosen in settings.items():
+            with broker_url(broker) as url:
+                for setting in chosen:
+                    try:
+                        measure(broker, setting, url)
+                    except Exception as exc:  # one broker's failure must not hide the others'
+                        run.errors.append(f"{broker} {setting.label}: {type(exc).__name__}: {exc}")
+                        print(f"  !! {broker} {setting.label}: {exc}", flush=True)
+
+    def footprint_section() -> None:
+        def measure(broker: str, setting: HermesSetting, url: str) -> None:
+            footprint.measure(run, env, broker, setting, url)
+
+        each_broker(measure, {b: HERMES_SETTINGS[b][:1] for b in HERMES_SETTINGS})
+
+    def backlog_section() -> None:
+        def measure(broker: str, setting: HermesSetting, url: str) -> None:
+            held = HermesSetting(setting.label, setting.options).url(url)
+            scheduled = connect(held).capabilities.delay is Delay.NATIVE
+            scale.backlog(run, env, broker, setting, url, scheduled=scheduled)
+
+        each_broker(measure, scale.BACKLOG_SETTINGS)
+        scale.note_sqs_backlog(run)
+
+    def processes_section() -> None:
+        def measure(broker: str, setting: HermesSetting, url: str) -> None:
+            scale.processes(run, env, broker, setting, url)
+
+        each_broker(measure, scale.PROCESS_SETTINGS)
+
+    def cost_section() -> None:
+        def measure(broker: str, setting: HermesSetting, url: str) -> None:
+            usage, what = scale.usage_of(broker, url)
+            scale.cost(run, env, broker, setting, url, usage, what)
+
+        each_broker(measure, scale.COST_SETTINGS)
+
     section("import", lambda: import_time(run))
-    section("import", lambda: client_rss(run))
+    section("startup", lambda: startup.measure(run, env, redis_url))
+    section("footprint", footprint_section)
     section("filesystem", filesystem)
     section("redis", redis_section)
     section("rabbitmq", rabbitmq)
     section("sqs", sqs)
     section("kafka", kafka)
     section("postgres", postgres)
+    section("backlog", backlog_section)
+    section("processes", processes_section)
+    section("cost", cost_section)
     if "incr" in jobs:
         section("profile", profile)
     with contextlib.suppress(Exception):
@@ -1578,6 +1759,11 @@ def write_reports(run: Run, out: Path, readmes: bool) -> None:
             problem = replace_section(readme, "bench", text)
             if problem:
                 run.errors.append(problem)
+        from bench import scale
+
+        problem = replace_section(ROOT / "README.md", "scaling", scale.scaling_section(run))
+        if problem:
+            run.errors.append(problem)
     md = markdown(run)  # last: it lists every error above
     (out / f"{prefix}.md").write_text(md)
     (out / f"{prefix}.json").write_text(run.to_json())

@@ -10,24 +10,23 @@ it. Measured from the moment the process is spawned:
 * the rate users see from a cold start: the backlog over the time from the
   spawn to its last job, start-up included.
 
-The systems run in turn, the first rotating per round, each row the median
-of its rounds. Before the first round every installed module is compiled to
-bytecode, as ``pip install`` does, so no system pays for compiling its own
-source (the benchmark's environment may say ``PYTHONDONTWRITEBYTECODE``).
+Each system runs from an environment holding what its users install and
+nothing else (``bench/envs.py``): hermes-core and hermes-redis; ``dramatiq[redis]``;
+``celery[redis]``, its modules compiled to bytecode as ``pip install`` does. The
+systems run in turn, the first rotating per round, each row the median of its
+rounds.
 """
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
-import sysconfig
 import tempfile
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
+from bench import envs
 from bench.run import (
     ROOT,
     WORKER,
@@ -39,7 +38,6 @@ from bench.run import (
     purge_and_close,
     wait_result,
     worker,
-    worker_command,
 )
 from hermes.core import connect
 
@@ -59,28 +57,19 @@ COLD_RATE = "handle I/O job, start-up included"
 NOTE = "sleep 20 ms + INCR"
 
 
-def compile_bytecode() -> None:
-    """Compile this environment's site-packages and the repository's sources, once."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    paths = [sysconfig.get_paths()["purelib"], str(ROOT / "bench")]
-    paths += [str(p) for p in ROOT.glob("*/src")] + [str(p) for p in ROOT.glob("*/*/src")]
-    subprocess.run(
-        [sys.executable, "-m", "compileall", "-q", "-j", "0", *paths],
-        env=env,
-        check=False,  # a module that does not compile (a test fixture) is not ours to time
-        capture_output=True,
-    )
+#: The environment each system runs from.
+ENV_OF = {"hermes": "hermes-redis", "dramatiq": "dramatiq-redis", "celery": "celery-redis"}
 
 
-def argv_for(system: str, url: str) -> list[str]:
+def argv_for(system: str, url: str, python: str) -> list[str]:
     if system == "hermes":
-        argv = [*worker_command(), "worker", "--url", url, "--handlers", "bench.jobs:register"]
-        return [*argv, "--concurrency", str(THREADS)]
+        argv = [python, "-m", "bench.hermes_cli", "worker", "--url", url]
+        return [*argv, "--handlers", "bench.jobs:register", "--concurrency", str(THREADS)]
     if system == "dramatiq":
-        argv = [sys.executable, "-m", "dramatiq", "bench.peer_dramatiq"]
+        argv = [python, "-m", "dramatiq", "bench.peer_dramatiq"]
         return [*argv, "--processes", "1", "--threads", str(THREADS)]
     return [
-        sys.executable, "-m", "celery", "-A", "bench.peer_celery", "worker",
+        python, "-m", "celery", "-A", "bench.peer_celery", "worker",
         "--loglevel=WARNING", "--pool=threads", f"--concurrency={THREADS}",
         "--without-mingle", "--without-gossip", "--without-heartbeat",
     ]  # fmt: skip
@@ -93,16 +82,16 @@ def one(env: Env, redis_url: str, system: str, n: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         out, log = Path(tmp) / "result.json", Path(tmp) / "worker.log"
         extra = {"HERMES_BENCH_BROKER": redis_url, "HERMES_BENCH_QUEUE": queue}
-        worker_env = env.make(n, out, "io", **extra)
-        worker_env.pop("PYTHONDONTWRITEBYTECODE", None)
+        worker_env = envs.environ(env.make(n, out, "io", **extra))
+        python = envs.python(ENV_OF[system])
         driver = connect(hermes_url) if system == "hermes" else None
         try:
             if driver is not None:
                 fill(driver, n)
-                argv = [*argv_for(system, hermes_url), "--max-items", str(n)]
+                argv = [*argv_for(system, hermes_url, python), "--max-items", str(n)]
             else:
                 emitted = subprocess.run(
-                    [sys.executable, "-m", "bench.peer_emit", system],
+                    [python, "-m", "bench.peer_emit", system],
                     env={**worker_env, "HERMES_BENCH_OUT": ""},
                     capture_output=True,
                     text=True,
@@ -110,7 +99,7 @@ def one(env: Env, redis_url: str, system: str, n: int) -> dict[str, Any]:
                 )
                 if emitted.returncode != 0:
                     raise RuntimeError(f"{system} emit failed: {emitted.stderr.strip()[-500:]}")
-                argv = argv_for(system, redis_url)
+                argv = argv_for(system, redis_url, python)
             spawned = time.time()
             with worker(argv, worker_env, log) as proc:
                 result = wait_result(out, proc, 600, log)
@@ -125,7 +114,6 @@ def one(env: Env, redis_url: str, system: str, n: int) -> dict[str, Any]:
 def measure(run: Run, env: Env, redis_url: str) -> None:
     """The start-up rows of ``run``: ``run.rounds`` rounds of every system."""
     n = 100 if run.quick else 2000
-    compile_bytecode()
     for round_ in range(run.rounds):
         shift = round_ % len(SYSTEMS)
         for name, system in SYSTEMS[shift:] + SYSTEMS[:shift]:
@@ -135,3 +123,21 @@ def measure(run: Run, env: Env, redis_url: str) -> None:
             rate = result["count"] / (result["last"] - result["spawned"])
             note = f"{n:,} x {NOTE}, {THREADS} threads, from the spawn"
             run.add("redis", name, COLD_RATE, rate, "msgs/s", note)
+
+
+def table(run: Run) -> str:
+    """The start-up rows as a README table."""
+    lines = [
+        "| system (as installed alone) | spawn to first job | I/O job from a cold start |",
+        "|---|---:|---:|",
+    ]
+    for name, _ in SYSTEMS:
+        first = run.value("redis", name, START_UP)
+        rate = run.value("redis", name, COLD_RATE)
+        if first is None and rate is None:
+            continue
+        lines.append(
+            f"| {name} | {'-' if first is None else f'{first:,.0f} ms'} "
+            f"| {'-' if rate is None else f'{rate:,.0f} jobs/s'} |"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,89 @@
+"""Virtual environments that hold what a user of one system installs.
+
+For the rows where what else is installed shows: start-up and idle memory.
+The benchmark's own environment holds every Hermes distribution, every peer
+and the test tools. Importing redis-py there also imports the OpenTelemetry
+SDK (redis-py loads it when it is installed), and every Hermes process loads
+every installed plugin. A user of Hermes on RabbitMQ installs hermes-core and
+hermes-rabbitmq; a user of Dramatiq on Redis, ``dramatiq[redis]``.
+
+Each environment is made once under ``.nox/bench-envs/<name>`` (with uv when it
+is there, else venv and pip), the Hermes distributions editable from this
+checkout, and its modules compiled to bytecode as ``pip install`` does; it is
+made again when its requirements change.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+HOME = ROOT / ".nox" / "bench-envs"
+
+#: Name -> what is installed in it (pip requirement arguments, paths from the root).
+ENVS: dict[str, list[str]] = {
+    **{
+        f"hermes-{driver}": ["-e", "core", "-e", f"drivers/{driver}"]
+        for driver in ("filesystem", "redis", "rabbitmq", "sqs", "kafka", "postgres")
+    },
+    "dramatiq-redis": ["dramatiq[redis]>=1.17"],
+    "celery-redis": ["celery[redis]>=5.4"],
+}
+
+
+def _uv() -> str | None:
+    found = shutil.which("uv")
+    local = ROOT / ".venv" / "bin" / "uv"
+    return found or (str(local) if local.exists() else None)
+
+
+def python(name: str) -> str:
+    """The interpreter of environment ``name``, made (or brought up to date) first."""
+    requirements = ENVS[name]
+    path = HOME / name
+    interpreter = path / "bin" / "python"
+    stamp = path / "bench-requirements.txt"
+    wanted = "\n".join(requirements)
+    if not (interpreter.exists() and stamp.exists() and stamp.read_text() == wanted):
+        shutil.rmtree(path, ignore_errors=True)
+        uv = _uv()
+        if uv:
+            subprocess.run([uv, "venv", "-q", "--python", sys.executable, str(path)], check=True)
+            install = [uv, "pip", "install", "-q", "--python", str(interpreter)]
+        else:
+            subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
+            install = [str(interpreter), "-m", "pip", "install", "-q"]
+        subprocess.run([*install, *requirements], cwd=ROOT, check=True)
+        stamp.write_text(wanted)
+    compile_bytecode(str(interpreter))
+    return str(interpreter)
+
+
+def compile_bytecode(interpreter: str) -> None:
+    """Compile ``interpreter``'s site-packages and the repository's sources to bytecode."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    site = subprocess.run(
+        [interpreter, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    paths = [site, str(ROOT / "bench")]
+    paths += [str(p) for p in ROOT.glob("*/src")] + [str(p) for p in ROOT.glob("*/*/src")]
+    subprocess.run(
+        [interpreter, "-m", "compileall", "-q", "-j", "0", *paths],
+        env=env,
+        check=False,  # a module that does not compile (a test fixture) is not ours to time
+        capture_output=True,
+    )
+
+
+def environ(base: dict[str, str]) -> dict[str, str]:
+    """``base`` for a process of one of these environments: bytecode is read, not recompiled."""
+    env = dict(base)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
