@@ -1697,8 +1697,11 @@ def main() -> int:
 
     def backlog_section() -> None:
         def measure(broker: str, setting: HermesSetting, url: str) -> None:
-            held = HermesSetting(setting.label, setting.options).url(url)
-            scheduled = connect(held).capabilities.delay is Delay.NATIVE
+            probe = connect(setting.url(url))
+            try:
+                scheduled = probe.capabilities.delay is Delay.NATIVE
+            finally:
+                probe.close()
             scale.backlog(run, env, broker, setting, url, scheduled=scheduled)
 
         each_broker(measure, scale.BACKLOG_SETTINGS)

@@ -316,7 +316,7 @@ def usage_of(broker: str, url: str) -> tuple[Callable[[], Usage], str]:
 def cost(run: Run, env: Env, broker: str, setting: HermesSetting, base_url: str,
          usage: Callable[[], Usage], what: str) -> None:  # fmt: skip
     """Emit messages one by one, let ``hermes worker`` handle them; what the broker spent."""
-    n = 500 if run.quick else 20_000
+    n = 500 if run.quick else 5_000
     system = setting.system()
     for _ in range(run.rounds):
         url = setting.url(base_url)
