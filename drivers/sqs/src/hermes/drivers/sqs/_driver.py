@@ -806,7 +806,8 @@ class _SqsConsumer(Consumer):
     only touch the heartbeat (which serializes its SQS calls under one lock)
     and this consumer's count under its own lock. They do not raise: a failed
     delete or give-back is logged, and SQS delivers the message again after
-    its visibility timeout. ``receive`` and ``close`` belong to one thread.
+    its visibility timeout. ``receive`` and ``close`` are called by one thread at
+    a time (core's worker may receive on another thread each time).
     """
 
     def __init__(self, driver: AmazonSqsDriver, order: list[int], concurrency: int = 1) -> None:
