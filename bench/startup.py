@@ -112,9 +112,13 @@ def one(env: Env, redis_url: str, system: str, n: int) -> dict[str, Any]:
 
 
 def measure(run: Run, env: Env, redis_url: str) -> None:
-    """The start-up rows of ``run``: ``run.rounds`` rounds of every system."""
+    """The start-up rows of ``run``: three times ``run.rounds`` rounds of every system.
+
+    Three times: a start-up lasts a fifth of a second, and the machine's noise is
+    a large share of that.
+    """
     n = 100 if run.quick else 2000
-    for round_ in range(run.rounds):
+    for round_ in range(3 * run.rounds):
         shift = round_ % len(SYSTEMS)
         for name, system in SYSTEMS[shift:] + SYSTEMS[:shift]:
             result = one(env, redis_url, system, n)

@@ -19,14 +19,12 @@ import importlib
 import os
 import re
 import sys
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 _SUFFIXES = (".dist-info", ".egg-info")
 
 
-@dataclass(frozen=True)
-class EntryPoint:
+class EntryPoint(NamedTuple):
     """One ``name = module:attr`` line of a distribution's ``entry_points.txt``."""
 
     name: str
@@ -45,8 +43,7 @@ class EntryPoint:
         return loaded
 
 
-@dataclass(frozen=True)
-class _Distribution:
+class _Distribution(NamedTuple):
     name: str
     version: str
     path: str

@@ -510,11 +510,12 @@ def run(args: argparse.Namespace, child: ChildLink | None = None) -> int:
             heartbeat=heartbeat,
         )
         early.stop(worker)
-        # Imported here: _scheduler imports this module for load_object.
-        from hermes.core._cli import _scheduler
-
         scheduler = None
         if args.scheduler:
+            # Imported here: _scheduler imports this module for load_object, and a
+            # worker without --scheduler does without it.
+            from hermes.core._cli import _scheduler
+
             scheduler = _scheduler.start_in_worker(args, target, driver, url)
             _scheduler.beat_for(stack, args, beats, url, scheduler)
         started = time.monotonic()
