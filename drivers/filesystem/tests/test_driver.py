@@ -435,6 +435,19 @@ def test_a_file_dropped_into_new_by_hand_is_quarantined_under_its_own_name(
     assert files(queue_dir / "new") == []
 
 
+def test_a_stray_named_like_a_priority_is_quarantined_when_it_reaches_the_head_of_its_queue(
+    driver, queue_dir, receive, files
+):
+    # Sorted as text with the messages of priority 100 (its name begins "100."), and
+    # before them: it is found out when the worker comes to it, and they still arrive.
+    driver.send(Message("first"))
+    (queue_dir / "new" / "100.-not-a-message.json").write_text("{}")
+    driver.send(Message("second"))
+    assert receive(driver, 2).types == ["first", "second"]
+    assert "100.-not-a-message.json" in files(queue_dir / "quarantine")
+    assert files(queue_dir / "new") == []
+
+
 def test_a_second_stray_file_with_the_same_name_does_not_overwrite_the_first(
     driver, queue_dir, receive, files
 ):
