@@ -111,7 +111,10 @@ def test_a_message_released_from_a_handler_thread_at_concurrency_four_comes_back
     failing = hermes_kit.worker(
         driver=driver, dispatcher_class=_FailsOnceOffThread, concurrency=4, start=False
     )
-    assert isinstance(failing.dispatcher, _FailsOnceOffThread)
+    assert isinstance(failing.dispatcher, _FailsOnceOffThread), (
+        f"the kit's worker was built with {type(failing.dispatcher).__name__}, "
+        "not the dispatcher_class it was given"
+    )
     failing.dispatcher.receiving = receiving
     failing.start()
     assert wait_until(lambda: ledger.has(message.id), DELIVERY_S), (

@@ -67,14 +67,18 @@ def sample_queue_depth(url: str) -> None:
                     QUEUE_DEPTH.labels(str(row.priority), row.name, state).set(value)
 
 
+def _sample_once(url: str) -> None:
+    try:
+        sample_queue_depth(url)
+    except Exception as exc:
+        # A broker away for a moment: the gauges keep their last value until it is back.
+        logger.warning("sampling the queue depth of %s failed - %s", redact_url(url), exc)
+
+
 def _sample_forever(url: str) -> None:
     while True:
-        try:
-            sample_queue_depth(url)
-        except Exception as exc:
-            # A broker away for a moment: the gauges keep their last value until it is back.
-            logger.warning("sampling the queue depth of %s failed - %s", redact_url(url), exc)
         time.sleep(SAMPLE_INTERVAL_S)
+        _sample_once(url)
 
 
 def start_metrics_server(port: int, url: str | None = None, addr: str = "127.0.0.1") -> str:
@@ -98,6 +102,11 @@ def start_metrics_server(port: int, url: str | None = None, addr: str = "127.0.0
     # its copy of the listening socket, so the port is free once the server stops.
     os.register_at_fork(after_in_child=server.socket.close)
     if url is not None:
+        # The first sample is taken here, on the caller's thread, so that the driver
+        # modules it imports are imported before a worker pool forks its children:
+        # a module that another thread is still importing when the process forks
+        # stays locked for ever in the child, and the child hangs on its import.
+        _sample_once(url)
         threading.Thread(
             target=_sample_forever, args=(url,), name="hermes-queue-depth", daemon=True
         ).start()
