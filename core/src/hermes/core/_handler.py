@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 from hermes.core._errors import ConfigurationError, HandlerResultError
 from hermes.core._message import Message
 from hermes.core._retry import Backoff, RetryableHandler, RetryMixin
-from hermes.core._schedule import Schedule, on_schedule
 
 if TYPE_CHECKING:
     from hermes.core._dispatcher import Dispatcher
+    from hermes.core._schedule import Schedule, on_schedule
 
 
 @runtime_checkable
@@ -253,6 +253,24 @@ def _short(value: object, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+class _ScheduleMethod:
+    """A method of :class:`Schedule` on a registry, built when first looked up.
+
+    The first lookup replaces this descriptor on the class with the method
+    itself (``on_schedule(Schedule.<name>)``), signature and docstring included.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, instance: object, owner: type) -> Any:
+        from hermes.core._schedule import Schedule, on_schedule
+
+        method = on_schedule(getattr(Schedule, self.name))
+        setattr(owner, self.name, method)
+        return method if instance is None else method.__get__(instance, owner)
+
+
 class HandlerRegistry:
     """Handlers collected when a module is imported, registered on a Dispatcher later.
 
@@ -327,10 +345,18 @@ class HandlerRegistry:
         """
         schedule: Schedule | None = self.__dict__.get("_schedule")
         if schedule is None:
+            from hermes.core._schedule import Schedule
+
             schedule = self.__dict__["_schedule"] = Schedule()
         return schedule
 
-    #: :meth:`Schedule.every`: emit a message type every interval.
-    every = on_schedule(Schedule.every)
-    #: :meth:`Schedule.cron`: emit a message type on each tick of a cron expression.
-    cron = on_schedule(Schedule.cron)
+    if TYPE_CHECKING:
+        every = on_schedule(Schedule.every)
+        cron = on_schedule(Schedule.cron)
+    else:
+        # Made on first use: a worker whose handlers declare no periodic entry
+        # never imports the schedule's cron parser and calendar arithmetic.
+        #: :meth:`Schedule.every`: emit a message type every interval.
+        every = _ScheduleMethod("every")
+        #: :meth:`Schedule.cron`: emit a message type on each tick of a cron expression.
+        cron = _ScheduleMethod("cron")

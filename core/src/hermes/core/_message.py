@@ -1,12 +1,15 @@
 from __future__ import annotations
 
-import datetime
 import os
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import datetime
 
 #: How many headers a message may carry, and how long a name and a value may be
 #: (in characters). Headers are metadata -- trace context, a correlation id --
@@ -40,8 +43,10 @@ def _describe(value: Any) -> str:
 
 def _timestamp(value: Any) -> float:
     """``execute_at`` as a UNIX timestamp: a number, or a ``datetime`` (naive: local time)."""
-    if isinstance(value, datetime.datetime):
-        return value.timestamp()
+    # Not imported for this: a datetime exists only once its module was imported.
+    datetime = sys.modules.get("datetime")
+    if datetime is not None and isinstance(value, datetime.datetime):
+        return float(value.timestamp())
     # Any real number (int, float, Decimal, numpy's) but a bool, which is surely a mistake.
     if hasattr(value, "__float__") and not isinstance(value, bool | str | bytes):
         return float(value)

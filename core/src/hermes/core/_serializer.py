@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import datetime
 import json
 import math
 import sys
@@ -91,9 +90,10 @@ def unencodable(payload: Any) -> str | None:
 
 def _fix(value: Any, name: str) -> str:
     """How to send ``value`` in a payload instead."""
-    if isinstance(value, datetime.datetime | datetime.date | datetime.time):
+    # Not imported for these: a date or a Decimal exists only once its module was imported.
+    datetime = sys.modules.get("datetime")
+    if datetime is not None and isinstance(value, datetime.date | datetime.time):
         return f"JSON has no dates; send {name}.isoformat() (or a UNIX timestamp)"
-    # Not imported for this: a Decimal exists only once its module was imported.
     decimal = sys.modules.get("decimal")
     if decimal is not None and isinstance(value, decimal.Decimal):
         return f"send str({name}) to keep every digit (or float({name}))"

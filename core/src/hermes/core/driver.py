@@ -42,7 +42,6 @@ from hermes.core._errors import (
 )
 from hermes.core._lazy import lazy_exports
 from hermes.core._leases import Handover, LeaseKeeper
-from hermes.core._memory import MemoryDriver
 from hermes.core._message import Message
 from hermes.core._process import PerProcess
 from hermes.core._registry import DriverPlugin, hookimpl, isolated_url, plugin_manager
@@ -52,6 +51,7 @@ from hermes.core._url import DriverUrl, redact_url
 
 if TYPE_CHECKING:
     from hermes.core._failed import QueueBrowser
+    from hermes.core._memory import MemoryDriver
 
 __all__ = [
     "DEFAULT_PRIORITY",
@@ -100,4 +100,7 @@ __all__ = [
 ]
 
 if not TYPE_CHECKING:  # type checkers read the import above
-    __getattr__, __dir__ = lazy_exports(__name__, {"QueueBrowser": "hermes.core._failed"})
+    # Imported when first used: a worker on a real broker needs neither.
+    __getattr__, __dir__ = lazy_exports(
+        __name__, {"QueueBrowser": "hermes.core._failed", "MemoryDriver": "hermes.core._memory"}
+    )
