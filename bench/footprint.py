@@ -2,7 +2,8 @@
 
 Both run from an environment holding hermes-core and the driver's
 distribution alone (``bench/envs.py``), as a user installs them. The worker is
-started on an empty queue; the client library's row is the library's own
+started on an empty queue that an earlier worker (not measured) set up,
+as a redeployed worker finds it; the client library's row is the library's own
 consumer, connected and waiting for a message on the same broker
 (:data:`RAW_CONSUMERS`). Each is measured (``VmRSS``) once it has waited a
 moment: the difference is what a worker adds over the client it cannot do
@@ -111,8 +112,10 @@ def measure(run: Run, env: Env, broker: str, setting: HermesSetting, base_url: s
     """The idle rows of ``broker``: ``hermes worker`` and its client library, in turn."""
     python = envs.python(f"hermes-{broker}")
     settle_s = 0.5 if run.quick else 1.5
-    for _ in range(run.rounds):
-        url = setting.url(base_url)
+    url = setting.url(base_url)
+    # The first worker, not measured, sets the broker's queues up (Kafka creates
+    # its topics); each measured one finds them there, as a redeployed worker does.
+    for round_ in range(-1, run.rounds):
         with tempfile.TemporaryDirectory() as tmp:
             log = Path(tmp) / "worker.log"
             argv = [python, "-m", "bench.hermes_cli", "worker", "--url", url]
@@ -122,7 +125,12 @@ def measure(run: Run, env: Env, broker: str, setting: HermesSetting, base_url: s
                 wait_until_logged(log, "Reading priorit", proc, 120)
                 time.sleep(settle_s)
                 rss = rss_mb(proc.pid)
-        note = f"hermes-core and hermes-{broker} alone installed; waiting on an empty queue"
+        if round_ < 0:
+            continue
+        note = (
+            f"hermes-core and hermes-{broker} alone installed; waiting on an empty queue "
+            "that an earlier worker set up"
+        )
         run.add(broker, setting.system(), IDLE, rss, "MB", note)
         run.add(broker, CLIENT, "RSS", _raw_rss(python, broker, url, settle_s), "MB",
                 "its own consumer, connected and waiting" if broker != "filesystem"

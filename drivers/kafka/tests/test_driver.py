@@ -318,6 +318,28 @@ def test_max_items_returns_after_that_many_and_the_rest_stay_for_the_next_worker
     assert sorted(first.payloads + second.payloads) == [0, 1, 2, 3]
 
 
+def test_a_worker_on_topics_that_exist_makes_no_admin_client(
+    make_driver: MakeDriver, handle: Handle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made: list[KafkaDriver] = []
+    new_admin = KafkaDriver._new_admin
+
+    def counted(driver: KafkaDriver) -> AdminClient:
+        made.append(driver)
+        return new_admin(driver)
+
+    monkeypatch.setattr(KafkaDriver, "_new_admin", counted)
+    first = make_driver()
+    first.send(Message("job", {"v": 1}))
+    assert made == [first], "the first driver creates the topics with an admin client"
+
+    second = make_driver()
+    assert [m.payload for m in handle(second, 1).messages] == [{"v": 1}]
+
+    assert made == [first], "the second driver found the topics in the producer's metadata"
+    assert set(second.topics.values()) <= second.ready_topics
+
+
 def test_teardown_deletes_the_topic_and_forgets_it(
     make_driver: MakeDriver, handle: Handle, eventually: Poll
 ) -> None:

@@ -386,6 +386,13 @@ class KafkaDriver(Driver):
             return
         wait_s = self.admin_timeout_s if timeout_s is None else min(timeout_s, self.admin_timeout_s)
         deadline = time.monotonic() + wait_s
+        # Most workers start on topics that exist: the producer's metadata says so
+        # in one round trip, and the admin client (and its module) is never made.
+        listed = self._listed_topics(wait_s / 2)  # the rest for the admin client, if need be
+        self.ready_topics.update(topic for topic in missing if topic in listed)
+        missing = [topic for topic in missing if topic not in listed]
+        if not missing:
+            return
         from confluent_kafka.cimpl import NewTopic  # what confluent_kafka.admin re-exports
 
         admin = self._admin()
@@ -437,6 +444,18 @@ class KafkaDriver(Driver):
                     f"Kafka {self.bootstrap} did not answer {what} within {timeout_s:.1f} s"
                 ) from exc
             return None
+
+    def _listed_topics(self, timeout_s: float) -> set[str]:
+        """The topics the broker lists to the producer; none when it does not answer in time.
+
+        A broker that does not answer, or refuses this client, is left to the
+        admin client's request that follows, which says which it is.
+        """
+        try:
+            return set(self._producer().list_topics(timeout=timeout_s).topics)
+        except KafkaException as exc:
+            logger.debug("Kafka %s: listing the topics failed - %s", self.bootstrap, exc)
+            return set()
 
     def _existing_topics(self, admin: AdminClient, timeout_s: float) -> set[str]:
         return set(admin.list_topics(timeout=timeout_s).topics)

@@ -21,7 +21,6 @@ The child pays for the references with the parent's handles' memory, which
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import sys
 import weakref
@@ -62,6 +61,10 @@ class Handles:
 
         return PerProcess(factory, retire)
 
+    def holds_any(self) -> bool:
+        """Whether any process's handles are listed here."""
+        return any(self._by_pid.values())
+
     def inherited(self) -> list[object]:
         """The handles other processes made (in a forked child: the parent's)."""
         pid = os.getpid()
@@ -85,13 +88,26 @@ def destroy_unused() -> None:
             i += 1
 
 
+def _before_fork() -> None:
+    destroy_unused()
+    if _retired or any(registry.holds_any() for registry in list(_registries)):
+        # Imported here, in the forking thread, for the child: an import the child
+        # began itself could wait for ever on a lock another of the parent's
+        # threads held at the fork. (A worker that never forks never pays for it.)
+        import ctypes  # noqa: F401
+
+
 def _keep_inherited() -> None:
     """In a forked child: one reference to each of the parent's handles that is never dropped."""
     inherited = [h for registry in list(_registries) for h in registry.inherited()]
     inherited += _retired
     _retired.clear()
+    if not inherited:
+        return
+    import ctypes  # already imported by _before_fork: no import lock is taken
+
     for handle in inherited:
         ctypes.pythonapi.Py_IncRef(ctypes.py_object(handle))
 
 
-os.register_at_fork(before=destroy_unused, after_in_child=_keep_inherited)
+os.register_at_fork(before=_before_fork, after_in_child=_keep_inherited)
