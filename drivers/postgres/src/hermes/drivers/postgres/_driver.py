@@ -8,7 +8,6 @@ import os
 import socket
 import threading
 import time
-import uuid
 from collections.abc import Hashable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -401,7 +400,7 @@ class _PostgresConsumer(Consumer):
         self.driver = driver
         self.sql = driver.sql
         #: Who holds a row: written into ``locked_by``, so an operator can tell.
-        self.worker = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.worker = f"{socket.gethostname()}:{os.getpid()}:{os.urandom(4).hex()}"
         self.claim_sql = self.sql.claim(priorities)
         self.claim_params = {
             "queue": driver.queue,

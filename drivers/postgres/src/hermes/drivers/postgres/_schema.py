@@ -13,9 +13,15 @@ can be written into the statements as they are.
 
 from __future__ import annotations
 
-import hashlib
 import re
 from dataclasses import dataclass
+
+try:
+    # CPython's own SHA-1: hashlib would load OpenSSL's libcrypto (0.6 MB of a
+    # worker's memory) for this one short digest.
+    from _sha1 import sha1  # type: ignore[import-not-found]
+except ImportError:  # an interpreter without it
+    from hashlib import sha1
 
 from hermes.core import ConfigurationError
 
@@ -63,7 +69,7 @@ class Names:
 
     def channel(self, queue: str) -> str:
         """The LISTEN/NOTIFY channel of ``queue``: short, as channels are at most 63 bytes."""
-        digest = hashlib.sha1(f"{self.schema}.{self.table}.{queue}".encode()).hexdigest()
+        digest = sha1(f"{self.schema}.{self.table}.{queue}".encode()).hexdigest()
         return f"hermes_{digest[:20]}"
 
 
