@@ -30,15 +30,20 @@ def eventually(
     what: str,
     timeout_s: float = DEADLINE_S,
     interval_s: float = 0.01,
+    details: Callable[[], str] | None = None,
 ) -> Any:
-    """``condition()``'s first truthy value, polled until ``timeout_s``; fails naming ``what``."""
+    """``condition()``'s first truthy value, polled until ``timeout_s``; fails naming ``what``.
+
+    ``details()``, if given, is added to the failure: what the test saw instead.
+    """
     deadline = time.monotonic() + timeout_s
     while True:
         value = condition()
         if value:
             return value
         if time.monotonic() >= deadline:
-            pytest.fail(f"timed out after {timeout_s:g} s waiting for {what}")
+            extra = f": {details()}" if details is not None else ""
+            pytest.fail(f"timed out after {timeout_s:g} s waiting for {what}{extra}")
         time.sleep(interval_s)
 
 

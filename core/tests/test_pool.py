@@ -225,10 +225,13 @@ def test_each_child_s_heartbeat_names_its_supervisor_and_slot_and_a_replacement_
         "0.5",
     )
 
+    seen = []
+
     def beating(pids):
         """The live records, once they are exactly those of ``pids``."""
         with connect(url) as driver:
             found = live_workers(driver)
+        seen[:] = found
         return found if sorted(r["pid"] for r in found) == sorted(pids) else None
 
     first = eventually(lambda: len(pool.children()) == 2 and pool.children(), "two children", 20)
@@ -244,7 +247,15 @@ def test_each_child_s_heartbeat_names_its_supervisor_and_slot_and_a_replacement_
         20,
     )
     # The killed child's record stays until it expires (three periods): then only the two live.
-    records = eventually(lambda: beating(now), "the replacement's heartbeat, the victim's gone", 20)
+    records = eventually(
+        lambda: beating(now),
+        "the replacement's heartbeat, the victim's gone",
+        20,
+        details=lambda: (
+            f"children now {pool.children()}, expected {now}; live records "
+            f"{[(r['pid'], r.get('slot')) for r in seen]}; the pool's log:\n{pool.log()}"
+        ),
+    )
     (replacement,) = [r for r in records if r["pid"] not in first]
     assert replacement["slot"] == slots[victim]
     assert replacement["supervisor_pid"] == pool.proc.pid
