@@ -51,10 +51,9 @@ def _terminal_width() -> int:
     What ``shutil.get_terminal_size`` answers, without importing shutil (and
     with it zlib, bz2 and lzma) into every worker, which never prints help.
     """
-    try:
-        return int(os.environ["COLUMNS"])
-    except (KeyError, ValueError):
-        pass
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit():
+        return int(columns)
     try:
         return os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
     except (AttributeError, ValueError, OSError):
