@@ -107,6 +107,8 @@ def test_credentials_in_the_url_become_sasl_settings_and_never_show() -> None:
         ("kafka://h1,,h2/jobs", "empty host"),
         (f"kafka://{NOWHERE}/jobs?session.timeout.ms=soon", "librdkafka rejects"),
         (f"kafka://{NOWHERE}/jobs?no.such.setting=1", "librdkafka rejects"),
+        # Read by the producer alone, which the first send makes: still checked at connect.
+        (f"kafka://{NOWHERE}/jobs?linger.ms=soon", "rejects the Kafka producer settings"),
     ],
 )
 def test_a_bad_url_fails_at_connect_naming_the_problem(url: str, complaint: str) -> None:

@@ -122,7 +122,11 @@ class _KafkaConsumer(Consumer):
         self.driver = driver
         #: topic -> priority.
         self.topics = topics
-        self._sessions = driver.per_process(lambda: _Session(driver, topics), _Session.close)
+        self._sessions = driver.per_process(
+            lambda: _Session(driver, topics, self._join_wait_s), _Session.close
+        )
+        #: How long the next session may wait for the broker before it subscribes.
+        self._join_wait_s = 0.0
         self._closed = False
 
     def receive(self, timeout_s: float) -> Received | None:
@@ -130,11 +134,8 @@ class _KafkaConsumer(Consumer):
             raise DriverError(f"{self.driver!r}: this consumer is closed")
         session = self._sessions.peek()
         if session is None:
-            # Missing topics are created before joining, waiting no longer than
-            # this receive may: a broker that does not answer is unavailable.
-            topics = [*self.topics, self.driver.dead_letter_topic]
-            self.driver.ensure_topics([topic for topic in topics if topic], timeout_s)
             self.driver._leave_lingering()  # an earlier run's consumer, if one stayed
+            self._join_wait_s = timeout_s
             session = self._sessions.get()
             self.driver.shed_idle_clients()
         return session.receive(timeout_s)
@@ -163,7 +164,7 @@ class _KafkaConsumer(Consumer):
 class _Session:
     """One librdkafka consumer in the group, from joining to leaving, and what it took."""
 
-    def __init__(self, driver: KafkaDriver, topics: dict[str, int]) -> None:
+    def __init__(self, driver: KafkaDriver, topics: dict[str, int], wait_s: float) -> None:
         self.driver = driver
         self.topics = topics
         self.strict_priorities = len(topics) > 1
@@ -199,13 +200,18 @@ class _Session:
         config["error_cb"] = self._on_client_error
         self.client = Client(config)
         try:
+            # Missing topics are created before joining, waiting no longer than
+            # ``wait_s`` (the receive's): a broker that does not answer is
+            # unavailable. This consumer asks whether they exist.
+            wanted = [*topics, driver.dead_letter_topic]
+            driver.ensure_topics([topic for topic in wanted if topic], wait_s, self.client)
             self.client.subscribe(
                 list(topics),
                 on_assign=self._on_assign,
                 on_revoke=self._on_revoke,
                 on_lost=self._on_lost,
             )
-        except KafkaException:
+        except BaseException:
             self.client.close()
             raise
 

@@ -105,6 +105,31 @@ class _DeliveryReport:
                 self.done.set()
 
 
+def _found(probe: Client, topics: Sequence[str], timeout_s: float) -> set[str]:
+    """Those of ``topics`` whose first partition ``probe`` finds on the broker.
+
+    Asked for watermarks, not with ``list_topics``: confluent-kafka builds topic
+    metadata with its admin module, which a worker otherwise never loads. A
+    broker that does not answer in time is left to the admin client's request
+    that follows, which says why.
+    """
+    deadline = time.monotonic() + timeout_s
+    found: set[str] = set()
+    for topic in topics:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        try:
+            probe.get_watermark_offsets(TopicPartition(topic, 0), timeout=left)
+        except KafkaException as exc:
+            logger.debug("Kafka: looking for topic %r failed - %s", topic, exc)
+            if error_of(exc).code() == KafkaError._TIMED_OUT:
+                break
+            continue
+        found.add(topic)
+    return found
+
+
 def _check_topic(name: str, what: str) -> str:
     if not isinstance(name, str) or not _TOPIC_NAME.fullmatch(name) or name in (".", ".."):
         raise ConfigurationError(
@@ -225,6 +250,9 @@ class KafkaDriver(Driver):
         self.topics: dict[int, str] = {DEFAULT_PRIORITY: self.topic}
         self.bootstrap = str(config.get("bootstrap.servers") or config["metadata.broker.list"])
 
+        #: Whether the settings hold any only a producer reads: if so, the producer is
+        #: made at ``connect()`` so librdkafka checks them there.
+        self._producer_settings = any(key in _settings.PRODUCER_ONLY for key in config)
         config = {**dict(_CLIENT_DEFAULTS), **config}
         producer, consumer = _settings.split(config)
         for names, value in _PRODUCER_DEFAULTS:
@@ -275,13 +303,21 @@ class KafkaDriver(Driver):
         )
 
     def _check_config(self) -> None:
-        """Let librdkafka reject bad settings now, at ``connect()``; makes the producer."""
+        """Let librdkafka reject bad settings now, at ``connect()``.
+
+        The consumer's settings hold every shared one; the producer is made here
+        only for settings of its own. Otherwise the first send makes it: a worker
+        that never retries never does, and a librdkafka client made and let go
+        leaves its threads' memory behind.
+        """
         try:
             Client(self.consumer_config).close()
         except KafkaException as exc:
             raise ConfigurationError(
                 f"librdkafka rejects the Kafka consumer settings: {error_of(exc).str()}"
             ) from exc
+        if not self._producer_settings:
+            return
         try:
             self._producers.get()
         except KafkaException as exc:
@@ -375,20 +411,25 @@ class KafkaDriver(Driver):
             self._producers.discard()
         destroy_unused()
 
-    def ensure_topics(self, topics: Sequence[str], timeout_s: float | None = None) -> None:
+    def ensure_topics(
+        self, topics: Sequence[str], timeout_s: float | None = None, probe: Client | None = None
+    ) -> None:
         """Create those of ``topics`` that do not exist yet (``partitions`` each).
 
         Waits at most ``timeout_s`` (default ``admin_timeout_s``) for the broker;
-        no answer by then raises :class:`BrokerUnavailableError`.
+        no answer by then raises :class:`BrokerUnavailableError`. ``probe``: a
+        consumer not yet subscribed, which asks the broker for the topics
+        instead of the producer (a worker then makes no producer).
         """
         missing = [topic for topic in dict.fromkeys(topics) if topic not in self.ready_topics]
         if not missing or not self.create_topics:
             return
         wait_s = self.admin_timeout_s if timeout_s is None else min(timeout_s, self.admin_timeout_s)
         deadline = time.monotonic() + wait_s
-        # Most workers start on topics that exist: the producer's metadata says so
-        # in one round trip, and the admin client (and its module) is never made.
-        listed = self._listed_topics(wait_s / 2)  # the rest for the admin client, if need be
+        # Most workers start on topics that exist: the broker says so in a round
+        # trip, and the admin client (and its module) is never made.
+        half = wait_s / 2  # the rest for the admin client, if need be
+        listed = self._listed_topics(half) if probe is None else _found(probe, missing, half)
         self.ready_topics.update(topic for topic in missing if topic in listed)
         missing = [topic for topic in missing if topic not in listed]
         if not missing:
