@@ -188,8 +188,15 @@ class Driver(ABC):
         """
         item = outgoing(message)
         self._check_size(item)
-        with self.translating(f"sending message #{message.id}", DeliveryError):
+        # What translating() does, without a context manager and its description
+        # built on every send: only a failure pays for them.
+        try:
             self.put((item,), priority)
+        except Exception as exc:
+            error = translated(self, exc, f"sending message #{message.id}", DeliveryError)
+            if error is None or error is exc:
+                raise
+            raise error from exc
 
     def send_batch(self, messages: Sequence[Message], priority: int = DEFAULT_PRIORITY) -> None:
         """Serialize every message, then put them all in one :meth:`put`.

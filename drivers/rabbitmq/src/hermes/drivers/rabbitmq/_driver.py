@@ -125,6 +125,19 @@ class _Publisher:
         self.declared.clear()
 
 
+class _Sending:
+    """The "sending N message(s) to [queues]" of a log line, built only if one is written."""
+
+    __slots__ = ("targets",)
+
+    def __init__(self, targets: Sequence[tuple[_QueueSpec, bytes]]) -> None:
+        self.targets = targets
+
+    def __str__(self) -> str:
+        names = sorted({spec.name for spec, _ in self.targets})
+        return f"sending {len(self.targets)} message(s) to {names}"
+
+
 class LazyRabbitMqDriver(Driver):
     """Messages in RabbitMQ queues; removed with ``basic_ack`` after the callback returns.
 
@@ -292,8 +305,7 @@ class LazyRabbitMqDriver(Driver):
         work = self._work_queue(priority)
         targets = [(self._target(work, item.execute_at), item.body) for item in items]
         if targets:
-            names = sorted({spec.name for spec, _ in targets})
-            self._publish(targets, f"sending {len(targets)} message(s) to {names}")
+            self._publish(targets, _Sending(targets))
 
     def _delay_again(self, body: bytes, priority: int, remaining_s: float, doing: str) -> None:
         """Publish ``body``, back from a delay queue too early, through a shorter one."""
@@ -301,7 +313,7 @@ class LazyRabbitMqDriver(Driver):
         target = self._delay_queue(work, max(1, bucket_ms(remaining_s)))
         self._publish([(target, body)], doing)
 
-    def _publish(self, items: Sequence[tuple[_QueueSpec, bytes]], doing: str) -> None:
+    def _publish(self, items: Sequence[tuple[_QueueSpec, bytes]], doing: object) -> None:
         def publish(publisher: _Publisher) -> None:
             for spec in {spec.name: spec for spec, _ in items}.values():
                 self._declare(publisher, spec)
@@ -313,8 +325,10 @@ class LazyRabbitMqDriver(Driver):
 
         self._with_publisher(publish, doing)
 
-    def _with_publisher(self, action: Callable[[_Publisher], None], doing: str) -> None:
+    def _with_publisher(self, action: Callable[[_Publisher], None], doing: object) -> None:
         """Run ``action`` on this process's publishing connection, under its lock.
+
+        ``doing`` says what ``action`` does in log lines, as ``str()`` renders it.
 
         A connection that died while idle (a broker restart) is replaced and
         ``action`` runs once more; so does a publish to a queue
