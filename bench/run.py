@@ -346,6 +346,7 @@ class Hermes:
         concurrent: bool = False,
         observe: str | None = None,
         heartbeat: bool = True,
+        raw_emit: tuple[Callable[[], None], bool] | None = None,
     ) -> None:
         """Fill a fresh queue with ``n`` messages, then time one worker draining it.
 
@@ -353,6 +354,9 @@ class Hermes:
         job always runs so), beside the serial one, as the peers' grid has 1 and 8 threads.
         ``observe``: the row of ``hermes worker`` with that observer plugin registered.
         ``heartbeat=False``: the row of ``hermes worker --no-heartbeat``.
+        ``raw_emit=(emit, first)``: with ``measure_emit``, the raw client's emit row,
+        taken right before (``first``) or right after this one: what the broker is
+        busy with (its clean-up after the last worker) weighs on both alike.
         """
         url = setting.url(base_url)
         system = observed_system(observe) if observe else setting.system(bare, concurrent)
@@ -362,11 +366,16 @@ class Hermes:
         try:
             started = time.perf_counter()
             if measure_emit:
+                if raw_emit is not None and raw_emit[1]:
+                    raw_emit[0]()
+                    started = time.perf_counter()
                 emitter = Emitter(driver)
                 for i in range(n):
                     emitter.emit(Message("bench", {"i": i}))
                 elapsed = time.perf_counter() - started
                 self.run.add(broker, system, "emit", n / elapsed, "msgs/s", "one by one")
+                if raw_emit is not None and not raw_emit[1]:
+                    raw_emit[0]()
             else:
                 fill(driver, n)
             with tempfile.TemporaryDirectory() as tmp:
@@ -672,19 +681,47 @@ def raw_postgres(run: Run, url: str, n: int) -> None:
         purge_and_close(driver)
 
 
-def raw_rabbitmq(run: Run, url: str, n: int, prefetch: int) -> None:
+def raw_rabbitmq_emit(run: Run, url: str, n: int) -> str:
+    """The raw pika emit row: ``n`` persistent messages, each confirmed, to a fresh queue.
+
+    Returns the queue, left full for :func:`raw_rabbitmq` to consume: deleting
+    it here would give the broker clean-up work right beside Hermes's emit row.
+    """
     import pika
 
     connection = pika.BlockingConnection(pika.URLParameters(url))
     channel = connection.channel()
-    channel.confirm_delivery()
     queue = f"bench-raw-{uuid.uuid4().hex[:8]}"
     channel.queue_declare(queue, durable=True)
+    emit = _raw_rabbitmq_emitter(channel, queue, n)
+    run.add("rabbitmq", "raw pika", "emit", timed(n, emit), "msgs/s", "persistent, confirms")
+    connection.close()
+    return queue
+
+
+def _raw_rabbitmq_emitter(channel: Any, queue: str, n: int) -> Callable[[], None]:
+    import pika
+
+    channel.confirm_delivery()
     props = pika.BasicProperties(delivery_mode=2, content_type="application/json")
 
     def emit() -> None:
         for i in range(n):
             channel.basic_publish("", queue, b'{"i":%d}' % i, props)
+
+    return emit
+
+
+def raw_rabbitmq(run: Run, url: str, n: int, prefetch: int, queue: str | None = None) -> None:
+    """The raw pika consume row at ``prefetch``, of ``queue`` (holding ``n``) or a new one."""
+    import pika
+
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    channel = connection.channel()
+    if queue is None:
+        queue = f"bench-raw-{uuid.uuid4().hex[:8]}"
+        channel.queue_declare(queue, durable=True)
+        _raw_rabbitmq_emitter(channel, queue, n)()
 
     def consume() -> None:
         channel.basic_qos(prefetch_count=prefetch)
@@ -699,10 +736,6 @@ def raw_rabbitmq(run: Run, url: str, n: int, prefetch: int) -> None:
                 break
         channel.cancel()
 
-    if prefetch == 1:
-        run.add("rabbitmq", "raw pika", "emit", timed(n, emit), "msgs/s", "persistent, confirms")
-    else:
-        emit()
     system = f"raw pika prefetch={prefetch}"
     run.add("rabbitmq", system, "handle no-op", timed(n, consume), "msgs/s", "consume+ack")
     channel.queue_delete(queue)
@@ -1586,7 +1619,18 @@ def main() -> int:
     for name in sorted(set(OBSERVED) - set(observed)):
         run.errors.append(f"redis {observed_system(name)}: hermes-{name} is not installed here")
 
-    def hermes_rounds(broker: str, url: str, n: int, raw: Callable[[], None] | None) -> None:
+    def hermes_rounds(
+        broker: str,
+        url: str,
+        n: int,
+        raw: Callable[[], None] | None,
+        raw_emit: Callable[[], None] | None = None,
+    ) -> None:
+        """Every Hermes row of ``broker``, round by round, and ``raw()`` after the no-op's.
+
+        ``raw_emit``: the raw client's emit row, taken beside the emit row of the
+        broker's first setting, before it in even rounds and after it in odd ones.
+        """
         for round_ in range(rounds):
             for job in jobs:
                 size = n_sleep if job == "sleep" else n
@@ -1613,7 +1657,12 @@ def main() -> int:
                                 heartbeat=beats,
                             )
                     else:
-                        hermes.handle(broker, setting, url, job, size, measure_emit=noop)
+                        beside = None
+                        if noop and raw_emit and setting is HERMES_SETTINGS[broker][0]:
+                            beside = (raw_emit, round_ % 2 == 0)
+                        hermes.handle(
+                            broker, setting, url, job, size, measure_emit=noop, raw_emit=beside
+                        )
                     if noop:
                         hermes.emit_batched(broker, setting, url, size)
                     if job == "incr" and io_args:
@@ -1639,11 +1688,17 @@ def main() -> int:
     def rabbitmq() -> None:
         url = services.ensure_rabbitmq()
 
-        def raw() -> None:
-            for prefetch in (1, 50):
-                raw_rabbitmq(run, url, n, prefetch)
+        #: Queues the raw emit rows filled, for the raw prefetch=1 consume rows.
+        filled: list[str] = []
 
-        hermes_rounds("rabbitmq", url, n, raw)
+        def raw() -> None:
+            raw_rabbitmq(run, url, n, 1, filled.pop() if filled else None)
+            raw_rabbitmq(run, url, n, 50)
+
+        def raw_emit() -> None:
+            filled.append(raw_rabbitmq_emit(run, url, n))
+
+        hermes_rounds("rabbitmq", url, n, raw, raw_emit)
 
     def sqs() -> None:
         with services.service_url("sqs") as url:
