@@ -241,18 +241,26 @@ def test_each_child_s_heartbeat_names_its_supervisor_and_slot_and_a_replacement_
     assert sorted(slots.values()) == [1, 2]
     victim = first[0]
     os.kill(victim, signal.SIGKILL)
-    now = eventually(
-        lambda: len(pool.children()) == 2 and victim not in pool.children() and pool.children(),
-        "a replacement",
-        20,
-    )
+
+    def replaced():
+        """The live records once they are exactly the pool's two children, the victim gone.
+
+        The children are read afresh at each look, not once: should a list read
+        mid-replacement name a process that is gone by then, the test waits for the
+        pool as it settles rather than for that process.
+        """
+        children = pool.children()
+        if len(children) != 2 or victim in children:
+            return None
+        return beating(children)
+
     # The killed child's record stays until it expires (three periods): then only the two live.
     records = eventually(
-        lambda: beating(now),
+        replaced,
         "the replacement's heartbeat, the victim's gone",
         20,
         details=lambda: (
-            f"children now {pool.children()}, expected {now}; live records "
+            f"children now {pool.children()}; live records "
             f"{[(r['pid'], r.get('slot')) for r in seen]}; the pool's log:\n{pool.log()}"
         ),
     )
