@@ -323,6 +323,16 @@ class HermesSetting:
         return url
 
 
+@dataclass
+class RawBeside:
+    """The raw client's emit and consume rows, taken beside Hermes's (see ``Hermes.handle``)."""
+
+    emit: Callable[[], None]
+    consume: Callable[[], None]
+    #: Whether each raw row goes right before its Hermes row (else right after).
+    first: bool
+
+
 class Hermes:
     """The Hermes rows of one broker."""
 
@@ -346,7 +356,7 @@ class Hermes:
         concurrent: bool = False,
         observe: str | None = None,
         heartbeat: bool = True,
-        raw_emit: tuple[Callable[[], None], bool] | None = None,
+        raw: RawBeside | None = None,
     ) -> None:
         """Fill a fresh queue with ``n`` messages, then time one worker draining it.
 
@@ -354,9 +364,9 @@ class Hermes:
         job always runs so), beside the serial one, as the peers' grid has 1 and 8 threads.
         ``observe``: the row of ``hermes worker`` with that observer plugin registered.
         ``heartbeat=False``: the row of ``hermes worker --no-heartbeat``.
-        ``raw_emit=(emit, first)``: with ``measure_emit``, the raw client's emit row,
-        taken right before (``first``) or right after this one: what the broker is
-        busy with (its clean-up after the last worker) weighs on both alike.
+        ``raw``: with ``measure_emit``, the raw client's emit and consume rows, each
+        taken right before (``raw.first``) or right after its Hermes row: what the
+        broker is busy with (its clean-up after the last worker) weighs on both alike.
         """
         url = setting.url(base_url)
         system = observed_system(observe) if observe else setting.system(bare, concurrent)
@@ -366,16 +376,16 @@ class Hermes:
         try:
             started = time.perf_counter()
             if measure_emit:
-                if raw_emit is not None and raw_emit[1]:
-                    raw_emit[0]()
+                if raw is not None and raw.first:
+                    raw.emit()
                     started = time.perf_counter()
                 emitter = Emitter(driver)
                 for i in range(n):
                     emitter.emit(Message("bench", {"i": i}))
                 elapsed = time.perf_counter() - started
                 self.run.add(broker, system, "emit", n / elapsed, "msgs/s", "one by one")
-                if raw_emit is not None and not raw_emit[1]:
-                    raw_emit[0]()
+                if raw is not None and not raw.first:
+                    raw.emit()
             else:
                 fill(driver, n)
             with tempfile.TemporaryDirectory() as tmp:
@@ -394,8 +404,12 @@ class Hermes:
                     if (job == "sleep" or concurrent) and self.io_args:
                         argv += self.io_args
                         note += f", {' '.join(self.io_args)}"
+                if raw is not None and raw.first:
+                    raw.consume()
                 with worker(argv, self.env.make(n, out, job), log) as proc:
                     result = wait_result(out, proc, 600, log)
+                if raw is not None and not raw.first:
+                    raw.consume()
             self.run.add(broker, system, handle_metric(job), rate(result), "msgs/s", note)
         finally:
             purge_and_close(driver)
@@ -1624,12 +1638,12 @@ def main() -> int:
         url: str,
         n: int,
         raw: Callable[[], None] | None,
-        raw_emit: Callable[[], None] | None = None,
+        beside: Callable[[bool], RawBeside] | None = None,
     ) -> None:
         """Every Hermes row of ``broker``, round by round, and ``raw()`` after the no-op's.
 
-        ``raw_emit``: the raw client's emit row, taken beside the emit row of the
-        broker's first setting, before it in even rounds and after it in odd ones.
+        ``beside(first)``: the raw rows taken beside the no-op rows of the broker's
+        first setting, before them in even rounds and after them in odd ones.
         """
         for round_ in range(rounds):
             for job in jobs:
@@ -1657,12 +1671,10 @@ def main() -> int:
                                 heartbeat=beats,
                             )
                     else:
-                        beside = None
-                        if noop and raw_emit and setting is HERMES_SETTINGS[broker][0]:
-                            beside = (raw_emit, round_ % 2 == 0)
-                        hermes.handle(
-                            broker, setting, url, job, size, measure_emit=noop, raw_emit=beside
-                        )
+                        pair = None
+                        if noop and beside and setting is HERMES_SETTINGS[broker][0]:
+                            pair = beside(round_ % 2 == 0)
+                        hermes.handle(broker, setting, url, job, size, measure_emit=noop, raw=pair)
                     if noop:
                         hermes.emit_batched(broker, setting, url, size)
                     if job == "incr" and io_args:
@@ -1688,17 +1700,17 @@ def main() -> int:
     def rabbitmq() -> None:
         url = services.ensure_rabbitmq()
 
-        #: Queues the raw emit rows filled, for the raw prefetch=1 consume rows.
+        #: The queue the raw emit row filled, for the raw prefetch=1 consume row.
         filled: list[str] = []
 
-        def raw() -> None:
-            raw_rabbitmq(run, url, n, 1, filled.pop() if filled else None)
-            raw_rabbitmq(run, url, n, 50)
+        def beside(first: bool) -> RawBeside:
+            return RawBeside(
+                emit=lambda: filled.append(raw_rabbitmq_emit(run, url, n)),
+                consume=lambda: raw_rabbitmq(run, url, n, 1, filled.pop() if filled else None),
+                first=first,
+            )
 
-        def raw_emit() -> None:
-            filled.append(raw_rabbitmq_emit(run, url, n))
-
-        hermes_rounds("rabbitmq", url, n, raw, raw_emit)
+        hermes_rounds("rabbitmq", url, n, lambda: raw_rabbitmq(run, url, n, 50), beside)
 
     def sqs() -> None:
         with services.service_url("sqs") as url:
