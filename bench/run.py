@@ -1643,7 +1643,7 @@ def main() -> int:
         """Every Hermes row of ``broker``, round by round, and ``raw()`` after the no-op's.
 
         ``beside(first)``: the raw rows taken beside the no-op rows of the broker's
-        first setting, before them in even rounds and after them in odd ones.
+        first setting, twice a round: right before them, then right after them.
         """
         for round_ in range(rounds):
             for job in jobs:
@@ -1671,10 +1671,15 @@ def main() -> int:
                                 heartbeat=beats,
                             )
                     else:
-                        pair = None
+                        pairs: list[RawBeside | None] = [None]
                         if noop and beside and setting is HERMES_SETTINGS[broker][0]:
-                            pair = beside(round_ % 2 == 0)
-                        hermes.handle(broker, setting, url, job, size, measure_emit=noop, raw=pair)
+                            # Both orders every round: the row that goes second after
+                            # a worker's run tends to be the slower, whichever it is.
+                            pairs = [beside(True), beside(False)]
+                        for pair in pairs:
+                            hermes.handle(
+                                broker, setting, url, job, size, measure_emit=noop, raw=pair
+                            )
                     if noop:
                         hermes.emit_batched(broker, setting, url, size)
                     if job == "incr" and io_args:
