@@ -3,15 +3,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from urllib.parse import (
-    SplitResult,
-    parse_qsl,
-    quote,
-    unquote,
-    urlencode,
-    urlsplit,
-    urlunsplit,
-)
 
 from hermes.core._errors import ConfigurationError
 
@@ -58,6 +49,86 @@ _SECRET_KEY_KINDS = frozenset(
 )
 
 
+#: A URL :func:`_split` reads itself: printable ASCII without spaces, ``[`` or ``]``.
+#: Any other (an IPv6 literal, a raw non-ASCII password, a stray tab) goes to
+#: ``urllib.parse``, imported then: with the ``ipaddress`` module it imports, it is
+#: 0.4 MB of a worker whose client library does not load it (librdkafka).
+_PLAIN_URL = re.compile(r"[!-Z\\^-~]*")
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")
+_ESCAPED = re.compile(r"(?:%[0-9A-Fa-f]{2})+")
+
+
+def unquote(text: str) -> str:
+    """``text`` with its ``%XX`` escapes decoded as UTF-8 (``urllib.parse.unquote``'s result)."""
+    if "%" not in text:
+        return text
+    return _ESCAPED.sub(_decoded, text)
+
+
+def _decoded(escapes: re.Match[str]) -> str:
+    # A run of escapes at once: one character may take several (%C3%A9 is "é").
+    return bytes.fromhex(escapes.group().replace("%", "")).decode(errors="replace")
+
+
+def _split(url: str) -> tuple[str, str, str, str]:
+    """``(scheme, netloc, path, query)`` of ``url``, as ``urllib.parse.urlsplit`` reads them.
+
+    Raises ``ValueError`` where urlsplit does (an unclosed ``[``).
+    """
+    if not _PLAIN_URL.fullmatch(url):
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(url)
+        return parts.scheme, parts.netloc, parts.path, parts.query
+    scheme, colon, rest = url.partition(":")
+    if colon and _SCHEME.fullmatch(scheme):
+        scheme = scheme.lower()
+    else:
+        scheme, rest = "", url
+    netloc = ""
+    if rest.startswith("//"):
+        ends = [i for i in (rest.find(c, 2) for c in "/?#") if i >= 0]
+        end = min(ends, default=len(rest))
+        netloc, rest = rest[2:end], rest[end:]
+    path, _, query = rest.partition("#")[0].partition("?")
+    return scheme, netloc, path, query
+
+
+def _host_port(item: str) -> tuple[str | None, int | None]:
+    """``(hostname, port)`` of one ``host[:port]``, as urlsplit's ``hostname`` and ``port``.
+
+    Raises ``ValueError`` for a port that is not a number from 0 to 65535.
+    """
+    if "[" in item or "]" in item:
+        from urllib.parse import urlsplit
+
+        one = urlsplit("//" + item)
+        return one.hostname, one.port
+    name, _, port = item.partition(":")
+    if not port:
+        number = None
+    elif port.isdigit() and port.isascii():
+        number = int(port)
+        if number > 65535:
+            raise ValueError("Port out of range 0-65535")
+    else:
+        raise ValueError(f"Port could not be cast to integer value as {port!r}")
+    if not name:
+        return None, number
+    name, percent, zone = name.partition("%")
+    return name.lower() + percent + zone, number
+
+
+def _query(query: str) -> list[tuple[str, str]]:
+    """The ``name=value`` pairs of ``query`` (``parse_qsl(query, keep_blank_values=True)``)."""
+    pairs = []
+    for item in query.split("&") if query else ():
+        if item:
+            name, _, value = item.partition("=")
+            pairs.append((unquote(name.replace("+", " ")), unquote(value.replace("+", " "))))
+    return pairs
+
+
 def is_secret_option(name: str) -> bool:
     """Whether the option ``name`` (``sasl.password``, ``apiKey``...) holds a secret."""
     spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", unquote(name))
@@ -92,9 +163,9 @@ def redact_url(text: str) -> str:
     return text
 
 
-def _port(parts: SplitResult, url: str) -> int | None:
+def _host_port_of(item: str, url: str) -> tuple[str | None, int | None]:
     try:
-        return parts.port
+        return _host_port(item)
     except ValueError as exc:
         raise ConfigurationError(f"{redact_url(url)!r} has an invalid port: {exc}") from exc
 
@@ -103,10 +174,9 @@ def _hosts(items: list[str], url: str) -> tuple[tuple[str, int | None], ...]:
     """The ``host[:port]`` items of an authority as ``(host, port)`` pairs."""
     hosts: list[tuple[str, int | None]] = []
     for item in items:
-        one = urlsplit("//" + item)
-        port = _port(one, url)
-        if one.hostname:
-            hosts.append((one.hostname, port))
+        host, port = _host_port_of(item, url)
+        if host:
+            hosts.append((host, port))
         elif len(items) > 1:
             raise ConfigurationError(f"{redact_url(url)!r} lists an empty host: {item!r}")
     return tuple(hosts)
@@ -138,28 +208,31 @@ class DriverUrl:
 
     @classmethod
     def parse(cls, url: str) -> DriverUrl:
-        parts = urlsplit(url)
-        if not parts.scheme:
+        try:
+            scheme, netloc, path, query = _split(url)
+        except ValueError as exc:  # an unclosed "[" of an IPv6 literal
+            raise ConfigurationError(f"{redact_url(url)!r} is not a valid URL: {exc}") from exc
+        if not scheme:
             raise ConfigurationError(
                 f"{redact_url(url)!r} is not a broker URL: it needs a scheme, e.g. redis://localhost:6379/0"
             )
-        hostinfo = parts.netloc.rpartition("@")[2]
+        userinfo, at, hostinfo = netloc.rpartition("@")
+        username, colon, password = userinfo.partition(":")
         hosts = _hosts(hostinfo.split(","), url)
-        host, port = hosts[0] if hosts else (None, _port(parts, url))
+        host, port = hosts[0] if hosts else (None, _host_port_of(hostinfo, url)[1])
         options: dict[str, str] = {}
-        for key, value in parse_qsl(parts.query, keep_blank_values=True):
+        for key, value in _query(query):
             if key in options:
                 raise ConfigurationError(f"option {key!r} appears twice in {redact_url(url)!r}")
             options[key] = value
-        path = unquote(parts.path[1:] if parts.path.startswith("/") else parts.path)
         return cls(
             raw=url,
-            scheme=parts.scheme.lower(),
-            username=unquote(parts.username) if parts.username is not None else None,
-            password=unquote(parts.password) if parts.password is not None else None,
+            scheme=scheme,
+            username=unquote(username) if at else None,
+            password=unquote(password) if colon else None,
             host=host,
             port=port,
-            path=path,
+            path=unquote(path[1:] if path.startswith("/") else path),
             options=options,
             hosts=hosts,
         )
@@ -237,6 +310,8 @@ class DriverUrl:
 
     def with_options(self, **options: str) -> str:
         """The raw URL with ``options`` added or replaced (used to derive test URLs)."""
+        from urllib.parse import urlencode, urlsplit, urlunsplit
+
         parts = urlsplit(self.raw)
         merged = {**self.options, **options}
         return urlunsplit(parts._replace(query=urlencode(merged)))
@@ -247,5 +322,7 @@ class DriverUrl:
         A leading ``/`` is optional: ``with_path("/tmp/q")`` and ``with_path("tmp/q")``
         give the same URL (a doubled slash would turn ``tmp`` into the host).
         """
+        from urllib.parse import quote, urlsplit, urlunsplit
+
         parts = urlsplit(self.raw)
         return urlunsplit(parts._replace(path="/" + quote(path.lstrip("/"), safe="/")))
