@@ -37,6 +37,11 @@ CLIENT = "client library alone"
 
 #: Broker -> the client library's own consumer waiting for a message (``URL``,
 #: ``NAME`` and, for SQS and Kafka, ``ENDPOINT`` / ``BOOTSTRAP`` are set before it).
+#: Kafka's consumes the worker's topic (``TOPIC``) with the librdkafka settings of
+#: the worker's URL (``SETTINGS``), and waits as the worker does: in its group,
+#: the topic's partitions assigned. (With librdkafka's default session timeout
+#: the local broker holds a join for minutes: the consumer would be measured
+#: before it held any partition, while the worker holds them all.)
 RAW_CONSUMERS = {
     "redis": """
 import redis
@@ -66,11 +71,17 @@ while True:
     client.receive_message(QueueUrl=queue, WaitTimeSeconds=1, MaxNumberOfMessages=10)
 """,
     "kafka": """
+import time
 from confluent_kafka import Consumer
 consumer = Consumer({"bootstrap.servers": BOOTSTRAP, "group.id": NAME,
-                     "auto.offset.reset": "earliest", "enable.auto.commit": False})
-consumer.subscribe([NAME])
-consumer.poll(1)
+                     "auto.offset.reset": "earliest", "enable.auto.commit": False, **SETTINGS})
+assigned = []
+consumer.subscribe([TOPIC], on_assign=lambda consumer, partitions: assigned.extend(partitions))
+deadline = time.monotonic() + 60
+while not assigned:
+    if time.monotonic() > deadline:
+        raise SystemExit(f"no partition of {TOPIC} assigned in 60 s")
+    consumer.poll(1)
 print("ready", flush=True)
 while True:
     consumer.poll(1)
@@ -97,11 +108,13 @@ while True:
 
 def _raw_program(broker: str, url: str, name: str) -> str:
     parsed = DriverUrl.parse(url)
-    constants = {"URL": url.split("?", 1)[0], "NAME": name}
+    constants: dict[str, object] = {"URL": url.split("?", 1)[0], "NAME": name}
     if broker == "sqs":
         constants["ENDPOINT"] = parsed.options["endpoint_url"]
     elif broker == "kafka":
         constants["BOOTSTRAP"] = url.split("//", 1)[1].split("/", 1)[0]
+        constants["TOPIC"] = parsed.path
+        constants["SETTINGS"] = {k: v for k, v in parsed.options.items() if "." in k}
     elif broker == "filesystem":
         constants["NAME"] = str(Path(tempfile.gettempdir()) / name)
     head = "".join(f"{key} = {value!r}\n" for key, value in constants.items())
