@@ -106,6 +106,13 @@ while True:
 }
 
 
+#: How a broker's client-library row waits, where it is not "connected and waiting".
+_RAW_NOTES = {
+    "kafka": "its own consumer on the worker's topic, waiting with its partitions assigned",
+    "filesystem": "no client library: the interpreter polling a directory",
+}
+
+
 def _raw_program(broker: str, url: str, name: str) -> str:
     parsed = DriverUrl.parse(url)
     constants: dict[str, object] = {"URL": url.split("?", 1)[0], "NAME": name}
@@ -146,8 +153,7 @@ def measure(run: Run, env: Env, broker: str, setting: HermesSetting, base_url: s
         )
         run.add(broker, setting.system(), IDLE, rss, "MB", note)
         run.add(broker, CLIENT, "RSS", _raw_rss(python, broker, url, settle_s), "MB",
-                "its own consumer, connected and waiting" if broker != "filesystem"
-                else "no client library: the interpreter polling a directory")  # fmt: skip
+                _RAW_NOTES.get(broker, "its own consumer, connected and waiting"))  # fmt: skip
 
 
 def _raw_rss(python: str, broker: str, url: str, settle_s: float) -> float:
