@@ -36,6 +36,15 @@ headers = st.dictionaries(
 
 
 @pytest.mark.hermes_check("round trip", "headers survive, in order (Hypothesis)")
+# Hypothesis compares the process-wide ``random`` state before and after each
+# draw, to catch strategies that use it. This strategy does not, but the worker
+# runs beside the draws, and a client library's own threads may use the global
+# module meanwhile (psycopg_pool jitters each new connection's lifetime with
+# it), which Hypothesis would report as this strategy's doing.
+@pytest.mark.filterwarnings(
+    "ignore:Do not use the `random` module inside strategies"
+    ":hypothesis.errors.HypothesisDeprecationWarning"
+)
 @settings(
     max_examples=10,
     deadline=None,

@@ -32,6 +32,8 @@ from hermes.core._registry import notify, plugin_manager
 from hermes.core._shutdown import Shutdown
 
 if TYPE_CHECKING:
+    import random
+
     from hermes.core._dispatcher import Dispatcher
     from hermes.core._driver import Driver
     from hermes.core._failed import FailedStore
@@ -60,14 +62,19 @@ class Backoff:
         self.cap_s = cap_s
         #: Failed attempts since the last success.
         self.failures = 0
+        self._random: random.Random | None = None
 
     def next_delay_s(self) -> float:
         """Count one more failure; how long to wait before the next attempt."""
         self.failures += 1
         delay = min(self.cap_s, self.first_s * 2.0 ** min(self.failures - 1, 32))
-        import random  # on the first failure: most runs never back off
+        if self._random is None:
+            import random  # on the first failure: most runs never back off
 
-        return delay * random.uniform(0.5, 1.0)
+            # Its own generator: a worker's threads leave the application's
+            # global ``random`` sequence (which it may have seeded) alone.
+            self._random = random.Random()
+        return delay * self._random.uniform(0.5, 1.0)
 
     def reset(self) -> int:
         """Count a success; the failures before it."""
@@ -348,6 +355,8 @@ def _dispatcher(
     time_limit_s: float | None,
     logger: logging.Logger | None,
 ) -> Dispatcher | None:
+    import random
+
     from hermes.core._dispatcher import Dispatcher
     from hermes.core._handler import HandlerRegistry
 
