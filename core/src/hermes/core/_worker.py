@@ -355,8 +355,6 @@ def _dispatcher(
     time_limit_s: float | None,
     logger: logging.Logger | None,
 ) -> Dispatcher | None:
-    import random
-
     from hermes.core._dispatcher import Dispatcher
     from hermes.core._handler import HandlerRegistry
 
