@@ -10,17 +10,19 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 #: What a masked secret is shown as.
 MASK = "***"
+# The patterns below are compiled on first use (``re`` caches them), not at
+# import: a process that imports Hermes may never parse or redact a URL.
+#
 # The password runs to the LAST "@" of the authority, as urlsplit reads it: an
 # unencoded "@" in a password ("user:p@ss@host") must not leave "ss" in a log.
-_PASSWORD_IN_URL = re.compile(
-    r"(?P<head>[a-z][a-z0-9+.-]*://[^:/?#@\s]*:)(?P<password>[^/?#\s]*)(?=@[^@/?#\s]*)",
-    re.IGNORECASE,
+_PASSWORD_IN_URL = (
+    r"(?i)(?P<head>[a-z][a-z0-9+.-]*://[^:/?#@\s]*:)(?P<password>[^/?#\s]*)(?=@[^@/?#\s]*)"
 )
 # ``?name=value`` / ``&name=value`` of a query string, wherever it appears in a text;
 # the value ends where a URL quoted in an error message would end.
-_OPTION_IN_TEXT = re.compile(r"(?P<head>[?&;](?P<name>[^=&;#?\s'\"]+)=)(?P<value>[^&;#\s'\"]*)")
+_OPTION_IN_TEXT = r"(?P<head>[?&;](?P<name>[^=&;#?\s'\"]+)=)(?P<value>[^&;#\s'\"]*)"
 # ``'name': 'value'``: an options dict printed with repr().
-_OPTION_IN_DICT = re.compile(
+_OPTION_IN_DICT = (
     r"(?P<head>(?P<q>['\"])(?P<name>[^'\"]+)(?P=q)\s*:\s*(?P<q2>['\"]))(?P<value>.*?)(?P=q2)"
 )
 #: Words that make an option's value a secret wherever they appear in its name
@@ -53,16 +55,16 @@ _SECRET_KEY_KINDS = frozenset(
 #: Any other (an IPv6 literal, a raw non-ASCII password, a stray tab) goes to
 #: ``urllib.parse``, imported then: with the ``ipaddress`` module it imports, it is
 #: 0.4 MB of a worker whose client library does not load it (librdkafka).
-_PLAIN_URL = re.compile(r"[!-Z\\^-~]*")
-_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")
-_ESCAPED = re.compile(r"(?:%[0-9A-Fa-f]{2})+")
+_PLAIN_URL = r"[!-Z\\^-~]*"
+_SCHEME = r"[A-Za-z][A-Za-z0-9+.-]*"
+_ESCAPED = r"(?:%[0-9A-Fa-f]{2})+"
 
 
 def unquote(text: str) -> str:
     """``text`` with its ``%XX`` escapes decoded as UTF-8 (``urllib.parse.unquote``'s result)."""
     if "%" not in text:
         return text
-    return _ESCAPED.sub(_decoded, text)
+    return re.sub(_ESCAPED, _decoded, text)
 
 
 def _decoded(escapes: re.Match[str]) -> str:
@@ -75,13 +77,13 @@ def _split(url: str) -> tuple[str, str, str, str]:
 
     Raises ``ValueError`` where urlsplit does (an unclosed ``[``).
     """
-    if not _PLAIN_URL.fullmatch(url):
+    if not re.fullmatch(_PLAIN_URL, url):
         from urllib.parse import urlsplit
 
         parts = urlsplit(url)
         return parts.scheme, parts.netloc, parts.path, parts.query
     scheme, colon, rest = url.partition(":")
-    if colon and _SCHEME.fullmatch(scheme):
+    if colon and re.fullmatch(_SCHEME, scheme):
         scheme = scheme.lower()
     else:
         scheme, rest = "", url
@@ -155,11 +157,11 @@ def redact_url(text: str) -> str:
     Hermes passes every URL, option and error text it logs, raises or prints
     through here.
     """
-    text = _PASSWORD_IN_URL.sub(lambda m: m.group("head") + MASK, text)
+    text = re.sub(_PASSWORD_IN_URL, lambda m: m.group("head") + MASK, text)
     if "=" in text:
-        text = _OPTION_IN_TEXT.sub(_mask_option, text)
+        text = re.sub(_OPTION_IN_TEXT, _mask_option, text)
     if ":" in text:
-        text = _OPTION_IN_DICT.sub(_mask_option, text)
+        text = re.sub(_OPTION_IN_DICT, _mask_option, text)
     return text
 
 
