@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -157,12 +158,20 @@ def redact_url(text: str) -> str:
     Hermes passes every URL, option and error text it logs, raises or prints
     through here.
     """
-    text = re.sub(_PASSWORD_IN_URL, lambda m: m.group("head") + MASK, text)
+    password_in_url, option_in_text, option_in_dict = _redactors()
+    text = password_in_url.sub(lambda m: m.group("head") + MASK, text)
     if "=" in text:
-        text = re.sub(_OPTION_IN_TEXT, _mask_option, text)
+        text = option_in_text.sub(_mask_option, text)
     if ":" in text:
-        text = re.sub(_OPTION_IN_DICT, _mask_option, text)
+        text = option_in_dict.sub(_mask_option, text)
     return text
+
+
+@functools.cache
+def _redactors() -> tuple[re.Pattern[str], re.Pattern[str], re.Pattern[str]]:
+    # Compiled at the first redaction and kept: the CLI's log formatter redacts
+    # every line a worker writes.
+    return re.compile(_PASSWORD_IN_URL), re.compile(_OPTION_IN_TEXT), re.compile(_OPTION_IN_DICT)
 
 
 def _host_port_of(item: str, url: str) -> tuple[str | None, int | None]:
