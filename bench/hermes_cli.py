@@ -28,7 +28,7 @@ def observers() -> list[str]:
     Read as core's registry reads them (not with importlib.metadata, whose import
     would add to the start-up of every worker the benchmark times).
     """
-    from hermes.core import _entry_points
+    from hermes.core.spi import _entry_points
 
     return sorted(
         entry_point.name
@@ -41,7 +41,7 @@ def block_observers(keep: Sequence[str] = ()) -> None:
     """Block every observer plugin of this process but ``keep``; call before anything connects."""
     import pluggy
 
-    from hermes.core import _registry
+    from hermes.core.spi import _registry
 
     blocked = [name for name in observers() if name not in keep]
     registry = _registry._registry

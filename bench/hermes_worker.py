@@ -9,17 +9,16 @@ from __future__ import annotations
 import sys
 
 from bench.jobs import BenchHandler
-from hermes.core import Dispatcher, connect
+from hermes.core import Dispatcher, Worker, connect
 
 
 def main() -> None:
     url, count = sys.argv[1], int(sys.argv[2])
     driver = connect(url)
-    driver.set_max_process_items(count)
     dispatcher = Dispatcher(driver)
     dispatcher.register_handler("bench", BenchHandler())
     print("ready", flush=True)
-    dispatcher.handle()
+    Worker(driver, dispatcher, max_items=count).run()
     driver.close()
 
 

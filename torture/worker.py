@@ -12,7 +12,7 @@ import os
 import sys
 import time
 
-from hermes.core import Dispatcher, Message, connect
+from hermes.core import Dispatcher, Message, Worker, connect
 
 
 class Recorder:
@@ -35,9 +35,10 @@ def main() -> None:
     logging.basicConfig(
         level=logging.WARNING, format=f"worker {os.getpid()} %(levelname)s %(message)s"
     )
-    dispatcher = Dispatcher(connect(url), concurrency=concurrency)
+    driver = connect(url)
+    dispatcher = Dispatcher(driver, concurrency=concurrency)
     dispatcher.register_handler("torture", Recorder(record, work_ms / 1000))
-    dispatcher.handle()
+    Worker(driver, dispatcher).run()
 
 
 if __name__ == "__main__":

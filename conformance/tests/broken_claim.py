@@ -10,8 +10,8 @@ import threading
 import time
 
 from hermes.core import hookimpl
-from hermes.core._memory import MemoryDriver
 from hermes.core.driver import DriverPlugin, DriverUrl
+from hermes.core.spi._memory import MemoryDriver
 
 #: Every broken driver's claims, by key: when each expires (monotonic seconds).
 _claims: dict[str, float] = {}

@@ -22,8 +22,8 @@ from dataclasses import replace
 from typing import Any
 
 from hermes.core import DEFAULT_PRIORITY, Message, hookimpl
-from hermes.core._memory import MemoryDriver, _Lease, _MemoryConsumer
 from hermes.core.driver import Consumer, DriverError, DriverPlugin, Outgoing, Received, outgoing
+from hermes.core.spi._memory import MemoryDriver, _Lease, _MemoryConsumer
 
 
 class _Broken(MemoryDriver):

@@ -33,7 +33,6 @@ from hermes.core import (
     connect,
     hookimpl,
 )
-from hermes.core._memory import MemoryDriver
 from hermes.core.driver import (
     Consumer,
     Delay,
@@ -49,6 +48,7 @@ from hermes.core.driver import (
     isolated_url,
     outgoing,
 )
+from hermes.core.spi._memory import MemoryDriver
 
 
 class _Relay(Consumer):
@@ -764,16 +764,6 @@ class DeclaresAtMostOnce(_Wrapper):
         self.capabilities = replace(inner.capabilities, delivery=Delivery.AT_MOST_ONCE)
 
 
-class IgnoresMaxItems(_Wrapper):
-    """Keeps PHP's ``set_max_process_items`` count on itself, as a driver written for
-    the previous contract did: the worker never sees it."""
-
-    bug = "ignores-max-items"
-
-    def set_max_process_items(self, count: int) -> None:
-        self.max_process_items = count
-
-
 class _SleepsLong(_Relay):
     def receive(self, timeout_s: float) -> Received | None:
         return self.inner.receive(max(timeout_s, 5.0))
@@ -871,7 +861,6 @@ _WRAPPERS: list[type[_Wrapper]] = [
     AcksWhenTaken,
     ReleaseDeletes,
     DeclaresAtMostOnce,
-    IgnoresMaxItems,
     SlowShutdown,
     DeliversEachMessageTwice,
     SharesItsSocketAcrossFork,

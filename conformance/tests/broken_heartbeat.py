@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from hermes.core import hookimpl
-from hermes.core._memory import MemoryDriver
 from hermes.core.driver import DriverPlugin, DriverUrl
+from hermes.core.spi._memory import MemoryDriver
 
 
 class NeverExpires(MemoryDriver):

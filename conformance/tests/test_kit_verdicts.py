@@ -42,7 +42,6 @@ THREADS = "test_three_worker_threads_share_300_messages_without_loss_or_duplicat
 PROCESSES = "test_three_worker_processes_share_300_messages_without_loss_or_duplicates"
 RETRY_HELD = "test_a_failed_retryable_handler_puts_a_copy_on_the_broker_held_back_by_its_backoff"
 RETRY_BACK = "test_the_retry_copy_comes_back_with_retries_plus_one_and_the_same_id"
-MAX_ITEMS = "test_a_worker_with_max_items_returns_after_that_many_messages"
 MAX_ITEMS_PROCESS = "test_a_worker_process_with_max_items_exits_after_that_many_messages"
 SHUTDOWN = "test_shared_file_shutdown_stops_an_idle_worker_within_two_seconds"
 SHUTDOWN_PROCESS = "test_shared_file_shutdown_stops_an_idle_worker_process_within_two_seconds"
@@ -53,7 +52,6 @@ CONCURRENT_SEND = (
 FORK = "test_a_driver_used_before_fork_emits_and_consumes_in_the_child"
 KILL_IN_FLIGHT = "test_a_worker_killed_with_four_handlers_in_flight_follows_the_declared_delivery"
 PROCESSES_CONCURRENT = "test_three_worker_processes_at_concurrency_four_share_300_messages"
-MAX_ITEMS_CONCURRENT = "test_max_items_at_concurrency_four_starts_exactly_that_many"
 DELIVERY_COUNT = "test_a_counting_driver_reports_one_then_more_after_a_redelivery"
 MAX_DELIVERIES = "test_a_worker_sets_aside_what_was_delivered_more_than_max_deliveries"
 HEADERS = "test_headers_survive_the_broker_in_order"
@@ -109,10 +107,6 @@ BROKEN = {
     "crashes-on-poison://x": ([POISON], "KeyError"),
     "thread-unsafe://x": ([CONCURRENT_SEND], "lost="),
     "fork-unsafe://x": ([FORK], "the connection belongs to process"),
-    "ignores-max-items+memory://x": (
-        [MAX_ITEMS, MAX_ITEMS_CONCURRENT],
-        "did not return after max items",
-    ),
     "slow-shutdown+memory://x": ([SHUTDOWN], "after SharedFileShutdown asked"),
     # Promises kept at the easy point and broken a little further out.
     "caps-delay://x": ([DELAY_FAR], "a message due in 18 s (scaled) arrived 3.0 s after"),
@@ -132,7 +126,6 @@ BROKEN = {
         [CRASH, SIGKILL, KILL_IN_FLIGHT],
         "of 4 messages in flight in a SIGKILLed worker, 0 were delivered again",
     ),
-    "ignores-max-items+file://{dir}": ([MAX_ITEMS_PROCESS], "did not exit by itself"),
     "slow-shutdown+file://{dir}": ([SHUTDOWN_PROCESS], "after SharedFileShutdown asked"),
     # The consumer contract (broken_contract.py): leases, close, settles, sizes, values.
     "no-lease-renewal://x": ([LONG_HANDLER], "while the first handler still ran"),

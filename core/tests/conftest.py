@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from hermes.core import DEFAULT_PRIORITY, Message
-from hermes.core._consumer import decode
 from hermes.core.driver import MemoryDriver
+from hermes.core.spi._consumer import decode
 
 _names = itertools.count()
 

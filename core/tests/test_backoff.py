@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from hermes.core._worker import Backoff
+from hermes.core.run._worker import Backoff
 
 
 def test_each_wait_is_half_to_all_of_the_doubled_delay_up_to_the_cap() -> None:

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from hermes.core import hookimpl
-from hermes.core._memory import MemoryDriver
-from hermes.core._registry import plugin_manager
 from hermes.core.cli import main
 from hermes.core.driver import DriverPlugin
+from hermes.core.spi._memory import MemoryDriver
+from hermes.core.spi._registry import plugin_manager
 
 _modules = itertools.count()
 

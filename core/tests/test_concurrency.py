@@ -12,13 +12,14 @@ import pytest
 
 from hermes.core import (
     ConfigurationError,
-    Dispatcher,
     Message,
     RetryableHandler,
     RetryMixin,
     TimeLimitExceeded,
     Worker,
+    compat,
 )
+from hermes.core.compat import Dispatcher
 from hermes.core.driver import Consumer, MemoryDriver, Received
 
 from .conftest import RecordingDriver
@@ -84,7 +85,7 @@ def test_a_time_limit_must_be_positive(driver: MemoryDriver) -> None:
 
 def test_wait_refuses_a_concurrency_below_one(driver: MemoryDriver) -> None:
     with pytest.raises(ValueError, match="concurrency must be an int >= 1"):
-        driver.wait(lambda message, priority: True, concurrency=0)
+        compat.wait(driver, lambda message, priority: True, concurrency=0)
 
 
 # Threads ------------------------------------------------------------------------
@@ -268,7 +269,7 @@ def test_max_items_with_concurrency_never_starts_more_than_asked(driver: MemoryD
             time.sleep(0.05)
             return True
 
-    driver.set_max_process_items(3)
+    compat.set_max_process_items(driver, 3)
     dispatcher = Dispatcher(driver, shutdown=StopWhen(lambda: False), concurrency=4)
     dispatcher.register_handler("job", Slow())
     dispatcher.handle()
@@ -343,7 +344,7 @@ def test_a_callback_that_raises_under_concurrency_stops_the_run_and_is_released(
         raise RuntimeError("the retry could not be sent")
 
     with pytest.raises(RuntimeError, match="the retry could not be sent"):
-        driver.wait(callback, concurrency=3)
+        compat.wait(driver, callback, concurrency=3)
     assert queued(driver) == 1
 
 

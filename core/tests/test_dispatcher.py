@@ -16,17 +16,18 @@ from hermes.core import (
     DEFAULT_PRIORITY,
     BrokerUnavailableError,
     ConfigurationError,
-    Dispatcher,
     DriverError,
     Emitter,
     Message,
     RetryableHandler,
     RetryMixin,
     SharedFileShutdown,
+    compat,
 )
-from hermes.core._dispatcher import readable_time
-from hermes.core._worker import NOTICE
+from hermes.core.app._dispatcher import readable_time
+from hermes.core.compat import Dispatcher
 from hermes.core.driver import Delay, MemoryDriver
+from hermes.core.run._worker import NOTICE
 
 
 class Recorder:
@@ -178,7 +179,7 @@ def test_a_keyboard_interrupt_in_a_handler_ends_handle_and_keeps_the_message(
 ) -> None:
     message = Message("job")
     Emitter(driver).emit(message)
-    driver.set_max_process_items(1)  # a backstop: a swallowed interrupt must fail, not hang
+    compat.set_max_process_items(driver, 1)  # a backstop: a swallowed interrupt must fail, not hang
     dispatcher = Dispatcher(driver).register_handler("job", Raises([], "x", KeyboardInterrupt()))
 
     with pytest.raises(KeyboardInterrupt):
@@ -192,7 +193,7 @@ def test_a_message_without_handlers_is_dropped_with_one_error_line(
 ) -> None:
     message = Message("unknown-type")
     Emitter(driver).emit(message)
-    driver.set_max_process_items(1)
+    compat.set_max_process_items(driver, 1)
 
     Dispatcher(driver).handle()
 
@@ -229,7 +230,7 @@ def test_handle_passes_each_message_with_its_priority_to_the_handlers(
     low, high = Message("job", {"n": 1}), Message("job", {"n": 2})
     emitter.emit(low).emit(high, 300)
     calls: list[tuple[str, str]] = []
-    driver.set_max_process_items(2)
+    compat.set_max_process_items(driver, 2)
 
     Dispatcher(driver).register_handler("job", Recorder(calls, "h")).handle()
 
@@ -246,7 +247,7 @@ def test_handle_reads_only_the_priorities_it_is_given(driver: MemoryDriver, peek
     low, high = Message("job"), Message("job")
     Emitter(driver).emit(high, 300).emit(low)
     calls: list[tuple[str, str]] = []
-    driver.set_max_process_items(1)
+    compat.set_max_process_items(driver, 1)
 
     Dispatcher(driver).register_handler("job", Recorder(calls, "h")).handle([DEFAULT_PRIORITY])
 
@@ -283,7 +284,7 @@ def test_handle_returns_at_once_when_shutdown_was_requested_after_the_start(
 
     first, second = Message("job"), Message("job")
     Emitter(driver).emit(first).emit(second)
-    driver.set_max_process_items(2)  # a backstop: a shutdown ignored must fail, not hang
+    compat.set_max_process_items(driver, 2)  # a backstop: a shutdown ignored must fail, not hang
     dispatcher = Dispatcher(driver, shutdown=shutdown)
 
     dispatcher.register_handler("job", StopsTheWorker(calls, "h")).handle()
@@ -298,7 +299,7 @@ def test_a_shutdown_set_on_the_driver_itself_is_honoured_and_kept(
     driver: MemoryDriver, tmp_path: Any
 ) -> None:
     shutdown = SharedFileShutdown(tmp_path / "stop")
-    driver.set_shutdown(shutdown)
+    compat.set_shutdown(driver, shutdown)
     calls: list[tuple[str, str]] = []
 
     class StopsTheWorker(Recorder):
@@ -307,7 +308,7 @@ def test_a_shutdown_set_on_the_driver_itself_is_honoured_and_kept(
             return super().handle(message)
 
     Emitter(driver).emit(Message("job")).emit(Message("job"))
-    driver.set_max_process_items(2)  # a backstop: a shutdown ignored must fail, not hang
+    compat.set_max_process_items(driver, 2)  # a backstop: a shutdown ignored must fail, not hang
 
     Dispatcher(driver).register_handler("job", StopsTheWorker(calls, "h")).handle()
 
@@ -320,7 +321,7 @@ def test_handle_returns_after_max_items_without_the_shutdown_notice(
 ) -> None:
     for n in range(3):
         Emitter(driver).emit(Message("job", {"n": n}))
-    driver.set_max_process_items(2)
+    compat.set_max_process_items(driver, 2)
     calls: list[tuple[str, str]] = []
 
     Dispatcher(driver).register_handler("job", Recorder(calls, "h")).handle()
@@ -422,7 +423,7 @@ def test_a_handler_exception_is_logged_as_error_with_the_class_text_and_tracebac
 
 def test_the_finished_hook_sees_each_message_once_with_its_outcome(driver: MemoryDriver) -> None:
     from hermes.core import hookimpl
-    from hermes.core._registry import plugin_manager
+    from hermes.core.spi._registry import plugin_manager
 
     seen: list[tuple[str, bool]] = []
 
@@ -441,7 +442,7 @@ def test_the_finished_hook_sees_each_message_once_with_its_outcome(driver: Memor
         dispatcher.register_handler("ok", Recorder(calls, "a"))
         dispatcher.register_handler("refused", Recorder(calls, "b", result=False))
         for _ in range(3):
-            driver.set_max_process_items(1)
+            compat.set_max_process_items(driver, 1)
             dispatcher.handle()
     finally:
         plugin_manager().unregister(observer)

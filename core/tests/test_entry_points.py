@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hermes.core import _entry_points
+from hermes.core.spi import _entry_points
 
 
 def test_the_hermes_group_is_what_importlib_metadata_lists() -> None:
@@ -20,7 +20,7 @@ def test_the_hermes_group_is_what_importlib_metadata_lists() -> None:
         if ep.dist is not None
     }
     assert ours == theirs
-    assert ("memory", "hermes.core._memory") in {(name, value) for name, value, *_ in ours}
+    assert ("memory", "hermes.core.spi._memory") in {(name, value) for name, value, *_ in ours}
 
 
 def test_versions_are_what_importlib_metadata_reads() -> None:
@@ -65,8 +65,8 @@ def test_a_group_is_one_ini_section_and_the_first_distribution_of_a_name_wins(
 
 
 def test_load_imports_the_module_and_follows_the_attributes() -> None:
-    entry = _entry_points.EntryPoint("x", "hermes.core._entry_points:EntryPoint.load", "d", "1")
+    entry = _entry_points.EntryPoint("x", "hermes.core.spi._entry_points:EntryPoint.load", "d", "1")
     assert entry.load() is _entry_points.EntryPoint.load
-    assert _entry_points.EntryPoint("m", "hermes.core._memory", "d", "1").load().__name__ == (
-        "hermes.core._memory"
+    assert _entry_points.EntryPoint("m", "hermes.core.spi._memory", "d", "1").load().__name__ == (
+        "hermes.core.spi._memory"
     )

@@ -1,4 +1,4 @@
-"""The error tree of ``hermes.core._errors``: what a user can catch, and what each keeps."""
+"""The error tree of ``hermes.core.model._errors``: what a user can catch, and what each keeps."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from hermes.core import (
     SerializeError,
     UnknownPriorityError,
 )
-from hermes.core._errors import UnknownDriverError
+from hermes.core.model._errors import UnknownDriverError
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,6 @@ import pytest
 from hermes.core import (
     DEFAULT_PRIORITY,
     ConfigurationError,
-    Dispatcher,
     DriverError,
     FailedMessage,
     FailedStore,
@@ -20,10 +19,12 @@ from hermes.core import (
     NotSupportedError,
     RetryableHandler,
     RetryMixin,
+    compat,
 )
-from hermes.core._failed import NO_REASON, FailedMessageSerializer
-from hermes.core._memory import _MemoryBrowser as MemoryBrowser
+from hermes.core.app._failed import NO_REASON, FailedMessageSerializer
+from hermes.core.compat import Dispatcher
 from hermes.core.driver import MemoryDriver, MessageSerializer
+from hermes.core.spi._memory import _MemoryBrowser as MemoryBrowser
 
 
 @pytest.fixture
@@ -293,7 +294,7 @@ def test_a_message_given_up_on_runs_again_once_retried_from_the_store(
 
     store.retry(driver)
     fixed = Records()
-    driver.set_max_process_items(1)
+    compat.set_max_process_items(driver, 1)
     Dispatcher(driver).register_handler("mail", fixed).handle()
 
     assert [(m.id, m.payload, m.retries) for m in fixed.seen] == [(message.id, {"to": "ana"}, 0)]

@@ -18,10 +18,10 @@ from hermes.core import (
     Message,
     RetryableHandler,
 )
-from hermes.core._errors import HandlerResultError
-from hermes.core._handler import FunctionHandler, RetryableFunctionHandler
-from hermes.core._retry import next_retry
+from hermes.core.app._handler import FunctionHandler, RetryableFunctionHandler
+from hermes.core.app._retry import next_retry
 from hermes.core.driver import MemoryDriver
+from hermes.core.model._errors import HandlerResultError
 
 
 def retry_copies(driver: Any) -> list[Message]:

@@ -20,9 +20,9 @@ from hermes.core import (
     connect,
     hookimpl,
 )
-from hermes.core._failed import FailedMessageSerializer
-from hermes.core._registry import plugin_manager
+from hermes.core.app._failed import FailedMessageSerializer
 from hermes.core.driver import MessageSerializer
+from hermes.core.spi._registry import plugin_manager
 from hermes.core.testing import drain, scheduled
 
 #: Written by PHP Hermes 4.2's MessageSerializer (json_encode), through

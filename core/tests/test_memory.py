@@ -17,9 +17,9 @@ from hermes.core import (
     DeliveryError,
     Message,
     UnknownPriorityError,
+    compat,
     connect,
 )
-from hermes.core._worker import StopConditions
 from hermes.core.driver import (
     Delay,
     Delivery,
@@ -29,6 +29,7 @@ from hermes.core.driver import (
     SupportsTeardown,
     isolated_url,
 )
+from hermes.core.run._worker import StopConditions
 
 
 class Collect:
@@ -51,9 +52,9 @@ class Collect:
 def drain(driver: MemoryDriver, count: int, priorities: tuple[int, ...] = ()) -> Collect:
     """Run ``wait()`` until it handled ``count`` messages (or 10 s passed)."""
     collect = Collect()
-    driver.set_shutdown(StopWhen())
-    driver.set_max_process_items(count)  # counted per wait() call
-    driver.wait(collect, priorities)
+    compat.set_shutdown(driver, StopWhen())
+    compat.set_max_process_items(driver, count)  # counted per wait() call
+    compat.wait(driver, collect, priorities)
     return collect
 
 
@@ -134,7 +135,7 @@ def test_sending_to_a_priority_without_a_queue_raises(driver: MemoryDriver, peek
 
 def test_waiting_on_a_priority_without_a_queue_raises(driver: MemoryDriver) -> None:
     with pytest.raises(UnknownPriorityError, match="known priorities: \\[100\\]"):
-        driver.wait(Collect(), (DEFAULT_PRIORITY, 7))
+        compat.wait(driver, Collect(), (DEFAULT_PRIORITY, 7))
 
 
 def test_an_unknown_priority_error_names_the_driver_the_known_priorities_and_the_fix(
@@ -221,10 +222,10 @@ def test_wait_returns_without_taking_anything_once_shutdown_is_asked(
     driver.send(Message("job"))
     stop = StopWhen()
     stop.shutdown()
-    driver.set_shutdown(stop)
+    compat.set_shutdown(driver, stop)
     collect = Collect()
 
-    driver.wait(collect)
+    compat.wait(driver, collect)
 
     assert collect.received == []
     assert len(peek.queued(driver)) == 1
@@ -232,8 +233,8 @@ def test_wait_returns_without_taking_anything_once_shutdown_is_asked(
 
 def test_an_idle_wait_notices_a_shutdown_asked_from_another_thread(driver: MemoryDriver) -> None:
     stop = StopWhen()
-    driver.set_shutdown(stop)
-    waiting = threading.Thread(target=driver.wait, args=(Collect(),))
+    compat.set_shutdown(driver, stop)
+    waiting = threading.Thread(target=compat.wait, args=(driver, Collect()))
     waiting.start()
 
     stop.shutdown()
@@ -287,7 +288,7 @@ def test_a_callback_that_raises_leaves_its_message_for_the_next_wait(
         raise error
 
     with pytest.raises(type(error)):
-        driver.wait(explode)
+        compat.wait(driver, explode)
 
     assert drain(driver, 2).ids == [first.id, second.id]
 
@@ -385,8 +386,8 @@ def test_competing_waits_get_every_message_exactly_once(broker_name: str) -> Non
                     done.set()
             return True
 
-        driver.set_shutdown(StopWhen(done.is_set))
-        driver.wait(callback)
+        compat.set_shutdown(driver, StopWhen(done.is_set))
+        compat.wait(driver, callback)
 
     workers = [threading.Thread(target=worker) for _ in range(4)]
     for thread in workers:
@@ -429,7 +430,7 @@ def test_an_isolated_memory_url_names_its_own_broker() -> None:
 
 def test_max_process_items_cannot_be_negative(driver: MemoryDriver) -> None:
     with pytest.raises(ValueError, match="-1"):
-        driver.set_max_process_items(-1)
+        compat.set_max_process_items(driver, -1)
 
 
 def test_a_consumer_closed_with_a_message_unsettled_keeps_it_until_its_lease_runs_out(

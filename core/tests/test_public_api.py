@@ -39,13 +39,31 @@ def test_application_code_and_driver_authors_have_a_module_each() -> None:
         assert getattr(hermes.core.driver, name) is not None, name
 
 
-def test_a_name_that_moved_still_imports_with_a_warning_saying_where() -> None:
+def test_a_driver_author_name_is_not_an_application_name() -> None:
     import pytest
 
-    with pytest.warns(DeprecationWarning, match="import it from hermes.core.driver"):
-        driver_class = hermes.core.Driver  # type: ignore[attr-defined]
+    with pytest.raises(AttributeError, match="no attribute 'Driver'"):
+        hermes.core.Driver  # type: ignore[attr-defined]  # noqa: B018
 
-    assert driver_class is hermes.core.driver.Driver
+
+def test_php_spelling_runs_a_worker_from_the_compat_module() -> None:
+    from hermes.core import compat
+    from hermes.core.driver import MemoryDriver
+
+    driver = MemoryDriver()
+    Emitter(driver).emit(Message("job", {"n": 1})).emit(Message("job", {"n": 2}))
+    seen: list[int] = []
+    compat.set_max_process_items(driver, 1)
+    dispatcher = compat.Dispatcher(driver).register_handler(
+        "job", lambda message: seen.append(message.payload["n"])
+    )
+
+    dispatcher.handle()
+    compat.wait(driver, lambda message, priority: seen.append(message.payload["n"]) is None)
+
+    assert seen == [1, 2]
+    assert not hasattr(Dispatcher, "handle")
+    assert not hasattr(hermes.core.driver.Driver, "wait")
 
 
 def test_all_lists_no_private_names_and_no_duplicates() -> None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from hermes.core import ConfigurationError, Message, UnknownPriorityError, connect
-from hermes.core._queues import parse_queue, parse_queues, url_queues, without_queues
+from hermes.core import ConfigurationError, Message, UnknownPriorityError, compat, connect
 from hermes.core.driver import DriverUrl
+from hermes.core.spi._queues import parse_queue, parse_queues, url_queues, without_queues
 
 
 def test_a_queue_is_a_name_and_the_priority_after_its_last_colon() -> None:
@@ -68,9 +68,9 @@ def test_connect_sets_up_the_queues_of_the_url(broker_name: str) -> None:
     with connect(f"memory://{broker_name}?priority_queues=high:200,low:50") as driver:
         driver.send(Message("job", id="h"), 200)
         driver.send(Message("job", id="l"), 50)
-        driver.set_max_process_items(2)
+        compat.set_max_process_items(driver, 2)
         got: list[tuple[str, int]] = []
-        driver.wait(lambda message, priority: got.append((message.id, priority)) or True)
+        compat.wait(driver, lambda message, priority: got.append((message.id, priority)) or True)
         driver.teardown()
 
     assert got == [("h", 200), ("l", 50)]

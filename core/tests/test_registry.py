@@ -18,24 +18,23 @@ import pytest
 from hermes.core import (
     DEFAULT_PRIORITY,
     ConfigurationError,
-    Dispatcher,
     Emitter,
     Message,
     Outcome,
     RetryableHandler,
     RetryMixin,
-    _entry_points,
-    _memory,
-    _registry,
     available_drivers,
+    compat,
     connect,
     hookimpl,
     hookspecs,
 )
-from hermes.core._entry_points import EntryPoint
-from hermes.core._errors import UnknownDriverError
-from hermes.core._registry import plugin_manager
+from hermes.core.compat import Dispatcher
 from hermes.core.driver import DriverPlugin, DriverUrl, MemoryDriver, isolated_url
+from hermes.core.model._errors import UnknownDriverError
+from hermes.core.spi import _entry_points, _memory, _registry
+from hermes.core.spi._entry_points import EntryPoint
+from hermes.core.spi._registry import plugin_manager
 
 
 @pytest.fixture
@@ -91,7 +90,7 @@ def test_the_memory_driver_is_registered_through_the_entry_point_of_hermes_core(
     (entry_point,) = [
         ep for ep in importlib.metadata.entry_points(group="hermes") if ep.name == "memory"
     ]
-    assert entry_point.value == "hermes.core._memory"
+    assert entry_point.value == "hermes.core.spi._memory"
 
     memory = [driver for driver in available_drivers() if driver.name == "memory"]
 
@@ -156,7 +155,7 @@ def test_a_plugin_that_fails_to_import_costs_only_its_own_drivers(
 ) -> None:
     entry_points = [
         EntryPoint("broken", "hermes_no_such_module._plugin", "hermes-broken", "1.0"),
-        EntryPoint("memory", "hermes.core._memory", "hermes-core", "6.2.0"),
+        EntryPoint("memory", "hermes.core.spi._memory", "hermes-core", "6.2.0"),
     ]
     monkeypatch.setattr(_entry_points, "entry_points", lambda group: entry_points)
 
@@ -175,7 +174,7 @@ def test_a_plugin_whose_hooks_do_not_match_is_skipped_not_fatal(
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
     entry_points = [
         EntryPoint("stale", "stale_plugin", "hermes-stale", "1.0"),
-        EntryPoint("memory", "hermes.core._memory", "hermes-core", "6.2.0"),
+        EntryPoint("memory", "hermes.core.spi._memory", "hermes-core", "6.2.0"),
     ]
     monkeypatch.setattr(_entry_points, "entry_points", lambda group: entry_points)
 
@@ -395,7 +394,7 @@ def test_lifecycle_hooks_see_emit_start_success_failure_and_retry(
     works, fails = Works(), Fails()
     message = Message("job")
     Emitter(driver).emit(message, 300)
-    driver.set_max_process_items(1)
+    compat.set_max_process_items(driver, 1)
 
     Dispatcher(driver).register_handlers("job", [works, fails]).handle()
 
@@ -537,7 +536,7 @@ def test_an_observer_that_raises_changes_nothing_the_dispatcher_or_emitter_does(
 
     assert emitter.emit(first) is emitter
     assert emitter.emit_batch([second]) is emitter
-    driver.set_max_process_items(2)
+    compat.set_max_process_items(driver, 2)
     dispatcher = Dispatcher(driver).register_handler("job", Fails())
     dispatcher.handle()  # raises nothing: both messages are taken and retried
 

@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from hermes.core import DEFAULT_PRIORITY, Dispatcher, Emitter, Message, RetryableHandler, RetryMixin
-from hermes.core._retry import next_retry
+from hermes.core import DEFAULT_PRIORITY, Emitter, Message, RetryableHandler, RetryMixin, compat
+from hermes.core.app._retry import next_retry
+from hermes.core.compat import Dispatcher
 from hermes.core.driver import MemoryDriver
 
 
@@ -110,7 +111,7 @@ def test_the_retry_copy_is_sent_without_a_priority_even_when_the_original_had_30
 ) -> None:
     recording_driver.setup_priority_queue("high", 300)
     Emitter(recording_driver).emit(Message("job"), 300)
-    recording_driver.set_max_process_items(1)
+    compat.set_max_process_items(recording_driver, 1)
     dispatcher = Dispatcher(recording_driver).register_handler("job", Flaky())
 
     dispatcher.handle()

@@ -16,9 +16,10 @@ from typing import Any
 
 import pytest
 
-from hermes.core import Dispatcher, Emitter, Message, SharedFileShutdown, Shutdown
-from hermes.core._worker import NOTICE
+from hermes.core import Emitter, Message, SharedFileShutdown, Shutdown, compat
+from hermes.core.compat import Dispatcher
 from hermes.core.driver import MemoryDriver
+from hermes.core.run._worker import NOTICE
 
 # SharedFileShutdown --------------------------------------------------------------------
 
@@ -120,7 +121,7 @@ def test_a_request_older_than_the_worker_does_not_stop_handle(
     shutdown = SharedFileShutdown(tmp_path / "stop")
     shutdown.shutdown(at=time.time() - 60)
     Emitter(driver).emit(Message("job"))
-    driver.set_max_process_items(1)
+    compat.set_max_process_items(driver, 1)
     handled: list[str] = []
 
     class Handler:
@@ -189,7 +190,7 @@ def test_a_signal_while_the_worker_command_starts_stops_its_run_before_any_messa
     attached: str, driver: MemoryDriver, safety_handlers: list[int], peek: Any
 ) -> None:
     from hermes.core import Worker
-    from hermes.core._cli._worker import _signals_while_starting
+    from hermes.core._cli._run import _signals_while_starting
 
     message = Message("job")
     Emitter(driver).emit(message)
@@ -214,7 +215,7 @@ def test_handle_puts_the_previous_signal_handlers_back(
     driver: MemoryDriver, safety_handlers: list[int]
 ) -> None:
     before = (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT))
-    driver.set_max_process_items(1)
+    compat.set_max_process_items(driver, 1)
     Emitter(driver).emit(Message("job"))
 
     Dispatcher(driver).register_handler("job", _Ok()).handle()
@@ -278,7 +279,8 @@ WORKER = textwrap.dedent(
     import logging, sys, time
     from pathlib import Path
 
-    from hermes.core import Dispatcher, Emitter, MemoryDriver, Message
+    from hermes.core import Dispatcher, Emitter, Message, Worker
+    from hermes.core.driver import MemoryDriver
 
     logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(levelname)s %(message)s")
     work = Path(sys.argv[1])
@@ -299,7 +301,7 @@ WORKER = textwrap.dedent(
             return True
 
 
-    Dispatcher(driver).register_handler("block", Blocks()).handle()
+    Worker(driver, Dispatcher(driver).register_handler("block", Blocks())).run()
     print("handle returned", flush=True)
     """
 )

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from hermes.core import Emitter, Message, NotSupportedError
-from hermes.core._memory import MemoryDriver
+from hermes.core.spi._memory import MemoryDriver
 
 _names = itertools.count()
 

@@ -11,8 +11,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from hermes.core import ConfigurationError, redact_url
-from hermes.core._url import is_secret_option, unquote
 from hermes.core.driver import DriverUrl
+from hermes.core.spi._url import is_secret_option, unquote
 
 
 def test_every_part_of_a_url_is_parsed() -> None:

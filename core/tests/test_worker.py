@@ -21,8 +21,8 @@ from hermes.core import (
     Worker,
     hookimpl,
 )
-from hermes.core._registry import plugin_manager
 from hermes.core.driver import Consumer, Driver, MemoryDriver, Received
+from hermes.core.spi._registry import plugin_manager
 
 
 class Spy:

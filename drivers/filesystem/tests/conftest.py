@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from hermes_test_support import StopWhen
 
-from hermes.core import Message
+from hermes.core import Message, compat
 from hermes.drivers.filesystem import FileSystemDriver
 
 
@@ -48,9 +48,9 @@ def _receive(
         received.callback(message, priority)
         return callback(message, priority) if callback is not None else True
 
-    driver.set_max_process_items(count)  # counted per wait() call
-    driver.set_shutdown(StopWhen(timeout_s=deadline_s))
-    driver.wait(record, priorities)
+    compat.set_max_process_items(driver, count)  # counted per wait() call
+    compat.set_shutdown(driver, StopWhen(timeout_s=deadline_s))
+    compat.wait(driver, record, priorities)
     return received
 
 

@@ -17,7 +17,8 @@ import os
 import sys
 import time
 
-from hermes.core import Dispatcher, Message, Worker, connect
+from hermes.core import Message, Worker, connect
+from hermes.core.compat import Dispatcher
 
 
 class Record:

@@ -15,12 +15,13 @@ from hermes.core import (
     BrokerUnavailableError,
     ConfigurationError,
     DeliveryError,
-    Dispatcher,
     Emitter,
     Message,
     SerializeError,
     UnknownPriorityError,
+    compat,
 )
+from hermes.core.compat import Dispatcher
 from hermes.core.driver import SupportsPurge, SupportsTeardown
 from hermes.drivers.filesystem import FileSystemDriver
 from hermes.drivers.filesystem import _driver as driver_module
@@ -122,7 +123,7 @@ def test_sending_to_an_unknown_priority_raises_and_writes_nothing(driver, queue_
 
 def test_waiting_on_an_unknown_priority_raises(driver):
     with pytest.raises(UnknownPriorityError):
-        driver.wait(lambda message, priority: True, [7])
+        compat.wait(driver, lambda message, priority: True, [7])
 
 
 def test_a_payload_that_cannot_be_serialized_raises_before_any_file_is_written(
@@ -157,7 +158,7 @@ def test_a_message_due_in_the_past_runs_at_once_in_send_order(driver, receive):
 
 
 def test_a_message_sent_to_an_idle_worker_is_handled(driver, receive):
-    driver.set_max_process_items(1)
+    compat.set_max_process_items(driver, 1)
 
     def send_later() -> None:
         time.sleep(0.2)  # let the worker go idle first; the result does not depend on it
@@ -185,13 +186,13 @@ def test_a_shutdown_ends_an_idle_wait(driver):
         def shutdown(self, at: float | None = None) -> bool:
             return True
 
-    driver.set_shutdown(Stop())
+    compat.set_shutdown(driver, Stop())
     errors: list[BaseException] = []
     handled: list[Message] = []
 
     def run() -> None:
         try:
-            driver.wait(lambda message, priority: handled.append(message) is None)
+            compat.wait(driver, lambda message, priority: handled.append(message) is None)
         except BaseException as exc:
             errors.append(exc)
 
@@ -314,8 +315,8 @@ def test_teardown_deletes_every_message_and_the_directory(driver, queue_dir):
     driver.send(Message("queued"))
     driver.send_raw(b"poison")
     driver.send(Message("later", execute_at=time.time() + 3600))
-    driver.set_max_process_items(1)
-    driver.wait(lambda message, priority: True)  # quarantines the poison on the way
+    compat.set_max_process_items(driver, 1)
+    compat.wait(driver, lambda message, priority: True)  # quarantines the poison on the way
     driver.teardown()
     assert not queue_dir.exists()
     driver.teardown()  # idempotent
@@ -365,7 +366,7 @@ def test_the_emitter_and_dispatcher_work_on_it(driver, receive):
 
     Emitter(driver).emit(Message("greet", {"name": "Ada"}))
     dispatcher = Dispatcher(driver).register_handler("greet", Handler())
-    driver.set_max_process_items(1)
+    compat.set_max_process_items(driver, 1)
     dispatcher.handle()
     assert handled == [{"name": "Ada"}]
 
@@ -538,9 +539,9 @@ def test_a_partial_file_left_in_tmp_for_over_an_hour_is_removed(driver, queue_di
     os.utime(stale, (old, old))
     fresh = queue_dir / "tmp" / "100.2.2.abc.json"
     fresh.write_bytes(b"being written")
-    driver.set_max_process_items(1)
+    compat.set_max_process_items(driver, 1)
     with caplog.at_level(logging.WARNING, logger="hermes.drivers.filesystem"):
-        driver.wait(lambda message, priority: True)
+        compat.wait(driver, lambda message, priority: True)
     assert files(queue_dir / "tmp") == [fresh.name]
     assert any(stale.name in r.getMessage() for r in caplog.records)
 

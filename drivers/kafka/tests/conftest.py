@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from hermes_test_support import StopWhen
 
-from hermes.core import Message, connect
+from hermes.core import Message, compat, connect
 from hermes.drivers.kafka import KafkaDriver
 
 #: Group settings that make a join take ~1 s on the test broker instead of ~23 s
@@ -58,8 +58,8 @@ def _handle(
 ) -> Received:
     received = received if received is not None else Received()
     start = len(received)
-    driver.set_shutdown(StopWhen(lambda: len(received) - start >= count, timeout_s))
-    driver.wait(received.callback, priorities)
+    compat.set_shutdown(driver, StopWhen(lambda: len(received) - start >= count, timeout_s))
+    compat.wait(driver, received.callback, priorities)
     return received
 
 

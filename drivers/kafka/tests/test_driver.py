@@ -22,6 +22,7 @@ from hermes.core import (
     Message,
     NotSupportedError,
     UnknownPriorityError,
+    compat,
     connect,
 )
 from hermes.core.driver import Delay, Delivery
@@ -285,7 +286,7 @@ def test_a_callback_that_raises_leaves_its_record_for_the_next_wait(
         raise RuntimeError("handler bug")
 
     with pytest.raises(RuntimeError, match="handler bug"):
-        driver.wait(explode)
+        compat.wait(driver, explode)
     received = handle(driver, 1)
 
     assert [m.type for m in received.messages] == ["fragile"]
@@ -311,7 +312,7 @@ def test_max_items_returns_after_that_many_and_the_rest_stay_for_the_next_worker
     driver = make_driver()
     for i in range(4):
         driver.send(Message("item", {"v": i}))
-    driver.set_max_process_items(1)
+    compat.set_max_process_items(driver, 1)
 
     first = handle(driver, 4)  # max items ends it after 1
     second = handle(make_driver(), 3)

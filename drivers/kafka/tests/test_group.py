@@ -11,14 +11,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from hermes.core import Message
+from hermes.core import Message, compat
 from hermes.drivers.kafka import KafkaDriver
 
 MakeDriver = Callable[..., KafkaDriver]
 
 _CRASHING_WORKER = """
 import sys, time
-from hermes.core import Dispatcher, connect
+from hermes.core import Dispatcher, Worker, connect
 
 class Stuck:
     def handle(self, message):
@@ -26,9 +26,10 @@ class Stuck:
         time.sleep(120)
         return True
 
-dispatcher = Dispatcher(connect(sys.argv[1]))
+driver = connect(sys.argv[1])
+dispatcher = Dispatcher(driver)
 dispatcher.register_handler("job", Stuck())
-dispatcher.handle()
+Worker(driver, dispatcher).run()
 """
 
 
@@ -67,8 +68,8 @@ def test_workers_of_one_group_share_the_partitions_and_no_message_is_handled_twi
             return True
 
         driver = workers[index]
-        driver.set_shutdown(_Until(stop))
-        driver.wait(callback)
+        compat.set_shutdown(driver, _Until(stop))
+        compat.wait(driver, callback)
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
     for thread in threads:

@@ -15,7 +15,7 @@ import pika
 import pytest
 from hermes_test_support import StopFlag
 
-from hermes.core import Message, connect
+from hermes.core import Message, compat, connect
 from hermes.drivers.rabbitmq import LazyRabbitMqDriver
 
 
@@ -100,14 +100,14 @@ class Worker:
     ):
         self.driver = driver
         self.stop = StopFlag()
-        driver.set_shutdown(self.stop)
+        compat.set_shutdown(driver, self.stop)
         self.expect = expect
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, args=(callback, priorities), daemon=True)
 
     def _run(self, callback: Any, priorities: tuple[int, ...]) -> None:
         try:
-            self.driver.wait(callback, priorities)
+            compat.wait(self.driver, callback, priorities)
         except BaseException as exc:
             self.error = exc
 

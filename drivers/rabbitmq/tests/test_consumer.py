@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from hermes.core import BrokerUnavailableError, Message, UnknownPriorityError, connect
+from hermes.core import BrokerUnavailableError, Message, UnknownPriorityError, compat, connect
 from hermes.core.driver import Consumer, MessageSerializer, Received
 from hermes.drivers.rabbitmq import LazyRabbitMqDriver
 from hermes.drivers.rabbitmq._delay import DUE_TOLERANCE_S
@@ -63,9 +63,9 @@ def test_a_worker_on_an_unreachable_broker_retries_until_it_is_stopped(
     from hermes_test_support import StopWhen
 
     driver = connect("amqp://guest:guest@127.0.0.1:1/?queue=nowhere")
-    driver.set_shutdown(StopWhen(lambda: caplog.text.count("broker unavailable") >= 2))
+    compat.set_shutdown(driver, StopWhen(lambda: caplog.text.count("broker unavailable") >= 2))
     with caplog.at_level(logging.WARNING, logger="hermes"):
-        driver.wait(lambda message, priority: True)
+        compat.wait(driver, lambda message, priority: True)
     assert "(attempt 2)" in caplog.text
 
 

@@ -20,6 +20,7 @@ from hermes.core import (
     Dispatcher,
     Message,
     UnknownPriorityError,
+    compat,
     connect,
 )
 from hermes.core.driver import Delay, Delivery, QueueStats
@@ -44,8 +45,8 @@ def test_a_message_sent_before_the_worker_starts_is_handled(
     message = Message("greet", {"name": "Ada", "list": [1, 2.5, None]}, execute_at=123.5)
     sender.send(message)
     worker = make_driver()
-    worker.set_max_process_items(1)
-    worker.wait(collector)
+    compat.set_max_process_items(worker, 1)
+    compat.wait(worker, collector)
     assert [got for got, _, _ in collector.got] == [message]
     assert collector.got[0][1] == 100
 
@@ -117,9 +118,9 @@ def test_a_callback_that_raises_leaves_its_message_for_the_next_wait(
         raise RuntimeError("handler bug")
 
     with pytest.raises(RuntimeError, match="handler bug"):
-        driver.wait(explode)
-    driver.set_max_process_items(1)
-    driver.wait(collector)
+        compat.wait(driver, explode)
+    compat.set_max_process_items(driver, 1)
+    compat.wait(driver, collector)
     assert [got.id for got, _, _ in collector.got] == [message.id]
 
 
@@ -129,11 +130,11 @@ def test_max_items_returns_and_prefetched_messages_stay_on_the_broker(
     driver = make_driver("prefetch=10")
     for n in range(5):
         driver.send(Message("t", {"v": n}))
-    driver.set_max_process_items(2)
-    driver.wait(collector)
+    compat.set_max_process_items(driver, 2)
+    compat.wait(driver, collector)
     assert collector.payloads == [0, 1]
-    driver.set_max_process_items(3)  # each wait() counts from 0
-    driver.wait(collector)
+    compat.set_max_process_items(driver, 3)  # each wait() counts from 0
+    compat.wait(driver, collector)
     assert collector.payloads == [0, 1, 2, 3, 4]
 
 
@@ -150,9 +151,9 @@ def test_a_body_that_is_not_a_message_is_dead_lettered_and_the_worker_goes_on(
         driver = make_driver(f"x-dead-letter-exchange=&x-dead-letter-routing-key={dead}")
         driver.send_raw(b"\xff not json")
         driver.send(Message("good"))
-        driver.set_max_process_items(1)
+        compat.set_max_process_items(driver, 1)
         with caplog.at_level(logging.ERROR, logger="hermes"):
-            driver.wait(collector)
+            compat.wait(driver, collector)
         assert [m.type for m, _, _ in collector.got] == ["good"]
         assert "not a Hermes message" in caplog.text and queue in caplog.text
         method, _, body = raw_channel.basic_get(dead, auto_ack=True)
@@ -180,9 +181,9 @@ def test_a_quorum_queue_dead_letters_a_message_after_its_delivery_limit(
         deadline = time.monotonic() + 20
         while raw_channel.queue_declare(dead, passive=True).method.message_count == 0:
             assert time.monotonic() < deadline, "the broker never dead-lettered the message"
-            driver.set_shutdown(_StopAfter(2.0))  # in case the message is already gone
+            compat.set_shutdown(driver, _StopAfter(2.0))  # in case the message is already gone
             try:
-                driver.wait(explode)
+                compat.wait(driver, explode)
             except RuntimeError:
                 failures += 1
         assert failures >= 2
@@ -207,8 +208,8 @@ def test_priorities_are_read_highest_first(make_driver: MakeDriver, collector: A
     driver.setup_priority_queue("high", 200)
     for priority in (50, 100, 200, 50, 100, 200):
         driver.send(Message("t", {"v": priority}), priority)
-    driver.set_max_process_items(6)
-    driver.wait(collector)
+    compat.set_max_process_items(driver, 6)
+    compat.wait(driver, collector)
     assert collector.payloads == [200, 200, 100, 100, 50, 50]
     assert [p for _, p, _ in collector.got] == [200, 200, 100, 100, 50, 50]
     assert driver.priority_queues()[200] == f"{driver.queue}.high"
@@ -222,10 +223,10 @@ def test_handle_with_priorities_reads_only_those_queues(
     driver.setup_priority_queue("low", 50)
     for priority in (50, 100, 200):
         driver.send(Message("t", {"v": priority}), priority)
-    driver.set_max_process_items(1)
-    driver.wait(collector, [50])
-    driver.set_max_process_items(2)  # each wait() counts from 0
-    driver.wait(collector, [200, 100])
+    compat.set_max_process_items(driver, 1)
+    compat.wait(driver, collector, [50])
+    compat.set_max_process_items(driver, 2)  # each wait() counts from 0
+    compat.wait(driver, collector, [200, 100])
     assert collector.payloads == [50, 200, 100]
 
 
@@ -272,7 +273,7 @@ def test_an_unknown_priority_raises_before_anything_is_sent(make_driver: MakeDri
         driver.send(Message("t"), 7)
     assert info.value.priority == 7
     with pytest.raises(UnknownPriorityError):
-        driver.wait(lambda m, p: True, [7])
+        compat.wait(driver, lambda m, p: True, [7])
 
 
 def test_two_priorities_cannot_share_a_queue(make_driver: MakeDriver) -> None:
@@ -300,8 +301,8 @@ def test_send_is_safe_from_many_threads_at_once(make_driver: MakeDriver, queue: 
         thread.join(60)
     assert errors == []
     collector: list[Any] = []
-    driver.set_max_process_items(200)
-    driver.wait(lambda m, p: collector.append(tuple(m.payload)) or True)
+    compat.set_max_process_items(driver, 200)
+    compat.wait(driver, lambda m, p: collector.append(tuple(m.payload)) or True)
     assert sorted(collector) == sorted((t, n) for t in range(8) for n in range(25))
 
 
@@ -326,8 +327,8 @@ def test_a_driver_used_before_fork_sends_from_the_child_on_its_own_connection(
     assert os.waitstatus_to_exitcode(status) == 0
     assert driver._publishers.peek() is parent_publisher
     driver.send(Message("t", {"v": "parent-after"}))  # the parent's connection still works
-    driver.set_max_process_items(3)
-    driver.wait(collector)
+    compat.set_max_process_items(driver, 3)
+    compat.wait(driver, collector)
     assert sorted(collector.payloads) == ["child", "parent-after", "parent-before"]
 
 
@@ -337,8 +338,8 @@ def test_send_batch_publishes_every_message_in_one_transaction(
     driver = make_driver()
     driver.send_batch([Message("t", {"v": n}) for n in range(50)])
     driver.send_batch([Message("t", {"v": n}) for n in range(50, 60)])
-    driver.set_max_process_items(60)
-    driver.wait(collector)
+    compat.set_max_process_items(driver, 60)
+    compat.wait(driver, collector)
     assert collector.payloads == list(range(60))
 
 
@@ -449,7 +450,7 @@ def test_purge_leaves_a_message_a_worker_holds(make_driver: MakeDriver, worker: 
         return True
 
     consumer = make_driver()
-    consumer.set_max_process_items(1)
+    compat.set_max_process_items(consumer, 1)
     with worker(consumer, block):
         assert started.wait(10), "the worker never started the handler"
         try:
@@ -478,8 +479,8 @@ def test_set_aside_counts_the_dead_letter_queue_on_the_default_row_and_purge_kee
         driver.setup_priority_queue("high", 200)
         driver.send_raw(b"\xff not json")
         driver.send(Message("good"))
-        driver.set_max_process_items(1)
-        driver.wait(collector)
+        compat.set_max_process_items(driver, 1)
+        compat.wait(driver, collector)
         deadline = time.monotonic() + 10
         while (rows := _rows(driver))[100].set_aside != 1:
             assert time.monotonic() < deadline, f"set_aside never reached 1: {rows}"
@@ -505,8 +506,8 @@ def test_ignored_delay_delivers_at_once_and_keeps_execute_at(
     assert driver.capabilities.delay is Delay.IGNORED
     due = time.time() + 3600
     driver.send(Message("t", execute_at=due))
-    driver.set_max_process_items(1)
-    driver.wait(collector)
+    compat.set_max_process_items(driver, 1)
+    compat.wait(driver, collector)
     assert collector.got[0][0].execute_at == due
 
 

@@ -15,7 +15,7 @@ import pytest
 import redis
 from hermes_test_support import DEADLINE_S, StopFlag
 
-from hermes.core import Message
+from hermes.core import Message, compat
 from hermes.drivers.redis import RedisSetDriver
 
 
@@ -30,11 +30,11 @@ class Worker:
     thread: threading.Thread | None = None
 
     def start(self, priorities: Sequence[int] = ()) -> Worker:
-        self.driver.set_shutdown(self.stop)
+        compat.set_shutdown(self.driver, self.stop)
 
         def run() -> None:
             try:
-                self.driver.wait(self._record, priorities)
+                compat.wait(self.driver, self._record, priorities)
             except BaseException as exc:
                 self.error = exc
 

@@ -13,7 +13,7 @@ import pytest
 import redis
 from hermes_test_support import DEADLINE_S
 
-from hermes.core import ConfigurationError, Dispatcher, Message, Worker, connect
+from hermes.core import ConfigurationError, Dispatcher, Message, Worker, compat, connect
 from hermes.core.driver import Delivery, Received, outgoing
 from hermes.drivers.redis import (
     RedisSetDriver,
@@ -338,7 +338,7 @@ def test_a_callback_that_raises_puts_its_message_back(driver, client, namespace)
     message = Message("x")
     driver.send(message)
     with pytest.raises(Boom):
-        driver.wait(explode)
+        compat.wait(driver, explode)
     assert client.smembers(namespace) == {outgoing(message).body}
     assert leases(client, namespace) == {}
 
@@ -496,9 +496,9 @@ def test_a_run_out_lease_goes_back_to_the_set_it_came_from(client, namespace, ev
 
 def test_max_items_returns_with_every_handled_message_acknowledged(driver, client, namespace):
     driver.send_batch([Message("m", {"i": i}) for i in range(5)])
-    driver.set_max_process_items(3)
+    compat.set_max_process_items(driver, 3)
     handled: list[Message] = []
-    driver.wait(lambda message, priority: handled.append(message) is None)
+    compat.wait(driver, lambda message, priority: handled.append(message) is None)
     assert len(handled) == 3
     assert client.scard(namespace) == 2
     assert leases(client, namespace) == {}
@@ -520,7 +520,7 @@ def test_several_handlers_at_once_hold_several_leases_and_acknowledge_each(
                 handled.append(message.payload["i"])
             return True
 
-    driver.set_max_process_items(40)
+    compat.set_max_process_items(driver, 40)
     dispatcher = Dispatcher(driver, concurrency=4)
     dispatcher.register_handler("c", Handler())
     thread = threading.Thread(target=dispatcher.handle, daemon=True)

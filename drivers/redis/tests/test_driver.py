@@ -24,6 +24,7 @@ from hermes.core import (
     Message,
     SerializeError,
     UnknownPriorityError,
+    compat,
     connect,
 )
 from hermes.core.driver import (
@@ -182,7 +183,7 @@ def test_an_unknown_priority_is_refused_by_send_and_by_wait(driver, client, name
         driver.send(Message("x"), 7)
     assert info.value.priority == 7
     with pytest.raises(UnknownPriorityError):
-        driver.wait(lambda message, priority: True, [7])
+        compat.wait(driver, lambda message, priority: True, [7])
     assert client.scard(namespace) == 0
 
 
@@ -247,9 +248,9 @@ def test_a_batch_larger_than_one_script_call_arrives_whole(
 
 def test_max_items_makes_wait_return_with_the_rest_left_in_redis(driver, client, namespace):
     driver.send_batch([Message("m", {"i": i}) for i in range(5)])
-    driver.set_max_process_items(3)
+    compat.set_max_process_items(driver, 3)
     handled: list[Message] = []
-    driver.wait(lambda message, priority: handled.append(message) is None)
+    compat.wait(driver, lambda message, priority: handled.append(message) is None)
     assert len(handled) == 3
     assert client.scard(namespace) == 2
 
@@ -306,7 +307,7 @@ def test_an_exception_from_the_callback_propagates_and_the_message_is_gone(
     driver.send(Message("x"))
     assert driver.capabilities.delivery is Delivery.AT_MOST_ONCE
     with pytest.raises(Boom):
-        driver.wait(explode)
+        compat.wait(driver, explode)
     assert client.scard(namespace) == 0
 
 
@@ -409,8 +410,8 @@ def test_a_driver_made_before_fork_works_in_the_child_on_its_own_connections(
         pool = driver.client.connection_pool
         driver.send(Message("child"))
         handled: list[str] = []
-        driver.set_max_process_items(2)
-        driver.wait(lambda message, priority: handled.append(message.type) is None)
+        compat.set_max_process_items(driver, 2)
+        compat.wait(driver, lambda message, priority: handled.append(message.type) is None)
         ok = pool.pid == os.getpid() and parent_connection not in pool._available_connections
         os._exit(0 if ok and sorted(handled) == ["child", "parent-before"] else 3)
 
@@ -466,7 +467,7 @@ def test_refused_credentials_fail_a_send_and_stop_a_worker_naming_the_cause(redi
     assert isinstance(sent.value.__cause__, redis.AuthenticationError)
     # No reconnect fixes a wrong password: the worker stops instead of retrying forever.
     with pytest.raises(BrokerRefusedError, match="password in the URL") as info:
-        driver.wait(lambda message, priority: True)
+        compat.wait(driver, lambda message, priority: True)
     assert not isinstance(info.value, BrokerUnavailableError)
     driver.close()
 
@@ -476,4 +477,4 @@ def test_a_wrong_type_at_the_queue_key_raises_a_driver_error_naming_it(driver, c
     with pytest.raises(DeliveryError, match="WRONGTYPE"):
         driver.send(Message("x"))
     with pytest.raises(DriverError, match="WRONGTYPE"):
-        driver.wait(lambda m, p: True)
+        compat.wait(driver, lambda m, p: True)

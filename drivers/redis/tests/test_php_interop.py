@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from hermes.core import Dispatcher, Message, connect
+from hermes.core import Message, compat, connect
+from hermes.core.compat import Dispatcher
 from hermes.core.driver import MessageSerializer
 from hermes.drivers.redis import RedisSetDriver
 
@@ -50,7 +51,7 @@ def test_php_strings_sadded_into_the_queue_are_handled_by_a_python_worker(
 ):
     client.sadd(namespace, PHP_EMPTY_PAYLOAD, PHP_ESCAPES)
     recorder = Recorder()
-    driver.set_max_process_items(2)
+    compat.set_max_process_items(driver, 2)
     dispatcher = Dispatcher(driver)
     dispatcher.register_handler("t", recorder).register_handler("mail/send", recorder)
     dispatcher.handle()

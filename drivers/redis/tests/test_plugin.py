@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import redis
 
-from hermes.core import ConfigurationError, Message, available_drivers, connect
+from hermes.core import ConfigurationError, Message, available_drivers, compat, connect
 from hermes.core.driver import Delay, Delivery, DriverUrl, isolated_url
 from hermes.drivers.redis import RedisSetDriver, RedisShutdown
 
@@ -125,9 +125,9 @@ def test_isolated_urls_address_disjoint_keys_on_the_same_redis(redis_url, client
         one.send(Message("mine"))
         one.send(Message("mine-high"), 200)
         two.send(Message("theirs"))
-        two.set_max_process_items(1)
+        compat.set_max_process_items(two, 1)
         handled: list[str] = []
-        two.wait(lambda message, priority: handled.append(message.type) is None)
+        compat.wait(two, lambda message, priority: handled.append(message.type) is None)
         assert handled == ["theirs"]
         assert client.scard("hermes-test-iso-a:hermes") == 1
         assert client.scard("hermes-test-iso-a:high") == 1

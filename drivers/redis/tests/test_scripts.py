@@ -9,7 +9,7 @@ from typing import Any
 
 import redis
 
-from hermes.core import Message
+from hermes.core import Message, compat
 from hermes.drivers.redis import RedisSetDriver, RedisShutdown, wake_key
 from hermes.drivers.redis._scripts import MOVE_DUE, on_pool
 
@@ -46,13 +46,13 @@ def _work(redis_url: str, namespace: str, results: str) -> None:
     driver = RedisSetDriver(
         client, key=namespace, schedule_key=f"{namespace}_schedule", refresh_interval=0.1
     )
-    driver.set_shutdown(RedisShutdown(client, key=f"{namespace}_shutdown"))
+    compat.set_shutdown(driver, RedisShutdown(client, key=f"{namespace}_shutdown"))
 
     def record(message: Message, priority: int) -> bool:
         client.rpush(results, f"{message.id} {time.time()!r} {os.getpid()}")
         return True
 
-    driver.wait(record)
+    compat.wait(driver, record)
     client.close()
 
 

@@ -24,6 +24,7 @@ from hermes.core import (
     DriverError,
     Message,
     UnknownPriorityError,
+    compat,
 )
 from hermes.core.cli import main
 from hermes.core.driver import (
@@ -77,8 +78,8 @@ def handle_until(
 ) -> Handled:
     """Run ``driver.wait`` until ``count`` messages were handled (or the timeout passed)."""
     received: Handled = []
-    driver.set_shutdown(StopWhen(lambda: len(received) >= count, timeout_s))
-    driver.wait(recorder(received), **wait)
+    compat.set_shutdown(driver, StopWhen(lambda: len(received) >= count, timeout_s))
+    compat.wait(driver, recorder(received), **wait)
     return received
 
 
@@ -224,7 +225,7 @@ def test_a_callback_that_raises_gives_back_its_message_at_once(
         raise Boom(message.id)
 
     with pytest.raises(Boom):
-        driver.wait(explode)
+        compat.wait(driver, explode)
     received = handle_until(driver, 3, timeout_s=10)
 
     assert sorted(m.payload["i"] for m, _, _ in received) == [0, 1, 2]
@@ -246,8 +247,8 @@ def test_a_worker_with_one_handler_takes_one_message_at_a_time_and_no_more_than_
         handled_first.append((message, priority, current_delivery()))
         return True
 
-    first.set_max_process_items(2)
-    first.wait(note)
+    compat.set_max_process_items(first, 2)
+    compat.wait(first, note)
     handled_second = handle_until(second, 3, timeout_s=10)
 
     # Taking more and giving it back would count a receipt against the redrive limit.
@@ -260,7 +261,7 @@ def test_a_worker_with_one_handler_takes_one_message_at_a_time_and_no_more_than_
 def test_an_idle_worker_returns_soon_after_shutdown(make_driver: MakeDriver) -> None:
     driver = make_driver()
     stop = threading.Event()
-    driver.set_shutdown(StopWhen(stop.is_set, timeout_s=30))
+    compat.set_shutdown(driver, StopWhen(stop.is_set, timeout_s=30))
     worker = threading.Thread(target=driver.wait, args=(recorder([]),))
     worker.start()
     time.sleep(0.3)  # let it enter its long poll; the result does not depend on it
@@ -431,8 +432,8 @@ def test_each_handler_thread_sees_the_delivery_of_its_own_message(
             seen[message.payload["n"]] = delivery.message_id
         return True
 
-    driver.set_max_process_items(4)
-    driver.wait(callback, concurrency=2)
+    compat.set_max_process_items(driver, 4)
+    compat.wait(driver, callback, concurrency=2)
 
     assert sorted(seen) == [0, 1, 2, 3]
     assert len(set(seen.values())) == 4  # each saw its own SQS message
@@ -443,13 +444,13 @@ def test_each_handler_thread_sees_the_delivery_of_its_own_message(
 
 _DYING_WORKER = """
 import sys, time
-from hermes.core import connect
+from hermes.core import compat, connect
 driver = connect(sys.argv[1])
 def handle(message, priority):
     print("handling", flush=True)
     time.sleep(3600)
     return True
-driver.wait(handle)
+compat.wait(driver, handle)
 """
 
 
@@ -497,12 +498,12 @@ def _long_handler_run(make_driver: MakeDriver, url: str, *, heartbeat: bool) -> 
             eventually(lambda: rival_got, "the duplicate", 10.0)  # ends as soon as it shows
         return True
 
-    rival.set_shutdown(StopWhen(finished.is_set, timeout_s=30))
+    compat.set_shutdown(rival, StopWhen(finished.is_set, timeout_s=30))
     rival_thread = threading.Thread(target=rival.wait, args=(recorder(rival_got),))
-    worker.set_max_process_items(1)
+    compat.set_max_process_items(worker, 1)
     rival_thread.start()
     try:
-        worker.wait(slow)
+        compat.wait(worker, slow)
     finally:
         finished.set()
         rival_thread.join()
@@ -538,11 +539,11 @@ def test_a_message_received_max_receive_count_times_ends_in_the_dead_letter_queu
         counts.append(delivery.receive_count)
         raise Boom("handler failed")
 
-    driver.set_shutdown(StopWhen(lambda: queue_counts(sqs, dead)[0] > 0, timeout_s=15))
+    compat.set_shutdown(driver, StopWhen(lambda: queue_counts(sqs, dead)[0] > 0, timeout_s=15))
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         try:
-            driver.wait(fail)
+            compat.wait(driver, fail)
             break
         except Boom:
             continue
@@ -589,9 +590,9 @@ def test_a_body_that_is_not_a_message_is_left_for_the_redrive_policy(
     driver.send(Message("good"))
     received: Handled = []
 
-    driver.set_shutdown(StopWhen(lambda: queue_counts(sqs, dead)[0] > 0, timeout_s=15))
+    compat.set_shutdown(driver, StopWhen(lambda: queue_counts(sqs, dead)[0] > 0, timeout_s=15))
     with caplog.at_level(logging.INFO, logger="hermes"):
-        driver.wait(recorder(received))
+        compat.wait(driver, recorder(received))
 
     assert [m.type for m, _, _ in received] == ["good"]
     assert "(received 1 times) for the redrive policy" in caplog.text
@@ -645,8 +646,8 @@ def test_in_delay_mode_a_message_is_held_until_execute_at(
         handled_at[message.type] = time.time()
         return True
 
-    driver.set_shutdown(StopWhen(lambda: len(handled_at) == 2, timeout_s=15))
-    driver.wait(note)
+    compat.set_shutdown(driver, StopWhen(lambda: len(handled_at) == 2, timeout_s=15))
+    compat.wait(driver, note)
 
     assert handled_at["now"] < execute_at <= handled_at["later"]
 
@@ -679,8 +680,8 @@ def test_in_delay_mode_a_delay_beyond_15_minutes_is_hidden_on_receipt(
     received: Handled = []
 
     with caplog.at_level(logging.DEBUG, logger="hermes.drivers.sqs"):
-        driver.set_shutdown(StopWhen(lambda: "hid message" in caplog.text, timeout_s=15))
-        driver.wait(recorder(received))
+        compat.set_shutdown(driver, StopWhen(lambda: "hid message" in caplog.text, timeout_s=15))
+        compat.wait(driver, recorder(received))
 
     assert received == []
     assert f"hid message #{far.id} again, due in 3" in caplog.text
@@ -941,8 +942,8 @@ def test_in_delay_mode_a_message_hidden_until_due_counts_as_in_flight(
     # As SQS shows it once its 15 minutes of DelaySeconds are over: visible, not due.
     driver.send_raw(MessageSerializer().serialize(far).encode())
     with caplog.at_level(logging.DEBUG, logger="hermes.drivers.sqs"):
-        driver.set_shutdown(StopWhen(lambda: "hid message" in caplog.text, timeout_s=15))
-        driver.wait(recorder([]))
+        compat.set_shutdown(driver, StopWhen(lambda: "hid message" in caplog.text, timeout_s=15))
+        compat.wait(driver, recorder([]))
 
     (row,) = driver.queue_stats()
 

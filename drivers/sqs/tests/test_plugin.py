@@ -9,7 +9,7 @@ from typing import Any
 import boto3
 import pytest
 
-from hermes.core import ConfigurationError, Message, Worker, available_drivers, connect
+from hermes.core import ConfigurationError, Message, Worker, available_drivers, compat, connect
 from hermes.core.driver import DriverUrl
 from hermes.drivers.sqs import AmazonSqsDriver
 from hermes.drivers.sqs._plugin import isolate
@@ -162,8 +162,8 @@ def test_isolated_urls_do_not_share_messages(make_driver: MakeDriver, sqs_url: s
     first = make_driver(isolate(DriverUrl.parse(sqs_url), "iso-a"))
     second = make_driver(isolate(DriverUrl.parse(sqs_url), "iso-b"))
     first.send(Message("for-a"))
-    second.set_max_process_items(1)
+    compat.set_max_process_items(second, 1)
     second.send(Message("for-b"))
     got: list[Any] = []
-    second.wait(lambda message, priority: got.append(message.type) or True)
+    compat.wait(second, lambda message, priority: got.append(message.type) or True)
     assert got == ["for-b"]

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 from prometheus_client import REGISTRY
 
-from hermes.core import Dispatcher, Emitter, Message, RetryableHandler, RetryMixin, connect
+from hermes.core import Emitter, Message, RetryableHandler, RetryMixin, connect
+from hermes.core.compat import Dispatcher
 from hermes.core.driver import MemoryDriver
 
 DEADLINE_S = 30.0
@@ -186,7 +187,7 @@ def test_metrics_port_without_a_metrics_plugin_says_what_to_install(tmp_path: Pa
     code = textwrap.dedent(
         """
         import sys
-        from hermes.core import plugin_manager
+        from hermes.core.driver import plugin_manager
         plugin_manager().unregister(name="prometheus")
         from hermes.core.cli import main
         sys.exit(main(sys.argv[1:]))

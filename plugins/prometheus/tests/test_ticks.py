@@ -6,8 +6,8 @@ import itertools
 
 from prometheus_client import REGISTRY
 
-from hermes.core._memory import MemoryDriver
 from hermes.core.schedule import Schedule, Scheduler
+from hermes.core.spi._memory import MemoryDriver
 
 _names = itertools.count()
 T0 = 1735689600.0

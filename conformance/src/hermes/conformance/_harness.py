@@ -48,6 +48,7 @@ from hermes.core import (
     connect,
     redact_url,
 )
+from hermes.core import Worker as HermesWorker
 from hermes.core.driver import (
     Capabilities,
     Consumer,
@@ -433,8 +434,11 @@ class Worker:
         dispatcher_class: type[KitDispatcher] = KitDispatcher,
         concurrency: int = 1,
         grace_s: float = 30.0,
+        max_items: int = 0,
     ) -> None:
         self.driver = driver
+        #: The run returns after this many messages (0: no limit).
+        self.max_items = max_items
         self.name = name
         self.priorities = tuple(priorities)
         self._stop = threading.Event()
@@ -452,7 +456,12 @@ class Worker:
 
     def _run(self) -> None:
         try:
-            self.dispatcher.handle(self.priorities)
+            HermesWorker(
+                self.dispatcher.driver,
+                self.dispatcher,
+                priorities=self.priorities,
+                max_items=self.max_items,
+            ).run()
         except BaseException as exc:  # kept for the test to inspect; see stop()
             self.error = exc
 
@@ -723,6 +732,7 @@ class Kit:
         start: bool = True,
         concurrency: int = 1,
         grace_s: float = 30.0,
+        max_items: int = 0,
     ) -> Worker:
         """A worker thread on its own driver (``driver`` or a new one), started."""
         worker = Worker(
@@ -735,6 +745,7 @@ class Kit:
             dispatcher_class=dispatcher_class,
             concurrency=concurrency,
             grace_s=grace_s,
+            max_items=max_items,
         )
         self._workers.append(worker)
         return worker.start() if start else worker

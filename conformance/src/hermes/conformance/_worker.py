@@ -37,8 +37,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from hermes.core import Dispatcher, Message, SharedFileShutdown, connect, redact_url
-from hermes.core._registry import plugin_manager
+from hermes.core import Dispatcher, Message, SharedFileShutdown, Worker, connect, redact_url
+from hermes.core.spi._registry import plugin_manager
 
 #: The message type the kit's workers handle unless told otherwise.
 JOB = "hermes.kit.job"
@@ -137,15 +137,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     shutdown = SharedFileShutdown(args.shutdown_file) if args.shutdown_file else None
     driver = connect(args.url)
     try:
-        if args.max_items:
-            driver.set_max_process_items(args.max_items)
         dispatcher = Dispatcher(
             driver, shutdown=shutdown, concurrency=args.concurrency, grace_s=args.grace
         )
         dispatcher.register_handler(args.type, _RecordingHandler(record, args.block))
         record.write("#ready")
         try:
-            dispatcher.handle()
+            Worker(driver, dispatcher, max_items=args.max_items).run()
         except BaseException:
             record.write("#failed")
             logging.getLogger("hermes.conformance").exception(

@@ -34,7 +34,7 @@ from hermes.conformance._harness import (
     wait_until,
 )
 from hermes.conformance._worker import JOB
-from hermes.core import Emitter, Message
+from hermes.core import Emitter, Message, Worker
 from hermes.core.driver import Driver
 
 _THREADS = 8
@@ -119,8 +119,8 @@ def _in_child(driver: Driver, message: Message, fd: int) -> NoReturn:
             seen.append(received.id)
             return True
 
-        driver.set_shutdown(_Until(lambda: message.id in seen, DELIVERY_S))
-        driver.wait(callback)
+        stop = _Until(lambda: message.id in seen, DELIVERY_S)
+        Worker(driver, callback, shutdown=stop, handle_signals=False).run()
         driver.close()
         code, result = 0, {"seen": seen}
     except BaseException:
@@ -233,8 +233,8 @@ def _sending_child(
                 seen.append(received.id)
                 return True
 
-            driver.set_shutdown(_Until(lambda: wanted <= set(seen), DELIVERY_S))
-            driver.wait(callback)
+            stop = _Until(lambda: wanted <= set(seen), DELIVERY_S)
+            Worker(driver, callback, shutdown=stop, handle_signals=False).run()
         driver.close()
         code, result = 0, {"errors": errors, "seen": seen}
     except BaseException:

@@ -7,13 +7,13 @@ whose handler returned is never delivered again.
 
 A death is simulated two ways. In-process (every driver): the handler raises
 a ``BaseException`` that is not an ``Exception``; the Dispatcher lets it
-through, so it escapes ``driver.wait()`` exactly like a crash, and the
+through, so it escapes the run exactly like a crash, and the
 driver object is then closed as a dying process's connections would be. Out
 of process (``cross_process`` drivers): a worker subprocess blocks inside its
 handler and the kit SIGKILLs it.
 
 An ordinary ``Exception`` escaping the callback (the Dispatcher's own
-failure, say a retry copy the broker refused) is no death: ``wait()`` must
+failure, say a retry copy the broker refused) is no death: the run must
 let it out at once -- never log it and go on -- and an at-least-once driver
 gives the message back for the next worker.
 """
@@ -88,12 +88,12 @@ def test_a_message_whose_worker_crashed_mid_handler_follows_the_declared_deliver
         f"message {message.id} was not delivered within {DELIVERY_S} s (scaled)"
     )
     assert crashing.join(DELIVERY_S), (
-        "an exception escaping the callback must propagate out of wait(); "
+        "an exception escaping the callback must propagate out of the run; "
         f"the worker kept running {DELIVERY_S} s (scaled) later instead"
     )
     crashing.stop(expect=_WorkerCrash)
     assert isinstance(crashing.error, _WorkerCrash), (
-        f"wait() ended with {crashing.error!r}, not the crash the handler raised"
+        f"the run ended with {crashing.error!r}, not the crash the handler raised"
     )
     crashing.driver.close()
 
@@ -135,13 +135,13 @@ def test_an_exception_escaping_the_callback_ends_wait_and_follows_the_declared_d
         f"message {message.id} was not delivered within {DELIVERY_S} s (scaled)"
     )
     assert failing.join(DELIVERY_S), (
-        "an Exception escaping the callback must propagate out of wait(); the worker kept "
+        "an Exception escaping the callback must propagate out of the run; the worker kept "
         f"running {DELIVERY_S} s (scaled) later, after {len(ledger)} deliveries: "
         "the error was swallowed, and with it the message"
     )
     failing.stop(expect=_RetrySendFailed)
     assert isinstance(failing.error, _RetrySendFailed), (
-        f"wait() ended with {failing.error!r}, not the Exception the callback raised"
+        f"the run ended with {failing.error!r}, not the Exception the callback raised"
     )
 
     if caps.delivery is Delivery.AT_LEAST_ONCE:

@@ -1,6 +1,6 @@
 """Max items and shutdown: how a worker stops.
 
-``set_max_process_items(n)``: ``wait()`` returns after n messages, and the
+``max_items=n``: a run returns after n messages, and the
 messages it did not handle are left for the next worker. A
 ``SharedFileShutdown`` stops an idle worker within 2 s (the driver
 checks the shutdown at the top of every loop and before every idle wait, and
@@ -45,8 +45,7 @@ def test_a_worker_with_max_items_returns_after_that_many_messages(hermes_kit: Ki
     ledger = hermes_kit.ledger
     sent = [hermes_kit.emit(hermes_kit.message(n)).id for n in range(_SENT)]
     driver = hermes_kit.driver()
-    driver.set_max_process_items(_MAX_ITEMS)
-    limited = hermes_kit.worker(driver=driver)
+    limited = hermes_kit.worker(driver=driver, max_items=_MAX_ITEMS)
 
     assert wait_until(lambda: len(ledger) >= _MAX_ITEMS, DELIVERY_S), (
         f"{len(ledger)} of {_SENT} messages were delivered within {DELIVERY_S} s (scaled), "

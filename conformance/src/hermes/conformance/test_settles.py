@@ -55,7 +55,6 @@ def test_every_acknowledgement_reaches_the_broker_however_often_the_worker_stops
     sent = [hermes_kit.emit(hermes_kit.message(n)).id for n in range(_RUNS * _PER_RUN)]
     for run in range(_RUNS):
         driver = hermes_kit.driver()
-        driver.set_max_process_items(_PER_RUN)
         # Serial runs, then concurrent ones whose handlers are overtaken: an ack
         # made off the receiving thread (handed to the client's own thread,
         # say) must be flushed by close() too.
@@ -64,6 +63,7 @@ def test_every_acknowledgement_reaches_the_broker_however_often_the_worker_stops
             driver=driver,
             concurrency=2 if concurrent else 1,
             handlers={JOB: [Sleeps()]} if concurrent else None,
+            max_items=_PER_RUN,
         )
         assert worker.join(DELIVERY_S + STOP_S), (
             f"run {run + 1}: a worker with max items {_PER_RUN} did not return"

@@ -98,8 +98,7 @@ def test_queue_stats_count_ready_scheduled_and_in_flight_and_purge_deletes_what_
 
     blocker = _Blocks()
     worker_driver = hermes_kit.driver()
-    worker_driver.set_max_process_items(1)
-    worker = hermes_kit.worker(driver=worker_driver, handlers={JOB: [blocker]})
+    worker = hermes_kit.worker(driver=worker_driver, handlers={JOB: [blocker]}, max_items=1)
     try:
         assert blocker.started.wait(DELIVERY_S), "the worker never started a handler"
         if _row(driver).in_flight is None:

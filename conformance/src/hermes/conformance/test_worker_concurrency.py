@@ -159,10 +159,11 @@ def test_max_items_at_concurrency_four_starts_exactly_that_many(hermes_kit: Kit)
     sent = [hermes_kit.emit(hermes_kit.message(n)).id for n in range(4 * _MAX_ITEMS)]
     slow = _Slow()
     driver = hermes_kit.driver()
-    driver.set_max_process_items(_MAX_ITEMS)
-    worker = hermes_kit.worker(driver=driver, handlers={JOB: [slow]}, concurrency=_CONCURRENCY)
+    worker = hermes_kit.worker(
+        driver=driver, handlers={JOB: [slow]}, concurrency=_CONCURRENCY, max_items=_MAX_ITEMS
+    )
     assert worker.join(DELIVERY_S + STOP_S), (
-        f"wait() did not return after max items {_MAX_ITEMS} at concurrency {_CONCURRENCY}"
+        f"the run did not return after max items {_MAX_ITEMS} at concurrency {_CONCURRENCY}"
     )
     worker.check()
     assert len(slow.started) == _MAX_ITEMS, (

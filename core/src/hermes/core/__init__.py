@@ -7,13 +7,19 @@ through driver plugins: ``connect("redis://localhost:6379/0")``. Driver
 authors import from :mod:`hermes.core.driver`.
 """
 
-import warnings
 from typing import TYPE_CHECKING, Any
 
-from hermes.core._dispatcher import Dispatcher, Outcome
-from hermes.core._driver import DEFAULT_PRIORITY
-from hermes.core._emitter import Emitter
-from hermes.core._errors import (
+from hermes.core.app._dispatcher import Dispatcher, Outcome
+from hermes.core.app._emitter import Emitter
+from hermes.core.app._handler import (
+    EchoHandler,
+    Handler,
+    HandlerRegistry,
+    RetryableHandler,
+    RetryMixin,
+)
+from hermes.core.app._invoke import TimeLimitExceeded
+from hermes.core.model._errors import (
     BrokerRefusedError,
     BrokerUnavailableError,
     ConfigurationError,
@@ -24,17 +30,15 @@ from hermes.core._errors import (
     SerializeError,
     UnknownPriorityError,
 )
-from hermes.core._handler import EchoHandler, Handler, HandlerRegistry
-from hermes.core._invoke import TimeLimitExceeded
-from hermes.core._message import Message
-from hermes.core._registry import available_drivers, connect, hookimpl
-from hermes.core._retry import RetryableHandler, RetryMixin
-from hermes.core._shutdown import SharedFileShutdown, Shutdown
-from hermes.core._url import redact_url
-from hermes.core._worker import Worker
+from hermes.core.model._message import Message
+from hermes.core.run._worker import Worker
+from hermes.core.spi._driver import DEFAULT_PRIORITY
+from hermes.core.spi._registry import available_drivers, connect, hookimpl
+from hermes.core.spi._shutdown import SharedFileShutdown, Shutdown
+from hermes.core.spi._url import redact_url
 
 if TYPE_CHECKING:
-    from hermes.core._failed import FailedMessage, FailedStore
+    from hermes.core.app._failed import FailedMessage, FailedStore
 
 __all__ = [
     "DEFAULT_PRIORITY",
@@ -69,69 +73,17 @@ __all__ = [
 ]
 
 #: Imported when first used: most processes never keep failed messages.
-_LAZY = {"FailedMessage": "hermes.core._failed", "FailedStore": "hermes.core._failed"}
-
-#: Names that moved out of ``hermes.core``: where they live now.
-_MOVED = {
-    **dict.fromkeys(
-        [
-            "IDLE_WAIT_S",
-            "SHUTDOWN_CHECK_INTERVAL_S",
-            "Callback",
-            "Capabilities",
-            "Consumer",
-            "Delay",
-            "Delivery",
-            "Driver",
-            "DriverPlugin",
-            "DriverUrl",
-            "MessageSerializer",
-            "PerProcess",
-            "QueueBrowser",
-            "QueueStats",
-            "Received",
-            "Serializer",
-            "SupportsStats",
-            "current_received",
-            "isolated_url",
-            "lazy_exports",
-            "MemoryDriver",
-            "SupportsPurge",
-            "SupportsTeardown",
-        ],
-        "hermes.core.driver",
-    ),
-    **dict.fromkeys(
-        ["FunctionHandler", "HandlerFunction", "RetryableFunctionHandler"], "hermes.core._handler"
-    ),
-    "DispatcherStats": "hermes.core._dispatcher",
-    "NOTICE": "hermes.core._worker",
-    "FailedMessageSerializer": "hermes.core._failed",
-    "UnknownDriverError": "hermes.core._errors",
-    "HandlerResultError": "hermes.core._errors",
-    "plugin_manager": "hermes.core._registry",
-}
+_LAZY = {"FailedMessage": "hermes.core.app._failed", "FailedStore": "hermes.core.app._failed"}
 
 
 def __getattr__(name: str) -> Any:
-    import importlib
-
     if name in _LAZY:
+        import importlib
+
         value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value
         return value
-    home = _MOVED.get(name)
-    if home is None:
-        raise AttributeError(f"module 'hermes.core' has no attribute {name!r}")
-    public = home if not home.split(".")[-1].startswith("_") else "its own module"
-    warnings.warn(
-        f"hermes.core.{name} moved: import it from {public}"
-        if public != "its own module"
-        else f"hermes.core.{name} is internal and will go from hermes.core",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    return getattr(importlib.import_module(home), name)
+    raise AttributeError(f"module 'hermes.core' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:

@@ -18,7 +18,9 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from hermes.core._cli._common import CliError, describe_error, print_error, print_traceback
-from hermes.core._errors import HermesError
+from hermes.core.model._errors import HermesError
+from hermes.core.spi import _entry_points
+from hermes.core.spi._registry import notify, plugin_manager
 
 __all__ = ["build_parser", "main"]
 
@@ -40,8 +42,6 @@ COMMANDS = (
 
 
 def _version() -> str:
-    from hermes.core import _entry_points
-
     return _entry_points.version("hermes-core") or "unknown"
 
 
@@ -99,8 +99,6 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         importlib.import_module(f"hermes.core._cli._{command}").add_parser(commands)
     if only not in COMMANDS:
         # Commands of other distributions (hermes-dashboard's `hermes dashboard`), after core's.
-        from hermes.core._registry import notify, plugin_manager
-
         notify(plugin_manager().hook.hermes_cli_commands, commands=commands)
     return parser
 

@@ -12,8 +12,21 @@ run. ``conformance/README.md`` ("Write a driver") walks through a whole one.
 
 from typing import TYPE_CHECKING
 
-from hermes.core._consumer import IDLE_WAIT_S, Consumer, Received, current_received
-from hermes.core._driver import (
+from hermes.core.model._errors import (
+    BrokerRefusedError,
+    BrokerUnavailableError,
+    ConfigurationError,
+    DeliveryError,
+    DriverError,
+    NotSupportedError,
+    SerializeError,
+    UnknownPriorityError,
+    error_text,
+)
+from hermes.core.model._message import Message
+from hermes.core.model._serializer import MessageSerializer, Serializer
+from hermes.core.spi._consumer import IDLE_WAIT_S, Consumer, Received, current_received
+from hermes.core.spi._driver import (
     DEFAULT_PRIORITY,
     Callback,
     Capabilities,
@@ -29,29 +42,16 @@ from hermes.core._driver import (
     SupportsTeardown,
     outgoing,
 )
-from hermes.core._errors import (
-    BrokerRefusedError,
-    BrokerUnavailableError,
-    ConfigurationError,
-    DeliveryError,
-    DriverError,
-    NotSupportedError,
-    SerializeError,
-    UnknownPriorityError,
-    error_text,
-)
-from hermes.core._lazy import lazy_exports
-from hermes.core._leases import Handover, LeaseKeeper
-from hermes.core._message import Message
-from hermes.core._process import PerProcess
-from hermes.core._registry import DriverPlugin, hookimpl, isolated_url, plugin_manager
-from hermes.core._serializer import MessageSerializer, Serializer
-from hermes.core._shutdown import SHUTDOWN_CHECK_INTERVAL_S
-from hermes.core._url import DriverUrl, redact_url
+from hermes.core.spi._lazy import lazy_exports
+from hermes.core.spi._leases import Handover, LeaseKeeper
+from hermes.core.spi._process import PerProcess
+from hermes.core.spi._registry import DriverPlugin, hookimpl, isolated_url, plugin_manager
+from hermes.core.spi._shutdown import SHUTDOWN_CHECK_INTERVAL_S
+from hermes.core.spi._url import DriverUrl, redact_url
 
 if TYPE_CHECKING:
-    from hermes.core._failed import QueueBrowser
-    from hermes.core._memory import MemoryDriver
+    from hermes.core.app._failed import QueueBrowser
+    from hermes.core.spi._memory import MemoryDriver
 
 __all__ = [
     "DEFAULT_PRIORITY",
@@ -102,5 +102,6 @@ __all__ = [
 if not TYPE_CHECKING:  # type checkers read the import above
     # Imported when first used: a worker on a real broker needs neither.
     __getattr__, __dir__ = lazy_exports(
-        __name__, {"QueueBrowser": "hermes.core._failed", "MemoryDriver": "hermes.core._memory"}
+        __name__,
+        {"QueueBrowser": "hermes.core.app._failed", "MemoryDriver": "hermes.core.spi._memory"},
     )

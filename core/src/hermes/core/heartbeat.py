@@ -6,7 +6,7 @@
     Worker(driver, handlers, heartbeat=HeartbeatPublisher(driver, url=url)).run()
 """
 
-from hermes.core._heartbeat import (
+from hermes.core.run._heartbeat import (
     HEARTBEAT_INTERVAL_S,
     MISSED_BEATS,
     HeartbeatPublisher,

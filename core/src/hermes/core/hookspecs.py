@@ -32,11 +32,11 @@ if TYPE_CHECKING:
     import argparse
     from contextlib import AbstractContextManager
 
-    from hermes.core._dispatcher import Outcome
-    from hermes.core._driver import Driver
-    from hermes.core._message import Message
-    from hermes.core._registry import DriverPlugin
-    from hermes.core._schedule import Entry, Tick
+    from hermes.core.app._dispatcher import Outcome
+    from hermes.core.app._schedule import Entry, Tick
+    from hermes.core.model._message import Message
+    from hermes.core.spi._driver import Driver
+    from hermes.core.spi._registry import DriverPlugin
 
 hookspec = pluggy.HookspecMarker("hermes")
 
@@ -46,7 +46,7 @@ def hermes_drivers() -> Sequence[DriverPlugin]:  # type: ignore[empty-body]
     """Return the drivers this plugin provides, one :class:`DriverPlugin` each.
 
     Called by :func:`hermes.core.connect`, :func:`hermes.core.available_drivers`
-    and :func:`hermes.core.isolated_url`, on every call (so a plugin registered
+    and :func:`hermes.core.driver.isolated_url`, on every call (so a plugin registered
     later is seen): return the same drivers each time, cheaply. Every result of
     every plugin is collected; two plugins claiming one URL scheme is an error
     that names both.

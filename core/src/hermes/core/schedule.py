@@ -6,7 +6,7 @@ by ``hermes scheduler`` or ``hermes worker --scheduler``. A payload function
 receives a :class:`Tick`.
 """
 
-from hermes.core._schedule import CatchUp, Entry, Schedule, Tick
-from hermes.core._scheduler import LocalClaims, Scheduler, TickResult
+from hermes.core.app._schedule import CatchUp, Entry, Schedule, Tick
+from hermes.core.run._scheduler import LocalClaims, Scheduler, TickResult
 
 __all__ = ["CatchUp", "Entry", "LocalClaims", "Schedule", "Scheduler", "Tick", "TickResult"]

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import time
 
-from hermes.core._consumer import decode
-from hermes.core._dispatcher import Dispatcher, DispatcherStats
-from hermes.core._driver import Driver
-from hermes.core._memory import MemoryDriver
-from hermes.core._message import Message
-from hermes.core._worker import Worker
+from hermes.core.app._dispatcher import Dispatcher, DispatcherStats
+from hermes.core.model._message import Message
+from hermes.core.run._worker import Worker
+from hermes.core.spi._consumer import decode
+from hermes.core.spi._driver import Driver
+from hermes.core.spi._memory import MemoryDriver
 
 __all__ = ["drain", "due", "scheduled"]
 

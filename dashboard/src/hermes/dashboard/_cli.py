@@ -151,11 +151,11 @@ def run(args: argparse.Namespace) -> int:
 
     schedule = None
     if args.handlers:
+        from hermes.core._cli._loading import load_object
         from hermes.core._cli._scheduler import schedule_of
-        from hermes.core._cli._worker import load_object
 
         schedule = schedule_of(load_object(args.handlers), args.handlers)
-    from hermes.core._registry import driver_for_url
+    from hermes.core.spi._registry import driver_for_url
 
     plugin, _ = driver_for_url(url)
     driver = connect(url)

@@ -11,17 +11,17 @@ import traceback
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol, TypeAlias, TypeVar, runtime_checkable
 
-from hermes.core._driver import DEFAULT_PRIORITY, Driver, SupportsStats
-from hermes.core._errors import (
+from hermes.core.model._errors import (
     BrokerRefusedError,
     BrokerUnavailableError,
     ConfigurationError,
     DriverError,
     HermesError,
 )
-from hermes.core._queues import PRIORITY_QUEUES_OPTION, parse_queue, parse_queues, url_queues
-from hermes.core._registry import available_drivers
-from hermes.core._url import DriverUrl, redact_url
+from hermes.core.spi._driver import DEFAULT_PRIORITY, Driver, SupportsStats
+from hermes.core.spi._queues import PRIORITY_QUEUES_OPTION, parse_queue, parse_queues, url_queues
+from hermes.core.spi._registry import available_drivers
+from hermes.core.spi._url import DriverUrl, redact_url
 
 if TYPE_CHECKING:
     #: What ``add_subparsers()`` returns: each command's ``add_parser`` adds itself to it.

@@ -26,14 +26,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hermes.core._cli._common import CliError, clock, exception_origin, scheme_installed
-from hermes.core._dispatcher import Dispatcher
-from hermes.core._driver import DEFAULT_PRIORITY, Delay, Driver
-from hermes.core._emitter import Emitter
-from hermes.core._message import Message
-from hermes.core._registry import connect
-from hermes.core._retry import RetryableHandler, RetryMixin
-from hermes.core._shutdown import SharedFileShutdown
-from hermes.core._url import redact_url
+from hermes.core.app._dispatcher import Dispatcher
+from hermes.core.app._emitter import Emitter
+from hermes.core.app._handler import RetryableHandler, RetryMixin
+from hermes.core.model._message import Message
+from hermes.core.run._worker import Worker
+from hermes.core.spi._driver import DEFAULT_PRIORITY, Delay, Driver
+from hermes.core.spi._registry import connect
+from hermes.core.spi._shutdown import SharedFileShutdown
+from hermes.core.spi._url import redact_url
 
 if TYPE_CHECKING:
     from hermes.core._cli._common import Commands
@@ -309,7 +310,7 @@ def _tell(url: str, shutdown_file: Path, note: str | None = None) -> int:
 
     def work() -> None:
         try:
-            dispatcher.handle()
+            Worker(worker_driver, dispatcher).run()
         except BaseException as exc:  # reported by the main thread, which exits 1
             error = exc
             story.update(lambda: setattr(story, "worker_error", error))

@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from hermes.core._registry import KNOWN_DISTRIBUTIONS, available_drivers
+from hermes.core.spi._registry import KNOWN_DISTRIBUTIONS, available_drivers
 
 if TYPE_CHECKING:
     from hermes.core._cli._common import Commands

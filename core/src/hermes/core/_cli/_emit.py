@@ -26,11 +26,11 @@ from hermes.core._cli._common import (
     setup_priorities,
     whole_number,
 )
-from hermes.core._driver import DEFAULT_PRIORITY, Delay, Driver, SupportsClaim
-from hermes.core._emitter import Emitter
-from hermes.core._message import Message
-from hermes.core._registry import connect
-from hermes.core._url import redact_url
+from hermes.core.app._emitter import Emitter
+from hermes.core.model._message import Message
+from hermes.core.spi._driver import DEFAULT_PRIORITY, Delay, Driver, SupportsClaim
+from hermes.core.spi._registry import connect
+from hermes.core.spi._url import redact_url
 
 if TYPE_CHECKING:
     from hermes.core._cli._common import Commands

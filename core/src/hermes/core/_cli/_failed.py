@@ -18,9 +18,9 @@ from hermes.core._cli._common import (
     default_url,
 )
 from hermes.core._cli._drivers import table
-from hermes.core._failed import NO_REASON, FailedMessage, FailedStore
-from hermes.core._registry import connect
-from hermes.core._url import redact_url
+from hermes.core.app._failed import NO_REASON, FailedMessage, FailedStore
+from hermes.core.spi._registry import connect
+from hermes.core.spi._url import redact_url
 
 if TYPE_CHECKING:
     from hermes.core._cli._common import Commands

@@ -6,7 +6,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from hermes.core._cli._drivers import table
-from hermes.core._registry import installed_plugins
+from hermes.core.spi._registry import installed_plugins
 
 if TYPE_CHECKING:
     from hermes.core._cli._common import Commands

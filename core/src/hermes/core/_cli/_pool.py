@@ -3,7 +3,7 @@
 What the supervisor checks before any child starts, the directory of
 prometheus_client's multiprocess mode, what ``--reload`` watches, and the
 pool's exit summary. Each child runs the worker command itself
-(``_worker.run(args, child=link)``).
+(``_run.run(args, child=link)``).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from hermes.core._cli import _run
 from hermes.core._cli._common import (
     CliError,
     configure_logging,
@@ -24,10 +25,13 @@ from hermes.core._cli._common import (
     describe_error,
     one_line,
 )
-from hermes.core._dispatcher import DispatcherStats
-from hermes.core._errors import HermesError
-from hermes.core._pool import ChildLink, PoolConfig, PoolStats, Supervisor
-from hermes.core._registry import driver_for_url
+from hermes.core._cli._loading import load_object
+from hermes.core._cli._report import serve_metrics
+from hermes.core._cli._report import summary as report_summary
+from hermes.core.app._dispatcher import DispatcherStats
+from hermes.core.model._errors import HermesError
+from hermes.core.run._pool import ChildLink, PoolConfig, PoolStats, Supervisor
+from hermes.core.spi._registry import driver_for_url
 
 #: prometheus_client's multiprocess mode: where every process writes its metrics.
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -60,20 +64,18 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _supervise(args: argparse.Namespace) -> int:
-    from hermes.core._cli import _worker
-
     # Mistakes every child would make alike are said once, before any starts: the
     # URL (its scheme installed, its options), and the form of --handlers. The
-    # handlers module itself is imported by each child: see hermes.core._pool.
+    # handlers module itself is imported by each child: see hermes.core.run._pool.
     args.url = args.url or default_url()
     driver_for_url(args.url)
     module, sep, attr = args.handlers.partition(":")
     if not (sep and module and attr) or "/" in module or "\\" in module or module.endswith(".py"):
-        _worker.load_object(args.handlers)  # its one-line CliError, raised before any import
+        load_object(args.handlers)  # its one-line CliError, raised before any import
     verbosity = args.verbose - args.quiet
     configure_logging(verbosity, prefix=f"[supervisor pid {os.getpid()}] ")
     if args.metrics_port is not None:
-        _worker._serve_metrics(args.metrics_port, args.url, args.metrics_host)
+        serve_metrics(args.metrics_port, args.url, args.metrics_host)
     config = PoolConfig(
         processes=args.processes,
         grace_s=args.grace,
@@ -91,10 +93,8 @@ def _supervise(args: argparse.Namespace) -> int:
 
 def _child(args: argparse.Namespace, link: ChildLink) -> int:
     """One child: the worker command, its one-line mistakes sent to the supervisor to say once."""
-    from hermes.core._cli import _worker
-
     try:
-        return _worker.run(args, child=link)
+        return _run.run(args, child=link)
     except CliError as exc:
         link.fatal(one_line(str(exc)))
     except HermesError as exc:
@@ -127,13 +127,11 @@ def reload_paths(spec: str) -> tuple[Path, ...]:
 
 def summary(stats: PoolStats, elapsed_s: float) -> str:
     """The single worker's summary, counted over the pool, and what happened to its children."""
-    from hermes.core._cli import _worker
-
     counts = stats.counts
     dispatcher = DispatcherStats(
         **{name: counts.get(name, 0) for name in DispatcherStats.__dataclass_fields__}
     )
-    text = _worker._summary(dispatcher, elapsed_s)
+    text = report_summary(dispatcher, elapsed_s)
     children = [f"{stats.started} worker processes started"]
     if stats.recycled:
         children.append(f"{stats.recycled} replaced at their limit")

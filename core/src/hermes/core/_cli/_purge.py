@@ -19,9 +19,9 @@ from hermes.core._cli._common import (
     queues_looked_at,
     setup_priorities,
 )
-from hermes.core._driver import SupportsPurge
-from hermes.core._registry import connect
-from hermes.core._url import redact_url
+from hermes.core.spi._driver import SupportsPurge
+from hermes.core.spi._registry import connect
+from hermes.core.spi._url import redact_url
 
 if TYPE_CHECKING:
     from hermes.core._cli._common import Commands

@@ -25,15 +25,15 @@ from hermes.core._cli._common import (
     one_line,
     setup_priorities,
 )
-from hermes.core._cli._worker import load_object
+from hermes.core._cli._loading import load_object
 from hermes.core._cli._workers import add_heartbeat_options, publisher_for, registry
-from hermes.core._driver import Driver, SupportsClaim, SupportsHeartbeats
-from hermes.core._handler import HandlerRegistry
-from hermes.core._heartbeat import scheduler_fields
-from hermes.core._registry import connect
-from hermes.core._schedule import Schedule
-from hermes.core._scheduler import CATCH_UP_WINDOW_S, LocalClaims, Scheduler
-from hermes.core._url import redact_url
+from hermes.core.app._handler import HandlerRegistry
+from hermes.core.app._schedule import Schedule
+from hermes.core.run._heartbeat import scheduler_fields
+from hermes.core.run._scheduler import CATCH_UP_WINDOW_S, LocalClaims, Scheduler
+from hermes.core.spi._driver import Driver, SupportsClaim, SupportsHeartbeats
+from hermes.core.spi._registry import connect
+from hermes.core.spi._url import redact_url
 
 logger = logging.getLogger("hermes")
 

@@ -8,9 +8,9 @@ import time
 from typing import TYPE_CHECKING
 
 from hermes.core._cli._common import URL_ENV, CliError, clock
-from hermes.core._registry import connect, driver_for_url
-from hermes.core._shutdown import SharedFileShutdown
-from hermes.core._url import redact_url
+from hermes.core.spi._registry import connect, driver_for_url
+from hermes.core.spi._shutdown import SharedFileShutdown
+from hermes.core.spi._url import redact_url
 
 if TYPE_CHECKING:
     from hermes.core._cli._common import Commands

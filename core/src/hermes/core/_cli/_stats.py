@@ -24,9 +24,9 @@ from hermes.core._cli._common import (
     seconds,
     setup_priorities,
 )
-from hermes.core._driver import Driver, QueueStats, SupportsStats
-from hermes.core._registry import connect
-from hermes.core._url import redact_url
+from hermes.core.spi._driver import Driver, QueueStats, SupportsStats
+from hermes.core.spi._registry import connect
+from hermes.core.spi._url import redact_url
 
 if TYPE_CHECKING:
     from hermes.core._cli._common import Commands

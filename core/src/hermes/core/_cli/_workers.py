@@ -24,16 +24,16 @@ from hermes.core._cli._common import (
     env_default,
     seconds,
 )
-from hermes.core._driver import Driver, SupportsHeartbeats
-from hermes.core._heartbeat import (
+from hermes.core.run._heartbeat import (
     HEARTBEAT_INTERVAL_S,
     INTERVAL_ENV,
     MISSED_BEATS,
     HeartbeatPublisher,
     live_workers,
 )
-from hermes.core._registry import connect
-from hermes.core._url import redact_url
+from hermes.core.spi._driver import Driver, SupportsHeartbeats
+from hermes.core.spi._registry import connect
+from hermes.core.spi._url import redact_url
 
 if TYPE_CHECKING:
     from hermes.core._cli._common import Commands

@@ -81,7 +81,7 @@ _IDLE_CHECK_S = 1.0
 class _Publisher:
     """This process's sending side: one connection, opened on first use, used under :attr:`lock`.
 
-    Made per process (:class:`~hermes.core.PerProcess`), so a forked child
+    Made per process (:class:`~hermes.core.driver.PerProcess`), so a forked child
     gets its own connection and its own lock, free even if a thread of the
     parent held the parent's at the fork.
     """
@@ -224,7 +224,7 @@ class LazyRabbitMqDriver(Driver):
         #: The queue of the default priority; every other queue name derives from it.
         self.queue = queue
         #: The longest single wait on the broker while idle (0: as long as the
-        #: worker allows, which is at most :data:`~hermes.core.IDLE_WAIT_S`).
+        #: worker allows, which is at most :data:`~hermes.core.driver.IDLE_WAIT_S`).
         self.refresh_interval = refresh_interval
         self.consumer_tag = consumer_tag
         self.prefetch = prefetch

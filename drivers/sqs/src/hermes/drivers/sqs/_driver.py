@@ -89,7 +89,7 @@ def current_delivery() -> SqsDelivery | None:
     """The :class:`SqsDelivery` of the message being handled on this thread, else None.
 
     Core's worker loop marks the message whose handlers run on each thread
-    (:func:`hermes.core.current_received`); this reads its SQS facts, on any
+    (:func:`hermes.core.driver.current_received`); this reads its SQS facts, on any
     handler thread of a worker with several handlers at once.
     """
     received = current_received()

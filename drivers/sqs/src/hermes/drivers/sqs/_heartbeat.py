@@ -62,7 +62,7 @@ class SqsDelivery:
 class Held:
     """A received message this worker has not yet deleted or given back.
 
-    It is the ``token`` of the :class:`~hermes.core.Received` a consumer hands out.
+    It is the ``token`` of the :class:`~hermes.core.driver.Received` a consumer hands out.
     """
 
     queue: Queue

@@ -3,7 +3,7 @@
 An entry is declared next to the handlers, on the ``HandlerRegistry`` the
 worker loads (``handlers.every(...)``, ``handlers.cron(...)``), or on a
 :class:`Schedule` of its own. Nothing here talks to a broker: the
-:class:`~hermes.core._scheduler.Scheduler` claims and emits.
+:class:`~hermes.core.run._scheduler.Scheduler` claims and emits.
 
 Time rules, the same in every scheduler process so that they agree on each
 tick without talking to each other:
@@ -33,9 +33,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from hermes.core._driver import DEFAULT_PRIORITY
-from hermes.core._errors import ConfigurationError
-from hermes.core._message import Message
+from hermes.core.model._errors import ConfigurationError
+from hermes.core.model._message import Message
+from hermes.core.spi._driver import DEFAULT_PRIORITY
 
 #: The smallest interval an entry may have: the tick key is to the second.
 MIN_INTERVAL_S = 1.0

@@ -13,8 +13,8 @@ from collections.abc import Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from hermes.core._consumer import Consumer, Received
-from hermes.core._driver import (
+from hermes.core.spi._consumer import Consumer, Received
+from hermes.core.spi._driver import (
     DEFAULT_PRIORITY,
     Capabilities,
     Delay,
@@ -23,8 +23,8 @@ from hermes.core._driver import (
     Outgoing,
     QueueStats,
 )
-from hermes.core._registry import DriverPlugin, hookimpl
-from hermes.core._url import DriverUrl
+from hermes.core.spi._registry import DriverPlugin, hookimpl
+from hermes.core.spi._url import DriverUrl
 
 #: Claims held before the expired ones are swept out.
 _CLAIMS_BEFORE_SWEEP = 10_000

@@ -5,8 +5,8 @@ import math
 import sys
 from typing import Any, Protocol, runtime_checkable
 
-from hermes.core._errors import SerializeError
-from hermes.core._message import Message
+from hermes.core.model._errors import SerializeError
+from hermes.core.model._message import Message
 
 #: How much of a bad input an error message quotes.
 QUOTE_LIMIT = 200

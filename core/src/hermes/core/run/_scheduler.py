@@ -1,7 +1,7 @@
 """The Scheduler: claims each due tick of a schedule and emits it if it won the claim.
 
 Any number of schedulers may run on one schedule: they never talk to each
-other. Each computes the same ticks (see :mod:`hermes.core._schedule`), claims
+other. Each computes the same ticks (see :mod:`hermes.core.app._schedule`), claims
 ``tick:<name>@<time>`` on a broker with :class:`SupportsClaim`, and only the
 winner emits, so every tick is emitted once however many run and whichever of
 them die. The claims are also the schedule's memory: a scheduler that starts
@@ -24,11 +24,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from hermes.core._driver import Driver, SupportsClaim
-from hermes.core._emitter import Emitter
-from hermes.core._errors import BrokerUnavailableError, HermesError, NotSupportedError
-from hermes.core._registry import notify, plugin_manager
-from hermes.core._schedule import CatchUp, Entry, Schedule
+from hermes.core.app._emitter import Emitter
+from hermes.core.app._schedule import CatchUp, Entry, Schedule
+from hermes.core.model._errors import BrokerUnavailableError, HermesError, NotSupportedError
+from hermes.core.spi._driver import Driver, SupportsClaim
+from hermes.core.spi._registry import notify, plugin_manager
 
 #: How far back a scheduler looks for missed ticks, by default.
 CATCH_UP_WINDOW_S = 3600.0

@@ -8,8 +8,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Protocol, runtime_checkable
 
-from hermes.core._consumer import Consumer
-from hermes.core._errors import (
+from hermes.core.model._errors import (
     BrokerRefusedError,
     BrokerUnavailableError,
     DeliveryError,
@@ -19,9 +18,9 @@ from hermes.core._errors import (
     UnknownPriorityError,
     error_text,
 )
-from hermes.core._message import Message
-from hermes.core._serializer import MessageSerializer, Serializer
-from hermes.core._shutdown import Shutdown
+from hermes.core.model._message import Message
+from hermes.core.model._serializer import MessageSerializer, Serializer
+from hermes.core.spi._consumer import Consumer
 
 #: The priority of ``send()`` without one, and the one every driver has a queue for.
 #: A higher number is a higher priority.
@@ -302,47 +301,6 @@ class Driver(ABC):
     def close(self) -> None:  # noqa: B027 - most drivers have something to close, not all
         """Release the broker connection. Idempotent."""
 
-    # PHP Hermes's worker API, kept for code ported from it -------------------
-
-    def wait(
-        self,
-        callback: Callback,
-        priorities: Sequence[int] = (),
-        *,
-        concurrency: int = 1,
-        grace_s: float = 30.0,
-    ) -> None:
-        """PHP's ``$driver->wait($callback)``: a :class:`~hermes.core.Worker` run of ``callback``.
-
-        ``callback(message, priority) -> bool`` is called per message until
-        the limit of :meth:`set_max_process_items` or the :meth:`set_shutdown`
-        request; each call is a run of its own (the count starts from 0).
-        New code runs a ``Worker`` instead.
-        """
-        from hermes.core._worker import Worker
-
-        compat = _php_settings(self)
-        Worker(
-            self,
-            callback,
-            priorities=priorities,
-            concurrency=concurrency,
-            grace_s=grace_s,
-            max_items=compat.max_items,
-            shutdown=compat.shutdown,
-            handle_signals=False,
-        ).run()
-
-    def set_max_process_items(self, count: int) -> None:
-        """PHP's setter: make :meth:`wait` return after ``count`` messages (0 = never)."""
-        if count < 0:
-            raise ValueError(f"max process items must be >= 0, got {count}")
-        _php_settings(self).max_items = count
-
-    def set_shutdown(self, shutdown: Shutdown | None) -> None:
-        """PHP's setter: make :meth:`wait` return once ``shutdown`` asks for it."""
-        _php_settings(self).shutdown = shutdown
-
     def __enter__(self) -> Driver:
         return self
 
@@ -356,21 +314,6 @@ class Driver(ABC):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__}>"
-
-
-@dataclass
-class _PhpSettings:
-    """What PHP's setters configured on a driver, for :meth:`Driver.wait` alone."""
-
-    max_items: int = 0
-    shutdown: Shutdown | None = None
-
-
-def _php_settings(driver: Driver) -> _PhpSettings:
-    settings: _PhpSettings | None = driver.__dict__.get("_php_settings")
-    if settings is None:
-        settings = driver.__dict__["_php_settings"] = _PhpSettings()
-    return settings
 
 
 @contextlib.contextmanager

@@ -44,10 +44,10 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from hermes.core._registry import notify, plugin_manager
-from hermes.core._shutdown import Shutdown
-from hermes.core._url import redact_url
-from hermes.core._worker import NOTICE, Backoff, WorkerStats
+from hermes.core.run._worker import NOTICE, Backoff, WorkerStats
+from hermes.core.spi._registry import notify, plugin_manager
+from hermes.core.spi._shutdown import Shutdown
+from hermes.core.spi._url import redact_url
 
 logger = logging.getLogger("hermes")
 

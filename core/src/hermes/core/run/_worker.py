@@ -18,27 +18,28 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from hermes.core._consumer import IDLE_WAIT_S, Consumer, Received, _current, decode
-from hermes.core._driver import translated
-from hermes.core._errors import (
+from hermes.core.app._dispatcher import Dispatcher
+from hermes.core.app._handler import HandlerRegistry
+from hermes.core.model._errors import (
     BrokerRefusedError,
     BrokerUnavailableError,
     ConfigurationError,
     DriverError,
     SerializeError,
 )
-from hermes.core._message import Message
-from hermes.core._registry import notify, plugin_manager
-from hermes.core._shutdown import Shutdown
+from hermes.core.model._message import Message
+from hermes.core.run._heartbeat import worker_fields
+from hermes.core.spi._consumer import IDLE_WAIT_S, Consumer, Received, _current, decode
+from hermes.core.spi._driver import translated
+from hermes.core.spi._registry import notify, plugin_manager
+from hermes.core.spi._shutdown import Shutdown
 
 if TYPE_CHECKING:
     import random
 
-    from hermes.core._dispatcher import Dispatcher
-    from hermes.core._driver import Driver
-    from hermes.core._failed import FailedStore
-    from hermes.core._handler import HandlerRegistry
-    from hermes.core._heartbeat import HeartbeatPublisher
+    from hermes.core.app._failed import FailedStore
+    from hermes.core.run._heartbeat import HeartbeatPublisher
+    from hermes.core.spi._driver import Driver
 
 logger = logging.getLogger("hermes")
 
@@ -164,8 +165,8 @@ class Worker:
     blocks until a stop condition holds:
 
     * ``max_items`` messages were taken (0: no limit);
-    * a ``shutdown`` (one or several :class:`Shutdown`) asks, for a request
-      made after the run started;
+    * a ``shutdown`` (one or several :class:`Shutdown`; by default the
+      Dispatcher's own) asks, for a request made after the run started;
     * SIGTERM or SIGINT (on the main thread, with ``handle_signals``): handlers
       in flight finish; a second SIGINT interrupts them;
     * :meth:`stop`, from any thread.
@@ -213,6 +214,10 @@ class Worker:
             grace_s = dispatcher.grace_s if dispatcher is not None else 30.0
         if max_deliveries is None:
             max_deliveries = dispatcher.max_deliveries if dispatcher is not None else 0
+        if dispatcher is not None:
+            # What the Dispatcher was made with holds for its runs unless told otherwise.
+            shutdown = dispatcher.shutdown if shutdown is None else shutdown
+            logger = logger or dispatcher.logger
         _check_int("concurrency", concurrency, 1)
         _check_int("max_items", max_items, 0)
         _check_int("max_deliveries", max_deliveries, 0)
@@ -286,8 +291,6 @@ class Worker:
             )
         beating: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
         if self.heartbeat is not None:
-            from hermes.core._heartbeat import worker_fields
-
             beating = self.heartbeat.running(lambda: worker_fields(self))
         try:
             with beating, self._signals(stop), self._consumer() as consumer:
@@ -355,9 +358,6 @@ def _dispatcher(
     time_limit_s: float | None,
     logger: logging.Logger | None,
 ) -> Dispatcher | None:
-    from hermes.core._dispatcher import Dispatcher
-    from hermes.core._handler import HandlerRegistry
-
     if isinstance(handlers, Dispatcher):
         if failed is not None or time_limit_s is not None:
             raise ConfigurationError(

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import inspect
 import json
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
-from hermes.core._errors import ConfigurationError, HandlerResultError
-from hermes.core._message import Message
-from hermes.core._retry import Backoff, RetryableHandler, RetryMixin
+from hermes.core.model._errors import ConfigurationError, HandlerResultError
+from hermes.core.model._message import Message
 
 if TYPE_CHECKING:
-    from hermes.core._dispatcher import Dispatcher
-    from hermes.core._schedule import Schedule, on_schedule
+    from hermes.core.app._dispatcher import Dispatcher
+    from hermes.core.app._schedule import Schedule, on_schedule
 
 
 @runtime_checkable
@@ -25,6 +25,45 @@ class Handler(Protocol):
     """
 
     def handle(self, message: Message) -> bool: ...
+
+
+class RetryableHandler(ABC):
+    """A handler whose failures are retried by publishing a copy of the message.
+
+    When :meth:`handle` raises, the Dispatcher publishes a copy with
+    ``retries + 1`` if ``message.retries < max_retry()`` **and then**
+    ``can_retry(message, exception)`` is true. Once ``max_retry()`` is reached,
+    ``can_retry`` is not called. Returning False from ``handle`` never retries.
+    Mix in :class:`RetryMixin` for the defaults::
+
+        class SendMail(RetryMixin, RetryableHandler):
+            def handle(self, message: Message) -> bool: ...
+    """
+
+    @abstractmethod
+    def handle(self, message: Message) -> bool: ...
+
+    @abstractmethod
+    def can_retry(self, message: Message, exception: Exception) -> bool:
+        """False skips the retry, e.g. for errors that can never succeed later."""
+
+    @abstractmethod
+    def max_retry(self) -> int:
+        """How many retries a message may have; 0 disables retrying."""
+
+
+class RetryMixin:
+    """Defaults for :class:`RetryableHandler`: always retry, up to 25 times."""
+
+    def can_retry(self, message: Message, exception: Exception) -> bool:
+        return True
+
+    def max_retry(self) -> int:
+        return 25
+
+
+#: A handler's own backoff: the retry number (1 for the first retry) -> seconds to wait.
+Backoff = Callable[[int], float]
 
 
 #: A function run as a handler: it takes the message and returns None or True
@@ -264,7 +303,7 @@ class _ScheduleMethod:
         self.name = name
 
     def __get__(self, instance: object, owner: type) -> Any:
-        from hermes.core._schedule import Schedule, on_schedule
+        from hermes.core.app._schedule import Schedule, on_schedule
 
         method = on_schedule(getattr(Schedule, self.name))
         setattr(owner, self.name, method)
@@ -345,7 +384,7 @@ class HandlerRegistry:
         """
         schedule: Schedule | None = self.__dict__.get("_schedule")
         if schedule is None:
-            from hermes.core._schedule import Schedule
+            from hermes.core.app._schedule import Schedule
 
             schedule = self.__dict__["_schedule"] = Schedule()
         return schedule

@@ -10,17 +10,18 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 import pluggy
 
 from hermes.core import hookspecs
-from hermes.core._driver import Capabilities, Driver
-from hermes.core._errors import ConfigurationError, UnknownDriverError
-from hermes.core._queues import url_queues, without_queues
-from hermes.core._shutdown import Shutdown
-from hermes.core._url import DriverUrl
+from hermes.core.model._errors import ConfigurationError, UnknownDriverError
+from hermes.core.spi import _entry_points
+from hermes.core.spi._driver import Capabilities, Driver
+from hermes.core.spi._queues import url_queues, without_queues
+from hermes.core.spi._shutdown import Shutdown
+from hermes.core.spi._url import DriverUrl
 
 T = TypeVar("T")
 
 if TYPE_CHECKING:
-    from hermes.core._failed import QueueBrowser
-    from hermes.core._message import Message
+    from hermes.core.app._failed import QueueBrowser
+    from hermes.core.model._message import Message
 
 #: Marks the functions of a plugin module that implement :mod:`hermes.core.hookspecs`.
 hookimpl = pluggy.HookimplMarker("hermes")
@@ -95,8 +96,6 @@ class _Registry:
         # that fails to import costs its own drivers, not every other one. And
         # read without importlib.metadata, whose import alone costs a tenth of a
         # worker's start-up (see _entry_points).
-        from hermes.core import _entry_points
-
         for entry_point in _entry_points.entry_points("hermes"):
             if manager.get_plugin(entry_point.name) or manager.is_blocked(entry_point.name):
                 continue

@@ -23,13 +23,14 @@ from collections.abc import Collection, Hashable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from hermes.core._driver import DEFAULT_PRIORITY, outgoing
-from hermes.core._errors import DeliveryError, NotSupportedError, SerializeError
-from hermes.core._message import Message
-from hermes.core._serializer import MessageSerializer
+from hermes.core.model._errors import DeliveryError, NotSupportedError, SerializeError
+from hermes.core.model._message import Message
+from hermes.core.model._serializer import MessageSerializer
+from hermes.core.spi._driver import DEFAULT_PRIORITY, outgoing
+from hermes.core.spi._registry import driver_for_url
 
 if TYPE_CHECKING:
-    from hermes.core._driver import Driver
+    from hermes.core.spi._driver import Driver
 
 logger = logging.getLogger("hermes")
 
@@ -168,8 +169,6 @@ class FailedStore:
     @classmethod
     def connect(cls, url: str) -> FailedStore:
         """The store at ``url``, with the browser its driver's plugin offers (if any)."""
-        from hermes.core._registry import driver_for_url
-
         plugin, parsed = driver_for_url(url)
         driver = plugin.factory(parsed)
         browser = plugin.browse(driver) if plugin.browse is not None else None

@@ -39,12 +39,13 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from hermes.core._driver import Driver, SupportsHeartbeats
-from hermes.core._url import redact_url
+from hermes.core.spi import _entry_points
+from hermes.core.spi._driver import Driver, SupportsHeartbeats
+from hermes.core.spi._url import redact_url
 
 if TYPE_CHECKING:
-    from hermes.core._scheduler import Scheduler
-    from hermes.core._worker import Worker
+    from hermes.core.run._scheduler import Scheduler
+    from hermes.core.run._worker import Worker
 
 logger = logging.getLogger("hermes")
 
@@ -66,8 +67,6 @@ def new_worker_id() -> str:
 
 
 def hermes_version() -> str:
-    from hermes.core import _entry_points
-
     return _entry_points.version("hermes-core") or "unknown"
 
 

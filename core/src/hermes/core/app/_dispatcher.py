@@ -5,13 +5,13 @@ import inspect
 import logging
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
-from hermes.core._driver import Delay, Driver
-from hermes.core._errors import ConfigurationError
-from hermes.core._handler import (
+from hermes.core.app._failed import FailedStore
+from hermes.core.app._handler import (
+    Backoff,
     CanRetry,
     F,
     FunctionHandler,
@@ -21,11 +21,8 @@ from hermes.core._handler import (
     function_handler,
     handler_name,
 )
-from hermes.core._invoke import EventLoopThread, TimeLimitExceeded, Watchdog
-from hermes.core._message import Message
-from hermes.core._registry import notify, plugin_manager, wrap_call
-from hermes.core._retry import (
-    Backoff,
+from hermes.core.app._invoke import EventLoopThread, TimeLimitExceeded, Watchdog
+from hermes.core.app._retry import (
     Randomizer,
     RetryVerdict,
     default_randomizer,
@@ -35,10 +32,11 @@ from hermes.core._retry import (
     readable_time,
     retry_at,
 )
-from hermes.core._shutdown import Shutdown
-
-if TYPE_CHECKING:
-    from hermes.core._failed import FailedStore
+from hermes.core.model._errors import ConfigurationError
+from hermes.core.model._message import Message
+from hermes.core.spi._driver import Delay, Driver
+from hermes.core.spi._registry import notify, plugin_manager, wrap_call
+from hermes.core.spi._shutdown import Shutdown
 
 
 class Outcome(enum.Enum):
@@ -248,27 +246,6 @@ class Dispatcher:
         return {type: list(handlers) for type, handlers in self._handlers.items()}
 
     # Running -----------------------------------------------------------------
-
-    def handle(self, priorities: Sequence[int] = ()) -> None:
-        """Handle messages until shutdown, max items, SIGTERM or SIGINT: a :class:`Worker` run.
-
-        ``priorities`` restricts this worker to those priority queues. A driver
-        failure is logged with its cause and raised. PHP's setters on the
-        driver (``set_max_process_items``, ``set_shutdown``) still count.
-        """
-        from hermes.core._driver import _php_settings
-        from hermes.core._worker import Worker
-
-        compat = _php_settings(self.driver)
-        shutdown = self.shutdown if self.shutdown is not None else compat.shutdown
-        Worker(
-            self.driver,
-            self,
-            priorities=priorities,
-            max_items=compat.max_items,
-            shutdown=shutdown,
-            logger=self.logger,
-        ).run()
 
     def close(self) -> None:
         """End what a run started for the handlers (the event loop of async handlers)."""
@@ -576,9 +553,6 @@ class Dispatcher:
 
 
 def _failed_store(failed: Driver | FailedStore, driver: Driver) -> FailedStore:
-    # Imported here: most workers keep no failed messages, and every process imports this module.
-    from hermes.core._failed import FailedStore
-
     if (failed.driver if isinstance(failed, FailedStore) else failed) is driver:
         raise ConfigurationError(
             f"failed= is the Dispatcher's own driver {driver!r}: messages given up on "

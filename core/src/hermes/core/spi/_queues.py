@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from hermes.core._errors import ConfigurationError
-from hermes.core._url import DriverUrl
+from hermes.core.model._errors import ConfigurationError
+from hermes.core.spi._url import DriverUrl
 
 #: The URL option, read by :func:`hermes.core.connect` for every driver.
 PRIORITY_QUEUES_OPTION = "priority_queues"

@@ -4,10 +4,10 @@ import logging
 from collections.abc import Sequence
 from typing import overload
 
-from hermes.core._driver import DEFAULT_PRIORITY, Driver, SupportsClaim
-from hermes.core._errors import NotSupportedError
-from hermes.core._message import Message
-from hermes.core._registry import enter_emit_calls, exit_calls, notify, plugin_manager
+from hermes.core.model._errors import NotSupportedError
+from hermes.core.model._message import Message
+from hermes.core.spi._driver import DEFAULT_PRIORITY, Driver, SupportsClaim
+from hermes.core.spi._registry import enter_emit_calls, exit_calls, notify, plugin_manager
 
 
 class Emitter:

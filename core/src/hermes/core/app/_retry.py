@@ -7,53 +7,18 @@ import math
 import threading
 import time
 import warnings
-from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from hermes.core._message import Message
+from hermes.core.app._handler import FunctionHandler, RetryableHandler, handler_name
+from hermes.core.model._message import Message
 
 
 class Randomizer(Protocol):
     """What the Dispatcher needs of a random source: ``random.Random`` and ``SystemRandom`` fit."""
 
     def randint(self, a: int, b: int) -> int: ...
-
-
-class RetryableHandler(ABC):
-    """A handler whose failures are retried by publishing a copy of the message.
-
-    When :meth:`handle` raises, the Dispatcher publishes a copy with
-    ``retries + 1`` if ``message.retries < max_retry()`` **and then**
-    ``can_retry(message, exception)`` is true. Once ``max_retry()`` is reached,
-    ``can_retry`` is not called. Returning False from ``handle`` never retries.
-    Mix in :class:`RetryMixin` for the defaults::
-
-        class SendMail(RetryMixin, RetryableHandler):
-            def handle(self, message: Message) -> bool: ...
-    """
-
-    @abstractmethod
-    def handle(self, message: Message) -> bool: ...
-
-    @abstractmethod
-    def can_retry(self, message: Message, exception: Exception) -> bool:
-        """False skips the retry, e.g. for errors that can never succeed later."""
-
-    @abstractmethod
-    def max_retry(self) -> int:
-        """How many retries a message may have; 0 disables retrying."""
-
-
-class RetryMixin:
-    """Defaults for :class:`RetryableHandler`: always retry, up to 25 times."""
-
-    def can_retry(self, message: Message, exception: Exception) -> bool:
-        return True
-
-    def max_retry(self) -> int:
-        return 25
 
 
 _legacy_warned: set[type] = set()
@@ -118,8 +83,6 @@ def judge_retry(
         if message.retries >= limit:
             return RetryVerdict(_used_up(message.retries, limit), limit)
         return RetryVerdict(None, limit)
-    from hermes.core._handler import FunctionHandler, handler_name  # _handler imports this module
-
     if isinstance(handler, FunctionHandler):
         # A function is made retryable by its decorator, not by a base class.
         return RetryVerdict(
@@ -149,10 +112,6 @@ def default_randomizer() -> Randomizer:
     return random.SystemRandom()
 
 
-#: A handler's own backoff: the retry number (1 for the first retry) -> seconds to wait.
-Backoff = Callable[[int], float]
-
-
 def retry_at(
     handler: object,
     message: Message,
@@ -177,8 +136,6 @@ def retry_at(
         if not math.isfinite(seconds) or seconds < 0:
             raise ValueError(f"it gave {seconds!r}, not a number of seconds >= 0")
     except Exception as exc:
-        from hermes.core._handler import handler_name  # _handler imports this module
-
         logger.error(
             "Handler %s backoff raised %s: %s for retry %d; the default backoff is used",
             handler_name(handler),

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-from hermes.core._errors import SerializeError
-from hermes.core._message import Message
-from hermes.core._serializer import MessageSerializer
+from hermes.core.model._errors import SerializeError
+from hermes.core.model._message import Message
+from hermes.core.model._serializer import MessageSerializer
 
 _serializer = MessageSerializer()
 

@@ -19,7 +19,7 @@ import time
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
-from hermes.core._errors import HermesError
+from hermes.core.model._errors import HermesError
 
 if TYPE_CHECKING:
     import asyncio

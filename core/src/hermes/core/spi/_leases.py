@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from hermes.core._errors import DriverError
+from hermes.core.model._errors import DriverError
 
 logger = logging.getLogger("hermes")
 
