@@ -356,7 +356,7 @@ class KafkaDriver(Driver):
     def per_process(
         self, make: Callable[[], T], close: Callable[[T], None] | None = None
     ) -> PerProcess[T]:
-        """A :class:`~hermes.core.driver.PerProcess` holder for a librdkafka handle of this driver."""
+        """A :class:`~hermes.core.driver.PerProcess` holder for one of its librdkafka handles."""
         return self._handles.per_process(make, close)
 
     def classify_error(self, exc: BaseException) -> type[DriverError] | None:
