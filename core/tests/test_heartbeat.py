@@ -203,3 +203,13 @@ def test_hermes_workers_on_a_broker_without_heartbeats_is_one_line_and_exit_2(
 ) -> None:
     run = _hermes("workers", "--url", "memory://x", "--registry-url", "nope://x", cwd=tmp_path)
     assert run.returncode == 2 and len(run.stderr.splitlines()) == 1, run.stderr
+
+
+def test_a_record_whose_start_is_not_a_number_is_listed_first_not_fatal(
+    driver: MemoryDriver,
+) -> None:
+    now = time.time()
+    driver.beat({"id": "b", "started": now - 5, "last_seen": now}, 60)
+    driver.beat({"id": "a", "started": "2025-01-01T10:00:00Z", "last_seen": now}, 60)
+    driver.beat({"id": "c", "started": None, "last_seen": now}, 60)
+    assert [r["id"] for r in live_workers(driver)] == ["a", "c", "b"]

@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
+import http.client
 import os
 import re
 import subprocess
+import time
+import urllib.parse
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
-from dash_support import HERMES, Deployment, eventually, get, post, screenshot
+import pytest
+from dash_support import (
+    HERE,
+    HERMES,
+    Deployment,
+    eventually,
+    get,
+    post,
+    screenshot,
+    serve_dashboard,
+)
 from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 from selenium.webdriver.common.by import By
 
@@ -180,3 +195,118 @@ def test_the_periodic_page_shows_each_entry_s_next_fire(
     assert "hourly-report" in text and "every" in text
     assert "unknown" in text, "no scheduler runs: the last fire is unknown"
     screenshot(browser, "periodic")
+
+
+# Requests from other sites, sent raw: a browser sets Host itself -------------------
+
+
+def raw(
+    base: str, method: str, path: str, headers: dict[str, str], body: str = ""
+) -> tuple[int, str]:
+    """One request with exactly these headers (``Host`` included), as a rebinding page sends."""
+    parts = urllib.parse.urlsplit(base)
+    connection = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=10)
+    try:
+        sent = dict(headers)
+        if body:
+            sent["Content-Type"] = "application/x-www-form-urlencoded"
+        connection.request(method, path, body=body.encode() or None, headers=sent)
+        response = connection.getresponse()
+        return response.status, response.read().decode()
+    finally:
+        connection.close()
+
+
+def test_a_page_asked_for_under_another_host_name_is_refused_with_400(
+    deployment: Deployment,
+) -> None:
+    port = urllib.parse.urlsplit(deployment.base).port
+    for path in ("/", "/queues", "/failed", "/workers", "/periodic"):
+        status, body = raw(deployment.base, "GET", path, {"Host": f"rebind.test:{port}"})
+        assert status == 400, path
+        assert "csrf" not in body and len(body) < 200, body
+        status, body = raw(deployment.base, "GET", path, {"Host": f"localhost:{port}"})
+        assert status == 200, path
+
+
+def test_a_post_from_a_rebound_name_or_another_origin_deletes_nothing(
+    deployment: Deployment,
+) -> None:
+    from hermes.core import FailedStore, Message
+
+    port = urllib.parse.urlsplit(deployment.base).port
+    with FailedStore.connect(deployment.failed_url) as store:
+        kept = store.keep(Message("rebind.victim", {"n": 1}), "kept for the test")
+        _, page = get(deployment.base + "/failed")
+        token = re.search(r'name="csrf" value="([^"]+)"', page)
+        assert token is not None
+        form = f"csrf={urllib.parse.quote(token.group(1))}&id={kept.id}"
+        attacker = f"http://rebind.test:{port}"
+        attempts = [
+            ({"Host": f"rebind.test:{port}", "Origin": attacker}, 400),
+            ({"Host": f"127.0.0.1:{port}", "Origin": attacker}, 403),
+            ({"Host": f"127.0.0.1:{port}", "Sec-Fetch-Site": "cross-site"}, 403),
+        ]
+        for headers, refused in attempts:
+            status, _ = raw(deployment.base, "POST", "/failed/delete", headers, form)
+            assert status == refused, headers
+        assert kept.id in {m.id for m in store.messages()}, "a refused POST deleted"
+        own = {"Host": f"127.0.0.1:{port}", "Origin": deployment.base}
+        status, _ = raw(deployment.base, "POST", "/failed/delete", own, form)
+        assert status == 303
+        assert kept.id not in {m.id for m in store.messages()}
+
+
+# Records another program wrote, on a dashboard of their own ------------------------
+
+
+@pytest.fixture
+def spool(tmp_path: Path) -> Iterator[tuple[str, str, str]]:
+    """A dashboard on a filesystem broker no worker reads: ``(base, url, failed_url)``."""
+    url = f"file://{tmp_path / 'queue'}"
+    failed_url = f"file://{tmp_path / 'failed'}"
+    env = {k: v for k, v in os.environ.items() if k not in ("HERMES_URL", "HERMES_DASHBOARD_AUTH")}
+    log = tmp_path / "dashboard.log"
+    with serve_dashboard(url, HERE, env, log, "--failed-url", failed_url) as base:
+        yield base, url, failed_url
+
+
+def test_records_with_times_in_the_wrong_unit_show_as_invalid_on_every_page(
+    browser: Any, spool: tuple[str, str, str]
+) -> None:
+    from hermes.core import FailedStore, Message, connect
+
+    base, url, failed_url = spool
+    millis = time.time() * 1000
+    with connect(url) as driver:
+        driver.send(Message("legacy.job", {"from": "php"}, created=millis))
+        record = {
+            "id": "web-9:77:bad",
+            "kind": "worker",
+            "host": "web-9",
+            "pid": 77,
+            "started": "2025-01-01T10:00:00Z",
+            "last_seen": time.time(),
+            "handled": "lots",
+            "in_flight": "nothing",
+        }
+        driver.beat(record, 300)  # type: ignore[attr-defined]
+    with FailedStore.connect(failed_url) as store:
+        failed = store.keep(Message("legacy.failed", {"n": 1}), "it broke", failed_at=millis)
+
+    def invalid_cells(path: str) -> list[str]:
+        text = open_page(browser, base + path)
+        assert "Internal error" not in browser.page_source, path
+        assert text, f"{path} shows nothing"
+        return [e.text for e in browser.find_elements(By.CSS_SELECTOR, "main .invalid")]
+
+    queued = invalid_cells("/queues")
+    assert "legacy.job" in main_text(browser)
+    assert queued and all("invalid" in t for t in queued), queued
+    assert invalid_cells("/failed") and failed.id in main_text(browser)
+    workers = invalid_cells("/workers")
+    assert any("2025-01-01T10:00:00Z" in t for t in workers), workers
+    assert browser.find_elements(By.CSS_SELECTOR, 'tr[data-pid="77"]')
+    open_page(browser, base + "/")
+    assert browser.find_element(By.ID, "live-workers").text == "1"
+    invalid_cells("/periodic")

@@ -1,39 +1,42 @@
 """The web application: one Starlette route per page or action, Jinja2 templates, no JavaScript.
 
-Safe by default, in this order of the request: authentication (when
-configured) before anything else; every POST is refused with 403 unless it
-carries this process's CSRF token (and always with ``--read-only``); pages
-are rendered with autoescape on, so a payload of ``<script>`` is text; the
-Content-Security-Policy allows no script at all and no framing, so even a
-value that slipped through could not run. Pages show URLs redacted.
+Safe by default, in this order of the request: the ``Host`` header must name
+this dashboard, then authentication (when configured), then a POST must come
+from the dashboard's own pages (all three in :mod:`hermes.dashboard._guard`);
+a POST's body is read up to :data:`MAX_BODY_BYTES`, and it is refused with
+403 unless it carries this process's CSRF token (and always with
+``--read-only``); pages are rendered with autoescape on, so a payload of
+``<script>`` is text; the Content-Security-Policy allows no script at all
+and no framing, so even a value that slipped through could not run. Pages
+show URLs redacted, payloads as a bounded preview, and a record's value
+they cannot read (a time in milliseconds, say) marked invalid.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import datetime as dt
 import hmac
+import math
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs, urlencode
 
 import jinja2
+from markupsafe import Markup
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
-from starlette.middleware.base import BaseHTTPMiddleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from hermes.core import HermesError
-from hermes.core._cli._workers import duration, in_flight_text
+from hermes.core._cli._workers import duration
 from hermes.dashboard._chart import chart
+from hermes.dashboard._guard import SECURITY_HEADERS, Auth, Guard, Hosts, Throttle
 from hermes.dashboard._state import (
     BROWSE_LIMIT,
     FAILED_LIMIT,
@@ -42,17 +45,16 @@ from hermes.dashboard._state import (
     worker_groups,
 )
 
-#: Security headers of every response. No script may run, nothing may frame a page.
-SECURITY_HEADERS = {
-    "Content-Security-Policy": (
-        "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
-        "frame-ancestors 'none'; base-uri 'none'"
-    ),
-    "X-Content-Type-Options": "nosniff",
-    "X-Frame-Options": "DENY",
-    "Referrer-Policy": "no-referrer",
-    "Cache-Control": "no-store",
-}
+__all__ = ["MAX_BODY_BYTES", "PREVIEW_BYTES", "SECURITY_HEADERS", "Auth", "Hosts", "create_app"]
+
+#: The largest POST body read; a larger one is refused with 413 before it is read whole.
+#: "Retry all shown" sends the most: FAILED_LIMIT ids, some 25 KB.
+MAX_BODY_BYTES = 64 * 1024
+#: How much of a payload (or a body, or a reason) a listing shows.
+PREVIEW_BYTES = 2048
+#: The latest time taken for one: a larger number is not seconds since the epoch
+#: (milliseconds, most likely) and is shown as invalid.
+_LATEST_TIME = dt.datetime(3000, 1, 1, tzinfo=dt.UTC).timestamp()
 
 #: What a redirect after an action says, by code: the text never comes from the URL.
 DONE = {
@@ -64,69 +66,59 @@ DONE = {
 }
 
 
-@dataclass(frozen=True)
-class Auth:
-    """HTTP Basic credentials, or a token (as a Bearer token or as the Basic password)."""
-
-    user: str | None = None
-    password: str | None = None
-    token: str | None = None
-
-    def allows(self, header: str | None) -> bool:
-        if not header:
-            return False
-        scheme, _, value = header.partition(" ")
-        if scheme.lower() == "bearer" and self.token is not None:
-            return hmac.compare_digest(value.strip().encode(), self.token.encode())
-        if scheme.lower() != "basic":
-            return False
-        try:
-            user, _, password = base64.b64decode(value.strip()).decode().partition(":")
-        except (binascii.Error, UnicodeDecodeError):
-            return False
-        if self.token is not None and hmac.compare_digest(password.encode(), self.token.encode()):
-            return True
-        if self.user is None or self.password is None:
-            return False
-        # Both compared, always: the time taken does not say which one was wrong.
-        user_ok = hmac.compare_digest(user.encode(), self.user.encode())
-        password_ok = hmac.compare_digest(password.encode(), self.password.encode())
-        return user_ok and password_ok
+def _instant(value: Any) -> float | None:
+    """``value`` as seconds since the epoch; None when it cannot be one."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if not math.isfinite(value) or not 0 <= value < _LATEST_TIME:
+        return None
+    return float(value)
 
 
-class _Guard(BaseHTTPMiddleware):
-    """Authentication first, then the security headers on whatever is answered."""
-
-    def __init__(self, app: Any, auth: Auth | None) -> None:
-        super().__init__(app)
-        self.auth = auth
-
-    async def dispatch(
-        self, request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        if self.auth is not None and not self.auth.allows(request.headers.get("authorization")):
-            response: Response = PlainTextResponse(
-                "Authentication required\n",
-                status_code=401,
-                headers={"WWW-Authenticate": 'Basic realm="Hermes dashboard", charset="UTF-8"'},
-            )
-        else:
-            response = await call_next(request)
-        for name, value in SECURITY_HEADERS.items():
-            response.headers.setdefault(name, value)
-        return response
+def _invalid(value: Any) -> Markup:
+    shown = str(value)
+    shown = shown if len(shown) <= 40 else shown[:40] + "…"
+    return Markup(
+        '<span class="invalid" title="not a time in seconds since the epoch">{} (invalid)</span>'
+    ).format(shown)
 
 
-def _when(timestamp: float | None) -> str:
-    if timestamp is None:
+def _when(value: Any) -> str:
+    """A time in UTC, with the zone named: every page and every viewer read the same."""
+    if value is None:
         return "unknown"
-    return dt.datetime.fromtimestamp(float(timestamp)).astimezone().strftime("%Y-%m-%d %H:%M:%S")
+    at = _instant(value)
+    if at is None:
+        return _invalid(value)
+    return dt.datetime.fromtimestamp(at, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def _ago(timestamp: float | None) -> str:
-    if timestamp is None:
+def _ago(value: Any) -> str:
+    if value is None:
         return "unknown"
-    return duration(time.time() - float(timestamp))
+    at = _instant(value)
+    if at is None:
+        return _invalid(value)
+    return duration(time.time() - at)
+
+
+def _preview(value: Any) -> str:
+    """The first :data:`PREVIEW_BYTES` of ``value`` as text, and how much more there is."""
+    text = str(value)
+    data = text.encode("utf-8", "replace")
+    if len(data) <= PREVIEW_BYTES:
+        return text
+    head = data[:PREVIEW_BYTES].decode("utf-8", "ignore")
+    return f"{head}\n… {len(data) - len(head.encode()):,} bytes more"
+
+
+def _payload(payload: Any) -> str:
+    return _preview(payload_text(payload))
+
+
+def _jobs(value: Any) -> list[dict[str, Any]]:
+    """A heartbeat's jobs in flight: the entries that are records, whatever else it holds."""
+    return [job for job in value if isinstance(job, dict)] if isinstance(value, list) else []
 
 
 def _count(value: int | None) -> str:
@@ -142,13 +134,27 @@ def _environment() -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(when=_when, ago=_ago, count=_count, duration=duration, payload=payload_text)
-    env.globals["in_flight_text"] = in_flight_text
+    env.filters.update(
+        when=_when,
+        ago=_ago,
+        count=_count,
+        duration=duration,
+        payload=_payload,
+        preview=_preview,
+        jobs=_jobs,
+    )
     return env
 
 
-def create_app(dashboard: Dashboard, *, auth: Auth | None = None) -> Starlette:
-    """The ASGI application serving ``dashboard``'s pages."""
+def create_app(
+    dashboard: Dashboard, *, hosts: Hosts | None = None, auth: Auth | None = None
+) -> Starlette:
+    """The ASGI application serving ``dashboard``'s pages.
+
+    ``hosts``: the ``Host`` header values it answers (default: the loopback
+    names on any port; see :meth:`Hosts.bound`). ``auth``: the credentials
+    every request must carry, when given.
+    """
     env = _environment()
     csrf_token = secrets.token_urlsafe(32)
     style = resources.files("hermes.dashboard").joinpath("static/style.css").read_bytes()
@@ -188,7 +194,10 @@ def create_app(dashboard: Dashboard, *, auth: Auth | None = None) -> Starlette:
         async def endpoint(request: Request) -> Response:
             if dashboard.read_only:
                 return PlainTextResponse("This dashboard is read-only\n", status_code=403)
-            form = parse_qs((await request.body()).decode("utf-8", "replace"))
+            body = await _bounded_body(request)
+            if body is None:
+                return PlainTextResponse("Request body too large\n", status_code=413)
+            form = parse_qs(body.decode("utf-8", "replace"))
             sent = (form.get("csrf") or [""])[0]
             if not hmac.compare_digest(sent.encode(), csrf_token.encode()):
                 return PlainTextResponse("Missing or wrong CSRF token\n", status_code=403)
@@ -299,7 +308,21 @@ def create_app(dashboard: Dashboard, *, auth: Auth | None = None) -> Starlette:
         Route("/periodic", page("periodic.html", periodic)),
         Route("/static/style.css", stylesheet),
     ]
-    return Starlette(routes=routes, middleware=[Middleware(_Guard, auth=auth)])
+    guard = Middleware(Guard, hosts=hosts or Hosts(), auth=auth, throttle=Throttle())
+    return Starlette(routes=routes, middleware=[guard])
+
+
+async def _bounded_body(request: Request) -> bytes | None:
+    """The body, read as it arrives; None as soon as it is longer than :data:`MAX_BODY_BYTES`."""
+    length = request.headers.get("content-length")
+    if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
+        return None
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_BODY_BYTES:
+            return None
+    return bytes(body)
 
 
 def _priority(text: str | None) -> int | None:

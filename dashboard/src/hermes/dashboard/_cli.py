@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import logging
 import os
 import sys
@@ -24,7 +23,7 @@ from hermes.core._cli._workers import REGISTRY_URL_ENV
 from hermes.core.driver import SupportsHeartbeats
 
 if TYPE_CHECKING:
-    from hermes.dashboard._app import Auth
+    from hermes.dashboard._guard import Auth, Hosts
 
 logger = logging.getLogger("hermes.dashboard")
 
@@ -39,8 +38,9 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="serve a web dashboard: queues, failed messages, workers, periodic entries",
         description="Serve the Hermes dashboard (hermes-dashboard). It binds 127.0.0.1 unless "
         "--host says otherwise, and refuses any other address without authentication "
-        f"(${AUTH_ENV}=user:password, or --token-env) or --read-only. Every change is a POST "
-        "with a CSRF token; it acts only on the queues it was started with.",
+        f"(${AUTH_ENV}=user:password, or --token-env), --read-only or not. It answers only "
+        "requests for its own address (and --allowed-host names). Every change is a POST from "
+        "its own pages with a CSRF token; it acts only on the queues it was started with.",
     )
     parser.add_argument("--url", help=URL_HELP)
     parser.add_argument(
@@ -76,6 +76,16 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help=f"port (default {DEFAULT_PORT})",
     )
     parser.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="also answer requests whose Host is NAME, on any port: the name a reverse proxy "
+        "forwards, or this machine's name (repeat for several). Without it only the bound "
+        "address is answered (on loopback: 127.0.0.1, localhost, [::1]), so a web page whose "
+        "name was rebound to this machine cannot read the dashboard",
+    )
+    parser.add_argument(
         "--auth-env",
         metavar="NAME",
         default=AUTH_ENV,
@@ -104,17 +114,28 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False  # a name: it may resolve to anything
+    from hermes.dashboard._guard import is_loopback
+
+    return is_loopback(host)
+
+
+def hosts_from(args: argparse.Namespace) -> Hosts:
+    """The Host header values the options let the dashboard answer."""
+    from hermes.dashboard._guard import Hosts, split_authority
+
+    for name in args.allowed_host:
+        parsed = split_authority(name)
+        if parsed is None or parsed[1] is not None:
+            raise CliError(
+                f"--allowed-host {name}: give a host name alone (dash.example.com), "
+                "without scheme, port or path; it is answered on any port"
+            )
+    return Hosts.bound(args.host, args.port, args.allowed_host)
 
 
 def auth_from(args: argparse.Namespace) -> Auth | None:
     """The authentication the options configure; a :class:`CliError` for a malformed one."""
-    from hermes.dashboard._app import Auth
+    from hermes.dashboard._guard import Auth
 
     token = None
     if args.token_env:
@@ -137,11 +158,13 @@ def auth_from(args: argparse.Namespace) -> Auth | None:
 def run(args: argparse.Namespace) -> int:
     configure_logging(args.verbose - args.quiet)
     auth = auth_from(args)
-    if not is_loopback(args.host) and auth is None and not args.read_only:
+    if not is_loopback(args.host) and auth is None:
+        # Read-only too: the pages show payloads, failure reasons and hosts to whoever asks.
         raise CliError(
             f"--host {args.host} is not a loopback address: set ${AUTH_ENV}=user:password "
-            "(or --token-env NAME), or add --read-only, before serving the dashboard there"
+            "(or --token-env NAME) before serving the dashboard there"
         )
+    hosts = hosts_from(args)
     if not args.sample_interval > 0:
         raise CliError(f"--sample-interval {args.sample_interval:g} must be > 0 seconds")
     url: str = args.url or default_url()
@@ -179,15 +202,15 @@ def run(args: argparse.Namespace) -> int:
         elif isinstance(driver, SupportsHeartbeats):
             dashboard.registry = driver
         dashboard.sample_interval_s = args.sample_interval
-        app = create_app(dashboard, auth=auth)
+        app = create_app(dashboard, hosts=hosts, auth=auth)
         dashboard.start_sampling()
-        _serve(app, args, dashboard)
+        _serve(app, args, dashboard, hosts)
     finally:
         dashboard.close()
     return 0
 
 
-def _serve(app: object, args: argparse.Namespace, dashboard: object) -> None:
+def _serve(app: object, args: argparse.Namespace, dashboard: object, hosts: Hosts) -> None:
     import uvicorn
 
     where = f"http://{args.host}:{args.port}/"
@@ -197,6 +220,7 @@ def _serve(app: object, args: argparse.Namespace, dashboard: object) -> None:
         where,
         " (read-only)" if args.read_only else "",
     )
+    logger.info("Dashboard answers Host %s (more with --allowed-host)", hosts.describe())
     config = uvicorn.Config(
         app,  # type: ignore[arg-type]
         host=args.host,

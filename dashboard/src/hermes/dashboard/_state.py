@@ -11,6 +11,7 @@ import hashlib
 import itertools
 import json
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -101,6 +102,13 @@ def worker_groups(records: Iterable[dict[str, Any]]) -> list[WorkerGroup]:
 def _slot(record: dict[str, Any]) -> int:
     slot = record.get("slot")
     return slot if isinstance(slot, int) else 0
+
+
+def _count_of(value: Any) -> int:
+    """A heartbeat's count; 0 for a value that is not one."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return 0
+    return int(value) if math.isfinite(value) else 0
 
 
 def entry_key(entry: Hashable) -> str:
@@ -214,7 +222,8 @@ class Dashboard:
         """Entry name -> the newest tick any live scheduler says it emitted."""
         fired: dict[str, float] = {}
         for record in workers or []:
-            for name, entry in (record.get("entries") or {}).items():
+            entries = record.get("entries")
+            for name, entry in entries.items() if isinstance(entries, dict) else ():
                 at = entry.get("last_fired") if isinstance(entry, dict) else None
                 if isinstance(at, int | float) and at > fired.get(name, 0):
                     fired[name] = float(at)
@@ -239,8 +248,8 @@ class Dashboard:
             Sample(
                 time.time(),
                 waiting,
-                sum(int(r.get("handled") or 0) for r in workers),
-                sum(int(r.get("failed") or 0) for r in workers),
+                sum(_count_of(r.get("handled")) for r in workers),
+                sum(_count_of(r.get("failed")) for r in workers),
             )
         )
         while self.history and self.history[0].at < time.time() - HISTORY_S:
@@ -257,7 +266,11 @@ class Dashboard:
 
     def _sample_loop(self) -> None:
         while True:
-            self.sample()
+            try:
+                self.sample()
+            except Exception:
+                # A bug or a record nobody foresaw: the chart misses one sample, not the rest.
+                logger.exception("Dashboard: sampling the queues failed")
             if self._stop.wait(self.sample_interval_s):
                 return
 

@@ -238,4 +238,16 @@ def live_workers(registry: SupportsHeartbeats) -> list[dict[str, Any]]:
     )
     with translating:
         records = registry.heartbeats()
-    return sorted(records, key=lambda r: (float(r.get("started") or 0), str(r.get("id"))))
+    # A record another program wrote may hold anything: it is listed, never fatal.
+    return sorted(
+        (r for r in records if isinstance(r, dict)),
+        key=lambda r: (_started(r), str(r.get("id"))),
+    )
+
+
+def _started(record: dict[str, Any]) -> float:
+    """When ``record``'s process started, for ordering; 0 when it says nothing usable."""
+    started = record.get("started")
+    if isinstance(started, bool) or not isinstance(started, int | float):
+        return 0.0
+    return float(started)

@@ -1,0 +1,390 @@
+"""The application in process, on a memory broker: which requests it answers, and how it shows
+records it cannot read. Requests go straight to the ASGI application (:class:`Client`), with
+the Host header a browser at 127.0.0.1:8900 sends unless a test plays a rebinding page.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import re
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlencode
+
+import pytest
+from dash_support import eventually
+
+from hermes.core import FailedMessage, FailedStore, Message
+from hermes.core._registry import driver_for_url
+from hermes.core.driver import MemoryDriver
+from hermes.dashboard import Hosts, create_app
+from hermes.dashboard._app import MAX_BODY_BYTES, SECURITY_HEADERS, _when
+from hermes.dashboard._state import Dashboard
+
+PORT = 8900
+BASE = f"http://127.0.0.1:{PORT}"
+
+
+@pytest.fixture
+def dashboard() -> Iterator[Dashboard]:
+    name = f"dash-app-{uuid.uuid4().hex[:8]}"
+    url = f"memory://{name}"
+    plugin, _ = driver_for_url(url)
+    driver = MemoryDriver(name)
+    dashboard = Dashboard(driver, url)
+    assert plugin.browse is not None
+    dashboard.browser = plugin.browse(driver)
+    dashboard.failed = FailedStore.connect(f"memory://{name}-failed")
+    dashboard.failed_url = f"memory://{name}-failed"
+    dashboard.registry = driver
+    try:
+        yield dashboard
+    finally:
+        dashboard.close()
+
+
+@dataclass
+class Response:
+    status_code: int
+    headers: dict[str, str]
+    content: bytes = b""
+
+    @property
+    def text(self) -> str:
+        return self.content.decode()
+
+
+@dataclass
+class Client:
+    """Requests straight to an ASGI application: nothing listens, nothing is followed."""
+
+    app: Any
+    host: str = f"127.0.0.1:{PORT}"
+
+    def get(self, path: str, **kwargs: Any) -> Response:
+        return self.request("GET", path, **kwargs)
+
+    def post(
+        self,
+        path: str,
+        data: dict[str, str] | None = None,
+        content: bytes | Iterable[bytes] = b"",
+        **kwargs: Any,
+    ) -> Response:
+        if data is not None:
+            content = urlencode(data).encode()
+        return self.request("POST", path, body=content, **kwargs)
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        headers: dict[str, str] | None = None,
+        body: bytes | Iterable[bytes] = b"",
+        auth: tuple[str, str] | None = None,
+    ) -> Response:
+        sent = {"host": self.host}
+        if method == "POST":
+            sent["content-type"] = "application/x-www-form-urlencoded"
+        if isinstance(body, bytes):
+            sent["content-length"] = str(len(body))
+            chunks = [body]
+        else:
+            chunks = list(body)  # no length: as a chunked upload arrives
+        if auth is not None:
+            sent["authorization"] = "Basic " + base64.b64encode(":".join(auth).encode()).decode()
+        sent.update({k.lower(): v for k, v in (headers or {}).items()})
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": method,
+            "scheme": "http",
+            "path": path,
+            "raw_path": path.encode(),
+            "query_string": b"",
+            "root_path": "",
+            "headers": [(k.encode(), v.encode()) for k, v in sent.items()],
+            "client": ("127.0.0.1", 50000),
+            "server": ("127.0.0.1", PORT),
+        }
+        response = Response(0, {})
+        pending = [{"type": "http.request", "body": c, "more_body": True} for c in chunks]
+        pending[-1]["more_body"] = False
+
+        async def receive() -> dict[str, Any]:
+            if pending:
+                return pending.pop(0)
+            await asyncio.sleep(3600)  # the client waits for the answer, sending nothing more
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                response.status_code = message["status"]
+                response.headers = {k.decode().lower(): v.decode() for k, v in message["headers"]}
+            elif message["type"] == "http.response.body":
+                response.content += message.get("body", b"")
+
+        try:
+            asyncio.run(self.app(scope, receive, send))
+        except Exception:
+            # Starlette answers 500 and then raises to the server: the answer is what counts.
+            if not response.status_code:
+                raise
+        return response
+
+
+def client_of(dashboard: Dashboard, hosts: Hosts | None = None, **kwargs: Any) -> Client:
+    hosts = hosts if hosts is not None else Hosts.bound("127.0.0.1", PORT)
+    return Client(create_app(dashboard, hosts=hosts, **kwargs))
+
+
+def csrf_of(page: str) -> str:
+    found = re.search(r'name="csrf" value="([^"]+)"', page)
+    assert found, "the page has no form with a CSRF token"
+    return found.group(1)
+
+
+def a_failed_message(dashboard: Dashboard, **fields: Any) -> FailedMessage:
+    assert dashboard.failed is not None
+    return dashboard.failed.keep(Message("report.build", {"n": 1}), "it broke", **fields)
+
+
+def stored_failed_ids(dashboard: Dashboard) -> set[str]:
+    assert dashboard.failed is not None
+    return {m.id for m in dashboard.failed.messages()}
+
+
+def heartbeat(dashboard: Dashboard, **fields: Any) -> dict[str, Any]:
+    record = {
+        "id": f"web-1:{uuid.uuid4().hex[:6]}",
+        "kind": "worker",
+        "host": "web-1",
+        "pid": 4242,
+        "started": time.time() - 60,
+        "last_seen": time.time(),
+        "url": "memory://x",
+        "version": "6.0.0",
+        "in_flight": [],
+        "handled": 3,
+        "failed": 0,
+        **fields,
+    }
+    assert dashboard.registry is not None
+    dashboard.registry.beat(record, 60)
+    return record
+
+
+# The Host header ---------------------------------------------------------------
+
+
+def test_a_request_naming_another_host_is_refused_with_400_and_no_page(
+    dashboard: Dashboard,
+) -> None:
+    a_failed_message(dashboard)
+    client = client_of(dashboard)
+    for path in ("/", "/queues", "/failed", "/workers", "/periodic", "/static/style.css"):
+        response = client.get(path, headers={"Host": f"rebind.test:{PORT}"})
+        assert response.status_code == 400, path
+        assert response.headers["content-type"].startswith("text/plain")
+        assert "csrf" not in response.text and len(response.text) < 200
+        assert response.headers["x-frame-options"] == "DENY"
+
+
+def test_loopback_names_are_answered_on_the_bound_port_only(dashboard: Dashboard) -> None:
+    client = client_of(dashboard)
+    for host in (f"127.0.0.1:{PORT}", f"localhost:{PORT}", f"[::1]:{PORT}", f"LocalHost:{PORT}"):
+        assert client.get("/", headers={"Host": host}).status_code == 200, host
+    for host in ("127.0.0.1:9999", "localhost", "127.0.0.1", "", f"evil@127.0.0.1:{PORT}"):
+        assert client.get("/", headers={"Host": host}).status_code == 400, host
+
+
+def test_an_allowed_host_is_answered_on_any_port_and_others_still_are_not(
+    dashboard: Dashboard,
+) -> None:
+    hosts = Hosts.bound("127.0.0.1", PORT, ["Dash.Example.com"])
+    client = client_of(dashboard, hosts)
+    assert client.get("/", headers={"Host": "dash.example.com"}).status_code == 200
+    assert client.get("/", headers={"Host": "dash.example.com:8443"}).status_code == 200
+    assert client.get("/", headers={"Host": "example.com"}).status_code == 400
+
+
+def test_a_non_loopback_bind_answers_its_own_address_and_port() -> None:
+    hosts = Hosts.bound("10.0.0.5", PORT)
+    assert hosts.allows(f"10.0.0.5:{PORT}")
+    assert not hosts.allows(f"localhost:{PORT}"), "10.0.0.5 does not listen on loopback"
+    assert not hosts.allows("10.0.0.5:80")
+    v6 = Hosts.bound("fd00::5", PORT)
+    assert v6.allows(f"[fd00::5]:{PORT}")
+    wildcard = Hosts.bound("0.0.0.0", PORT)
+    assert wildcard.allows(f"127.0.0.1:{PORT}"), "a wildcard bind listens on loopback too"
+    assert not wildcard.allows(f"rebind.test:{PORT}")
+
+
+def test_a_post_from_another_origin_is_refused_with_403_even_with_the_token(
+    dashboard: Dashboard,
+) -> None:
+    failed = a_failed_message(dashboard)
+    client = client_of(dashboard)
+    csrf = csrf_of(client.get("/failed").text)
+    form = {"csrf": csrf, "id": failed.id}
+    for origin in ("http://rebind.test:8900", "null", f"http://127.0.0.1:{PORT + 1}"):
+        response = client.post("/failed/delete", data=form, headers={"Origin": origin})
+        assert response.status_code == 403, origin
+    for site in ("cross-site", "same-site"):
+        response = client.post("/failed/delete", data=form, headers={"Sec-Fetch-Site": site})
+        assert response.status_code == 403, site
+    assert stored_failed_ids(dashboard) == {failed.id}, "a refused POST deleted"
+    same = client.post(
+        "/failed/delete",
+        data=form,
+        headers={"Origin": BASE, "Sec-Fetch-Site": "same-origin"},
+    )
+    assert same.status_code == 303
+    assert stored_failed_ids(dashboard) == set()
+
+
+def test_a_post_from_an_allowed_host_s_origin_is_accepted(dashboard: Dashboard) -> None:
+    failed = a_failed_message(dashboard)
+    # A proxy that forwards its own upstream as the Host: the Origin names the public name.
+    client = client_of(dashboard, Hosts.bound("127.0.0.1", PORT, ["dash.example.com"]))
+    csrf = csrf_of(client.get("/failed").text)
+    response = client.post(
+        "/failed/delete",
+        data={"csrf": csrf, "id": failed.id},
+        headers={"Origin": "https://dash.example.com"},
+    )
+    assert response.status_code == 303
+    assert stored_failed_ids(dashboard) == set()
+
+
+# Bounds -------------------------------------------------------------------------
+
+
+def test_a_body_over_the_cap_is_refused_with_413_before_the_csrf_check(
+    dashboard: Dashboard,
+) -> None:
+    failed = a_failed_message(dashboard)
+    client = client_of(dashboard)
+    csrf = csrf_of(client.get("/failed").text)
+    big = b"csrf=" + csrf.encode() + b"&id=" + failed.id.encode() + b"&x=" + b"a" * MAX_BODY_BYTES
+    response = client.post("/failed/delete", content=big)
+    assert response.status_code == 413
+    # Without a length: streamed in chunks, refused once the cap is passed.
+    chunks = iter([big[:1000], big[1000:]])
+    response = client.post("/failed/delete", content=chunks)
+    assert response.status_code == 413
+    assert stored_failed_ids(dashboard) == {failed.id}
+    assert client.post("/queues/purge", content=b"x" * (MAX_BODY_BYTES + 1)).status_code == 413
+
+
+def test_large_payloads_are_shown_as_a_bounded_preview(dashboard: Dashboard) -> None:
+    megabyte = "x" * 1_000_000
+    for n in range(10):
+        dashboard.driver.send(Message("big", {"n": n, "blob": megabyte}))
+        a_failed_message(dashboard)
+    assert dashboard.failed is not None
+    dashboard.failed.keep(Message("big", {"blob": megabyte}), "too big")
+    client = client_of(dashboard)
+    for path in ("/queues", "/failed"):
+        response = client.get(path)
+        assert response.status_code == 200
+        assert len(response.content) < 200_000, f"{path} is {len(response.content)} bytes"
+        assert re.search(r"… [\d,]+ bytes more", response.text), path
+
+
+def test_wrong_passwords_still_leave_the_right_one_working(dashboard: Dashboard) -> None:
+    from hermes.dashboard import Auth
+
+    client = client_of(dashboard, auth=Auth("ops", "s3cret"))
+    assert client.get("/", auth=("ops", "wrong")).status_code == 401
+    assert client.get("/", auth=("ops", "s3cret")).status_code == 200
+
+
+# Records the dashboard cannot read ----------------------------------------------
+
+
+def test_a_waiting_message_created_in_milliseconds_shows_as_invalid(dashboard: Dashboard) -> None:
+    millis = time.time() * 1000
+    dashboard.driver.send(Message("legacy.job", {"from": "php"}, created=millis))
+    response = client_of(dashboard).get("/queues")
+    assert response.status_code == 200
+    assert "legacy.job" in response.text
+    assert re.search(r'class="invalid"[^>]*>[^<]*invalid', response.text)
+
+
+def test_a_failed_message_failed_in_milliseconds_shows_as_invalid(dashboard: Dashboard) -> None:
+    failed = a_failed_message(dashboard, failed_at=time.time() * 1000)
+    response = client_of(dashboard).get("/failed")
+    assert response.status_code == 200
+    assert failed.id in response.text and 'class="invalid"' in response.text
+
+
+def test_a_heartbeat_with_a_text_start_shows_as_invalid_on_every_page_that_reads_it(
+    dashboard: Dashboard,
+) -> None:
+    heartbeat(dashboard, started="2025-01-01T10:00:00Z", handled="lots")
+    heartbeat(dashboard, pid=4343, in_flight="not a list", version=None)
+    del_fields = heartbeat(dashboard, pid=4444)
+    del del_fields["url"]
+    client = client_of(dashboard)
+    for path in ("/", "/workers", "/periodic"):
+        response = client.get(path)
+        assert response.status_code == 200, f"{path}: {response.text[:300]}"
+    workers = client.get("/workers").text
+    assert "2025-01-01T10:00:00Z" in workers and 'class="invalid"' in workers
+    assert 'data-pid="4242"' in workers and 'data-pid="4343"' in workers
+
+
+def test_the_sampler_keeps_sampling_past_a_record_it_cannot_read(dashboard: Dashboard) -> None:
+    heartbeat(dashboard, handled="lots", failed={"a": 1})
+    dashboard.sample()
+    assert len(dashboard.history) == 1
+    assert dashboard.history[0].handled == 0
+
+
+def test_the_sampling_thread_logs_an_error_and_goes_on(
+    dashboard: Dashboard, caplog: pytest.LogCaptureFixture
+) -> None:
+    calls: list[int] = []
+
+    def sample() -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("a bug in sampling")
+
+    dashboard.sample = sample  # type: ignore[method-assign]
+    dashboard.sample_interval_s = 0.01
+    with caplog.at_level(logging.ERROR, logger="hermes.dashboard"):
+        dashboard.start_sampling()
+        eventually(lambda: len(calls) >= 2, 10)
+    dashboard.stop()
+    assert "a bug in sampling" in caplog.text
+
+
+def test_an_unexpected_error_is_a_500_with_the_security_headers(dashboard: Dashboard) -> None:
+    def broken() -> None:
+        raise RuntimeError("unexpected")
+
+    dashboard.queue_stats = broken  # type: ignore[method-assign,assignment]
+    client = client_of(dashboard)
+    response = client.get("/")
+    assert response.status_code == 500
+    for name, value in SECURITY_HEADERS.items():
+        assert response.headers.get(name.lower()) == value, name
+    assert "unexpected" not in response.text, "the error's text stays in the log"
+
+
+# Times ----------------------------------------------------------------------------
+
+
+def test_times_are_shown_in_utc_with_the_zone_named() -> None:
+    assert _when(0) == "1970-01-01 00:00:00 UTC"
+    assert "invalid" in str(_when(1e15))
+    assert "invalid" in str(_when("2025-01-01"))
+    assert "invalid" in str(_when(True))

@@ -1,0 +1,36 @@
+"""``hermes dashboard``'s checks before it binds: a user's mistake is one line and exit 2."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+from dash_support import HERMES
+
+
+def dashboard(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "HERMES_DASHBOARD_AUTH"}
+    return subprocess.run(
+        [HERMES, "dashboard", "--url", "memory://dash-cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "10.0.0.5", "::"])
+def test_read_only_on_a_non_loopback_address_without_auth_is_refused(host: str) -> None:
+    run = dashboard("--host", host, "--read-only")
+    assert run.returncode == 2, run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert "not a loopback address" in run.stderr
+    assert "Traceback" not in run.stderr
+
+
+def test_an_allowed_host_that_is_not_a_host_name_is_refused() -> None:
+    run = dashboard("--allowed-host", "https://dash.example.com/")
+    assert run.returncode == 2, run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert "--allowed-host" in run.stderr
