@@ -154,9 +154,9 @@ BENCH_DEPS = [
 
 @nox.session(python="3.11")
 def bench(session: nox.Session) -> None:
-    """Benchmarks: hermes worker vs raw clients vs Celery/RQ/Dramatiq; writes the READMEs' figures.
+    """Benchmarks: hermes worker vs raw clients vs Celery/RQ/Dramatiq; writes the docs' figures.
 
-    ``-- --quick`` is a smoke run (small counts, no README written). The observer
+    ``-- --quick`` is a smoke run (small counts, no page written). The observer
     plugins are installed, for the rows that measure what each costs installed
     and not configured; every other row runs with them blocked (bench.hermes_cli).
     """
