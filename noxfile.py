@@ -10,7 +10,7 @@ import nox
 
 nox.options.default_venv_backend = "uv|venv"
 nox.options.reuse_existing_virtualenvs = True
-nox.options.sessions = ["tests", "conformance", "examples", "lint", "typecheck", "build"]
+nox.options.sessions = ["tests", "conformance", "examples", "lint", "typecheck", "build", "docs"]
 
 ROOT = Path(__file__).parent
 CORE = "core"
@@ -138,6 +138,18 @@ def examples(session: nox.Session) -> None:
     )
     # `python -m` puts the repository root on sys.path, so `examples.*` imports as in an app.
     session.run("python", "-m", "pytest", *(session.posargs or ["examples"]))
+
+
+#: What the documentation site is built with (mkdocs.yml at the root).
+DOCS_DEPS = ["mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.26"]
+
+
+@nox.session(python="3.11", tags=["ci"])
+def docs(session: nox.Session) -> None:
+    """Build the documentation site strictly (a broken link fails) and run its examples."""
+    install_all(session, *DOCS_DEPS, "pytest>=8")
+    session.run("mkdocs", "build", "--strict", env={"NO_MKDOCS_2_WARNING": "1"})
+    session.run("pytest", "docs", *session.posargs)
 
 
 BENCH_DEPS = [

@@ -1498,7 +1498,7 @@ def startup_table(run: Run) -> str:
 
 
 def summary(run: Run) -> str:
-    """docs/performance.md's section: Hermes against its peers and its raw clients, and the targets."""
+    """docs/performance.md's section: Hermes against its peers and raw clients, and the targets."""
     imported = run.value("-", "hermes", "import hermes.core")
     lines = [
         header(run) + " Full table: `bench/results/latest.md`.",

@@ -512,7 +512,7 @@ def main() -> int:
 
 
 def update_readme(outcomes: list[Outcome], count: int, only: str = "") -> None:
-    """Write the latest full run's table to ``torture/results/latest.md``, and into docs/reliability.md.
+    """Write the latest full run's table to ``torture/results/latest.md`` and docs/reliability.md.
 
     The file is the artifact a reader checks the page's figures against;
     it also keeps what the page leaves out (the failed runs' worker logs).
