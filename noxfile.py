@@ -10,7 +10,7 @@ import nox
 
 nox.options.default_venv_backend = "uv|venv"
 nox.options.reuse_existing_virtualenvs = True
-nox.options.sessions = ["tests", "conformance", "examples", "lint", "typecheck", "build"]
+nox.options.sessions = ["tests", "conformance", "examples", "lint", "typecheck", "build", "docs"]
 
 ROOT = Path(__file__).parent
 CORE = "core"
@@ -140,6 +140,18 @@ def examples(session: nox.Session) -> None:
     session.run("python", "-m", "pytest", *(session.posargs or ["examples"]))
 
 
+#: What the documentation site is built with (mkdocs.yml at the root).
+DOCS_DEPS = ["mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.26"]
+
+
+@nox.session(python="3.11", tags=["ci"])
+def docs(session: nox.Session) -> None:
+    """Build the documentation site strictly (a broken link fails) and run its examples."""
+    install_all(session, *DOCS_DEPS, "pytest>=8")
+    session.run("mkdocs", "build", "--strict", env={"NO_MKDOCS_2_WARNING": "1"})
+    session.run("pytest", "docs", *session.posargs)
+
+
 BENCH_DEPS = [
     "celery>=5.4",
     "rq>=2",
@@ -154,9 +166,9 @@ BENCH_DEPS = [
 
 @nox.session(python="3.11")
 def bench(session: nox.Session) -> None:
-    """Benchmarks: hermes worker vs raw clients vs Celery/RQ/Dramatiq; writes the READMEs' figures.
+    """Benchmarks: hermes worker vs raw clients vs Celery/RQ/Dramatiq; writes the docs' figures.
 
-    ``-- --quick`` is a smoke run (small counts, no README written). The observer
+    ``-- --quick`` is a smoke run (small counts, no page written). The observer
     plugins are installed, for the rows that measure what each costs installed
     and not configured; every other row runs with them blocked (bench.hermes_cli).
     """

@@ -14,7 +14,7 @@ database of its own on the same server) is the peer. Each peer runs a small grid
 of documented settings; the fastest is reported with the setting that won,
 and the defaults beside it. Figures go to ``bench/results/`` as Markdown,
 JSON, a PNG chart and a profile of ``hermes worker``; a full run also writes
-the generated sections of README.md and of each driver's README.
+the generated sections of docs/performance.md and of each driver's README.
 
 Nothing here asserts a time: ``--quick`` is a smoke run that proves every row
 can be measured.
@@ -43,6 +43,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 import services  # noqa: E402
 from readme import replace_section  # noqa: E402
+
+#: The documentation page whose generated sections (bench, scaling) a full run rewrites.
+PERFORMANCE_PAGE = ROOT / "docs" / "performance.md"
 
 from bench.hermes_cli import block_observers, observers  # noqa: E402
 from hermes.core import Emitter, Message, connect  # noqa: E402
@@ -1495,7 +1498,7 @@ def startup_table(run: Run) -> str:
 
 
 def summary(run: Run) -> str:
-    """README.md's section: Hermes against its peers and its raw clients, and the targets."""
+    """docs/performance.md's section: Hermes against its peers and raw clients, and the targets."""
     imported = run.value("-", "hermes", "import hermes.core")
     lines = [
         header(run) + " Full table: `bench/results/latest.md`.",
@@ -1524,7 +1527,7 @@ def driver_summary(run: Run, broker: str) -> str:
     """A driver README's section: its own rows of the same run."""
     lines = [
         f"From `./run test -s bench`: {header(run)} Every driver and the peers: the "
-        "top-level README and `bench/results/latest.md`.",
+        "documentation's Performance page (`docs/performance.md`) and `bench/results/latest.md`.",
         "",
         driver_table(run, (broker,)),
     ]
@@ -1827,7 +1830,7 @@ def write_reports(run: Run, out: Path, readmes: bool) -> None:
     except ImportError as exc:
         run.errors.append(f"chart: matplotlib is needed for the PNG ({exc})")
     if readmes:
-        for readme, text in [(ROOT / "README.md", summary(run))] + [
+        for readme, text in [(PERFORMANCE_PAGE, summary(run))] + [
             (ROOT / "drivers" / broker / "README.md", driver_summary(run, broker))
             for broker in HERMES_SETTINGS
         ]:
@@ -1836,7 +1839,7 @@ def write_reports(run: Run, out: Path, readmes: bool) -> None:
                 run.errors.append(problem)
         from bench import scale
 
-        problem = replace_section(ROOT / "README.md", "scaling", scale.scaling_section(run))
+        problem = replace_section(PERFORMANCE_PAGE, "scaling", scale.scaling_section(run))
         if problem:
             run.errors.append(problem)
     md = markdown(run)  # last: it lists every error above

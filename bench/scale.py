@@ -12,8 +12,8 @@ Sections of ``python -m bench.run`` (``--only backlog``, ``processes``, ``cost``
 * cost -- what one message costs the broker, emitted one by one and handled by
   ``hermes worker``: the server's CPU time (``INFO`` on Redis; the server
   processes' CPU from ``/proc`` elsewhere), and Redis's commands per message
-  (``INFO commandstats``, scripts' commands included). The README's
-  "Scaling" section turns it into the rate one broker core carries.
+  (``INFO commandstats``, scripts' commands included). The documentation's
+  "Scaling" section (docs/performance.md) turns it into the rate one broker core carries.
 
 The local SQS server and Kafka broker are stand-ins (moto, Tansu): their rows
 say what they can and cannot show.
@@ -450,7 +450,7 @@ def cost_table(run: Run) -> str:
 
 
 def scaling_section(run: Run) -> str:
-    """README.md's "Scaling" section, every figure from ``run``."""
+    """docs/performance.md's "Scaling" section, every figure from ``run``."""
     n, big = backlog_sizes(run)
     lines = [
         f"From the same run as Performance ({run.started}; {run.machine}).",

@@ -1,4 +1,5 @@
-"""Generated sections of README.md: the text between `<!-- NAME:begin/end -->` markers."""
+"""Generated sections of Markdown files (docs/performance.md, docs/reliability.md, the
+driver READMEs): the text between `<!-- NAME:begin/end -->` markers."""
 
 from __future__ import annotations
 

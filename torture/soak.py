@@ -512,10 +512,10 @@ def main() -> int:
 
 
 def update_readme(outcomes: list[Outcome], count: int, only: str = "") -> None:
-    """Write the latest full run's table to ``torture/results/latest.md``, and into the README.
+    """Write the latest full run's table to ``torture/results/latest.md`` and docs/reliability.md.
 
-    The file is the artifact a reader checks the README's figures against;
-    it also keeps what the README leaves out (the failed runs' worker logs).
+    The file is the artifact a reader checks the page's figures against;
+    it also keeps what the page leaves out (the failed runs' worker logs).
     A run of some drivers (``only``) replaces their rows in the file's table,
     adds the ones it lacks and keeps the others, saying which rows it wrote
     and when: one driver can be soaked again without soaking them all.
@@ -542,7 +542,7 @@ def update_readme(outcomes: list[Outcome], count: int, only: str = "") -> None:
         )
     latest.write_text(f"{intro}{rows}\n{notes}")
     intro += "Written with `torture/results/latest.md` by the same run.\n\n"
-    problem = replace_section(ROOT / "README.md", "torture", f"{intro}{rows}\n")
+    problem = replace_section(ROOT / "docs" / "reliability.md", "torture", f"{intro}{rows}\n")
     if problem:
         print(problem)
 

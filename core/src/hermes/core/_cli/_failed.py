@@ -33,7 +33,8 @@ def add_parser(commands: Commands) -> None:
         help="list, retry or purge the messages workers gave up on",
         description="Read the failed-message store workers keep with --failed-url: list what "
         "is in it, put messages back on a worker's queue with their retries reset, or delete "
-        "them. Needs a store its driver can list without taking messages: file:// or redis://.",
+        "them. Needs a store its driver can list without taking messages: file://, redis:// or "
+        "postgresql://.",
     )
     url_help = f"the failed-message store, the workers' --failed-url (default: ${FAILED_URL_ENV})"
     failed.add_argument("--url", help=url_help)
