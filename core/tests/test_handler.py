@@ -154,7 +154,7 @@ def test_a_result_other_than_none_true_or_false_is_a_logged_failure(
     assert record.exc_info is not None and isinstance(record.exc_info[1], HandlerResultError)
     text = str(record.exc_info[1])
     assert shown in text
-    assert "returns None or True for success and False for failure" in text
+    assert "returns None or True for success, False for failure, or Result(value)" in text
 
 
 def test_a_coroutine_returned_by_a_function_is_closed_and_counted_as_a_failure(

@@ -93,9 +93,10 @@ def test_the_signatures_are_the_documented_ones() -> None:
     assert all(p.kind is p.KEYWORD_ONLY for p in list(parameters.values())[4:])
     assert parameters["failed"].default is None
     emit = inspect.signature(Emitter.emit).parameters
-    assert list(emit) == ["self", "message", "priority", "unique_for", "unique_key"]
+    assert list(emit) == ["self", "message", "priority", "unique_for", "unique_key", "expires_in"]
     assert emit["priority"].default == 100
     assert emit["unique_for"].kind is inspect.Parameter.KEYWORD_ONLY
+    assert emit["expires_in"].kind is inspect.Parameter.KEYWORD_ONLY
 
 
 def test_the_echo_handler_prints_the_message_and_succeeds(capsys: object) -> None:

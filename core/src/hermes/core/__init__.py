@@ -15,6 +15,7 @@ from hermes.core.app._handler import (
     EchoHandler,
     Handler,
     HandlerRegistry,
+    Result,
     RetryableHandler,
     RetryMixin,
 )
@@ -58,6 +59,7 @@ __all__ = [
     "Message",
     "NotSupportedError",
     "Outcome",
+    "Result",
     "RetryMixin",
     "RetryableHandler",
     "SerializeError",

@@ -31,6 +31,7 @@ COMMANDS = (
     "workers",
     "emit",
     "failed",
+    "jobs",
     "drivers",
     "plugins",
     "shutdown",
@@ -39,6 +40,8 @@ COMMANDS = (
     "scheduler",
     "demo",
 )
+#: Commands whose parser another command's module adds.
+_MODULE_OF = {"job": "jobs", "cancel": "jobs"}
 
 
 def _version() -> str:
@@ -95,9 +98,10 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"hermes-core {_version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for command in (only,) if only in COMMANDS else COMMANDS:
+    module = _MODULE_OF.get(only, only) if only is not None else None
+    for command in (module,) if module in COMMANDS else COMMANDS:
         importlib.import_module(f"hermes.core._cli._{command}").add_parser(commands)
-    if only not in COMMANDS:
+    if module not in COMMANDS:
         # Commands of other distributions (hermes-dashboard's `hermes dashboard`), after core's.
         notify(plugin_manager().hook.hermes_cli_commands, commands=commands)
     return parser

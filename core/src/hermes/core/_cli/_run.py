@@ -22,11 +22,13 @@ from hermes.core._cli._common import (
     queue_of,
     setup_priorities,
 )
+from hermes.core._cli._jobs import open_jobs, results_url
 from hermes.core._cli._loading import FUNCTION_HINT, load_object, register_handlers
 from hermes.core._cli._report import counts, serve_metrics, summary
 from hermes.core._cli._workers import publisher_for, registry
 from hermes.core.app._dispatcher import Dispatcher
 from hermes.core.app._handler import Handler, handler_name
+from hermes.core.app._jobs import Jobs
 from hermes.core.run._worker import NOTICE, Worker
 from hermes.core.spi._driver import DEFAULT_PRIORITY, Driver
 from hermes.core.spi._registry import connect, driver_for_url
@@ -103,11 +105,15 @@ def run(args: argparse.Namespace, child: ChildLink | None = None) -> int:
     with contextlib.ExitStack() as stack:
         driver = stack.enter_context(connect(url))
         store = _failed_store(stack, failed_url, driver)
+        records_url = results_url(args, required=False)
+        records = open_jobs(records_url) if records_url is not None else None
+        if records is not None:
+            stack.callback(records.close)
         setup_priorities(driver, [*priorities, *from_cli], from_cli, preset=from_url)
         shutdowns = _shutdowns(args, url, driver)
         if child is not None:
             shutdowns = child.since_pool_start(shutdowns)
-        dispatcher = _dispatcher(args, driver, store, log_each_message=verbosity > 0)
+        dispatcher = _dispatcher(args, driver, store, records, log_each_message=verbosity > 0)
         register_handlers(dispatcher, target, spec)
         if args.metrics_port is not None and child is None:  # a pool's supervisor serves them
             serve_metrics(args.metrics_port, url, args.metrics_host)
@@ -161,7 +167,11 @@ def run(args: argparse.Namespace, child: ChildLink | None = None) -> int:
 
 
 def _dispatcher(
-    args: argparse.Namespace, driver: Driver, store: FailedStore | None, log_each_message: bool
+    args: argparse.Namespace,
+    driver: Driver,
+    store: FailedStore | None,
+    records: Jobs | None,
+    log_each_message: bool,
 ) -> Dispatcher:
     """The worker's Dispatcher, as the command line sets it up (handlers not yet registered)."""
     dispatcher = Dispatcher(
@@ -172,6 +182,7 @@ def _dispatcher(
         grace_s=args.grace,
         failed=store,
         max_deliveries=args.max_deliveries,
+        records=records,
     )
     dispatcher.log_each_message = log_each_message
     return dispatcher
@@ -273,6 +284,10 @@ def _log_start(
         logger.info(
             "Messages given up on are dropped after their log line; --failed-url keeps them"
         )
+    records_url = results_url(args, required=False)
+    if records_url:
+        shown = redact_url(records_url)
+        logger.info("Job records go to %s (hermes job --results-url %s ID)", shown, shown)
     if max_deliveries:
         logger.info(
             "Messages delivered more than %d times are set aside without a handler call "

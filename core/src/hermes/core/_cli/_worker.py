@@ -16,6 +16,7 @@ from hermes.core._cli._common import (
     seconds,
     whole_number,
 )
+from hermes.core._cli._jobs import RESULTS_URL_ENV, add_results_url
 from hermes.core._cli._workers import add_heartbeat_options
 from hermes.core.spi._driver import DEFAULT_PRIORITY
 
@@ -91,6 +92,13 @@ def add_parser(commands: Commands) -> None:
         "retried, or no handler) on this broker URL, another queue than --url, e.g. "
         "redis://localhost:6379/0?prefix=failed: ; read them with hermes failed "
         f"(default: ${FAILED_URL_ENV}; unset: they are dropped after their log line)",
+    )
+    add_results_url(
+        worker,
+        "keep a record of every job in this store: its state, attempts, error and result "
+        "(hermes job ID reads it; cancelled and expired jobs are skipped); a URL whose driver "
+        f"can keep records: memory://, file://, redis://, postgresql:// (default: "
+        f"${RESULTS_URL_ENV}; unset: no records)",
     )
     add_verbosity(
         worker,

@@ -17,11 +17,13 @@ from hermes.core.app._handler import (
     FunctionHandler,
     Handler,
     HandlerFunction,
+    Result,
     as_handler,
     function_handler,
     handler_name,
 )
 from hermes.core.app._invoke import EventLoopThread, TimeLimitExceeded, Watchdog
+from hermes.core.app._jobs import EXPIRES_HEADER, JobError, Jobs, JobState
 from hermes.core.app._retry import (
     Randomizer,
     RetryVerdict,
@@ -80,6 +82,8 @@ class DispatcherStats:
     gave_up: int = 0
     #: Messages sent to the failed-message store.
     stored: int = 0
+    #: Messages acknowledged without a handler call: cancelled, or expired before they started.
+    skipped: int = 0
 
 
 class Dispatcher:
@@ -123,6 +127,7 @@ class Dispatcher:
         grace_s: float = 30.0,
         failed: Driver | FailedStore | None = None,
         max_deliveries: int = 0,
+        records: Jobs | Driver | str | None = None,
     ) -> None:
         if (
             isinstance(max_deliveries, bool)
@@ -155,6 +160,8 @@ class Dispatcher:
         self._randomizer = randomizer
         #: Where messages given up on are kept; None (the default) keeps none.
         self.failed = _failed_store(failed, driver) if failed is not None else None
+        #: Where each job's record is kept (state, attempts, result); None keeps none.
+        self.records = _jobs(records) if records is not None else None
         self.stats = DispatcherStats()
         #: Log the INFO lines ``Start handle message`` / ``End handle message`` for every
         #: message. ``hermes worker`` turns them off unless ``-v``: two log lines per
@@ -256,8 +263,10 @@ class Dispatcher:
         with self._count_lock:
             setattr(self.stats, name, getattr(self.stats, name) + 1)
 
-    def call_handler(self, handler: Handler, message: Message) -> bool:
-        """Run one handler on ``message`` within its time limit; what it returned, as a bool.
+    def call_handler(self, handler: Handler, message: Message) -> bool | Result:
+        """Run one handler on ``message`` within its time limit; what it returned.
+
+        A :class:`~hermes.core.Result` comes back as it is; anything else as a bool.
 
         ``async def handle`` (or a handle that returns a coroutine) runs on the
         worker's event loop. Over the limit: :class:`TimeLimitExceeded`.
@@ -271,7 +280,7 @@ class Dispatcher:
             known = self._async[id(handler)] = (handler, inspect.iscoroutinefunction(handle))
         if known[1]:  # an async def handle: calling it made a coroutine
             coroutine = cast(Coroutine[Any, Any, Any], handle(message))
-            return bool(self._event_loop.run(coroutine, limit))
+            return _answer(self._event_loop.run(coroutine, limit))
         if limit is None:
             result = handle(message)
         else:
@@ -290,7 +299,7 @@ class Dispatcher:
             return bool(result)
         if inspect.iscoroutine(result):
             result = self._event_loop.run(result, limit)
-        return bool(result)
+        return _answer(result)
 
     def handle_message(self, message: Message, priority: int) -> bool:
         """Run every handler of ``message.type``; True if all succeeded.
@@ -299,14 +308,23 @@ class Dispatcher:
         ``finished`` last, with the message's :class:`Outcome`, on every path.
         """
         hooks = self._hooks
+        expires = message.headers.get(EXPIRES_HEADER) if message.headers else None
+        report = None
+        if self.records is not None or expires is not None:
+            report = _Report()
+            skipped = self._start(message, priority, expires)
+            if skipped is not None:
+                return True  # acknowledged without running: cancelled or expired
         # Asked before notify(): without observers (most workers) no keyword dict
         # is built for nobody, three times a message.
         if hooks.hermes_message_started.get_hookimpls():
             notify(hooks.hermes_message_started, message=message, priority=priority)
         outcome = Outcome.NO_HANDLER
         try:
-            outcome = self._run_handlers(message, priority)
+            outcome = self._run_handlers(message, priority, report)
         finally:
+            if self.records is not None and report is not None:
+                self._finish(self.records, message, outcome, report)
             if hooks.hermes_message_finished.get_hookimpls():
                 notify(
                     hooks.hermes_message_finished,
@@ -317,7 +335,60 @@ class Dispatcher:
                 )
         return outcome is Outcome.SUCCEEDED
 
-    def _run_handlers(self, message: Message, priority: int) -> Outcome:
+    def _start(self, message: Message, priority: int, expires: str | None) -> str | None:
+        """Whether ``message`` runs: None, or why not (``cancelled``, ``expired``).
+
+        A records store that cannot be read raises: a cancel could not be
+        honoured, so the message is not run (an at-least-once broker delivers
+        it again).
+        """
+        expires_at = _expiry(expires, message)
+        if self.records is not None:
+            start = self.records.start(message, priority, expires_at)
+            skipped = start.skipped
+        else:
+            skipped = "expired" if expires_at is not None and time.time() > expires_at else None
+        if skipped is not None:
+            self._count("skipped")
+            self.logger.warning(
+                "Message #%s (%s) %s: acknowledged without running a handler",
+                message.id,
+                message.type,
+                "was cancelled" if skipped == "cancelled" else "expired before it started",
+            )
+        return skipped
+
+    def _finish(self, jobs: Jobs, message: Message, outcome: Outcome, report: _Report) -> None:
+        """Write how ``message``'s attempt ended into its record; a store failure is logged."""
+        if outcome is Outcome.SUCCEEDED:
+            state, error = JobState.SUCCEEDED, None
+        elif report.retry_at is not None:
+            state, error = JobState.FAILED, report.error
+        else:
+            state, error = JobState.GIVEN_UP, report.error
+        try:
+            jobs.finish(
+                message,
+                outcome.value,
+                state=state,
+                error=error,
+                result=report.result,
+                has_result=state is JobState.SUCCEEDED,
+                retry_at=report.retry_at,
+            )
+        except Exception as exc:
+            self.logger.error(
+                "Message #%s (%s) ended %s, and its record in %r could not say so - %s",
+                message.id,
+                message.type,
+                outcome.value,
+                jobs.driver,
+                exc,
+            )
+
+    def _run_handlers(
+        self, message: Message, priority: int, report: _Report | None = None
+    ) -> Outcome:
         with self._count_lock:  # _count's work, without its getattr/setattr per message
             self.stats.received += 1
         info = self.log_each_message and self.logger.isEnabledFor(logging.INFO)
@@ -329,6 +400,8 @@ class Dispatcher:
         if not handlers:
             self._count("failed")
             reason = "no handler is registered for its type"
+            if report is not None:
+                report.error = JobError.reason(f"no handler is registered for {message.type!r}")
             self._give_up(message, priority, None, reason, None, Outcome.NO_HANDLER)
             if self.failed is not None:
                 self._store(self.failed, message, [reason])
@@ -336,7 +409,7 @@ class Dispatcher:
         outcome = Outcome.SUCCEEDED
         gave_up: list[str] = []
         for handler in list(handlers):
-            result, stored_reason = self._run_one(handler, message, priority, info)
+            result, stored_reason = self._run_one(handler, message, priority, info, report)
             if result is not Outcome.SUCCEEDED and outcome is Outcome.SUCCEEDED:
                 outcome = result
             if stored_reason is not None:
@@ -346,7 +419,12 @@ class Dispatcher:
         return outcome
 
     def _run_one(
-        self, handler: Handler, message: Message, priority: int, info: bool
+        self,
+        handler: Handler,
+        message: Message,
+        priority: int,
+        info: bool,
+        report: _Report | None = None,
     ) -> tuple[Outcome, str | None]:
         """One handler on ``message``: its outcome, and the store's reason if it gave up."""
         hooks = self._hooks
@@ -381,8 +459,12 @@ class Dispatcher:
             )
             timed_out = isinstance(exc, TimeLimitExceeded)
             verdict = self._judge_retry(handler, message, exc)
+            if report is not None:
+                report.error = JobError.from_exception(exc)
             if verdict.refused is None:
-                self._retry(message, handler, verdict.max_retry, exc)
+                due_at = self._retry(message, handler, verdict.max_retry, exc)
+                if report is not None:
+                    report.retry_at = due_at
                 return (Outcome.TIME_LIMIT if timed_out else Outcome.RETRIED), None
             if timed_out:
                 outcome = Outcome.TIME_LIMIT
@@ -393,6 +475,10 @@ class Dispatcher:
             return outcome, self._give_up(message, priority, handler, verdict.refused, exc, outcome)
         if debug:
             self._took(handler, message, started, f"returned {ok}")
+        if isinstance(ok, Result):
+            if report is not None:
+                report.result = ok.value
+            ok = True
         if ok:
             with self._count_lock:
                 self.stats.handled += 1
@@ -409,6 +495,8 @@ class Dispatcher:
             return Outcome.SUCCEEDED, None
         self._count("failed")
         reason = "it returned False (a handler that returns False is never retried)"
+        if report is not None:
+            report.error = JobError.reason(f"{handler_name(handler)} returned False")
         outcome = Outcome.RETURNED_FALSE
         return outcome, self._give_up(message, priority, handler, reason, None, outcome)
 
@@ -455,7 +543,8 @@ class Dispatcher:
 
     def _retry(
         self, message: Message, handler: Handler, max_retry: int | None, exc: Exception
-    ) -> None:
+    ) -> float:
+        """Send the retry copy of ``message``; when it is due."""
         due_at = retry_at(handler, message, self.next_retry, self.logger)
         retry = message.replace(retries=message.retries + 1, execute_at=due_at)
         name = handler_name(handler)
@@ -488,6 +577,7 @@ class Dispatcher:
             handler=handler,
             exception=exc,
         )
+        return due_at
 
     def _give_up(
         self,
@@ -559,3 +649,40 @@ def _failed_store(failed: Driver | FailedStore, driver: Driver) -> FailedStore:
             "would come straight back; connect the store to another queue"
         )
     return failed if isinstance(failed, FailedStore) else FailedStore(failed)
+
+
+def _answer(result: object) -> bool | Result:
+    return result if isinstance(result, Result) else bool(result)
+
+
+class _Report:
+    """What one message's handlers did, for its job record."""
+
+    __slots__ = ("error", "result", "retry_at")
+
+    def __init__(self) -> None:
+        self.result: Any = None
+        self.error: JobError | None = None
+        self.retry_at: float | None = None
+
+
+def _expiry(header: str | None, message: Message) -> float | None:
+    if header is None:
+        return None
+    try:
+        return float(header)
+    except ValueError:
+        logging.getLogger("hermes").warning(
+            "Message #%s (%s) has an unreadable %s header %r: it does not expire",
+            message.id,
+            message.type,
+            EXPIRES_HEADER,
+            header,
+        )
+        return None
+
+
+def _jobs(records: Jobs | Driver | str) -> Jobs:
+    if isinstance(records, Jobs):
+        return records
+    return Jobs(records)

@@ -1,10 +1,12 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from typing import overload
 
-from hermes.core.model._errors import NotSupportedError
+from hermes.core.app._jobs import EXPIRES_HEADER, JobHandle, Jobs
+from hermes.core.model._errors import ConfigurationError, NotSupportedError
 from hermes.core.model._message import Message
 from hermes.core.spi._driver import DEFAULT_PRIORITY, Driver, SupportsClaim
 from hermes.core.spi._registry import enter_emit_calls, exit_calls, notify, plugin_manager
@@ -21,10 +23,30 @@ class Emitter:
     with them.
     """
 
-    def __init__(self, driver: Driver, logger: logging.Logger | None = None) -> None:
+    def __init__(
+        self,
+        driver: Driver,
+        logger: logging.Logger | None = None,
+        *,
+        records: Jobs | Driver | str | None = None,
+    ) -> None:
         self.driver = driver
         self.logger = logger or logging.getLogger("hermes")
         self._hooks = plugin_manager().hook
+        #: Where each emitted job's record is started (None: no records, the default).
+        self.records = records if isinstance(records, Jobs) or records is None else Jobs(records)
+
+    def job(self, job: Message | str) -> JobHandle:
+        """A handle on a job emitted here (the message, or its id): state, result, cancel.
+
+        Needs ``records=``: without a records store there is nothing to ask.
+        """
+        if self.records is None:
+            raise ConfigurationError(
+                "this Emitter keeps no job records: give it records= (a store URL such as "
+                "redis://..., or a Jobs) to follow its jobs"
+            )
+        return self.records.job(job)
 
     @overload
     def emit(
@@ -34,6 +56,7 @@ class Emitter:
         *,
         unique_for: None = None,
         unique_key: None = None,
+        expires_in: float | None = None,
     ) -> Emitter: ...
 
     @overload
@@ -44,6 +67,7 @@ class Emitter:
         *,
         unique_for: float,
         unique_key: str | None = None,
+        expires_in: float | None = None,
     ) -> bool: ...
 
     def emit(
@@ -53,6 +77,7 @@ class Emitter:
         *,
         unique_for: float | None = None,
         unique_key: str | None = None,
+        expires_in: float | None = None,
     ) -> Emitter | bool:
         """Send ``message`` on the queue of ``priority``; returns the Emitter, for chaining.
 
@@ -63,7 +88,14 @@ class Emitter:
         then returns True when sent and False when skipped as a duplicate
         (logged at INFO; not an error). Needs a driver with
         :class:`~hermes.core.driver.SupportsClaim`, else :class:`NotSupportedError`.
+
+        ``expires_in=seconds``: a worker that takes the message later than that
+        acknowledges it without running a handler (logged; recorded as
+        ``expired`` with records on). It travels as a header, so the message
+        (and its retry copies) carry it to any worker.
         """
+        if expires_in is not None:
+            message = _expiring(message, expires_in)
         if unique_for is None:
             if unique_key is not None:
                 raise ValueError("unique_key needs unique_for=seconds")
@@ -150,6 +182,11 @@ class Emitter:
         return self
 
     def _emitted(self, message: Message, priority: int) -> None:
+        if self.records is not None:
+            expires = message.headers.get(EXPIRES_HEADER) if message.headers else None
+            self.records.emitted(
+                message, priority, expires_at=float(expires) if expires is not None else None
+            )
         if self.logger.isEnabledFor(logging.INFO):
             self.logger.info(
                 "Emitted message #%s (%s) priority:%s to %r",
@@ -164,3 +201,12 @@ class Emitter:
             priority=priority,
             driver=self.driver,
         )
+
+
+def _expiring(message: Message, expires_in: float) -> Message:
+    if isinstance(expires_in, bool) or not isinstance(expires_in, int | float):
+        raise ValueError(f"expires_in must be a number of seconds, got {expires_in!r}")
+    if not expires_in > 0:
+        raise ValueError(f"expires_in must be > 0 seconds, got {expires_in!r}")
+    at = time.time() + expires_in
+    return message.replace(headers={**message.headers, EXPIRES_HEADER: repr(at)})

@@ -6,6 +6,7 @@ import inspect
 import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 from hermes.core.model._errors import ConfigurationError, HandlerResultError
@@ -88,6 +89,21 @@ class EchoHandler(RetryMixin, RetryableHandler):
         return True
 
 
+@dataclass(frozen=True, slots=True)
+class Result:
+    """What a handler returns to keep a value in its job's record: ``return Result(total)``.
+
+    A success, whatever ``value`` is: ``Result(0)``, ``Result([])`` and
+    ``Result(False)`` are results, never mistaken for the ``False`` that
+    fails a handler. ``value`` is JSON like a payload; with job records on
+    (``records=`` / ``--results-url``) it is kept, and
+    ``JobHandle.result()`` returns it. A plain None or True stays a success
+    whose result is None.
+    """
+
+    value: Any
+
+
 class FunctionHandler:
     """A function run as a handler; what ``register_handler`` makes of a function.
 
@@ -116,17 +132,20 @@ class FunctionHandler:
             return self._checked_later(result)
         return self._checked(result)
 
-    async def _checked_later(self, coroutine: Any) -> bool:
+    async def _checked_later(self, coroutine: Any) -> bool | Result:
         return self._checked(await coroutine)
 
-    def _checked(self, result: object) -> bool:
+    def _checked(self, result: object) -> bool | Result:
         if result is None or result is True or result is False:
             return result is not False
+        if isinstance(result, Result):
+            return result
         if inspect.iscoroutine(result):
             result.close()  # never awaited: closing it spares a second, vaguer warning
         raise HandlerResultError(
             f"handler function {self.name} returned {type(result).__name__} {_short(result)}; "
-            "a handler function returns None or True for success and False for failure"
+            "a handler function returns None or True for success, False for failure, "
+            "or Result(value) for a success with a value"
         )
 
     def __repr__(self) -> str:

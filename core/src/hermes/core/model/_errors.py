@@ -10,7 +10,11 @@
     ├── NotSupportedError       the driver has no such feature (e.g. priorities)
     ├── UnknownPriorityError    (also KeyError-free) a priority no queue was set up for
     ├── HandlerResultError      (also TypeError) a handler function returned something
-    │                           other than None, True or False
+    │                           other than None, True, False or a Result
+    ├── JobResultError          a job ended without a result (given up, cancelled,
+    │   │                       expired, lost); ``record`` says how
+    │   └── UnknownJobError     (also KeyError) the records store has no such job
+    ├── JobTimeoutError         (also TimeoutError) a job's result did not come in time
     └── DriverError             the broker or its client failed; ``__cause__`` is the
         │                       client's own exception
         ├── BrokerUnavailableError  the broker cannot be reached now: retried
@@ -95,3 +99,26 @@ class DeliveryError(DriverError):
 def error_text(exc: BaseException) -> str:
     """``Type: text`` of a client's exception, or the type alone when it has no text."""
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+class JobResultError(HermesError):
+    """The job ended without a result: it failed for good, was cancelled, expired or was lost.
+
+    :attr:`record` is the job's record (a ``JobRecord``); its ``error`` says why.
+    """
+
+    def __init__(self, text: str, record: object | None) -> None:
+        super().__init__(text)
+        #: The job's record (None: the store has none for that id).
+        self.record = record
+
+
+class UnknownJobError(JobResultError, KeyError):
+    """The records store has no record of that id: emitted without records, or forgotten."""
+
+    def __str__(self) -> str:  # KeyError's would quote the text
+        return str(self.args[0])
+
+
+class JobTimeoutError(HermesError, TimeoutError):
+    """A job's result was waited for until the timeout, and the job had not ended."""

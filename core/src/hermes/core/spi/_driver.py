@@ -445,6 +445,50 @@ class SupportsClaim(Protocol):
 
 
 @runtime_checkable
+class SupportsRecords(Protocol):
+    """Optional: keep job records, small JSON documents each under a key, with an expiry.
+
+    What ``--results-url`` names: core (:mod:`hermes.core.app._jobs`) owns the
+    records' meaning -- states, attempts, results -- and a store only keeps
+    bytes. The contract, which the conformance kit checks on every driver
+    that has these methods:
+
+    * :meth:`record_get` returns the bytes last written under ``key``, or
+      None when there are none or they expired.
+    * :meth:`record_put` is a compare-and-set: it writes ``value`` only when
+      the bytes stored now are ``expect`` (None: nothing stored, or expired),
+      atomically among any number of processes and hosts, and says whether it
+      wrote. A write lost to a concurrent one is never reported as written.
+    * A written record expires ``ttl_s`` seconds after that write (plus the
+      broker's expiry precision, at most a second).
+    * :meth:`record_wait` blocks until the bytes under ``key`` differ from
+      ``seen`` or ``timeout_s`` passes, and returns what is stored then. It
+      must not poll faster than every 50 ms; a broker that can notify
+      (pub/sub, LISTEN/NOTIFY) wakes at once.
+    * :meth:`record_scan` lists stored records, at most ``limit``, newest
+      first where the broker can tell, for ``hermes jobs`` and the dashboard.
+    * Keys live in the driver's namespace, like claims. Thread-safe and
+      fork-safe like :meth:`Driver.put`; broker failures raise like it.
+    """
+
+    def record_get(self, key: str) -> bytes | None:
+        """The bytes stored under ``key``; None when there are none (or they expired)."""
+        ...
+
+    def record_put(self, key: str, value: bytes, ttl_s: float, expect: bytes | None) -> bool:
+        """Store ``value`` for ``ttl_s`` seconds if ``expect`` is what is stored now."""
+        ...
+
+    def record_wait(self, key: str, seen: bytes | None, timeout_s: float) -> bytes | None:
+        """What is stored under ``key`` once it differs from ``seen``, or at the timeout."""
+        ...
+
+    def record_scan(self, limit: int) -> list[bytes]:
+        """Up to ``limit`` stored records, newest first where the broker can tell."""
+        ...
+
+
+@runtime_checkable
 class SupportsHeartbeats(Protocol):
     """Optional: keep the heartbeat records of running workers, each with an expiry.
 

@@ -52,6 +52,9 @@ class _Broker:
 
     def __init__(self) -> None:
         self.condition = threading.Condition()
+        #: Job records have a lock of their own: a record written wakes its
+        #: waiters, not every idle consumer.
+        self.records_changed = threading.Condition()
         self.sequence = itertools.count()
         self.clear()
 
@@ -79,6 +82,8 @@ class _Broker:
         self.deliveries: dict[str | bytes, int] = {}
         #: Worker id -> (when its heartbeat expires, ``time.monotonic()``; the record as JSON).
         self.heartbeats: dict[str, tuple[float, str]] = {}
+        #: Job record key -> (when it expires, ``time.monotonic()``; its bytes).
+        self.records: dict[str, tuple[float, bytes]] = {}
 
     def move_due(self, now: float) -> None:
         while self.scheduled and self.scheduled[0][0] <= now:
@@ -261,6 +266,51 @@ class MemoryDriver(Driver):
                 del beats[worker_id]
             texts = [text for _, text in beats.values()]
         return [json.loads(text) for text in texts]
+
+    def record_get(self, key: str) -> bytes | None:
+        with self._broker.records_changed:
+            return self._record(key)
+
+    def _record(self, key: str) -> bytes | None:
+        stored = self._broker.records.get(key)
+        if stored is None:
+            return None
+        if stored[0] <= time.monotonic():
+            del self._broker.records[key]
+            return None
+        return stored[1]
+
+    def record_put(self, key: str, value: bytes, ttl_s: float, expect: bytes | None) -> bool:
+        """Compare-and-set ``key`` (see ``SupportsRecords``)."""
+        if not ttl_s > 0:
+            raise ValueError(f"a record's ttl_s must be > 0, got {ttl_s!r}")
+        broker = self._broker
+        with broker.records_changed:
+            if self._record(key) != expect:
+                return False
+            broker.records[key] = (time.monotonic() + ttl_s, bytes(value))
+            if len(broker.records) > _CLAIMS_BEFORE_SWEEP:
+                now = time.monotonic()
+                broker.records = {k: v for k, v in broker.records.items() if v[0] > now}
+            broker.records_changed.notify_all()
+            return True
+
+    def record_wait(self, key: str, seen: bytes | None, timeout_s: float) -> bytes | None:
+        deadline = time.monotonic() + timeout_s
+        with self._broker.records_changed:
+            while True:
+                current = self._record(key)
+                left = deadline - time.monotonic()
+                if current != seen or left <= 0:
+                    return current
+                self._broker.records_changed.wait(left)
+
+    def record_scan(self, limit: int) -> list[bytes]:
+        now = time.monotonic()
+        with self._broker.records_changed:
+            # Insertion order is write order; the newest last.
+            live = [value for expires, value in self._broker.records.values() if expires > now]
+        return live[::-1][:limit]
 
     def teardown(self) -> None:
         # Cleared in place: every driver object of this name (a worker's, an

@@ -1,0 +1,639 @@
+"""Job records: what happened to each job, in a store the application names.
+
+Every state a job goes through is decided here, and only here; a store
+(a driver with :class:`~hermes.core.driver.SupportsRecords`) keeps bytes.
+Records are off unless a store is named, so a deployment without one sends
+and handles exactly what it did before. The states::
+
+    waiting ──┐                   ┌── succeeded
+    scheduled ┴─► running ──┬─────┼── given_up
+       │    ▲               │     └── (lost: its worker's heartbeat ended)
+       │    └── failed ◄────┘  (a retry copy is due at ``retry_at``)
+       ├── cancelled  (before a worker started it)
+       └── expired    (not started before ``expires_at``)
+
+A record says what happened, never what was hoped: ``running`` means a
+worker started it and has not said how it ended. When that worker is
+SIGKILLed, an at-least-once broker delivers the message again and the record
+gains another attempt; on an at-most-once broker (Redis by default) it stays
+``running`` until :meth:`JobHandle.state` is asked with the heartbeat registry
+that shows the worker gone (see :meth:`Jobs.lost`).
+
+Every change is a compare-and-set on the record's bytes, retried on a
+conflict, so a cancel and a worker's start never both win.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import json
+import logging
+import os
+import socket
+import time
+import traceback
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from hermes.core.model._errors import (
+    ConfigurationError,
+    HermesError,
+    JobResultError,
+    JobTimeoutError,
+    UnknownJobError,
+)
+from hermes.core.model._message import Message
+from hermes.core.spi._driver import Driver, SupportsRecords
+from hermes.core.spi._registry import connect
+from hermes.core.spi._url import redact_url
+
+logger = logging.getLogger("hermes")
+
+#: The header of a message that expires: the UNIX time after which it is not started.
+EXPIRES_HEADER = "hermes-expires"
+#: How long a record is kept after its last change, unless told otherwise.
+DEFAULT_TTL_S = 24 * 3600.0
+#: The largest result kept, serialized; a larger one is the job's error.
+MAX_RESULT_BYTES = 512 * 1024
+#: The longest exception message and traceback kept with a failed attempt.
+MAX_ERROR_MESSAGE_CHARS = 2_000
+MAX_TRACEBACK_CHARS = 16_000
+#: Attempts kept per record: the first ones and the latest ones.
+MAX_ATTEMPTS_KEPT = 50
+#: Compare-and-set rounds before a change gives up (another writer keeps winning).
+_MAX_ROUNDS = 100
+
+
+class JobState(enum.StrEnum):
+    """Where a job is. The last five are final: the record changes no more."""
+
+    #: Emitted, waiting for a worker.
+    WAITING = "waiting"
+    #: Emitted with an ``execute_at`` in the future.
+    SCHEDULED = "scheduled"
+    #: A worker started it and has not said how it ended.
+    RUNNING = "running"
+    #: A handler failed; a retry copy is due at ``retry_at``.
+    FAILED = "failed"
+    #: Every handler succeeded; ``result`` holds what they returned.
+    SUCCEEDED = "succeeded"
+    #: It failed and is not retried (retries used up, not retryable, no handler,
+    #: returned False, set aside).
+    GIVEN_UP = "given_up"
+    #: Cancelled before a worker started it: no handler ran.
+    CANCELLED = "cancelled"
+    #: Not started before its expiry: no handler ran.
+    EXPIRED = "expired"
+    #: Its worker died while it ran, on a broker that does not deliver it again.
+    LOST = "lost"
+
+    @property
+    def final(self) -> bool:
+        """True when the record changes no more."""
+        return self in _FINAL
+
+
+_FINAL = frozenset(
+    {JobState.SUCCEEDED, JobState.GIVEN_UP, JobState.CANCELLED, JobState.EXPIRED, JobState.LOST}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class JobError:
+    """A failed attempt's exception: class (with its module), message and traceback."""
+
+    #: ``module.QualName`` of the exception's class (``builtins.RuntimeError``).
+    type: str
+    #: ``str(exception)``, redacted like a log line, at most 2,000 characters.
+    message: str
+    #: The formatted traceback, redacted, at most 16,000 characters (its end kept).
+    traceback: str | None = None
+
+    @classmethod
+    def from_exception(cls, exc: BaseException) -> JobError:
+        """``exc`` as a record keeps it: redacted and bounded, never the live object."""
+        kind = type(exc)
+        text = traceback.format_exception(kind, exc, exc.__traceback__)
+        return cls(
+            f"{kind.__module__}.{kind.__qualname__}",
+            _bounded(redact_url(str(exc)), MAX_ERROR_MESSAGE_CHARS, keep="head"),
+            _bounded(redact_url("".join(text)), MAX_TRACEBACK_CHARS, keep="tail"),
+        )
+
+    @classmethod
+    def reason(cls, text: str) -> JobError:
+        """A failure without an exception (no handler, returned False, set aside)."""
+        return cls("", _bounded(redact_url(text), MAX_ERROR_MESSAGE_CHARS, keep="head"))
+
+    def __str__(self) -> str:
+        return f"{self.type}: {self.message}" if self.type else self.message
+
+
+def _bounded(text: str, limit: int, keep: str) -> str:
+    if len(text) <= limit:
+        return text
+    cut = len(text) - limit
+    marker = f"[... {cut} characters cut ...]"
+    if keep == "tail":
+        return marker + "\n" + text[-limit:]
+    return text[:limit] + " " + marker
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One worker's run of the job."""
+
+    #: ``host:pid`` of the worker process.
+    worker: str
+    #: When it started (UNIX time).
+    started_at: float
+    #: When it ended; None while it runs (or when its worker died).
+    finished_at: float | None = None
+    #: How it ended: an :class:`~hermes.core.Outcome` value, ``cancelled``,
+    #: ``expired``; None while it runs.
+    outcome: str | None = None
+    #: The exception of a failed attempt.
+    error: JobError | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    """What the store knows of one job."""
+
+    id: str
+    type: str
+    #: The priority it was emitted with (None: not known, e.g. emitted without records).
+    priority: int | None
+    state: JobState
+    #: When it was emitted (the message's ``created``).
+    emitted_at: float
+    #: When a worker first started it.
+    started_at: float | None = None
+    #: When its last attempt ended.
+    finished_at: float | None = None
+    attempts: tuple[Attempt, ...] = ()
+    #: The last failure's error (kept after a later success, as history).
+    error: JobError | None = None
+    #: What the handlers returned (:class:`~hermes.core.Result`), when ``has_result``.
+    result: Any = None
+    has_result: bool = False
+    #: FAILED: when the retry copy is due.
+    retry_at: float | None = None
+    #: Not started by then: EXPIRED.
+    expires_at: float | None = None
+    #: A cancel came while it ran; the handler was told.
+    cancel_requested: bool = False
+    #: When the store forgets the record (UNIX time).
+    forget_at: float | None = None
+    #: Seconds the store keeps the record after each change.
+    ttl_s: float = DEFAULT_TTL_S
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as JSON values (what ``hermes job --json`` prints)."""
+        data: dict[str, Any] = {
+            "id": self.id,
+            "type": self.type,
+            "priority": self.priority,
+            "state": self.state.value,
+            "emitted_at": self.emitted_at,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "attempts": [_attempt_json(a) for a in self.attempts],
+            "error": _error_json(self.error),
+            "retry_at": self.retry_at,
+            "expires_at": self.expires_at,
+            "cancel_requested": self.cancel_requested,
+            "forget_at": self.forget_at,
+            "ttl_s": self.ttl_s,
+        }
+        if self.has_result:
+            data["result"] = self.result
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> JobRecord:
+        return cls(
+            id=str(data["id"]),
+            type=str(data["type"]),
+            priority=data.get("priority"),
+            state=JobState(data["state"]),
+            emitted_at=float(data["emitted_at"]),
+            started_at=data.get("started_at"),
+            finished_at=data.get("finished_at"),
+            attempts=tuple(_attempt_from(a) for a in data.get("attempts") or ()),
+            error=_error_from(data.get("error")),
+            result=data.get("result"),
+            has_result="result" in data,
+            retry_at=data.get("retry_at"),
+            expires_at=data.get("expires_at"),
+            cancel_requested=bool(data.get("cancel_requested")),
+            forget_at=data.get("forget_at"),
+            ttl_s=float(data.get("ttl_s") or DEFAULT_TTL_S),
+        )
+
+
+def _attempt_json(attempt: Attempt) -> dict[str, Any]:
+    return {
+        "worker": attempt.worker,
+        "started_at": attempt.started_at,
+        "finished_at": attempt.finished_at,
+        "outcome": attempt.outcome,
+        "error": _error_json(attempt.error),
+    }
+
+
+def _attempt_from(data: dict[str, Any]) -> Attempt:
+    return Attempt(
+        str(data["worker"]),
+        float(data["started_at"]),
+        data.get("finished_at"),
+        data.get("outcome"),
+        _error_from(data.get("error")),
+    )
+
+
+def _error_json(error: JobError | None) -> dict[str, Any] | None:
+    if error is None:
+        return None
+    return {"type": error.type, "message": error.message, "traceback": error.traceback}
+
+
+def _error_from(data: dict[str, Any] | None) -> JobError | None:
+    if not data:
+        return None
+    return JobError(
+        str(data.get("type") or ""), str(data.get("message") or ""), data.get("traceback")
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    """What :meth:`Jobs.start` decided for a message a worker took."""
+
+    #: Run the handlers (False: cancelled or expired; acknowledge without running).
+    run: bool
+    #: ``cancelled`` or ``expired`` when not run.
+    skipped: str | None = None
+    #: The record after the decision.
+    record: JobRecord | None = None
+
+
+def worker_name() -> str:
+    """``host:pid``: the worker an attempt names."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class Jobs:
+    """The job records of one store: every state change goes through here.
+
+    ``store`` is a driver with :class:`~hermes.core.driver.SupportsRecords`
+    (memory, filesystem, Redis, PostgreSQL), or a URL of one. ``ttl_s`` is how
+    long a record is kept after its last change (24 h by default).
+    """
+
+    def __init__(self, store: Driver | str, *, ttl_s: float = DEFAULT_TTL_S) -> None:
+        driver = connect(store) if isinstance(store, str) else store
+        if not isinstance(driver, SupportsRecords):
+            raise ConfigurationError(
+                f"{driver!r} cannot keep job records; name a store that can: "
+                "memory://, file://, redis:// or postgresql://"
+            )
+        if not ttl_s > 0:
+            raise ValueError(f"ttl_s must be > 0 seconds, got {ttl_s!r}")
+        #: The store's driver.
+        self.driver: Driver = driver
+        self._store: SupportsRecords = driver
+        #: Seconds a record is kept after its last change.
+        self.ttl_s = ttl_s
+        self._owned = isinstance(store, str)
+
+    # Reading -----------------------------------------------------------------
+
+    def get(self, job_id: str) -> JobRecord | None:
+        """The record of ``job_id``; None when the store has none."""
+        record, _ = self._read(job_id)
+        return record
+
+    def job(self, job: Message | str) -> JobHandle:
+        """A handle on ``job`` (the message, or its id): its state, result and cancel."""
+        return JobHandle(self, job.id if isinstance(job, Message) else str(job))
+
+    def scan(
+        self, *, state: JobState | str | None = None, type: str | None = None, limit: int = 100
+    ) -> list[JobRecord]:
+        """Up to ``limit`` records, newest first where the store can tell, filtered."""
+        wanted = JobState(state) if state is not None else None
+        found: list[JobRecord] = []
+        with self.driver.translating("listing job records"):
+            raw = self._store.record_scan(max(limit * 10, 1000) if wanted or type else limit)
+        for data in raw:
+            record = self._decode(data, "?")
+            if record is None:
+                continue
+            if (wanted is None or record.state is wanted) and (type is None or record.type == type):
+                found.append(record)
+                if len(found) >= limit:
+                    break
+        return found
+
+    def _read(self, job_id: str) -> tuple[JobRecord | None, bytes | None]:
+        with self.driver.translating(f"reading the record of job #{job_id}"):
+            data = self._store.record_get(_key(job_id))
+        return self._decode(data, job_id), data
+
+    def _decode(self, data: bytes | None, job_id: str) -> JobRecord | None:
+        if data is None:
+            return None
+        try:
+            return JobRecord.from_json(json.loads(data))
+        except (ValueError, KeyError, TypeError) as exc:
+            logger.error(
+                "The record of job #%s in %r is not readable - %s", job_id, self.driver, exc
+            )
+            return None
+
+    def _wait(self, job_id: str, seen: bytes | None, timeout_s: float) -> bytes | None:
+        with self.driver.translating(f"waiting on the record of job #{job_id}"):
+            return self._store.record_wait(_key(job_id), seen, timeout_s)
+
+    # Changing ----------------------------------------------------------------
+
+    def _change(
+        self,
+        job_id: str,
+        change: Callable[[JobRecord | None], JobRecord | None],
+    ) -> JobRecord | None:
+        """Apply ``change`` to the stored record by compare-and-set, again on a conflict.
+
+        ``change`` gets the record (None: none stored) and returns the new one,
+        or None to write nothing. Returns what is stored afterwards.
+        """
+        for _ in range(_MAX_ROUNDS):
+            record, data = self._read(job_id)
+            new = change(record)
+            if new is None:
+                return record
+            new = replace(new, forget_at=time.time() + new.ttl_s)
+            body = json.dumps(new.to_json(), separators=(",", ":")).encode()
+            with self.driver.translating(f"writing the record of job #{job_id}"):
+                if self._store.record_put(_key(job_id), body, new.ttl_s, data):
+                    return new
+        raise HermesError(
+            f"the record of job #{job_id} kept changing under {_MAX_ROUNDS} writes; "
+            "nothing was written"
+        )
+
+    def emitted(
+        self, message: Message, priority: int, *, expires_at: float | None = None
+    ) -> JobRecord | None:
+        """A new record for ``message``, just sent: waiting or scheduled.
+
+        Written only when the store has none: a worker that took the message
+        first has already written ``running``, and that stands.
+        """
+        scheduled = message.execute_at is not None and message.execute_at > time.time()
+
+        def change(record: JobRecord | None) -> JobRecord | None:
+            if record is not None:
+                return None
+            return JobRecord(
+                id=message.id,
+                type=message.type,
+                priority=priority,
+                state=JobState.SCHEDULED if scheduled else JobState.WAITING,
+                emitted_at=message.created,
+                expires_at=expires_at,
+                ttl_s=self.ttl_s,
+            )
+
+        return self._change(message.id, change)
+
+    def start(self, message: Message, priority: int, expires_at: float | None = None) -> Start:
+        """A worker took ``message``: run it, or skip it (cancelled, expired)."""
+        now = time.time()
+        decided: list[Start] = []
+
+        def change(record: JobRecord | None) -> JobRecord | None:
+            decided.clear()
+            if record is None:
+                record = JobRecord(
+                    id=message.id,
+                    type=message.type,
+                    priority=priority,
+                    state=JobState.WAITING,
+                    emitted_at=message.created,
+                    expires_at=expires_at,
+                    ttl_s=self.ttl_s,
+                )
+            if record.state is JobState.CANCELLED:
+                decided.append(Start(False, "cancelled", record))
+                return None
+            deadline = record.expires_at if record.expires_at is not None else expires_at
+            if deadline is not None and now > deadline:
+                decided.append(Start(False, "expired"))
+                return replace(record, state=JobState.EXPIRED, finished_at=now)
+            attempts = _kept((*record.attempts, Attempt(worker_name(), now)))
+            decided.append(Start(True))
+            return replace(
+                record,
+                state=JobState.RUNNING,
+                started_at=record.started_at if record.started_at is not None else now,
+                attempts=attempts,
+                retry_at=None,
+            )
+
+        stored = self._change(message.id, change)
+        start = decided[0]
+        return replace(start, record=stored)
+
+    def finish(
+        self,
+        message: Message,
+        outcome: str,
+        *,
+        state: JobState,
+        error: JobError | None = None,
+        result: Any = None,
+        has_result: bool = False,
+        retry_at: float | None = None,
+    ) -> JobRecord | None:
+        """The worker's last word on ``message``'s attempt: how it ended."""
+        if has_result:
+            result, error, state, outcome = _checked_result(result, error, state, outcome)
+            has_result = error is None or state is JobState.SUCCEEDED
+        now = time.time()
+
+        def change(record: JobRecord | None) -> JobRecord | None:
+            if record is None:
+                record = JobRecord(
+                    id=message.id,
+                    type=message.type,
+                    priority=None,
+                    state=JobState.RUNNING,
+                    emitted_at=message.created,
+                    attempts=(Attempt(worker_name(), now),),
+                    ttl_s=self.ttl_s,
+                )
+            attempts = list(record.attempts)
+            if attempts and attempts[-1].finished_at is None:
+                attempts[-1] = replace(attempts[-1], finished_at=now, outcome=outcome, error=error)
+            return replace(
+                record,
+                state=state,
+                finished_at=now,
+                attempts=tuple(attempts),
+                error=error if error is not None else record.error,
+                result=result if has_result else record.result,
+                has_result=has_result or record.has_result,
+                retry_at=retry_at,
+            )
+
+        return self._change(message.id, change)
+
+    def cancel(self, job_id: str) -> JobRecord:
+        """Cancel ``job_id``: waiting or scheduled, no handler will start it.
+
+        Failed and waiting for its retry: no retry starts. Running: the
+        cancel is noted in the record (``cancel_requested``) and the attempt
+        runs to its end. Already ended: nothing changes. Returns the record;
+        :class:`UnknownJobError` without one.
+        """
+        now = time.time()
+
+        def change(record: JobRecord | None) -> JobRecord | None:
+            if record is None:
+                raise UnknownJobError(f"no record of job #{job_id} in {self.driver!r}", None)
+            if record.state in (JobState.WAITING, JobState.SCHEDULED, JobState.FAILED):
+                return replace(record, state=JobState.CANCELLED, finished_at=now, retry_at=None)
+            if record.state is JobState.RUNNING and not record.cancel_requested:
+                return replace(record, cancel_requested=True)
+            return None
+
+        stored = self._change(job_id, change)
+        assert stored is not None  # change raised when there was none
+        return stored
+
+    def lost(self, job_id: str, live_workers: Iterable[str]) -> JobRecord | None:
+        """Mark ``job_id`` lost if it is running on a worker not among ``live_workers``.
+
+        ``live_workers`` are ``host:pid`` of the workers whose heartbeat is
+        alive. For at-most-once brokers, where a dead worker's job never comes back.
+        """
+        alive = set(live_workers)
+        now = time.time()
+
+        def change(record: JobRecord | None) -> JobRecord | None:
+            if record is None or record.state is not JobState.RUNNING or not record.attempts:
+                return None
+            if record.attempts[-1].worker in alive:
+                return None
+            attempts = list(record.attempts)
+            attempts[-1] = replace(attempts[-1], outcome="lost")
+            return replace(record, state=JobState.LOST, attempts=tuple(attempts), finished_at=now)
+
+        return self._change(job_id, change)
+
+    def close(self) -> None:
+        """Close the store's driver, when this object connected it from a URL."""
+        if self._owned:
+            self.driver.close()
+
+    def __repr__(self) -> str:
+        return f"<Jobs in {self.driver!r}>"
+
+
+def _key(job_id: str) -> str:
+    return f"job:{job_id}"
+
+
+def _kept(attempts: tuple[Attempt, ...]) -> tuple[Attempt, ...]:
+    # A job redelivered forever (a poison pill) must not grow its record forever.
+    if len(attempts) <= MAX_ATTEMPTS_KEPT:
+        return attempts
+    half = MAX_ATTEMPTS_KEPT // 2
+    return attempts[:half] + attempts[-half:]
+
+
+def _checked_result(
+    result: Any, error: JobError | None, state: JobState, outcome: str
+) -> tuple[Any, JobError | None, JobState, str]:
+    """``result`` if it is JSON within the limit; else the job's error, and no result."""
+    try:
+        encoded = json.dumps(result, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        why = f"the handler's result is not JSON: {exc}"
+        return None, JobError("hermes.core.SerializeError", why), JobState.GIVEN_UP, "bad_result"
+    if len(encoded) > MAX_RESULT_BYTES:
+        why = (
+            f"the handler's result is {len(encoded)} bytes as JSON, over the "
+            f"{MAX_RESULT_BYTES} bytes a record keeps; return less, or store it yourself"
+        )
+        return None, JobError("hermes.core.SerializeError", why), JobState.GIVEN_UP, "bad_result"
+    return result, error, state, outcome
+
+
+class JobHandle:
+    """One job, as the code that emitted it sees it: state, result, cancel."""
+
+    def __init__(self, jobs: Jobs, job_id: str) -> None:
+        self.jobs = jobs
+        #: The job's id (the message's).
+        self.id = job_id
+
+    def record(self) -> JobRecord | None:
+        """The record now; None when the store has none."""
+        return self.jobs.get(self.id)
+
+    @property
+    def state(self) -> JobState | None:
+        """The state now; None when the store has no record."""
+        record = self.record()
+        return record.state if record is not None else None
+
+    def cancel(self) -> JobRecord:
+        """See :meth:`Jobs.cancel`."""
+        return self.jobs.cancel(self.id)
+
+    def result(self, timeout: float | None = None) -> Any:
+        """What the job's handlers returned, once it succeeded; waits up to ``timeout`` s.
+
+        Raises :class:`JobResultError` when it ended otherwise (given up,
+        cancelled, expired, lost: the record's ``error`` says why),
+        :class:`UnknownJobError` when the store has no record, and
+        :class:`JobTimeoutError` when ``timeout`` passed first. Waiting does not
+        poll: the store wakes it (pub/sub, LISTEN/NOTIFY, a condition).
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        record, data = self.jobs._read(self.id)
+        while True:
+            if record is None:
+                raise UnknownJobError(
+                    f"no record of job #{self.id} in {self.jobs.driver!r}: emitted without "
+                    "records, or forgotten after its ttl",
+                    None,
+                )
+            if record.state.final:
+                return _result_of(record)
+            left = 60.0 if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                raise JobTimeoutError(
+                    f"job #{self.id} is still {record.state.value} after {timeout:g} s"
+                )
+            data = self.jobs._wait(self.id, data, min(left, 60.0))
+            record = self.jobs._decode(data, self.id)
+
+    async def result_async(self, timeout: float | None = None) -> Any:
+        """:meth:`result` for async code: the wait runs in a thread, the loop keeps serving."""
+        return await asyncio.to_thread(self.result, timeout)
+
+    def __repr__(self) -> str:
+        return f"<JobHandle #{self.id} in {self.jobs.driver!r}>"
+
+
+def _result_of(record: JobRecord) -> Any:
+    if record.state is JobState.SUCCEEDED:
+        return record.result
+    why = f": {record.error}" if record.error is not None else ""
+    raise JobResultError(f"job #{record.id} ({record.type}) {record.state.value}{why}", record)
