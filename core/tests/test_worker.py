@@ -401,3 +401,147 @@ def test_max_deliveries_on_a_driver_that_cannot_count_warns_once(
     assert "does not count deliveries" in hermes_log.text
     with pytest.raises(ValueError, match="max_deliveries must be an int >= 0"):
         Worker(driver, {}, max_deliveries=-1)
+
+
+# A consumer whose connection needs servicing while handlers run ------------------
+
+#: Long enough for what takes milliseconds on a slow shared machine.
+GENEROUS_S = 10.0
+
+
+class _ServicedConsumer(Consumer):
+    """A memory consumer that needs servicing: counts the calls, and any overlap with a receive."""
+
+    def __init__(self, inner: Consumer, fail: Exception | None = None) -> None:
+        self.inner = inner
+        self.fail = fail
+        self.lock = threading.Lock()
+        self.inside = 0
+        self.overlapped = False
+        self.services = 0
+        self.service_threads: set[int] = set()
+
+    @contextmanager
+    def _alone(self) -> Iterator[None]:
+        with self.lock:
+            self.inside += 1
+            self.overlapped = self.overlapped or self.inside > 1
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.inside -= 1
+
+    def receive(self, timeout_s: float) -> Received | None:
+        with self._alone():
+            return self.inner.receive(timeout_s)
+
+    def service(self) -> None:
+        with self._alone():
+            with self.lock:
+                self.services += 1
+                self.service_threads.add(threading.get_ident())
+            if self.fail is not None:
+                raise self.fail
+
+    def ack(self, received: Received) -> None:
+        self.inner.ack(received)
+
+    def release(self, received: Received) -> None:
+        self.inner.release(received)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class _ServicedDriver(MemoryDriver):
+    fail: Exception | None = None
+
+    def consumer(self, priorities: Any, *, concurrency: int = 1) -> Consumer:
+        self.made = _ServicedConsumer(
+            super().consumer(priorities, concurrency=concurrency), self.fail
+        )
+        return self.made
+
+
+def _wait_for(condition: Any) -> bool:
+    """Whether ``condition()`` held within :data:`GENEROUS_S` (handlers must not raise it)."""
+    deadline = time.monotonic() + GENEROUS_S
+    while not condition():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+@pytest.mark.parametrize("concurrency", [1, 3])
+def test_a_consumer_that_needs_it_is_serviced_while_every_handler_thread_is_busy(
+    broker_name: str, concurrency: int
+) -> None:
+    driver = _ServicedDriver(broker_name)
+    for n in range(concurrency):
+        driver.send(Message("long", {"n": n}))
+    busy = threading.Barrier(concurrency)
+    handler_threads: set[int] = set()
+    serviced: list[bool] = []
+
+    def long_job(message: Message) -> None:
+        handler_threads.add(threading.get_ident())
+        busy.wait(GENEROUS_S)  # every handler thread is in a handler now
+        seen = driver.made.services
+        serviced.append(_wait_for(lambda: driver.made.services >= seen + 3))
+
+    worker = Worker(
+        driver,
+        {"long": long_job},
+        concurrency=concurrency,
+        max_items=concurrency,
+        handle_signals=False,
+    )
+    stats = worker.run()
+
+    consumer = driver.made
+    assert serviced == [True] * concurrency, "not serviced while every handler thread was busy"
+    assert stats.processed == concurrency
+    assert [(q.ready, q.in_flight) for q in driver.queue_stats()] == [(0, 0)]
+    assert not consumer.overlapped, "service() ran while another thread was in the consumer"
+    assert consumer.service_threads.isdisjoint(handler_threads)
+    driver.teardown()
+
+
+def test_a_consumer_that_does_not_override_service_gets_no_servicing_thread(
+    driver: MemoryDriver,
+) -> None:
+    driver.send(Message("job"))
+    names: list[str] = []
+
+    def job(message: Message) -> None:
+        time.sleep(0.6)  # longer than a servicing interval; no timing is asserted
+        names.extend(thread.name for thread in threading.enumerate())
+
+    Worker(driver, {"job": job}, max_items=1, handle_signals=False).run()
+
+    assert names and "hermes-service" not in names
+
+
+def test_a_consumer_that_cannot_be_serviced_is_logged_once_and_the_run_goes_on(
+    broker_name: str, hermes_log: pytest.LogCaptureFixture
+) -> None:
+    from hermes.core import BrokerUnavailableError
+
+    driver = _ServicedDriver(broker_name)
+    driver.fail = BrokerUnavailableError("the connection is gone")
+    driver.send(Message("long"))
+
+    tried: list[bool] = []
+
+    def long_job(message: Message) -> None:
+        tried.append(_wait_for(lambda: driver.made.services >= 3))
+
+    stats = Worker(driver, {"long": long_job}, max_items=1, handle_signals=False).run()
+
+    assert tried == [True], "servicing was not tried several times"
+    assert stats.processed == 1
+    lines = [r for r in hermes_log.records if "keep the consumer's connection alive" in r.message]
+    assert len(lines) == 1 and "the connection is gone" in lines[0].getMessage()
+    driver.teardown()

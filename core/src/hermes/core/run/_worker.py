@@ -29,7 +29,14 @@ from hermes.core.model._errors import (
 )
 from hermes.core.model._message import Message
 from hermes.core.run._heartbeat import worker_fields
-from hermes.core.spi._consumer import IDLE_WAIT_S, Consumer, Received, _current, decode
+from hermes.core.spi._consumer import (
+    IDLE_WAIT_S,
+    SERVICE_INTERVAL_S,
+    Consumer,
+    Received,
+    _current,
+    decode,
+)
 from hermes.core.spi._driver import translated
 from hermes.core.spi._registry import notify, plugin_manager
 from hermes.core.spi._shutdown import Shutdown
@@ -409,12 +416,25 @@ class _Loop:
         self._hooks = plugin_manager().hook
 
     def run_serial(self) -> None:
-        stop = self.stop
-        while not stop.should_stop():
-            received = self.take()
-            if received is not None:
-                stop.started += 1
-                self.deliver(received)
+        stop, take, deliver = self.stop, self.take, self.deliver
+        # Held while this thread receives, and by the servicer while it services.
+        turn = threading.Lock()
+
+        def turn_for_service() -> bool:
+            if not turn.acquire(blocking=False):
+                return False  # this thread receives: it keeps the connection alive itself
+            if _handlers_busy(self):
+                return True
+            turn.release()
+            return False
+
+        with _Servicer.running(self, turn_for_service, turn.release):
+            while not stop.should_stop():
+                with turn:
+                    received = take()
+                if received is not None:
+                    stop.started += 1
+                    deliver(received)
 
     def take(self) -> Received | None:
         """One message from the consumer, unserialized; None when idle, poisoned or unreachable."""
@@ -579,6 +599,85 @@ class _Loop:
         return True
 
 
+def _handlers_busy(loop: _Loop) -> bool:
+    """Whether a handler has run for :data:`SERVICE_INTERVAL_S` (nobody received since)."""
+    now = time.time()
+    return any(now - since >= SERVICE_INTERVAL_S for _, _, since in loop.running.copy().values())
+
+
+class _Servicer:
+    """A thread that services the consumer while handlers run and no thread receives.
+
+    For a consumer that overrides :meth:`~hermes.core.driver.Consumer.service`
+    (pika answers heartbeats only from inside its calls): with every handler
+    thread in a long handler, nothing would call the client, the broker would
+    drop the connection after its heartbeat timeout, and the messages in the
+    handlers would be delivered again and never acknowledged. Every
+    :data:`SERVICE_INTERVAL_S` this thread asks ``take()`` for the consumer --
+    True once it holds it, as a receiving thread would, because no thread
+    receives and a handler runs -- services it and calls ``give_back()``.
+
+    A failure is one WARNING until servicing works again (the next receive
+    reconnects a lost connection); the thread goes on, since a servicer that
+    died silently would let every long handler run twice.
+    """
+
+    def __init__(
+        self, loop: _Loop, take: Callable[[], bool], give_back: Callable[[], None]
+    ) -> None:
+        self.loop = loop
+        self.take = take
+        self.give_back = give_back
+        self.failing = False
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="hermes-service", daemon=True)
+
+    @classmethod
+    @contextlib.contextmanager
+    def running(
+        cls, loop: _Loop, take: Callable[[], bool], give_back: Callable[[], None]
+    ) -> Iterator[None]:
+        """Service ``loop``'s consumer while the block runs, if it asks for it.
+
+        On leaving, waits for a service in progress: the consumer is closed after.
+        """
+        if type(loop.consumer).service is Consumer.service:
+            yield
+            return
+        servicer = cls(loop, take, give_back)
+        servicer._thread.start()
+        try:
+            yield
+        finally:
+            servicer._done.set()
+            servicer._thread.join()
+
+    def _run(self) -> None:
+        while not self._done.wait(SERVICE_INTERVAL_S):
+            if self.take():
+                try:
+                    self.service()
+                finally:
+                    self.give_back()
+
+    def service(self) -> None:
+        driver = self.loop.driver
+        try:
+            with driver.translating("servicing the consumer while handlers run"):
+                self.loop.consumer.service()
+        except Exception as exc:
+            if not self.failing:
+                logger.warning(
+                    "%r: could not keep the consumer's connection alive while handlers run - %s",
+                    driver,
+                    exc,
+                    exc_info=not isinstance(exc, DriverError),
+                )
+            self.failing = True
+        else:
+            self.failing = False
+
+
 #: A message whose handlers have run this long on the thread that took it is
 #: overtaken: an idle handler thread takes the consumer and the next message.
 OVERTAKE_AFTER_S = 0.001
@@ -607,6 +706,10 @@ class _ConcurrentRun:
     settle may come from any thread (see :class:`~hermes.core.driver.Consumer`).
     A thread receives only while it runs nothing, so at most ``concurrency``
     messages are off the broker at once (plus what a consumer prefetches).
+
+    While every thread runs a handler nothing receives; a consumer that needs
+    its client called meanwhile is serviced by a :class:`_Servicer`, which
+    takes the consumer like a thread that receives and gives it back at once.
 
     The calling thread receives nothing: it watches the stop conditions. When
     the run stops -- a stop condition, or a handle function that raised -- no
@@ -643,6 +746,28 @@ class _ConcurrentRun:
         self.abandoned = False
 
     def run(self) -> None:
+        with _Servicer.running(self.loop, self._take_for_service, self._give_back):
+            self._run()
+
+    def _take_for_service(self) -> bool:
+        """Hold the consumer for the servicer, if nobody receives and a handler runs."""
+        with self.turn:
+            since = self.busy_since
+            if (
+                self.holder is None
+                or (since is not None and time.monotonic() - since >= SERVICE_INTERVAL_S)
+            ) and self.loop.running:
+                self.holder, self.busy_since = threading.get_ident(), None
+                return True
+            return False
+
+    def _give_back(self) -> None:
+        with self.turn:
+            if self.holder == threading.get_ident():
+                self.holder = None
+            self.turn.notify_all()
+
+    def _run(self) -> None:
         threads = [
             threading.Thread(target=self._runner, name=f"hermes-handler-{i + 1}", daemon=True)
             for i in range(self.concurrency)

@@ -49,6 +49,10 @@ def set_current(received: Received) -> Callable[[], None]:
 #: max items at least this often, so a stop request is seen within about a second.
 IDLE_WAIT_S = 1.0
 
+#: How often the worker calls :meth:`Consumer.service` while every handler thread
+#: runs a handler: well inside any heartbeat timeout a broker sensibly asks for.
+SERVICE_INTERVAL_S = 0.25
+
 
 @dataclass(slots=True, eq=False)
 class Received:
@@ -125,6 +129,11 @@ class Consumer(ABC):
       once this worker is gone.
     * Nothing is taken far ahead of the handlers: a consumer that prefetches
       keeps its buffer small and gives it back in :meth:`close`.
+    * A client that keeps its connection alive only while it is called
+      (heartbeats answered from inside its calls, as pika does) overrides
+      :meth:`service`: while no thread receives -- every handler thread is in
+      a handler -- the worker calls it every :data:`SERVICE_INTERVAL_S` from a
+      thread of its own, which takes the consumer as a receiving thread does.
     """
 
     @abstractmethod
@@ -150,6 +159,18 @@ class Consumer(ABC):
         the broker can; the default deletes it (:meth:`ack`).
         """
         self.ack(received)
+
+    def service(self) -> None:  # noqa: B027 - most clients need no calls between receives
+        """Keep the connection alive while the handlers run; return without waiting.
+
+        Do what is due -- answer or send a heartbeat, read what the broker
+        sent, send the settles other threads queued -- and return at once.
+        Called only by a consumer that overrides it, from one thread at a
+        time and never while another receives, as :meth:`receive` is; never
+        before the first receive nor after :meth:`close`. A lost connection
+        raises as :meth:`receive` would: core logs it once and goes on, and
+        the next :meth:`receive` connects again.
+        """
 
     def close(self) -> None:  # noqa: B027 - many consumers hold nothing of their own
         """End the run: give back what was prefetched and never handed out, leave groups,

@@ -67,7 +67,7 @@ class RabbitMqConsumer(Consumer):
       At prefetch 50 that is one frame per 25 messages instead of 25. A
       requeue or a reject goes out at once.
     * pika's connection is not thread-safe. The thread that last called
-      :meth:`receive` (or :meth:`close`) owns it; :meth:`ack`,
+      :meth:`receive` (or :meth:`service` or :meth:`close`) owns it; :meth:`ack`,
       :meth:`release` and :meth:`reject` go through core's
       :class:`~hermes.core.driver.Handover`: on that thread they settle at
       once; from another thread they are queued for it and wake it
@@ -76,6 +76,10 @@ class RabbitMqConsumer(Consumer):
       connection since lost is not settled on the new one (its tag means
       nothing there): it is skipped with an INFO line, and RabbitMQ, which
       requeued it when the old connection closed, delivers it again.
+    * While every handler thread of the worker runs a handler, core calls
+      :meth:`service` a few times a second: it sends the acknowledgements
+      that wait and lets pika read the socket and send its heartbeats, so a
+      handler may run far longer than the connection's heartbeat timeout.
     * :meth:`close` (after the last receive) sends what other threads
       settled, requeues what was delivered but never handed out, and closes
       the connection. A delivery still held (its handler outlived the
@@ -125,6 +129,21 @@ class RabbitMqConsumer(Consumer):
             # Core says what it means (a lost channel or connection: unavailable);
             # either way this session is done, and the next receive opens another.
             self._sessions.discard()
+            raise
+
+    def service(self) -> None:
+        # The worker calls this while every handler thread runs a handler: pika
+        # sends and answers heartbeats only from inside its calls.
+        self._handover.claim()
+        self._handover.run_pending(self._not_settled)
+        session = self._sessions.peek()
+        if session is None or session.lost is not None:
+            return  # nothing to keep alive: the next receive connects
+        try:
+            session.send_acks()
+            session.connection.process_data_events(time_limit=0)
+        except pika_exc.AMQPError as exc:
+            session.lost = exc
             raise
 
     def ack(self, received: Received) -> None:

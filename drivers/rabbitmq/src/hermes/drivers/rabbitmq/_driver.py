@@ -178,10 +178,11 @@ class LazyRabbitMqDriver(Driver):
       thread, and a new one after the broker was lost.
     * ``put()`` is thread-safe (one publishing connection per process,
       behind a lock) and fork-safe (a child opens its own connections).
-    * pika answers heartbeats only while the worker waits for the broker: a
-      handler that runs longer than the heartbeat timeout (60 s unless the
-      URL says ``heartbeat=``) loses the connection, and its message is
-      delivered again. Raise ``heartbeat`` for long handlers.
+    * pika answers heartbeats only from inside its calls: while every
+      handler thread runs a handler, core's worker calls the consumer a few
+      times a second to keep the connection alive, so handlers may run far
+      longer than the heartbeat timeout (60 s unless the URL says
+      ``heartbeat=``).
     """
 
     capabilities = CAPABILITIES
