@@ -20,8 +20,8 @@ import pytest
 from dash_support import eventually
 
 from hermes.core import FailedMessage, FailedStore, Message
-from hermes.core._registry import driver_for_url
 from hermes.core.driver import MemoryDriver
+from hermes.core.spi._registry import driver_for_url
 from hermes.dashboard import Hosts, create_app
 from hermes.dashboard._app import MAX_BODY_BYTES, SECURITY_HEADERS, _when
 from hermes.dashboard._state import Dashboard
