@@ -229,7 +229,8 @@ def test_messages_emitted_before_the_worker_starts_are_handled_and_counted(
 ) -> None:
     one = hermes("emit", "--url", queue_url, "job", '{"n": 1}', cwd=project)
     assert one.returncode == 0, one.stderr
-    assert re.match(r"Emitted message #[0-9a-f-]{36} \(job\) priority:100 to file://", one.stdout)
+    assert re.fullmatch(r"[0-9a-f-]{36}\n", one.stdout)
+    assert re.match(r"Emitted message #[0-9a-f-]{36} \(job\) priority:100 to file://", one.stderr)
     piped = hermes("emit", "--url", queue_url, "job", "-", cwd=project, input='{"n": 2}\n')
     assert piped.returncode == 0, piped.stderr
 
@@ -420,7 +421,7 @@ def test_the_worker_and_emit_name_the_redis_key_they_use(
         client.delete(*(client.keys(f"{prefix}*") or [f"{prefix}none"]))
         client.close()
 
-    assert f"priority:100 ({prefix}{key}) to redis://" in emitted.stdout
+    assert f"priority:100 ({prefix}{key}) to redis://" in emitted.stderr
     assert f"Reading priority 100 ({prefix}{key})" in worker.stderr
 
 
@@ -433,7 +434,7 @@ def test_a_delayed_emit_carries_its_execute_at_and_is_handled_no_sooner(
     at = hermes("emit", "--url", queue_url, "job", '{"name": "at"}', "--at",
                 "2001-02-03T04:05:06+00:00", cwd=project)  # fmt: skip
     assert delayed.returncode == 0 and at.returncode == 0, delayed.stderr + at.stderr
-    assert re.search(r"priority:100, execute_at \d\d:\d\d:\d\d to file://", delayed.stdout)
+    assert re.search(r"priority:100, execute_at \d\d:\d\d:\d\d to file://", delayed.stderr)
 
     worker = hermes(
         "worker", "--url", queue_url, "--handlers", "jobs:register", "--max-items", "2", cwd=project
@@ -450,10 +451,12 @@ def test_count_emits_that_many_messages_and_reports_the_rate(project: Path, queu
     emitted = hermes("emit", "--url", queue_url, "job", '{"bulk": true}', "--count", "250",
                      cwd=project)  # fmt: skip
     assert emitted.returncode == 0, emitted.stderr
-    assert re.fullmatch(
+    assert re.search(
         r"Emitted 250 messages \(job\) priority:100 to file://\S+ in \d+\.\d\d s: [\d,]+ msg/s\n",
-        emitted.stdout,
+        emitted.stderr,
     )
+    ids = emitted.stdout.split()
+    assert len(ids) == len(set(ids)) == 250
 
     worker = hermes(
         "worker", "--url", queue_url, "--handlers", "jobs:register", "--max-items", "250", "-q",
@@ -471,11 +474,11 @@ def test_the_url_defaults_to_hermes_url_then_a_queue_in_the_current_directory(
 ) -> None:
     local = hermes("emit", "job", '{"name": "local"}', cwd=project)
     assert local.returncode == 0, local.stderr
-    assert f"to {(project / 'hermes-queue').as_uri()}" in local.stdout
+    assert f"to {(project / 'hermes-queue').as_uri()}" in local.stderr
     elsewhere = (tmp_path / "elsewhere").as_uri()
     env = hermes("emit", "job", '{"name": "env"}', cwd=project, env={"HERMES_URL": elsewhere})
     assert env.returncode == 0, env.stderr
-    assert f"to {elsewhere}" in env.stdout
+    assert f"to {elsewhere}" in env.stderr
 
     worker = hermes("worker", "--handlers", "jobs:register", "--max-items", "1", cwd=project)
 
@@ -507,7 +510,7 @@ def test_emit_queue_sends_to_the_set_a_php_deployment_named(
                      cwd=project)  # fmt: skip
 
     assert emitted.returncode == 0, emitted.stderr
-    assert f"priority:200 ({high}) to redis://" in emitted.stdout
+    assert f"priority:200 ({high}) to redis://" in emitted.stderr
     client = redis.Redis.from_url(url.split("?")[0])
     try:
         [body] = client.smembers(high)
@@ -561,7 +564,7 @@ def test_emit_to_a_priority_the_url_names_is_sent(tmp_path: Path) -> None:
         cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    assert "priority:200 (high)" in result.stdout
+    assert "priority:200 (high)" in result.stderr
 
 
 def test_a_queue_that_contradicts_the_url_is_refused_in_one_line(tmp_path: Path) -> None:

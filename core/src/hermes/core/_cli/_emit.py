@@ -26,9 +26,10 @@ from hermes.core._cli._common import (
     setup_priorities,
     whole_number,
 )
-from hermes.core.app._emitter import Emitter
+from hermes.core._cli._jobs import RESULTS_URL_ENV, add_results_url, open_jobs, results_url
+from hermes.core.app._emitter import Emitter, expiring
 from hermes.core.model._message import Message
-from hermes.core.spi._driver import DEFAULT_PRIORITY, Delay, Driver, SupportsClaim
+from hermes.core.spi._driver import DEFAULT_PRIORITY, Delay, SupportsClaim
 from hermes.core.spi._registry import connect
 from hermes.core.spi._url import redact_url
 
@@ -97,6 +98,19 @@ def add_parser(commands: Commands) -> None:
         "or memory://)",
     )
     emit.add_argument("--unique-key", metavar="KEY", help="with --unique-for: what makes it unique")
+    emit.add_argument(
+        "--expires-in",
+        type=seconds,
+        metavar="SECONDS",
+        help="a worker that takes the message later than SECONDS from now acknowledges it "
+        "without running a handler (with records on: recorded as expired)",
+    )
+    add_results_url(
+        emit,
+        "start each message's job record in this store (waiting, or scheduled), to follow "
+        f"it with hermes job ID (default: ${RESULTS_URL_ENV}; unset: no record until a worker "
+        "with --results-url takes it)",
+    )
     add_verbosity(emit)
     emit.set_defaults(run=run)
 
@@ -211,62 +225,92 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
         due = f", execute_at {clock(execute_at)}" if execute_at is not None else ""
-        if args.unique_for is not None:
-            return _emit_unique(driver, first, priority, args, f"{shown}{due} to {redact_url(url)}")
-        if args.count == 1:
-            Emitter(driver).emit(first, priority)
+        records_url = results_url(args, required=False)
+        records = open_jobs(records_url) if records_url is not None else None
+        try:
+            emitter = Emitter(driver, records=records)
+            if args.unique_for is not None:
+                where = f"{shown}{due} to {redact_url(url)}"
+                return _emit_unique(emitter, first, priority, args, where)
+            if args.count == 1:
+                emitter.emit(first, priority, expires_in=args.expires_in)
+                print(first.id, flush=True)  # stdout holds the id alone: id=$(hermes emit ...)
+                if args.verbose - args.quiet >= 0:
+                    print(
+                        f"Emitted message #{first.id} ({first.type}) {shown}{due} to "
+                        f"{redact_url(url)}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                return 0
+            started = time.monotonic()
+            _emit_many(emitter, first, args.count, priority, args.expires_in)
+            elapsed = max(time.monotonic() - started, 1e-9)
             print(
-                f"Emitted message #{first.id} ({first.type}) {shown}{due} to {redact_url(url)}",
+                f"Emitted {args.count} messages ({first.type}) {shown}{due} "
+                f"to {redact_url(url)} in {elapsed:.2f} s: {args.count / elapsed:,.0f} msg/s",
+                file=sys.stderr,
                 flush=True,
             )
-            return 0
-        started = time.monotonic()
-        _emit_many(driver, first, args.count, priority)
-        elapsed = max(time.monotonic() - started, 1e-9)
-        print(
-            f"Emitted {args.count} messages ({first.type}) {shown}{due} "
-            f"to {redact_url(url)} in {elapsed:.2f} s: {args.count / elapsed:,.0f} msg/s",
-            flush=True,
-        )
+        finally:
+            if records is not None:
+                records.close()
     return 0
 
 
 def _emit_unique(
-    driver: Driver, message: Message, priority: int, args: argparse.Namespace, where: str
+    emitter: Emitter, message: Message, priority: int, args: argparse.Namespace, where: str
 ) -> int:
     """``--unique-for``: emit unless the key was emitted within the window; exit 0 either way."""
     if args.count != 1:
         raise CliError("--unique-for emits one message: leave out --count")
+    driver = emitter.driver
     if not isinstance(driver, SupportsClaim):
         raise CliError(
             f"--unique-for needs a broker that can claim keys (redis://, file://, postgresql://); "
             f"{type(driver).__name__} cannot"
         )
     key = args.unique_key or message.id
-    if Emitter(driver).emit(message, priority, unique_for=args.unique_for, unique_key=key):
-        print(f"Emitted message #{message.id} ({message.type}) {where}", flush=True)
+    if emitter.emit(
+        message,
+        priority,
+        unique_for=args.unique_for,
+        unique_key=key,
+        expires_in=args.expires_in,
+    ):
+        print(message.id, flush=True)
+        print(f"Emitted message #{message.id} ({message.type}) {where}", file=sys.stderr)
     else:
+        # Nothing on stdout: no message was sent, so there is no id to follow.
         print(
             f"Skipped message #{message.id} ({message.type}): unique:{message.type}:{key} was "
             f"emitted in the last {args.unique_for:g} s",
+            file=sys.stderr,
             flush=True,
         )
     return 0
 
 
-def _emit_many(driver: Driver, first: Message, count: int, priority: int) -> None:
-    """Send ``first`` and ``count - 1`` copies with fresh ids, in batches when the driver can."""
-    emitter = Emitter(driver)
+def _emit_many(
+    emitter: Emitter, first: Message, count: int, priority: int, expires_in: float | None
+) -> None:
+    """Send ``first`` and ``count - 1`` copies with fresh ids, in batches; print each id."""
+    if expires_in is not None:
+        first = expiring(first, expires_in)
     batch_size = BATCH_SIZE
     messages = itertools.chain(
         [first],
-        (Message(first.type, first.payload, execute_at=first.execute_at) for _ in range(count - 1)),
+        (
+            Message(first.type, first.payload, execute_at=first.execute_at, headers=first.headers)
+            for _ in range(count - 1)
+        ),
     )
     progress = _Progress(count)
     started = last_report = time.monotonic()
     sent = 0
     while batch := list(itertools.islice(messages, batch_size)):
         emitter.emit_batch(batch, priority)
+        print("\n".join(message.id for message in batch), flush=True)
         sent += len(batch)
         now = time.monotonic()
         if now - last_report >= PROGRESS_EVERY_S:

@@ -95,7 +95,7 @@ class Emitter:
         (and its retry copies) carry it to any worker.
         """
         if expires_in is not None:
-            message = _expiring(message, expires_in)
+            message = expiring(message, expires_in)
         if unique_for is None:
             if unique_key is not None:
                 raise ValueError("unique_key needs unique_for=seconds")
@@ -203,7 +203,8 @@ class Emitter:
         )
 
 
-def _expiring(message: Message, expires_in: float) -> Message:
+def expiring(message: Message, expires_in: float) -> Message:
+    """A copy of ``message`` that expires ``expires_in`` seconds from now (a header)."""
     if isinstance(expires_in, bool) or not isinstance(expires_in, int | float):
         raise ValueError(f"expires_in must be a number of seconds, got {expires_in!r}")
     if not expires_in > 0:

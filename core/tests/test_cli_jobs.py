@@ -1,0 +1,153 @@
+"""``hermes job``, ``hermes jobs``, ``hermes cancel`` and ``--results-url`` on emit and worker."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+import textwrap
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hermes.core.cli import main
+
+_modules = itertools.count()
+
+
+@pytest.fixture
+def names() -> tuple[str, str]:
+    """A queue URL and a records URL of the test's own (memory://, so in this process)."""
+    tag = uuid.uuid4().hex
+    return f"memory://queue-{tag}", f"memory://records-{tag}"
+
+
+@pytest.fixture
+def handlers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A handlers module in the current directory: ``total`` returns a Result, ``boom`` raises."""
+    monkeypatch.chdir(tmp_path)
+    name = f"cli_jobs_{next(_modules)}"
+    (tmp_path / f"{name}.py").write_text(
+        textwrap.dedent(
+            """
+            from hermes.core import Result
+
+            def total(message):
+                return Result(sum(message.payload["items"]))
+
+            def boom(message):
+                raise RuntimeError("card declined")
+
+            HANDLERS = {"total": total, "boom": boom}
+            """
+        )
+    )
+    yield f"{name}:HANDLERS"
+    sys.modules.pop(name, None)
+
+
+def emit(capsys: pytest.CaptureFixture[str], queue: str, records: str, *argv: str) -> str:
+    assert main(["emit", "--url", queue, "--results-url", records, *argv]) == 0
+    out = capsys.readouterr().out
+    return out.strip()
+
+
+def test_an_emitted_job_is_waiting_then_its_result_shows_after_the_worker(
+    capsys: pytest.CaptureFixture[str], names: tuple[str, str], handlers: str
+) -> None:
+    queue, records = names
+    job_id = emit(capsys, queue, records, "total", '{"items": [1, 2, 3]}')
+
+    assert main(["job", job_id, "--results-url", records]) == 0
+    assert "state      waiting" in capsys.readouterr().out
+
+    argv = ["worker", "--url", queue, "--handlers", handlers, "--max-items", "1", "-q"]
+    assert main([*argv, "--results-url", records]) == 0
+    capsys.readouterr()
+    assert main(["job", job_id, "--results-url", records, "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert (record["state"], record["result"], len(record["attempts"])) == ("succeeded", 6, 1)
+
+
+def test_a_failed_job_shows_its_exception_class_and_message(
+    capsys: pytest.CaptureFixture[str], names: tuple[str, str], handlers: str
+) -> None:
+    queue, records = names
+    job_id = emit(capsys, queue, records, "boom", "{}")
+    argv = ["worker", "--url", queue, "--handlers", handlers, "--max-items", "1", "-q"]
+    assert main([*argv, "--results-url", records]) == 0
+    capsys.readouterr()
+
+    assert main(["job", job_id, "--results-url", records]) == 0
+    shown = capsys.readouterr().out
+    assert "state      given_up" in shown
+    assert "builtins.RuntimeError: card declined" in shown
+    assert "Traceback (most recent call last)" in shown
+
+    assert main(["jobs", "--results-url", records, "--state", "given_up"]) == 0
+    listed = capsys.readouterr()
+    assert job_id in listed.out and "card declined" in listed.out
+    assert "1 job" in listed.err
+
+
+def test_a_cancelled_job_is_acknowledged_unrun_and_listed_as_cancelled(
+    capsys: pytest.CaptureFixture[str], names: tuple[str, str], handlers: str
+) -> None:
+    queue, records = names
+    job_id = emit(capsys, queue, records, "boom", "{}")
+
+    assert main(["cancel", job_id, "--results-url", records]) == 0
+    assert "cancelled: no handler will start it" in capsys.readouterr().out
+    argv = ["worker", "--url", queue, "--handlers", handlers, "--max-items", "1"]
+    assert main([*argv, "--results-url", records]) == 0
+    worker = capsys.readouterr()
+    assert "card declined" not in worker.err
+    assert "was cancelled: acknowledged without running a handler" in worker.err
+
+    assert main(["jobs", "--results-url", records, "--json"]) == 0
+    (line,) = capsys.readouterr().out.splitlines()
+    assert json.loads(line)["state"] == "cancelled"
+
+
+def test_an_unknown_id_and_a_store_that_cannot_keep_records_are_one_line_mistakes(
+    capsys: pytest.CaptureFixture[str], names: tuple[str, str]
+) -> None:
+    _, records = names
+
+    assert main(["job", "nope", "--results-url", records]) == 2
+    unknown = capsys.readouterr().err
+    assert unknown.startswith("hermes: error: no record of job #nope") and unknown.count("\n") == 1
+
+    assert main(["cancel", "nope", "--results-url", records]) == 2
+    assert "no record of job #nope" in capsys.readouterr().err
+
+    rabbit = "amqp://guest:secret@127.0.0.1:5672/?queue=jobs"
+    assert main(["jobs", "--results-url", rabbit]) == 2
+    refused = capsys.readouterr().err
+    assert "cannot keep job records; name a store that can" in refused
+    assert "secret" not in refused and refused.count("\n") == 1
+
+
+def test_a_records_command_without_a_store_says_where_to_name_one(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("HERMES_RESULTS_URL", raising=False)
+
+    assert main(["jobs"]) == 2
+    assert "--results-url URL (or $HERMES_RESULTS_URL)" in capsys.readouterr().err
+
+
+def test_emit_prints_the_id_alone_so_a_script_can_keep_it(
+    capsys: pytest.CaptureFixture[str], names: tuple[str, str]
+) -> None:
+    queue, _ = names
+    assert main(["emit", "--url", queue, "job", "-q"]) == 0
+    quiet = capsys.readouterr()
+    assert len(quiet.out.strip()) == 36 and quiet.err == ""
+
+    assert main(["emit", "--url", queue, "job", "--count", "3"]) == 0
+    many = capsys.readouterr()
+    assert len(set(many.out.split())) == 3
+    assert "Emitted 3 messages" in many.err
