@@ -227,6 +227,20 @@ def test_a_sweep_removes_expired_records_and_keeps_live_ones(store: FileSystemDr
     assert record_files(store) == ["k=job:long"]
 
 
+def test_writers_sweep_out_expired_records_nobody_reads_again(
+    store: FileSystemDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_records, "SWEEP_INTERVAL_S", 0.0)  # a sweep is due at every write
+    assert store.record_put("job:short", b"v", 0.05, None)
+    writes = iter(range(1_000_000))
+
+    def written_and_swept() -> bool:
+        assert store.record_put(f"job:{next(writes)}", b"v", 60, None)
+        return "k=job:short" not in record_files(store)
+
+    assert eventually(written_and_swept, "a write to sweep job:short out")
+
+
 def test_teardown_deletes_the_records(store: FileSystemDriver) -> None:
     assert store.record_put("job:1", b"v", 60, None)
     store.teardown()

@@ -25,12 +25,15 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import logging
 import os
 import time
 import uuid
 from collections.abc import Iterator
 
 from hermes.drivers.filesystem._claim import key_file_name
+
+logger = logging.getLogger("hermes.drivers.filesystem")
 
 #: The directory under the queue directory.
 RECORDS_DIR = "records"
@@ -78,7 +81,11 @@ def put(
         if _current(directory, name) != expect:
             return False
         _write(directory, name, body, fsync)
-    _maybe_sweep(directory)
+    try:
+        _maybe_sweep(directory)
+    except OSError as exc:
+        # The record is written: a failed clean-up must not report it lost.
+        logger.warning("could not sweep expired job records in %s - %s", directory, exc)
     return True
 
 
@@ -226,10 +233,10 @@ def _open_lock(directory: str, lock_name: str) -> int:
     locks_dir = os.path.join(directory, ".locks")
     path = os.path.join(locks_dir, lock_name)
     try:
-        return os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        return os.open(path, os.O_RDONLY | os.O_CREAT, 0o666)
     except FileNotFoundError:
         os.makedirs(locks_dir, exist_ok=True)
-        return os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        return os.open(path, os.O_RDONLY | os.O_CREAT, 0o666)
 
 
 def _maybe_sweep(directory: str) -> None:
