@@ -58,7 +58,7 @@ def claim(queue_dir: str, key: str, ttl_s: float) -> bool:
     if not ttl_s > 0:
         raise ValueError(f"a claim's ttl_s must be > 0, got {ttl_s!r}")
     directory = os.path.join(queue_dir, CLAIMS_DIR)
-    path = os.path.join(directory, _file_name(key))
+    path = os.path.join(directory, key_file_name(key))
     prepared = _prepare(directory, time.time() + ttl_s)
     try:
         for _ in range(_ATTEMPTS):
@@ -78,7 +78,8 @@ def claim(queue_dir: str, key: str, ttl_s: float) -> bool:
         _maybe_sweep(directory)
 
 
-def _file_name(key: str) -> str:
+def key_file_name(key: str) -> str:
+    """``key`` as a file name: ``k=`` and the key percent-encoded (``h=`` and a hash if long)."""
     name = "k=" + quote(key, safe="@:-_+=,")
     if len(name) > _MAX_NAME:
         name = "h=" + hashlib.sha256(key.encode()).hexdigest()

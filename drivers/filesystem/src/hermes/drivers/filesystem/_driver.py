@@ -31,7 +31,7 @@ from hermes.core.driver import (
     QueueStats,
     Received,
 )
-from hermes.drivers.filesystem import _claim, _heartbeat
+from hermes.drivers.filesystem import _claim, _heartbeat, _records
 from hermes.drivers.filesystem._capabilities import CAPABILITIES
 from hermes.drivers.filesystem._names import SCHEME, QueuedName, next_name, parse
 from hermes.drivers.filesystem._worker import LOCK_NAME, WorkerClaims, recover_dead_workers
@@ -54,6 +54,8 @@ _NO_HARD_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK, er
 #: OS errors no retry fixes, beyond PermissionError and NotADirectoryError: a
 #: read-only mount. The worker stops and says so.
 _REFUSED_ERRNOS = {errno.EROFS}
+#: How often (at least) record_wait() reads the record again: a file has no notification.
+_RECORD_POLL_S = 0.05
 #: OS errors that often pass and are no fault of the queue (out of file
 #: descriptors, memory or space, a flaky disk): a worker backs off and tries again.
 _PASSING_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOSPC, errno.EIO, errno.EBUSY}
@@ -69,6 +71,9 @@ class FileSystemDriver(Driver):
         processing/   processing/<worker-id>/: files a live worker has claimed
         quarantine/   files found in new/ that are not Hermes messages, each with
                       a <name>.reason text file saying why
+        claims/       claims of keys (see ``SupportsClaim``), one file each
+        workers/      heartbeats of running workers, one JSON file each
+        records/      job records (``SupportsRecords``), one file per job
 
     :meth:`put` writes each body (serialized by core) to a file in ``tmp/``
     and renames it into ``new/`` (atomic;
@@ -408,6 +413,7 @@ class FileSystemDriver(Driver):
                 self.quarantine_dir,
                 self._tmp_dir,
                 workers_dir,
+                os.path.join(self.path, _records.RECORDS_DIR),
             ):
                 _remove_tree(path)
             try:
@@ -437,6 +443,30 @@ class FileSystemDriver(Driver):
     def heartbeats(self) -> list[dict[str, Any]]:
         with self.translating("listing heartbeats"):
             return _heartbeat.heartbeats(self.path)
+
+    # Job records: files in records/, see ._records and SupportsRecords ---------
+
+    def record_get(self, key: str) -> bytes | None:
+        return _records.get(self.path, key)
+
+    def record_put(self, key: str, value: bytes, ttl_s: float, expect: bytes | None) -> bool:
+        """Compare-and-set under a ``flock``; the write is a rename, flushed with ``fsync``."""
+        return _records.put(self.path, key, value, ttl_s, expect, fsync=self.fsync)
+
+    def record_wait(self, key: str, seen: bytes | None, timeout_s: float) -> bytes | None:
+        """Reads the record every 50 ms (or ``poll_interval_s`` if longer) until it changes."""
+        interval_s = max(_RECORD_POLL_S, self.poll_interval_s)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            current = _records.get(self.path, key)
+            left = deadline - time.monotonic()
+            if current != seen or left <= 0:
+                return current
+            time.sleep(min(interval_s, left))
+
+    def record_scan(self, limit: int) -> list[bytes]:
+        """Newest first by the files' mtimes; only as many files read as ``limit`` needs."""
+        return _records.scan(self.path, limit)
 
 
 class _FileConsumer(Consumer):
