@@ -353,6 +353,8 @@ def test_a_handler_raising_runtime_error_then_giving_up_keeps_its_class_message_
     assert (raised.exception_class, raised.message) == ("builtins.RuntimeError", "card declined")
     assert "in raise_card_declined" in raised.traceback
     assert raised.traceback.rstrip().endswith("RuntimeError: card declined")
+    frames = [line for line in raised.traceback.splitlines() if line.startswith("  File ")]
+    assert frames[0].endswith(", in charge"), "it starts at the handler, not in the Dispatcher"
     assert raised.handler.endswith("charge")
 
 
@@ -524,3 +526,26 @@ def test_exceptions_that_are_not_records_are_skipped_when_reading() -> None:
     read = FailedMessageSerializer().unserialize(json.dumps({"message": body}))
 
     assert read.exceptions == (ExceptionRecord("builtins.KeyError", "", "", ""),)
+
+
+def test_a_time_limit_hermes_raised_keeps_its_whole_traceback(
+    driver: MemoryDriver, store: FailedStore
+) -> None:
+    import time
+
+    def slow(message: Message) -> None:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # short sleeps: the time limit interrupts between
+            time.sleep(0.01)
+
+    dispatcher = Dispatcher(driver, failed=store, time_limit_s=0.05)
+    dispatcher.register_handler("slow", slow)
+
+    dispatcher.handle_message(Message("slow"), DEFAULT_PRIORITY)
+
+    (kept,) = store.messages()
+    assert kept.exception is not None
+    assert kept.exception.exception_class.endswith(".TimeLimitExceeded")
+    assert "timed out after 0.05 s" in kept.exception.message
+    assert "Traceback (most recent call last):" in kept.exception.traceback
+    assert ", in call_handler\n" in kept.exception.traceback, "no frame of its own: kept whole"

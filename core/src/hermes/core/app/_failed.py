@@ -25,6 +25,7 @@ import time
 from collections.abc import Collection, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from traceback import format_exception
+from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from hermes.core.model._errors import DeliveryError, NotSupportedError, SerializeError
@@ -67,9 +68,10 @@ class ExceptionRecord:
     exception_class: str
     #: ``str(exception)``, at most :data:`MAX_EXCEPTION_MESSAGE_CHARS` (a cut says so).
     message: str
-    #: The formatted traceback (chained exceptions included), at most
-    #: :data:`MAX_TRACEBACK_CHARS`: the outermost frames go first, and a line
-    #: at the top says how much was cut.
+    #: The formatted traceback (chained exceptions included), from the
+    #: handler's frame in (the Dispatcher's frames above it are left out), at
+    #: most :data:`MAX_TRACEBACK_CHARS`: the outermost frames go first, and a
+    #: line at the top says how much was cut.
     traceback: str = ""
     #: The handler that raised it, as log lines name it (``"SendEmail"``); "" when unknown.
     handler: str = ""
@@ -82,7 +84,7 @@ class ExceptionRecord:
             text = str(exc)
         except Exception as str_exc:  # the handler's own __str__ is user code
             text = f"<str() of the exception raised {type(str_exc).__name__}>"
-        lines = format_exception(exc)
+        lines = format_exception(kind, exc, _from_the_handler(exc.__traceback__))
         return cls(
             exception_class=f"{kind.__module__}.{kind.__qualname__}",
             message=_bounded_head(text, MAX_EXCEPTION_MESSAGE_CHARS),
@@ -115,6 +117,21 @@ class ExceptionRecord:
             return item if isinstance(item, str) else ""
 
         return cls(value["class"], text("message"), text("traceback"), text("handler"))
+
+
+def _from_the_handler(tb: TracebackType | None) -> TracebackType | None:
+    """``tb`` without its outermost frames in Hermes's own code (the dispatch down to the handler).
+
+    Every handler's traceback starts with the same Dispatcher frames; the
+    reader wants the handler's. Kept whole when no other frame is left (an
+    exception Hermes raised itself, such as a time limit).
+    """
+    inner = tb
+    while inner is not None and inner.tb_frame.f_globals.get("__name__", "").startswith(
+        "hermes.core."
+    ):
+        inner = inner.tb_next
+    return inner if inner is not None else tb
 
 
 def _bounded_head(text: str, limit: int) -> str:
