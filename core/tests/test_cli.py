@@ -53,6 +53,15 @@ class Flaky(RetryMixin, RetryableHandler):
         raise RuntimeError("flaky handler failed on purpose")
 
 
+class CardDeclined(Exception):
+    pass
+
+
+def charge_card(message):
+    """Never retried: a function without max_retry goes to the store at its first failure."""
+    raise CardDeclined(f"card declined for order {message.payload['order']}")
+
+
 class Picky(Record):
     """Declines (returns False) until a file called "fixed" is in the current directory."""
 
@@ -64,6 +73,7 @@ def register(dispatcher):
     dispatcher.register_handler("job", Record())
     dispatcher.register_handler("flaky", Flaky())
     dispatcher.register_handler("picky", Picky())
+    dispatcher.register_handler("charge", charge_card)
 
 
 HANDLERS = {"job": Record, "flaky": [Flaky()]}
@@ -630,13 +640,14 @@ def test_a_message_given_up_on_is_listed_retried_and_then_handled(
     listed = hermes("failed", *store, "list", cwd=project)
     assert listed.returncode == 0, listed.stderr
     header, row, count = listed.stdout.splitlines()
-    assert header.split() == ["ID", "TYPE", "RETRIES", "FAILED", "AT", "REASON"]
-    message_id, type_, retries, day, moment, *reason = row.split()
+    assert header.split() == ["ID", "TYPE", "RETRIES", "FAILED", "AT", "REASON", "EXCEPTION"]
+    message_id, type_, retries, day, moment, *reason, raised = row.split()
     assert (type_, retries) == ("picky", "0")
     assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", f"{day} {moment}")
     assert " ".join(reason) == (
         "Picky: it returned False (a handler that returns False is never retried)"
     )
+    assert raised == "-", "returning False raises nothing"
     assert count.startswith("1 failed message in ")
 
     (project / "fixed").touch()
@@ -655,6 +666,89 @@ def test_a_message_given_up_on_is_listed_retried_and_then_handled(
     assert [(r["id"], r["payload"], r["retries"]) for r in handled(project)] == [
         (message_id, {"n": 7}, 0)
     ]
+
+
+def test_failed_list_and_show_name_the_exception_a_handler_raised_and_show_its_traceback(
+    project: Path, queue_url: str, failed_url: str
+) -> None:
+    seed(queue_url, ("charge", {"order": 7}, 100))
+    worker = hermes(
+        "worker", "--url", queue_url, "--handlers", "jobs:register", "--max-items", "1",
+        "--failed-url", failed_url, cwd=project,
+    )  # fmt: skip
+    assert worker.returncode == 0, worker.stdout + worker.stderr
+
+    listed = hermes("failed", "--url", failed_url, "list", cwd=project)
+
+    assert listed.returncode == 0, listed.stderr
+    row = listed.stdout.splitlines()[1]
+    assert row.endswith("  jobs.CardDeclined: card declined for order 7"), row
+    message_id = row.split()[0]
+    shown = hermes("failed", "--url", failed_url, "show", message_id, cwd=project)
+    assert shown.returncode == 0, shown.stderr
+    assert f"id:        {message_id}" in shown.stdout
+    assert 'payload:   {"order": 7}' in shown.stdout
+    assert "jobs.charge_card raised jobs.CardDeclined: card declined for order 7" in shown.stdout
+    assert "Traceback (most recent call last):" in shown.stdout
+    assert ", in charge_card\n" in shown.stdout
+    assert shown.stdout.rstrip().endswith("jobs.CardDeclined: card declined for order 7")
+
+
+def test_failed_list_and_show_json_carry_the_exception_and_its_traceback(
+    project: Path, queue_url: str, tmp_path: Path
+) -> None:
+    failed_url = (tmp_path / "failed").as_uri()
+    seed(queue_url, ("charge", {"order": 8}, 100), ("nobody.handles", {}, 100))
+    hermes(
+        "worker", "--url", queue_url, "--handlers", "jobs:register", "--max-items", "2",
+        "--failed-url", failed_url, cwd=project,
+    )  # fmt: skip
+
+    listed = hermes("failed", "--url", failed_url, "list", "--json", cwd=project)
+
+    assert listed.returncode == 0, listed.stderr
+    document = json.loads(listed.stdout)
+    assert document["store"] == failed_url
+    by_type = {m["type"]: m for m in document["messages"]}
+    [raised] = by_type["charge"]["exceptions"]
+    assert raised["class"] == "jobs.CardDeclined"
+    assert raised["message"] == "card declined for order 8"
+    assert raised["handler"] == "jobs.charge_card"
+    assert "in charge_card" in raised["traceback"]
+    assert by_type["nobody.handles"]["exceptions"] == []
+    assert by_type["nobody.handles"]["failed_reason"] == "no handler is registered for its type"
+    charge_id = by_type["charge"]["id"]
+    shown = hermes("failed", "--url", failed_url, "show", charge_id, "--json", cwd=project)
+    assert json.loads(shown.stdout) == by_type["charge"]
+
+
+def test_failed_show_says_when_no_exception_was_recorded(project: Path, tmp_path: Path) -> None:
+    from hermes.core import FailedStore, Message
+
+    failed_url = (tmp_path / "failed").as_uri()
+    with FailedStore.connect(failed_url) as store:
+        kept = store.keep(Message("job", {"n": 1}), "Picky: it returned False")
+
+    shown = hermes("failed", "--url", failed_url, "show", kept.id, cwd=project)
+
+    assert shown.returncode == 0, shown.stderr
+    assert "reason:    Picky: it returned False" in shown.stdout
+    assert "No exception was recorded: the reason says what put it here." in shown.stdout
+
+
+def test_failed_show_of_an_unknown_or_missing_id_is_a_one_line_error(
+    project: Path, tmp_path: Path
+) -> None:
+    failed_url = (tmp_path / "failed").as_uri()
+
+    unknown = assert_one_line_error(
+        hermes("failed", "--url", failed_url, "show", "no-such-id", cwd=project)
+    )
+    missing = assert_one_line_error(hermes("failed", "--url", failed_url, "show", cwd=project))
+
+    assert "no failed message with id no-such-id" in unknown
+    assert "`hermes failed list` shows the ids" in unknown
+    assert "required: ID" in missing
 
 
 def test_purge_deletes_the_messages_it_is_given_or_all_of_them(
@@ -735,7 +829,7 @@ def test_a_store_that_cannot_be_listed_says_which_urls_can(project: Path) -> Non
     )
 
     assert "cannot list or delete the messages it holds without taking them" in line
-    assert "file:// or redis://" in line
+    assert "file://, redis:// or postgresql://" in line
     assert "s3cret" not in line
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,7 +22,13 @@ from hermes.core import (
     RetryMixin,
     compat,
 )
-from hermes.core.app._failed import NO_REASON, FailedMessageSerializer
+from hermes.core.app._failed import (
+    MAX_EXCEPTION_MESSAGE_CHARS,
+    MAX_TRACEBACK_CHARS,
+    NO_REASON,
+    ExceptionRecord,
+    FailedMessageSerializer,
+)
 from hermes.core.compat import Dispatcher
 from hermes.core.driver import MemoryDriver, MessageSerializer
 from hermes.core.spi._memory import _MemoryBrowser as MemoryBrowser
@@ -47,6 +54,24 @@ class Flaky(RetryMixin, RetryableHandler):
 class Declines:
     def handle(self, message: Message) -> bool:
         return False
+
+
+class CardDeclined(Exception):
+    pass
+
+
+def charge_card(message: Message) -> None:
+    raise RuntimeError("card declined")
+
+
+class Billing(RetryMixin, RetryableHandler):
+    """Retried once, then given up on."""
+
+    def max_retry(self) -> int:
+        return 1
+
+    def handle(self, message: Message) -> bool:
+        raise CardDeclined(f"card declined for order {message.payload['order']}")
 
 
 class Records:
@@ -279,7 +304,7 @@ def test_a_store_without_a_browser_keeps_messages_but_says_it_cannot_list_them(
 
     for read in (store.messages, store.purge, lambda: store.retry(store_driver)):
         with pytest.raises(
-            NotSupportedError, match=r"cannot list or delete .* file:// or redis://"
+            NotSupportedError, match=r"cannot list or delete .* file://, redis:// or postgresql://"
         ):
             read()
 
@@ -298,3 +323,229 @@ def test_a_message_given_up_on_runs_again_once_retried_from_the_store(
     Dispatcher(driver).register_handler("mail", fixed).handle()
 
     assert [(m.id, m.payload, m.retries) for m in fixed.seen] == [(message.id, {"to": "ana"}, 0)]
+
+
+# What the handler raised ----------------------------------------------------------------
+
+
+def raise_card_declined() -> None:
+    raise RuntimeError("card declined")
+
+
+def test_a_handler_raising_runtime_error_then_giving_up_keeps_its_class_message_and_traceback(
+    driver: MemoryDriver, store: FailedStore, peek: Any
+) -> None:
+    dispatcher = Dispatcher(driver, failed=store)
+
+    @dispatcher.handler("charge", max_retry=1)
+    def charge(message: Message) -> None:
+        raise_card_declined()
+
+    dispatcher.handle_message(Message("charge"), DEFAULT_PRIORITY)
+    assert store.messages() == [], "the first failure is retried"
+    ((_, retry),) = peek.scheduled(driver)
+    dispatcher.handle_message(retry, DEFAULT_PRIORITY)
+
+    (kept,) = store.messages()
+    assert kept.failed_reason.endswith("gave up after 1 retry")
+    (raised,) = kept.exceptions
+    assert kept.exception is raised
+    assert (raised.exception_class, raised.message) == ("builtins.RuntimeError", "card declined")
+    assert "in raise_card_declined" in raised.traceback
+    assert raised.traceback.rstrip().endswith("RuntimeError: card declined")
+    frames = [line for line in raised.traceback.splitlines() if line.startswith("  File ")]
+    assert frames[0].endswith(", in charge"), "it starts at the handler, not in the Dispatcher"
+    assert raised.handler.endswith("charge")
+
+
+def test_an_application_exception_is_kept_with_its_module_and_class_name(
+    driver: MemoryDriver, store: FailedStore
+) -> None:
+    dispatcher = Dispatcher(driver, failed=store).register_handler("bill", Billing())
+
+    dispatcher.handle_message(Message("bill", {"order": 7}, retries=1), DEFAULT_PRIORITY)
+
+    (kept,) = store.messages()
+    assert kept.failed_reason == "Billing: gave up after 1 retry"
+    assert kept.exception is not None
+    assert kept.exception.exception_class == f"{__name__}.CardDeclined"
+    assert kept.exception.message == "card declined for order 7"
+    assert kept.exception.handler == "Billing"
+
+
+def test_a_message_set_aside_without_an_exception_keeps_none_and_its_reason_says_why(
+    driver: MemoryDriver, store: FailedStore
+) -> None:
+    dispatcher = Dispatcher(driver, failed=store).register_handler("declined", Declines())
+
+    dispatcher.handle_message(Message("declined"), DEFAULT_PRIORITY)
+    dispatcher.handle_message(Message("stray"), DEFAULT_PRIORITY)
+
+    declined, stray = store.messages()
+    assert (declined.exceptions, declined.exception) == ((), None)
+    assert "returned False" in declined.failed_reason
+    assert (stray.exceptions, stray.exception) == ((), None)
+    assert stray.failed_reason == "no handler is registered for its type"
+    body = json.loads(FailedMessageSerializer().serialize(stray))["message"]
+    assert "failed_exceptions" not in body
+
+
+def test_each_handler_that_raised_keeps_its_own_exception_in_the_order_they_ran(
+    driver: MemoryDriver, store: FailedStore
+) -> None:
+    dispatcher = Dispatcher(driver, failed=store)
+    dispatcher.register_handlers("bill", [Billing(), Declines(), Records()])
+    dispatcher.register_handler("bill", charge_card)
+
+    dispatcher.handle_message(Message("bill", {"order": 3}, retries=1), DEFAULT_PRIORITY)
+
+    (kept,) = store.messages()
+    assert [(e.exception_class, e.message) for e in kept.exceptions] == [
+        (f"{__name__}.CardDeclined", "card declined for order 3"),
+        ("builtins.RuntimeError", "card declined"),
+    ]
+    assert kept.exceptions[0].handler == "Billing"
+    assert kept.exceptions[1].handler.endswith("charge_card")
+    assert kept.failed_reason.count(";") == 2, "the reason still names all three failures"
+
+
+def test_a_password_in_the_exception_message_is_redacted_in_the_message_and_the_traceback(
+    driver: MemoryDriver, store: FailedStore, store_driver: MemoryDriver
+) -> None:
+    def connect_to_billing(message: Message) -> None:
+        raise ConnectionError("cannot reach postgresql://billing:hunter2@db:5432/app?sslmode=off")
+
+    dispatcher = Dispatcher(driver, failed=store).register_handler("bill", connect_to_billing)
+
+    dispatcher.handle_message(Message("bill"), DEFAULT_PRIORITY)
+
+    (kept,) = store.messages()
+    assert kept.exception is not None
+    assert kept.exception.message == "cannot reach postgresql://billing:***@db:5432/app?sslmode=off"
+    assert "postgresql://billing:***@db" in kept.exception.traceback
+    bodies = [str(body) for _, body in MemoryBrowser(store_driver).entries()]
+    assert bodies and not any("hunter2" in body for body in bodies)
+
+
+# Two functions calling each other: Python folds a run of identical frames into one line.
+def ping(depth: int) -> None:
+    if depth == 0:
+        raise RecursionError("too deep")
+    pong(depth - 1)
+
+
+def pong(depth: int) -> None:
+    ping(depth - 1)
+
+
+def test_an_over_long_traceback_keeps_its_innermost_frames_and_says_how_much_was_cut() -> None:
+    try:
+        ping(400)
+    except RecursionError as exc:
+        record = ExceptionRecord.of(exc)
+
+    assert len(record.traceback) <= MAX_TRACEBACK_CHARS
+    first, *rest = record.traceback.splitlines()
+    assert re.fullmatch(r"\[\.\.\. [\d,]+ characters of the outermost frames cut\]", first)
+    assert int(re.sub(r"\D", "", first)) > 0
+    assert rest[0].startswith("  File "), "the cut starts at a whole line"
+    assert rest[-1] == "RecursionError: too deep"
+    assert "in ping" in rest[-3] or "in ping" in rest[-4]
+
+
+def test_an_over_long_exception_message_keeps_its_start_and_says_how_much_was_cut() -> None:
+    record = ExceptionRecord.of(ValueError("x" * 10_000))
+
+    assert len(record.message) <= MAX_EXCEPTION_MESSAGE_CHARS
+    assert record.message.startswith("x" * 1000)
+    assert re.search(r" \[\.\.\. [\d,]+ characters cut\]$", record.message)
+
+
+def test_an_exception_whose_str_raises_is_still_kept() -> None:
+    class Unprintable(Exception):
+        def __str__(self) -> str:
+            raise ValueError("no")
+
+    try:
+        raise Unprintable()
+    except Unprintable as exc:
+        record = ExceptionRecord.of(exc)
+
+    assert record.exception_class.endswith(".Unprintable")
+    assert record.message == "<str() of the exception raised ValueError>"
+    assert "Traceback (most recent call last)" in record.traceback
+
+
+def test_the_exceptions_go_through_the_envelope_and_back() -> None:
+    try:
+        raise_card_declined()
+    except RuntimeError as exc:
+        record = ExceptionRecord.of(exc, "Billing")
+    failed = FailedMessage.of(Message("bill"), "Billing: gave up", 1.0, [record])
+
+    text = FailedMessageSerializer().serialize(failed)
+
+    [stored] = json.loads(text)["message"]["failed_exceptions"]
+    assert stored["class"] == "builtins.RuntimeError"
+    assert stored["message"] == "card declined"
+    assert stored["handler"] == "Billing"
+    assert FailedMessageSerializer().unserialize(text) == failed
+
+
+def test_an_entry_stored_before_exceptions_were_recorded_still_reads() -> None:
+    old = (
+        '{"message":{"id":"a1b2","type":"bill","payload":{"order":7},"created":1700000000.0,'
+        '"execute_at":null,"retries":25,"failed_reason":"Billing: gave up after 25 retries",'
+        '"failed_at":1700000100.5}}'
+    )
+
+    read = FailedMessageSerializer().unserialize(old)
+
+    assert (read.id, read.type, read.payload, read.retries) == ("a1b2", "bill", {"order": 7}, 25)
+    assert read.failed_reason == "Billing: gave up after 25 retries"
+    assert read.failed_at == 1700000100.5
+    assert (read.exceptions, read.exception) == ((), None)
+
+
+def test_exceptions_that_are_not_records_are_skipped_when_reading() -> None:
+    body = {
+        "id": "c3",
+        "type": "bill",
+        "payload": None,
+        "created": 1.0,
+        "retries": 0,
+        "failed_reason": "x",
+        "failed_at": 2.0,
+        "failed_exceptions": [
+            "not an object",
+            {"message": "no class"},
+            {"class": "builtins.KeyError", "message": 7},
+        ],
+    }
+
+    read = FailedMessageSerializer().unserialize(json.dumps({"message": body}))
+
+    assert read.exceptions == (ExceptionRecord("builtins.KeyError", "", "", ""),)
+
+
+def test_a_time_limit_hermes_raised_keeps_its_whole_traceback(
+    driver: MemoryDriver, store: FailedStore
+) -> None:
+    import time
+
+    def slow(message: Message) -> None:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # short sleeps: the time limit interrupts between
+            time.sleep(0.01)
+
+    dispatcher = Dispatcher(driver, failed=store, time_limit_s=0.05)
+    dispatcher.register_handler("slow", slow)
+
+    dispatcher.handle_message(Message("slow"), DEFAULT_PRIORITY)
+
+    (kept,) = store.messages()
+    assert kept.exception is not None
+    assert kept.exception.exception_class.endswith(".TimeLimitExceeded")
+    assert "timed out after 0.05 s" in kept.exception.message
+    assert "Traceback (most recent call last):" in kept.exception.traceback
+    assert ", in call_handler\n" in kept.exception.traceback, "no frame of its own: kept whole"

@@ -2,7 +2,8 @@
 
 ``$DASH_TEST_DIR/handled.jsonl`` gets a line per message handled; a
 ``flaky`` message fails (and goes to the failed-message store) until the
-file ``fixed`` exists; a ``slow`` one runs until ``release`` exists.
+file ``fixed`` exists; a ``slow`` one runs until ``release`` exists; a
+``card.charge`` one raises :class:`CardDeclined` (and goes to the store).
 """
 
 from __future__ import annotations
@@ -34,6 +35,15 @@ def flaky(message: Message) -> bool:
         return False
     _record(message)
     return True
+
+
+class CardDeclined(Exception):
+    pass
+
+
+@handlers.handler("card.charge")
+def charge(message: Message) -> None:
+    raise CardDeclined(f"card declined for order {message.payload['order']}")
 
 
 @handlers.handler("slow")

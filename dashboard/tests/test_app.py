@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import html
 import logging
 import re
 import time
@@ -19,11 +20,16 @@ from urllib.parse import urlencode
 import pytest
 from dash_support import eventually
 
-from hermes.core import FailedMessage, FailedStore, Message
+from hermes.core import ExceptionRecord, FailedMessage, FailedStore, Message
 from hermes.core.driver import MemoryDriver
 from hermes.core.spi._registry import driver_for_url
 from hermes.dashboard import Hosts, create_app
-from hermes.dashboard._app import MAX_BODY_BYTES, SECURITY_HEADERS, _when
+from hermes.dashboard._app import (
+    MAX_BODY_BYTES,
+    SECURITY_HEADERS,
+    TRACEBACK_PREVIEW_BYTES,
+    _when,
+)
 from hermes.dashboard._state import Dashboard
 
 PORT = 8900
@@ -304,6 +310,67 @@ def test_wrong_passwords_still_leave_the_right_one_working(dashboard: Dashboard)
     client = client_of(dashboard, auth=Auth("ops", "s3cret"))
     assert client.get("/", auth=("ops", "wrong")).status_code == 401
     assert client.get("/", auth=("ops", "s3cret")).status_code == 200
+
+
+# What a handler raised ----------------------------------------------------------
+
+
+def raised(message: str, handler: str = "Billing") -> ExceptionRecord:
+    try:
+        raise RuntimeError(message)
+    except RuntimeError as exc:
+        return ExceptionRecord.of(exc, handler)
+
+
+def test_the_failed_page_shows_the_exception_and_folds_its_traceback(
+    dashboard: Dashboard,
+) -> None:
+    failed = a_failed_message(dashboard, exceptions=[raised("card declined")])
+    plain = a_failed_message(dashboard)
+
+    page = client_of(dashboard).get("/failed").text
+
+    row = page[page.index(f'data-id="{failed.id}"') :].split("</tr>", 1)[0]
+    assert '<span class="exception-class">builtins.RuntimeError</span>' in row
+    assert '<span class="exception-message">card declined</span>' in row
+    folded = re.search(
+        r'<details class="traceback"><summary>traceback in Billing</summary><pre>(.*?)</pre>',
+        row,
+        re.DOTALL,
+    )
+    assert folded is not None
+    assert "Traceback (most recent call last):" in folded.group(1)
+    assert "in raised" in folded.group(1)
+    other = page[page.index(f'data-id="{plain.id}"') :].split("</tr>", 1)[0]
+    assert "none raised" in other and "<details" not in other
+
+
+def test_markup_in_an_exception_is_shown_as_text(dashboard: Dashboard) -> None:
+    a_failed_message(dashboard, exceptions=[raised("<script>alert(1)</script>", "<b>H</b>")])
+
+    page = client_of(dashboard).get("/failed").text
+
+    assert "<script>" not in page and "<b>H</b>" not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "traceback in &lt;b&gt;H&lt;/b&gt;" in page
+
+
+def test_a_long_traceback_from_another_writer_shows_its_innermost_end_only(
+    dashboard: Dashboard,
+) -> None:
+    frames = "".join(f'  File "app.py", line {n}, in step_{n}\n' for n in range(5000))
+    record = ExceptionRecord("app.Boom", "boom", frames + "app.Boom: boom\n")
+    a_failed_message(dashboard, exceptions=[record])
+
+    page = client_of(dashboard).get("/failed").text
+
+    shown = re.search(r"<pre>(… [\d,]+ bytes of outer frames before.*?)</pre>", page, re.DOTALL)
+    assert shown is not None
+    assert "step_4999" in shown.group(1) and "app.Boom: boom" in shown.group(1)
+    _, second, *_ = shown.group(1).splitlines()
+    assert second.startswith("  File "), "the shown end starts at a whole line"
+    assert "step_1\n" not in shown.group(1)
+    assert len(html.unescape(shown.group(1)).encode()) < TRACEBACK_PREVIEW_BYTES + 200
 
 
 # Records the dashboard cannot read ----------------------------------------------

@@ -91,6 +91,29 @@ def test_a_failed_message_is_retried_from_the_page_and_then_handled_by_the_worke
     assert not browser.find_elements(By.CSS_SELECTOR, f'tr[data-id="{failing}"]')
 
 
+def test_a_failed_job_s_exception_class_and_message_show_with_a_folded_traceback(
+    browser: Any, deployment: Deployment
+) -> None:
+    failing = deployment.emit("card.charge", {"order": 42})
+
+    def listed() -> bool:
+        """the failed card.charge message to be listed on the Failed page"""
+        open_page(browser, deployment.base + "/failed")
+        return bool(browser.find_elements(By.CSS_SELECTOR, f'tr[data-id="{failing}"]'))
+
+    eventually(listed)
+    row = browser.find_element(By.CSS_SELECTOR, f'tr[data-id="{failing}"]')
+    shown = row.find_element(By.CSS_SELECTOR, "td.exception .raised").text
+    assert shown == "dash_jobs.CardDeclined: card declined for order 42"
+    folded = row.find_element(By.CSS_SELECTOR, "details.traceback")
+    trace = folded.find_element(By.TAG_NAME, "pre")
+    assert folded.get_attribute("open") is None and not trace.is_displayed(), "folded at first"
+    folded.find_element(By.TAG_NAME, "summary").click()
+    eventually(trace.is_displayed)
+    assert "in charge" in trace.text
+    assert trace.text.rstrip().endswith("dash_jobs.CardDeclined: card declined for order 42")
+
+
 def test_a_purge_asks_first_then_empties_only_the_queue_it_named(
     browser: Any, deployment: Deployment
 ) -> None:

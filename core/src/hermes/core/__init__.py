@@ -39,7 +39,7 @@ from hermes.core.spi._shutdown import SharedFileShutdown, Shutdown
 from hermes.core.spi._url import redact_url
 
 if TYPE_CHECKING:
-    from hermes.core.app._failed import FailedMessage, FailedStore
+    from hermes.core.app._failed import ExceptionRecord, FailedMessage, FailedStore
 
 __all__ = [
     "DEFAULT_PRIORITY",
@@ -51,6 +51,7 @@ __all__ = [
     "DriverError",
     "EchoHandler",
     "Emitter",
+    "ExceptionRecord",
     "FailedMessage",
     "FailedStore",
     "Handler",
@@ -75,7 +76,11 @@ __all__ = [
 ]
 
 #: Imported when first used: most processes never keep failed messages.
-_LAZY = {"FailedMessage": "hermes.core.app._failed", "FailedStore": "hermes.core.app._failed"}
+_LAZY = {
+    "ExceptionRecord": "hermes.core.app._failed",
+    "FailedMessage": "hermes.core.app._failed",
+    "FailedStore": "hermes.core.app._failed",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -52,6 +52,8 @@ __all__ = ["MAX_BODY_BYTES", "PREVIEW_BYTES", "SECURITY_HEADERS", "Auth", "Hosts
 MAX_BODY_BYTES = 64 * 1024
 #: How much of a payload (or a body, or a reason) a listing shows.
 PREVIEW_BYTES = 2048
+#: How much of a failed message's traceback the Failed page shows: its innermost end.
+TRACEBACK_PREVIEW_BYTES = 4096
 #: The latest time taken for one: a larger number is not seconds since the epoch
 #: (milliseconds, most likely) and is shown as invalid.
 _LATEST_TIME = dt.datetime(3000, 1, 1, tzinfo=dt.UTC).timestamp()
@@ -112,6 +114,20 @@ def _preview(value: Any) -> str:
     return f"{head}\n… {len(data) - len(head.encode()):,} bytes more"
 
 
+def _traceback_tail(value: Any) -> str:
+    """The last :data:`TRACEBACK_PREVIEW_BYTES` of a traceback, and how much comes before."""
+    text = str(value)
+    data = text.encode("utf-8", "replace")
+    if len(data) <= TRACEBACK_PREVIEW_BYTES:
+        return text
+    tail = data[-TRACEBACK_PREVIEW_BYTES:].decode("utf-8", "ignore")
+    newline = tail.find("\n", 0, 400)  # start at a whole line
+    tail = tail[newline + 1 :]
+    before = len(data) - len(tail.encode())
+    shown_all = "`hermes failed show ID` prints them"
+    return f"… {before:,} bytes of outer frames before ({shown_all})\n{tail}"
+
+
 def _payload(payload: Any) -> str:
     return _preview(payload_text(payload))
 
@@ -141,6 +157,7 @@ def _environment() -> jinja2.Environment:
         duration=duration,
         payload=_payload,
         preview=_preview,
+        traceback_tail=_traceback_tail,
         jobs=_jobs,
     )
     return env

@@ -1,13 +1,14 @@
-"""``hermes failed``: list, put back or delete what workers kept in a failed-message store."""
+"""``hermes failed``: list, show, put back or delete what workers kept in a failed-message store."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hermes.core._cli._common import (
     FAILED_URL_ENV,
@@ -18,7 +19,7 @@ from hermes.core._cli._common import (
     default_url,
 )
 from hermes.core._cli._drivers import table
-from hermes.core.app._failed import NO_REASON, FailedMessage, FailedStore
+from hermes.core.app._failed import NO_REASON, ExceptionRecord, FailedMessage, FailedStore
 from hermes.core.spi._registry import connect
 from hermes.core.spi._url import redact_url
 
@@ -27,22 +28,37 @@ if TYPE_CHECKING:
 
 
 def add_parser(commands: Commands) -> None:
-    """``hermes failed``: its actions (list, retry, purge) and their options."""
+    """``hermes failed``: its actions (list, show, retry, purge) and their options."""
     failed = commands.add_parser(
         "failed",
-        help="list, retry or purge the messages workers gave up on",
+        help="list, show, retry or purge the messages workers gave up on",
         description="Read the failed-message store workers keep with --failed-url: list what "
-        "is in it, put messages back on a worker's queue with their retries reset, or delete "
-        "them. Needs a store its driver can list without taking messages: file://, redis:// or "
-        "postgresql://.",
+        "is in it, show one message with the exception its handler raised, put messages back "
+        "on a worker's queue with their retries reset, or delete them. Needs a store its "
+        "driver can list without taking messages: file://, redis:// or postgresql://.",
     )
     url_help = f"the failed-message store, the workers' --failed-url (default: ${FAILED_URL_ENV})"
     failed.add_argument("--url", help=url_help)
     add_verbosity(failed)
     actions = failed.add_subparsers(dest="action", metavar="ACTION", required=True)
     listing = actions.add_parser(
-        "list", help="id, type, retries, when and why, oldest first", description="List the store."
+        "list",
+        help="id, type, retries, when, why and the exception raised, oldest first",
+        description="List the store, one line per message.",
     )
+    listing.add_argument(
+        "--json",
+        action="store_true",
+        help="every message as one JSON document, payloads and tracebacks included",
+    )
+    show = actions.add_parser(
+        "show",
+        help="one message in full: payload, reason and the traceback of what its handler raised",
+        description="Show one failed message: its payload, headers, why it was given up on, "
+        "and each exception its handlers raised with the traceback.",
+    )
+    show.add_argument("id", metavar="ID", help="an id from `hermes failed list`")
+    show.add_argument("--json", action="store_true", help="the message as one JSON document")
     retry = actions.add_parser(
         "retry",
         help="put messages back on a worker's queue, retries reset",
@@ -60,7 +76,7 @@ def add_parser(commands: Commands) -> None:
     )
     purge.add_argument("ids", nargs="*", metavar="ID", help="ids from `hermes failed list`")
     purge.add_argument("--all", action="store_true", help="delete every message in the store")
-    for action in (listing, retry, purge):
+    for action in (listing, show, retry, purge):
         # `hermes failed list --url U -v` works as well as `hermes failed --url U -v list`.
         action.add_argument("--url", default=argparse.SUPPRESS, help=url_help)
         add_verbosity(action, default=argparse.SUPPRESS)
@@ -83,28 +99,109 @@ def run(args: argparse.Namespace) -> int:
     url = store_url(args.url, "--url")
     with FailedStore.connect(url) as store:
         if args.action == "list":
-            return _list(store, url)
+            return _list(store, url, args.json)
+        if args.action == "show":
+            return _show(store, url, args.id, args.json)
         if args.action == "retry":
             to = args.to or default_url("--to", "the workers' queue")
             return _retry(store, url, args.ids, to)
         return _purge(store, url, args.ids, args.all)
 
 
-def _list(store: FailedStore, url: str) -> int:
+#: Longest exception summary on a line of ``hermes failed list``; ``show`` has it all.
+LISTED_EXCEPTION_CHARS = 120
+
+
+def _list(store: FailedStore, url: str, as_json: bool) -> int:
     messages = store.messages()
+    if as_json:
+        document = {"store": redact_url(url), "messages": [_as_json(m) for m in messages]}
+        print(json.dumps(document), flush=True)
+        return 0
     if not messages:
         print(f"No failed messages in {redact_url(url)}", flush=True)
         return 0
     _warn_unless_a_store(messages, url)
-    rows = [["ID", "TYPE", "RETRIES", "FAILED AT", "REASON"]]
+    rows = [["ID", "TYPE", "RETRIES", "FAILED AT", "REASON", "EXCEPTION"]]
     rows += [
-        [m.id, m.type, str(m.retries), _when(m.failed_at), " ".join(m.failed_reason.split())]
+        [
+            m.id,
+            m.type,
+            str(m.retries),
+            _when(m.failed_at),
+            " ".join(m.failed_reason.split()),
+            _listed_exception(m),
+        ]
         for m in messages
     ]
     for line in table(rows):
         print(line)
     print(f"{len(messages)} failed message{'s' if len(messages) != 1 else ''} in {redact_url(url)}")
     return 0
+
+
+def _listed_exception(message: FailedMessage) -> str:
+    """``builtins.RuntimeError: card declined``, shortened; ``-`` when nothing was raised."""
+    first = message.exception
+    if first is None:
+        return "-"
+    text = first.summary()
+    if len(text) > LISTED_EXCEPTION_CHARS:
+        text = text[: LISTED_EXCEPTION_CHARS - 3] + "..."
+    more = len(message.exceptions) - 1
+    return f"{text} (+{more} more)" if more else text
+
+
+def _show(store: FailedStore, url: str, id_: str, as_json: bool) -> int:
+    found = [m for m in store.messages() if m.id == id_]
+    if not found:
+        raise CliError(
+            f"no failed message with id {id_} in {redact_url(url)}; "
+            "`hermes failed list` shows the ids"
+        )
+    message = found[0]
+    if as_json:
+        print(json.dumps(_as_json(message)), flush=True)
+        return 0
+    fields = [
+        ("id", message.id),
+        ("type", message.type),
+        ("retries", str(message.retries)),
+        ("created", _when(message.created)),
+        ("failed at", _when(message.failed_at)),
+        ("reason", message.failed_reason),
+        ("payload", json.dumps(message.payload, default=str)),
+    ]
+    fields += [(f"header {name}", value) for name, value in sorted(message.headers.items())]
+    width = max(len(name) for name, _ in fields) + 1
+    lines = [f"{name + ':':<{width}} {value}" for name, value in fields]
+    if not message.exceptions:
+        lines.append("No exception was recorded: the reason says what put it here.")
+    for record in message.exceptions:
+        lines.append("")
+        lines.append(_raised_by(record))
+        lines.append(record.traceback.rstrip("\n") or "(no traceback recorded)")
+    print("\n".join(lines), flush=True)
+    return 0
+
+
+def _raised_by(record: ExceptionRecord) -> str:
+    by = f"{record.handler} raised" if record.handler else "Raised"
+    return f"{by} {record.exception_class}: {record.message}"
+
+
+def _as_json(message: FailedMessage) -> dict[str, Any]:
+    return {
+        "id": message.id,
+        "type": message.type,
+        "payload": message.payload,
+        "created": message.created,
+        "retries": message.retries,
+        "headers": dict(message.headers),
+        "failed_reason": message.failed_reason,
+        "failed_at": message.failed_at,
+        "exceptions": [record.as_json() for record in message.exceptions],
+    }
 
 
 def _warn_unless_a_store(messages: Sequence[FailedMessage], url: str) -> None:

@@ -7,9 +7,9 @@ import threading
 import time
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
-from hermes.core.app._failed import FailedStore
+from hermes.core.app._failed import ExceptionRecord, FailedStore
 from hermes.core.app._handler import (
     Backoff,
     CanRetry,
@@ -95,8 +95,9 @@ class Dispatcher:
     ``failed`` -- a driver (``connect(url)``) or a :class:`FailedStore` -- turns
     on the failed-message store: a message whose handler gave up (returned
     False, or raised and is not retried) or that has no handler is sent there
-    once, after its last handler, with the reasons. Without it such a message
-    is gone after its log line.
+    once, after its last handler, with the reasons and what each handler
+    that gave up raised (class, message and traceback, redacted and
+    bounded). Without it such a message is gone after its log line.
 
     ``max_deliveries`` (0, the default: no limit) is read by the
     :class:`Worker` that runs this Dispatcher: a message its driver counts as
@@ -402,18 +403,18 @@ class Dispatcher:
             reason = "no handler is registered for its type"
             if report is not None:
                 report.error = JobError.reason(f"no handler is registered for {message.type!r}")
-            self._give_up(message, priority, None, reason, None, Outcome.NO_HANDLER)
+            unhandled = self._give_up(message, priority, None, reason, None, Outcome.NO_HANDLER)
             if self.failed is not None:
-                self._store(self.failed, message, [reason])
+                self._store(self.failed, message, [unhandled])
             return Outcome.NO_HANDLER
         outcome = Outcome.SUCCEEDED
-        gave_up: list[str] = []
+        gave_up: list[_GivenUp] = []
         for handler in list(handlers):
-            result, stored_reason = self._run_one(handler, message, priority, info, report)
+            result, given_up = self._run_one(handler, message, priority, info, report)
             if result is not Outcome.SUCCEEDED and outcome is Outcome.SUCCEEDED:
                 outcome = result
-            if stored_reason is not None:
-                gave_up.append(stored_reason)
+            if given_up is not None:
+                gave_up.append(given_up)
         if gave_up and self.failed is not None:
             self._store(self.failed, message, gave_up)
         return outcome
@@ -425,8 +426,8 @@ class Dispatcher:
         priority: int,
         info: bool,
         report: _Report | None = None,
-    ) -> tuple[Outcome, str | None]:
-        """One handler on ``message``: its outcome, and the store's reason if it gave up."""
+    ) -> tuple[Outcome, _GivenUp | None]:
+        """One handler on ``message``: its outcome, and what the store keeps if it gave up."""
         hooks = self._hooks
         debug = self.logger.isEnabledFor(logging.DEBUG)
         started = time.perf_counter() if debug else 0.0
@@ -587,8 +588,11 @@ class Dispatcher:
         reason: str,
         exc: Exception | None,
         outcome: Outcome,
-    ) -> str:
-        """Log and announce that ``handler`` will not run ``message`` again; the store's reason."""
+    ) -> _GivenUp:
+        """Log and announce that ``handler`` will not run ``message`` again; what the store keeps.
+
+        The exception is formatted for the store only when there is a store.
+        """
         self._count("gave_up")
         kept = "; it goes to the failed-message store" if self.failed is not None else ""
         if handler is None:
@@ -616,11 +620,19 @@ class Dispatcher:
             exception=exc,
             outcome=outcome,
         )
-        return reason if handler is None else f"{handler_name(handler)}: {reason}"
+        if handler is None:
+            return _GivenUp(reason, None)
+        name = handler_name(handler)
+        record = None
+        if exc is not None and self.failed is not None:
+            record = ExceptionRecord.of(exc, name)
+        return _GivenUp(f"{name}: {reason}", record)
 
-    def _store(self, store: FailedStore, message: Message, reasons: list[str]) -> None:
+    def _store(self, store: FailedStore, message: Message, gave_up: list[_GivenUp]) -> None:
+        reason = "; ".join(each.reason for each in gave_up)
+        raised = [each.exception for each in gave_up if each.exception is not None]
         try:
-            stored = store.keep(message, "; ".join(reasons))
+            stored = store.keep(message, reason, exceptions=raised)
         except Exception as exc:
             self.logger.error(
                 "Message #%s (%s) could not be sent to the failed-message store %r and is "
@@ -640,6 +652,15 @@ class Dispatcher:
             store.driver,
             readable_time(stored.failed_at),
         )
+
+
+class _GivenUp(NamedTuple):
+    """One handler's failure as the failed-message store keeps it."""
+
+    #: ``"SendEmail: gave up after 25 retries"``; the bare reason when no handler ran.
+    reason: str
+    #: What the handler raised; None when it raised nothing (or there is no store).
+    exception: ExceptionRecord | None
 
 
 def _failed_store(failed: Driver | FailedStore, driver: Driver) -> FailedStore:

@@ -3,15 +3,18 @@
 Off unless asked for (``Dispatcher(driver, failed=connect(url))``, ``hermes
 worker --failed-url URL``). The store is any Hermes URL: a failed message is
 sent there as an ordinary Hermes message -- same id, type, payload, created,
-retries and headers, due at once -- whose envelope also carries ``failed_reason`` and
-``failed_at``. PHP Hermes ignores envelope keys it does not know, so the wire
+retries and headers, due at once -- whose envelope also carries ``failed_reason``,
+``failed_at`` and, when handlers raised, ``failed_exceptions``: each exception's class,
+message and traceback (:class:`ExceptionRecord`), redacted like a log line and
+bounded in size. PHP Hermes ignores envelope keys it does not know, so the wire
 format stays the same, and a worker started on the store's URL can handle
 what is in it like any queue.
 
 Reading the store back (``hermes failed list | retry | purge``) must not take
 the messages out: that needs a broker that can list and delete what a queue
-holds. A driver's plugin offers it as a :class:`QueueBrowser` (``file://``
-and ``redis://`` do); other brokers can still be a store, read by a worker.
+holds. A driver's plugin offers it as a :class:`QueueBrowser` (``file://``,
+``redis://`` and ``postgresql://`` do); other brokers can still be a store, read by
+a worker.
 """
 
 from __future__ import annotations
@@ -19,8 +22,10 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Collection, Hashable, Iterator, Mapping
+from collections.abc import Collection, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from traceback import format_exception
+from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from hermes.core.model._errors import DeliveryError, NotSupportedError, SerializeError
@@ -28,6 +33,7 @@ from hermes.core.model._message import Message
 from hermes.core.model._serializer import MessageSerializer
 from hermes.core.spi._driver import DEFAULT_PRIORITY, outgoing
 from hermes.core.spi._registry import driver_for_url
+from hermes.core.spi._url import redact_url
 
 if TYPE_CHECKING:
     from hermes.core.spi._driver import Driver
@@ -36,6 +42,126 @@ logger = logging.getLogger("hermes")
 
 #: The ``failed_reason`` of a message in the store that carries none.
 NO_REASON = "(no reason recorded)"
+#: Longest traceback kept with a failed message, in characters: its innermost part stays.
+MAX_TRACEBACK_CHARS = 16 * 1024
+#: Longest exception message kept with a failed message, in characters: its start stays.
+MAX_EXCEPTION_MESSAGE_CHARS = 2 * 1024
+# Texts are cut to this many times their bound before redaction, so that a
+# handler's megabyte-long message costs no megabyte-long regex scans; the
+# final cut then drops the piece a secret may have been split at.
+_SLACK = 4
+# Room kept within a bound for the line that says how much was cut.
+_MARKER_CHARS = 80
+
+
+@dataclass(frozen=True, slots=True)
+class ExceptionRecord:
+    """The exception a handler raised on a message it was then given up on.
+
+    Made by :meth:`of`: every text is passed through :func:`redact_url` (as
+    log lines are) and bounded, so that a failed-message store holds no
+    password a handler's error happened to quote, and no megabyte of it.
+    """
+
+    #: The exception's class with its module: ``"builtins.RuntimeError"``,
+    #: ``"myapp.billing.CardDeclined"``.
+    exception_class: str
+    #: ``str(exception)``, at most :data:`MAX_EXCEPTION_MESSAGE_CHARS` (a cut says so).
+    message: str
+    #: The formatted traceback (chained exceptions included), from the
+    #: handler's frame in (the Dispatcher's frames above it are left out), at
+    #: most :data:`MAX_TRACEBACK_CHARS`: the outermost frames go first, and a
+    #: line at the top says how much was cut.
+    traceback: str = ""
+    #: The handler that raised it, as log lines name it (``"SendEmail"``); "" when unknown.
+    handler: str = ""
+
+    @classmethod
+    def of(cls, exc: BaseException, handler: str = "") -> ExceptionRecord:
+        """``exc`` as the store keeps it: class, message and traceback, redacted and bounded."""
+        kind = type(exc)
+        try:
+            text = str(exc)
+        except Exception as str_exc:  # the handler's own __str__ is user code
+            text = f"<str() of the exception raised {type(str_exc).__name__}>"
+        lines = format_exception(kind, exc, _from_the_handler(exc.__traceback__))
+        return cls(
+            exception_class=f"{kind.__module__}.{kind.__qualname__}",
+            message=bounded_head(text, MAX_EXCEPTION_MESSAGE_CHARS),
+            traceback=_bounded_tail(lines, MAX_TRACEBACK_CHARS),
+            handler=handler,
+        )
+
+    def summary(self) -> str:
+        """``"builtins.RuntimeError: card declined"`` on one line."""
+        message = " ".join(self.message.split())
+        return f"{self.exception_class}: {message}" if message else self.exception_class
+
+    def as_json(self) -> dict[str, str]:
+        """The JSON object :class:`FailedMessageSerializer` writes for it."""
+        return {
+            "class": self.exception_class,
+            "message": self.message,
+            "traceback": self.traceback,
+            "handler": self.handler,
+        }
+
+    @classmethod
+    def from_json(cls, value: object) -> ExceptionRecord | None:
+        """What :meth:`as_json` wrote; None for anything without a class name."""
+        if not isinstance(value, dict) or not isinstance(value.get("class"), str):
+            return None
+
+        def text(key: str) -> str:
+            item = value.get(key)
+            return item if isinstance(item, str) else ""
+
+        return cls(value["class"], text("message"), text("traceback"), text("handler"))
+
+
+def _from_the_handler(tb: TracebackType | None) -> TracebackType | None:
+    """``tb`` without its outermost frames in Hermes's own code (the dispatch down to the handler).
+
+    Every handler's traceback starts with the same Dispatcher frames; the
+    reader wants the handler's. Kept whole when no other frame is left (an
+    exception Hermes raised itself, such as a time limit).
+    """
+    inner = tb
+    while inner is not None and inner.tb_frame.f_globals.get("__name__", "").startswith(
+        "hermes.core."
+    ):
+        inner = inner.tb_next
+    return inner if inner is not None else tb
+
+
+def bounded_head(text: str, limit: int) -> str:
+    """``text`` redacted, its first ``limit`` characters kept and the cut counted."""
+    window = text[: limit * _SLACK]
+    kept = redact_url(window)
+    if len(kept) <= limit and len(window) == len(text):
+        return kept
+    # Past the window the length is the unredacted one: close enough for a count.
+    full = len(kept) + len(text) - len(window)
+    kept = kept[: limit - _MARKER_CHARS]
+    return f"{kept} [... {full - len(kept):,} characters cut]"
+
+
+def _bounded_tail(lines: Iterable[str], limit: int) -> str:
+    """The traceback ``lines`` redacted; its last ``limit`` characters kept, the cut counted."""
+    text = "".join(lines)
+    window = text[-limit * _SLACK :]
+    kept = redact_url(window)
+    if len(kept) <= limit and len(window) == len(text):
+        return kept
+    full = len(kept) + len(text) - len(window)
+    kept = kept[-(limit - _MARKER_CHARS) :]
+    # Start at a frame, else at a whole line, when one starts near the cut.
+    start = kept.find("\n  File ", 0, 1000)
+    if start == -1:
+        start = kept.find("\n", 0, 400)
+    if start != -1:
+        kept = kept[start + 1 :]
+    return f"[... {full - len(kept):,} characters of the outermost frames cut]\n{kept}"
 
 
 @dataclass(frozen=True, slots=True, init=False)
@@ -49,6 +175,11 @@ class FailedMessage(Message):
     failed_reason: str
     #: UNIX timestamp of when it was given up on.
     failed_at: float
+    #: What each handler that raised and was given up on raised, in the order
+    #: the handlers ran; empty when no exception put the message here (a
+    #: handler returned False, no handler, too many deliveries: the reason
+    #: says which) and for messages kept before exceptions were recorded.
+    exceptions: tuple[ExceptionRecord, ...]
 
     def __init__(
         self,
@@ -62,6 +193,7 @@ class FailedMessage(Message):
         headers: Mapping[str, str] | None = None,
         failed_reason: str = NO_REASON,
         failed_at: float | None = None,
+        exceptions: Iterable[ExceptionRecord] = (),
     ) -> None:
         # Message.__init__ by name: a slots dataclass breaks zero-argument super().
         Message.__init__(
@@ -78,10 +210,22 @@ class FailedMessage(Message):
         object.__setattr__(
             self, "failed_at", time.time() if failed_at is None else float(failed_at)
         )
+        object.__setattr__(self, "exceptions", tuple(exceptions))
+
+    @property
+    def exception(self) -> ExceptionRecord | None:
+        """The first of :attr:`exceptions`, None without any."""
+        return self.exceptions[0] if self.exceptions else None
 
     @classmethod
-    def of(cls, message: Message, reason: str, failed_at: float | None = None) -> FailedMessage:
-        """``message`` as the store keeps it: due at once, with ``reason`` and ``failed_at``."""
+    def of(
+        cls,
+        message: Message,
+        reason: str,
+        failed_at: float | None = None,
+        exceptions: Iterable[ExceptionRecord] = (),
+    ) -> FailedMessage:
+        """``message`` as the store keeps it: due at once, with why, when and what was raised."""
         return cls(
             message.type,
             message.payload,
@@ -91,6 +235,7 @@ class FailedMessage(Message):
             headers=message.headers,
             failed_reason=reason,
             failed_at=failed_at,
+            exceptions=exceptions,
         )
 
     def fresh(self) -> Message:
@@ -105,11 +250,13 @@ class FailedMessage(Message):
 
 
 class FailedMessageSerializer(MessageSerializer):
-    """Hermes's envelope plus ``failed_reason`` and ``failed_at`` for a :class:`FailedMessage`.
+    """Hermes's envelope plus ``failed_reason``, ``failed_at`` and ``failed_exceptions``.
 
-    Reading, every message becomes a :class:`FailedMessage`; one without the
-    two keys (sent to the store by something else) gets :data:`NO_REASON`
-    and its ``created`` time.
+    ``failed_exceptions``, a list of :meth:`ExceptionRecord.as_json` objects, is
+    written only when there are exceptions. Reading, every message becomes a
+    :class:`FailedMessage`; one without the keys (kept before exceptions were
+    recorded, or sent to the store by something else) gets none, and
+    without ``failed_reason`` :data:`NO_REASON` and its ``created`` time.
     """
 
     def serialize(self, message: Message) -> str:
@@ -119,6 +266,8 @@ class FailedMessageSerializer(MessageSerializer):
         envelope = json.loads(text)
         envelope["message"]["failed_reason"] = message.failed_reason
         envelope["message"]["failed_at"] = message.failed_at
+        if message.exceptions:
+            envelope["message"]["failed_exceptions"] = [e.as_json() for e in message.exceptions]
         return json.dumps(envelope, ensure_ascii=True, separators=(",", ":"))
 
     def unserialize(self, data: str | bytes) -> FailedMessage:
@@ -129,8 +278,11 @@ class FailedMessageSerializer(MessageSerializer):
         failed_at = body.get("failed_at")
         if not isinstance(failed_at, int | float) or isinstance(failed_at, bool):
             failed_at = message.created
+        listed = body.get("failed_exceptions")
+        read = (ExceptionRecord.from_json(item) for item in listed or ())
+        exceptions = [record for record in read if record] if isinstance(listed, list) else []
         return FailedMessage.of(
-            message, reason if isinstance(reason, str) else NO_REASON, failed_at
+            message, reason if isinstance(reason, str) else NO_REASON, failed_at, exceptions
         )
 
 
@@ -186,9 +338,19 @@ class FailedStore:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def keep(self, message: Message, reason: str, failed_at: float | None = None) -> FailedMessage:
-        """Send ``message`` to the store with ``reason``; returns what was stored."""
-        failed = FailedMessage.of(message, reason, failed_at)
+    def keep(
+        self,
+        message: Message,
+        reason: str,
+        failed_at: float | None = None,
+        exceptions: Iterable[ExceptionRecord] = (),
+    ) -> FailedMessage:
+        """Send ``message`` to the store with ``reason``; returns what was stored.
+
+        ``exceptions`` are what its handlers raised (:meth:`ExceptionRecord.of`);
+        none when no exception put the message here.
+        """
+        failed = FailedMessage.of(message, reason, failed_at, exceptions)
         item = outgoing(failed, self.serializer)
         with self.driver.translating(f"keeping message #{message.id}", DeliveryError):
             self.driver.put((item,), DEFAULT_PRIORITY)
@@ -241,8 +403,9 @@ class FailedStore:
         if self.browser is None:
             raise NotSupportedError(
                 f"{self.driver!r} cannot list or delete the messages it holds without "
-                "taking them: use a file:// or redis:// URL for a store `hermes failed` "
-                "can read, or read this one with a worker (`hermes worker --url` on it)"
+                "taking them: use a file://, redis:// or postgresql:// URL for a store "
+                "`hermes failed` can read, or read this one with a worker (`hermes worker "
+                "--url` on it)"
             )
         return self.browser
 

@@ -32,11 +32,11 @@ import logging
 import os
 import socket
 import time
-import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from hermes.core.app._failed import MAX_EXCEPTION_MESSAGE_CHARS, ExceptionRecord, bounded_head
 from hermes.core.model._errors import (
     ConfigurationError,
     HermesError,
@@ -47,7 +47,6 @@ from hermes.core.model._errors import (
 from hermes.core.model._message import Message
 from hermes.core.spi._driver import Driver, SupportsRecords
 from hermes.core.spi._registry import connect
-from hermes.core.spi._url import redact_url
 
 logger = logging.getLogger("hermes")
 
@@ -57,9 +56,6 @@ EXPIRES_HEADER = "hermes-expires"
 DEFAULT_TTL_S = 24 * 3600.0
 #: The largest result kept, serialized; a larger one is the job's error.
 MAX_RESULT_BYTES = 512 * 1024
-#: The longest exception message and traceback kept with a failed attempt.
-MAX_ERROR_MESSAGE_CHARS = 2_000
-MAX_TRACEBACK_CHARS = 16_000
 #: Attempts kept per record: the first ones and the latest ones.
 MAX_ATTEMPTS_KEPT = 50
 #: Compare-and-set rounds before a change gives up (another writer keeps winning).
@@ -106,39 +102,24 @@ class JobError:
 
     #: ``module.QualName`` of the exception's class (``builtins.RuntimeError``).
     type: str
-    #: ``str(exception)``, redacted like a log line, at most 2,000 characters.
+    #: ``str(exception)``, redacted like a log line, at most 2 KiB.
     message: str
-    #: The formatted traceback, redacted, at most 16,000 characters (its end kept).
+    #: The formatted traceback from the handler in, redacted, at most 16 KiB (its end kept).
     traceback: str | None = None
 
     @classmethod
     def from_exception(cls, exc: BaseException) -> JobError:
-        """``exc`` as a record keeps it: redacted and bounded, never the live object."""
-        kind = type(exc)
-        text = traceback.format_exception(kind, exc, exc.__traceback__)
-        return cls(
-            f"{kind.__module__}.{kind.__qualname__}",
-            _bounded(redact_url(str(exc)), MAX_ERROR_MESSAGE_CHARS, keep="head"),
-            _bounded(redact_url("".join(text)), MAX_TRACEBACK_CHARS, keep="tail"),
-        )
+        """``exc`` as a record keeps it: redacted and bounded, as the failed store keeps it."""
+        kept = ExceptionRecord.of(exc)
+        return cls(kept.exception_class, kept.message, kept.traceback or None)
 
     @classmethod
     def reason(cls, text: str) -> JobError:
         """A failure without an exception (no handler, returned False, set aside)."""
-        return cls("", _bounded(redact_url(text), MAX_ERROR_MESSAGE_CHARS, keep="head"))
+        return cls("", bounded_head(text, MAX_EXCEPTION_MESSAGE_CHARS))
 
     def __str__(self) -> str:
         return f"{self.type}: {self.message}" if self.type else self.message
-
-
-def _bounded(text: str, limit: int, keep: str) -> str:
-    if len(text) <= limit:
-        return text
-    cut = len(text) - limit
-    marker = f"[... {cut} characters cut ...]"
-    if keep == "tail":
-        return marker + "\n" + text[-limit:]
-    return text[:limit] + " " + marker
 
 
 @dataclass(frozen=True, slots=True)
