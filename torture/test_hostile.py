@@ -33,6 +33,7 @@ from hermes.core import (
     NotSupportedError,
     SerializeError,
     SharedFileShutdown,
+    Worker,
     connect,
 )
 from hermes.core.driver import DriverUrl, MessageSerializer, SupportsTeardown, isolated_url
@@ -140,7 +141,7 @@ def test_poison_is_set_aside_and_the_good_messages_around_it_are_handled(
         stop = SharedFileShutdown(tmp_path / "stop")
         dispatcher = Dispatcher(worker, shutdown=stop)
         dispatcher.register_handler("good", Collect())
-        thread = threading.Thread(target=dispatcher.handle, daemon=True)
+        thread = threading.Thread(target=Worker(worker, dispatcher).run, daemon=True)
         placed = len(POISON) - len(refused)
 
         def errors() -> list[logging.LogRecord]:

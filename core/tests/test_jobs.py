@@ -396,3 +396,29 @@ def test_a_concurrent_cancel_and_start_never_both_win() -> None:
             assert final.state is JobState.RUNNING and final.cancel_requested
         else:  # the cancel won: the start skipped it
             assert final.state is JobState.CANCELLED and final.attempts == ()
+
+
+def test_a_message_past_max_deliveries_is_set_aside_and_given_up_in_its_record(
+    broker: MemoryDriver, jobs: Jobs
+) -> None:
+    message = emit(broker, jobs, Message("kill"))
+    dying = MemoryDriver(broker.name, redelivery_timeout_s=0)
+    for _ in range(3):  # three workers died holding it: taken, never settled
+        consumer = dying.consumer([])
+        assert consumer.receive(5.0) is not None
+        jobs.start(message, 100)
+        consumer.close()
+    with broker._broker.condition:  # its lease ran out: back on its queue now
+        broker._broker.expire(time.monotonic())
+    ran: list[Message] = []
+    dispatcher = Dispatcher(broker, records=jobs, max_deliveries=3).register_handler(
+        "kill", ran.append
+    )
+
+    run(broker, dispatcher, 1)
+
+    done = record(jobs, message)
+    assert ran == []
+    assert done.state is JobState.GIVEN_UP
+    assert done.error is not None and "max_deliveries=3" in done.error.message
+    assert [a.outcome for a in done.attempts] == [None, None, "set_aside"]

@@ -520,10 +520,10 @@ def test_several_handlers_at_once_hold_several_leases_and_acknowledge_each(
                 handled.append(message.payload["i"])
             return True
 
-    compat.set_max_process_items(driver, 40)
     dispatcher = Dispatcher(driver, concurrency=4)
     dispatcher.register_handler("c", Handler())
-    thread = threading.Thread(target=dispatcher.handle, daemon=True)
+    worker = Worker(driver, dispatcher, max_items=40, handle_signals=False)
+    thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
     for _ in range(4):
         assert started.acquire(timeout=DEADLINE_S)

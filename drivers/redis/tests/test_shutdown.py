@@ -8,7 +8,7 @@ import time
 import pytest
 import redis
 
-from hermes.core import Dispatcher
+from hermes.core import Dispatcher, Worker
 from hermes.drivers.redis import RedisShutdown
 
 
@@ -77,7 +77,7 @@ def test_a_dispatcher_with_redis_shutdown_exits_when_asked(driver, shutdown, cap
     import threading
 
     dispatcher = Dispatcher(driver, shutdown=shutdown)
-    thread = threading.Thread(target=dispatcher.handle, daemon=True)
+    thread = threading.Thread(target=Worker(driver, dispatcher).run, daemon=True)
     caplog.set_level(logging.INFO, logger="hermes")
     thread.start()
     time.sleep(0.3)  # the worker is idle; the outcome does not depend on this

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from hermes.core.app._dispatcher import Dispatcher
 from hermes.core.app._handler import HandlerRegistry
+from hermes.core.app._jobs import JobError, JobState
 from hermes.core.model._errors import (
     BrokerRefusedError,
     BrokerUnavailableError,
@@ -522,6 +523,19 @@ class _Loop:
         logger.error(
             "%r: set aside %s, %s; it goes to %s", self.driver, _describe(received), reason, where
         )
+        records = dispatcher.records if dispatcher is not None else None
+        if records is not None:
+            try:
+                records.finish(
+                    message,
+                    "set_aside",
+                    state=JobState.GIVEN_UP,
+                    error=JobError.reason(f"set aside: {reason}"),
+                )
+            except DriverError as exc:
+                logger.error(
+                    "%r: the record of #%s could not say so - %s", records, message.id, exc
+                )
         if kept:
             self.settle("acknowledge", received, self.consumer.ack)
         else:
