@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -192,6 +194,28 @@ def test_a_write_drops_expired_records_from_the_indexes(
     member = f"{namespace}_record:job:next".encode()
     assert client.zrange(f"{namespace}_records", 0, -1) == [member]
     assert client.zrange(f"{namespace}_records_expiry", 0, -1) == [member]
+
+
+def test_a_driver_made_before_fork_keeps_records_from_the_child_and_wakes_the_parent(
+    driver: RedisSetDriver,
+) -> None:
+    assert driver.record_put("job:f", b"parent", 60, None)
+    assert driver.record_wait("job:f", None, 1) == b"parent"  # the parent's pool is in use
+
+    def child() -> None:
+        written = driver.record_get("job:f") == b"parent"
+        time.sleep(0.2)  # the parent is waiting by now, most likely; either way it sees it
+        written = written and driver.record_put("job:f", b"child", 60, b"parent")
+        os._exit(0 if written else 3)
+
+    process = multiprocessing.get_context("fork").Process(target=child)
+    process.start()
+    try:
+        assert driver.record_wait("job:f", b"parent", DEADLINE_S * 3) == b"child"
+    finally:
+        process.join(DEADLINE_S * 3)
+    assert process.exitcode == 0
+    assert driver.record_put("job:f", b"parent again", 60, b"child")
 
 
 def test_a_record_written_with_a_ttl_of_zero_is_refused(driver: RedisSetDriver) -> None:
