@@ -20,8 +20,11 @@ from hermes.drivers.redis import RedisSetDriver, _records
 
 
 @pytest.fixture
-def jobs(redis_url: str, namespace: str) -> Iterator[Jobs]:
-    """Job records on Redis under the test's prefix, through a URL as an application names it."""
+def jobs(redis_url: str, namespace: str, client: redis.Redis[Any]) -> Iterator[Jobs]:
+    """Job records on Redis under the test's prefix, through a URL as an application names it.
+
+    ``client`` deletes the prefix's keys after the test.
+    """
     jobs = Jobs(f"{redis_url}?prefix={namespace}:")
     yield jobs
     jobs.close()
