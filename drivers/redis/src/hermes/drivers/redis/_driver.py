@@ -39,7 +39,7 @@ from hermes.core.driver import (
     QueueStats,
     Received,
 )
-from hermes.drivers.redis import _claim, _heartbeat, _scripts
+from hermes.drivers.redis import _claim, _heartbeat, _records, _scripts
 from hermes.drivers.redis._capabilities import CAPABILITIES
 
 #: How often a busy worker moves due scheduled messages (an idle one does it every receive).
@@ -214,6 +214,11 @@ class RedisSetDriver(Driver):
       order, and sending the very same serialized message twice stores it once.
     * The wire format and the default keys are PHP Hermes's, so PHP emitters
       and Python workers (and the reverse) share one Redis.
+    * Job records (``--results-url``, :class:`~hermes.core.jobs.Jobs`) in
+      either mode: ``<key>_record:<record key>`` with ``PX ttl``, written by
+      one compare-and-set script that also indexes it (``<key>_records``,
+      newest first) and publishes the write, so a waiter subscribed to the
+      record's channel wakes at once (see ``_records``).
 
     ``prefix`` is prepended to every key, like the ``prefix`` option of PHP's
     Predis: ``prefix="app:"`` puts the default set at ``app:hermes``.
@@ -343,6 +348,8 @@ class RedisSetDriver(Driver):
             )
         self._close_client = close_client
         self._execute = _scripts.on_pool(client)
+        #: Commands that must not be sent twice (a compare-and-set).
+        self._execute_once = _records.once(client)
         #: priority -> set key
         self._queues: dict[int, str] = {DEFAULT_PRIORITY: self.key}
         self._idle_wait_s = self.refresh_interval
@@ -547,13 +554,16 @@ class RedisSetDriver(Driver):
         return int(removed)
 
     def teardown(self) -> None:
-        """Delete every key this driver uses: sets, schedule, leases, wake and rejected lists."""
+        """Delete every key this driver uses: sets, schedule, leases, lists, job records."""
         keys = {self.schedule_key, _heartbeat.index_key(self.key)}
         for queue in self._queues.values():
             keys |= {queue, wake_key(queue), rejected_key(queue), deliveries_key(queue)}
         with self.translating("deleting its keys"):
             _scripts.DROP_LEASES(self._execute, sorted(self._queues.values()))
-            self.client.delete(*sorted(keys))
+            keys.update(_records.keys(self._execute, self.key))
+            names = sorted(keys)
+            for start in range(0, len(names), _scripts.MAX_SCRIPT_VALUES):
+                self.client.delete(*names[start : start + _scripts.MAX_SCRIPT_VALUES])
 
     def close(self) -> None:
         if self._close_client:
@@ -576,6 +586,29 @@ class RedisSetDriver(Driver):
     def heartbeats(self) -> list[dict[str, Any]]:
         with self.translating("listing heartbeats"):
             return _heartbeat.heartbeats(self.client, self.key)
+
+    def record_get(self, key: str) -> bytes | None:
+        """``GET <key>_record:<key>``; see :class:`~hermes.core.driver.SupportsRecords`."""
+        return _records.get(self._execute, self.key, key)
+
+    def record_put(self, key: str, value: bytes, ttl_s: float, expect: bytes | None) -> bool:
+        """Compare-and-set ``<key>_record:<key>`` in one script call, then ``PUBLISH`` it.
+
+        Sent once: a call whose reply was lost raises rather than being sent
+        again, since the second would find its own write and call it a conflict.
+        """
+        return _records.put(self._execute_once, self.key, key, value, ttl_s, expect)
+
+    def record_wait(self, key: str, seen: bytes | None, timeout_s: float) -> bytes | None:
+        """Subscribe to the record's channel, then read it; wait for a write if it is ``seen``.
+
+        A pub/sub connection of its own for each call, closed when it returns.
+        """
+        return _records.wait(self.client, self._execute, self.key, key, seen, timeout_s)
+
+    def record_scan(self, limit: int) -> list[bytes]:
+        """Newest first, from the sorted set ``<key>_records``; expired records are skipped."""
+        return _records.scan(self._execute, self.key, limit)
 
     def __repr__(self) -> str:
         pool = self.client.connection_pool

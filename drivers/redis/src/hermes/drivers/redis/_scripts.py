@@ -487,6 +487,66 @@ return removed
 )
 
 
+#: Compare-and-set a job record: write it only if the bytes stored are those
+#: expected (or, with no expectation, if none are), note the write in the
+#: indexes, drop from them a few records that expired, and publish the write.
+#:
+#: KEYS: the record, the index by last write, the index by expiry (both
+#: sorted sets of record keys, scored in ms of the server's clock).
+#: ARGV: the new bytes, ttl in ms, '1' if bytes are expected ('0': none may be
+#: stored), the expected bytes, the most expired members to drop.
+#: Returns 1 if it wrote, 0 if the bytes stored were not those expected.
+#: The notification goes to the channel named like the record's key.
+RECORD_PUT = LuaScript(
+    _EFFECTS
+    + """
+local stored = redis.call('GET', KEYS[1])
+if ARGV[3] == '1' then
+    if stored ~= ARGV[4] then return 0 end
+elseif stored then
+    return 0
+end
+"""
+    + _NOW_MS
+    + """
+local ttl = tonumber(ARGV[2])
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ttl)
+redis.call('ZADD', KEYS[2], string.format('%d', now_ms), KEYS[1])
+redis.call('ZADD', KEYS[3], string.format('%d', now_ms + ttl), KEYS[1])
+local gone = redis.call(
+    'ZRANGEBYSCORE', KEYS[3], '-inf', string.format('(%d', now_ms), 'LIMIT', 0, tonumber(ARGV[5])
+)
+if #gone > 0 then
+    redis.call('ZREM', KEYS[2], unpack(gone))
+    redis.call('ZREM', KEYS[3], unpack(gone))
+end
+redis.call('PUBLISH', KEYS[1], '1')
+return 1
+"""
+)
+
+#: A page of job records, newest first: those whose key has expired are left out.
+#:
+#: KEYS: the index by last write. ARGV: the first rank (0: the newest), how many.
+#: Returns ``{members read, member, bytes, member, bytes, ...}`` for the live ones.
+RECORD_SCAN = LuaScript(
+    """
+local members = redis.call(
+    'ZREVRANGE', KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[1]) + tonumber(ARGV[2]) - 1
+)
+local reply = {#members}
+for _, member in ipairs(members) do
+    local value = redis.call('GET', member)
+    if value then
+        reply[#reply + 1] = member
+        reply[#reply + 1] = value
+    end
+end
+return reply
+"""
+)
+
+
 def _bulk(value: bytes) -> bytes:
     return b"$%d\r\n%s\r\n" % (len(value), value)
 

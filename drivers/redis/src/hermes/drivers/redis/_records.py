@@ -1,0 +1,168 @@
+"""Job records on Redis: a string key per record that Redis expires, two sorted sets to list them.
+
+``<key>_record:<record key>`` holds the record's bytes with ``PX ttl``, so
+the server decides when a record is gone. Every write is one script call
+(:data:`~hermes.drivers.redis._scripts.RECORD_PUT`): it compares the bytes
+stored with those the writer read, writes, notes the write in the indexes
+and publishes on a channel named like the record's key, atomically among
+any number of clients. ``<key>_records`` (scored by the server's time of the
+last write, in ms) lists the records newest first without a ``SCAN`` of the
+database; ``<key>_records_expiry`` (scored by when each one expires) lets
+every write drop from both a few members whose record has expired.
+
+A waiter subscribes to the record's channel before it reads the record, so
+a write after its read is always heard: it wakes within a round trip of
+the write, and never polls. Pub/sub channels are shared by every database
+of a server: a write to a record of the same name in another database wakes
+the waiter, which reads again and goes on waiting.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import redis
+
+from hermes.drivers.redis import _scripts
+
+#: Members whose record expired that one write drops from the indexes at most.
+TRIM_PER_WRITE = 100
+#: Members one scan call reads at most.
+SCAN_PAGE = 500
+#: The longest a waiter waits for Redis to confirm its subscription, unless
+#: the client has a ``socket_timeout``.
+SUBSCRIBE_TIMEOUT_S = 10.0
+
+
+def record_key(queue_key: str, key: str) -> str:
+    """Where the record ``key`` is kept (and the channel its writes are published on)."""
+    return f"{queue_key}_record:{key}"
+
+
+def index_key(queue_key: str) -> str:
+    """The sorted set of record keys, scored by their last write (server time, ms)."""
+    return f"{queue_key}_records"
+
+
+def expiry_key(queue_key: str) -> str:
+    """The sorted set of record keys, scored by when they expire (server time, ms)."""
+    return f"{queue_key}_records_expiry"
+
+
+def once(client: redis.Redis[Any]) -> _scripts.Execute:
+    """Run each command once on a connection from ``client``'s pool; never again.
+
+    A compare-and-set sent again after its reply was lost would find its own
+    write and report a conflict: better to raise, and let the caller read
+    what is stored.
+    """
+    pool = client.connection_pool
+
+    def execute(command: Sequence[Any], raw: bool) -> Any:
+        connection = pool.get_connection()
+        try:
+            connection.send_command(*command)
+            return connection.read_response(disable_decoding=raw)
+        except redis.ResponseError:
+            raise  # Redis answered: the connection is in step
+        except BaseException:
+            # A reply left unread would answer the next borrower.
+            connection.disconnect()
+            raise
+        finally:
+            pool.release(connection)
+
+    return execute
+
+
+def put(
+    execute: _scripts.Execute,
+    queue_key: str,
+    key: str,
+    value: bytes,
+    ttl_s: float,
+    expect: bytes | None,
+) -> bool:
+    if not ttl_s > 0:
+        raise ValueError(f"a record's ttl_s must be > 0, got {ttl_s!r}")
+    keys = (record_key(queue_key, key), index_key(queue_key), expiry_key(queue_key))
+    # Whole milliseconds, rounded up: a record is never kept shorter than asked.
+    ttl_ms = max(1, math.ceil(ttl_s * 1000))
+    args = (bytes(value), ttl_ms, b"0" if expect is None else b"1", expect or b"", TRIM_PER_WRITE)
+    return bool(_scripts.RECORD_PUT(execute, keys, args))
+
+
+def get(execute: _scripts.Execute, queue_key: str, key: str) -> bytes | None:
+    value: bytes | None = execute(("GET", record_key(queue_key, key)), True)
+    return value
+
+
+def wait(
+    client: redis.Redis[Any],
+    execute: _scripts.Execute,
+    queue_key: str,
+    key: str,
+    seen: bytes | None,
+    timeout_s: float,
+) -> bytes | None:
+    name = record_key(queue_key, key)
+    deadline = time.monotonic() + timeout_s
+    # A pub/sub connection for this call only, disconnected when it returns,
+    # however it returns: no subscription outlives the wait.
+    with client.pubsub() as pubsub:
+        pubsub.subscribe(name)
+        kwargs = client.connection_pool.connection_kwargs
+        _subscribed(pubsub, kwargs.get("socket_timeout") or SUBSCRIBE_TIMEOUT_S)
+        while True:
+            current: bytes | None = execute(("GET", name), True)
+            left = deadline - time.monotonic()
+            if current != seen or left <= 0:
+                return current
+            # Any message on the channel means a write: read the record again.
+            pubsub.get_message(timeout=left)
+
+
+def _subscribed(pubsub: redis.client.PubSub, timeout_s: float) -> None:
+    """Wait for Redis to confirm the subscription: from then on, every write is heard."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise redis.TimeoutError(f"Redis did not confirm a subscription within {timeout_s:g} s")
+        message = pubsub.get_message(timeout=left)
+        if message is not None and message["type"] == "subscribe":
+            return
+
+
+def scan(execute: _scripts.Execute, queue_key: str, limit: int) -> list[bytes]:
+    """Up to ``limit`` live records, newest first; members whose record expired are skipped."""
+    found: list[bytes] = []
+    listed: set[bytes] = set()
+    start = 0
+    while len(found) < limit:
+        page = min(SCAN_PAGE, max(limit - len(found), 10))
+        reply = _scripts.RECORD_SCAN(execute, (index_key(queue_key),), (start, page), raw=True)
+        read, pairs = int(reply[0]), reply[1:]
+        for at in range(0, len(pairs), 2):
+            member, value = pairs[at], pairs[at + 1]
+            # A record written again meanwhile moves up, and may come round twice.
+            if member not in listed and len(found) < limit:
+                listed.add(member)
+                found.append(value)
+        if read < page:
+            break
+        start += page
+    return found
+
+
+def keys(execute: _scripts.Execute, queue_key: str) -> list[str]:
+    """Every key the records use: the records listed in the index, and the indexes."""
+    members = execute(("ZRANGE", index_key(queue_key), 0, -1), True)
+    return [
+        *(member.decode() for member in members),
+        index_key(queue_key),
+        expiry_key(queue_key),
+    ]
