@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -141,6 +142,53 @@ def test_a_wait_outlives_the_listening_connection_being_killed(driver, sql):
     driver.record_put("job:k", b"again", 60, b"after")
     thread.join(DEADLINE_S * 3)
     assert got == [b"again"]
+
+
+def test_closing_the_driver_ends_the_listening_connection(driver, sql):
+    driver.record_wait("job:c", None, 0)
+    listener = driver._records._listener.get()
+    assert listener.conn is not None
+    pid = listener.conn.info.backend_pid
+
+    driver.close()
+
+    assert not listener.thread.is_alive()
+    eventually(
+        lambda: (
+            sql.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", [pid]).fetchone() is None
+        ),
+        "the listening backend is gone",
+    )
+
+
+def test_a_forked_child_waits_on_a_listener_of_its_own(driver):
+    driver.record_put("job:f", b"old", 60, None)
+    driver.record_wait("job:f", b"old", 0)  # the parent's listener is up
+    parent_listener = driver._records._listener.get()
+    assert parent_listener.conn is not None
+    parent_pid = parent_listener.conn.info.backend_pid
+    pid = os.fork()
+    if pid == 0:  # the child: never the parent's connection, nor its (absent) thread
+        code = 1
+        try:
+            got = driver.record_wait("job:f", b"old", DEADLINE_S * 2)
+            conn = driver._records._listener.get().conn
+            code = 0 if got == b"new" and conn and conn.info.backend_pid != parent_pid else 3
+        finally:
+            os._exit(code)
+    driver.record_put("job:f", b"new", 60, b"old")
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    got: list[bytes | None] = []
+    thread = threading.Thread(
+        target=lambda: got.append(driver.record_wait("job:f", b"new", DEADLINE_S * 2))
+    )
+    thread.start()
+    driver.record_put("job:f", b"newer", 60, b"new")
+    thread.join(DEADLINE_S * 3)
+    assert got == [b"newer"]
+    assert parent_listener.conn is not None
+    assert parent_listener.conn.info.backend_pid == parent_pid
 
 
 def test_a_scan_lists_live_records_newest_first_up_to_its_limit(driver, sql, table):

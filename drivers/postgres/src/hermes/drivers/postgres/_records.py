@@ -3,8 +3,8 @@
 Like claims and heartbeats, a row belongs to the driver's queue (``queue``
 column), so drivers of other queues sharing the tables keep records of their
 own. ``expires_at`` and ``written_at`` are the server's clock (``now()``), so
-the hosts' clocks do not matter; an expired row reads as absent, and every
-few minutes a put deletes a batch of them. The table is created on first
+the hosts' clocks do not matter; an expired row reads as absent, and at
+most once a minute a put deletes a batch of them. The table is created on first
 use, apart from the messages table, as the workers table is.
 
 A write notifies one channel per queue, with the key as the payload, in the
@@ -16,6 +16,8 @@ thread of its own, wakes the waiters of the key it hears.
 from __future__ import annotations
 
 import logging
+import select
+import socket
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -35,8 +37,8 @@ _SWEEP_S = 60.0
 #: Expired rows one sweep deletes at most; a sweep that deletes this many is
 #: followed by another on the next put, until the backlog is gone.
 _SWEEP_ROWS = 1000
-#: Longest the listener blocks before it looks whether it was told to stop.
-_LISTEN_TICK_S = 1.0
+#: Longest :meth:`_Listener.stop` waits for the listener's thread to end.
+_STOP_WAIT_S = 2.0
 #: Longest a waiter sleeps while the listener reconnects (it hears nothing then).
 _UNHEARD_WAIT_S = 1.0
 
@@ -192,6 +194,9 @@ class _Listener:
         self.waiters: dict[str, set[threading.Event]] = {}
         self.stopping = threading.Event()
         self.conn: Connection | None = self._connect()
+        #: Written to by :meth:`stop`: the thread blocks in ``select`` on the
+        #: connection and this, so it neither wakes while idle nor lags a stop.
+        self.wakeup_r, self.wakeup_w = socket.socketpair()
         #: False while the connection is lost and not yet replaced.
         self.listening = True
         self.thread = threading.Thread(
@@ -241,9 +246,13 @@ class _Listener:
                     pause_s = 0.5
                     logger.info("Listening for job records on %r again", self.records.driver)
                     self._wake(None)
-                for notify in conn.notifies(timeout=_LISTEN_TICK_S):
-                    self._wake(notify.payload)
-            except psycopg.Error as exc:
+                fileno = conn.fileno()
+                readable, _, _ = select.select([fileno, self.wakeup_r.fileno()], [], [])
+                if fileno in readable:
+                    # Reads what arrived without blocking; a dropped connection raises.
+                    for notify in conn.notifies(timeout=0):
+                        self._wake(notify.payload)
+            except (psycopg.Error, OSError) as exc:
                 if self.listening:
                     logger.warning(
                         "Lost the connection that listens for job records on %r - %s; "
@@ -260,9 +269,12 @@ class _Listener:
                 pause_s = min(pause_s * 2, 5.0)
         if conn is not None:
             conn.close()
+        self.wakeup_r.close()
 
     def stop(self) -> None:
         self.stopping.set()
+        self.wakeup_w.send(b"x")
         if self.thread is not threading.current_thread():
-            self.thread.join(_LISTEN_TICK_S + 1.0)
+            self.thread.join(_STOP_WAIT_S)
+        self.wakeup_w.close()
         self._wake(None)
