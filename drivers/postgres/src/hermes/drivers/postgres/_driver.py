@@ -30,7 +30,7 @@ from hermes.core.driver import (
     Received,
     outgoing,
 )
-from hermes.drivers.postgres import _heartbeat
+from hermes.drivers.postgres import _heartbeat, _records
 from hermes.drivers.postgres._capabilities import CAPABILITIES, LEASE_TIMEOUT_S, POLL_INTERVAL_S
 from hermes.drivers.postgres._errors import classify
 from hermes.drivers.postgres._schema import Names, Statements, create_sql, drop_sql
@@ -125,6 +125,7 @@ class PostgresDriver(Driver):
         self._created = False
         self._create_lock = threading.Lock()
         self._heartbeats = _heartbeat.Heartbeats(self)
+        self._records = _records.Records(self)
         self._next_claim_sweep = 0.0
 
     # Connections ---------------------------------------------------------------
@@ -362,8 +363,10 @@ class PostgresDriver(Driver):
             conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [self.names.lock_key])
             conn.execute(drop_sql(self.names).encode())
             conn.execute(_heartbeat.drop_sql(self.names).encode())
+            conn.execute(_records.drop_sql(self.names).encode())
         self._created = False
         self._heartbeats.created = False
+        self._records.created = False
 
     def beat(self, record: Mapping[str, Any], ttl_s: float) -> None:
         """Upsert a row of ``<table>_workers``; see ``SupportsHeartbeats``."""
@@ -375,7 +378,23 @@ class PostgresDriver(Driver):
     def heartbeats(self) -> list[dict[str, Any]]:
         return self._heartbeats.heartbeats()
 
+    def record_get(self, key: str) -> bytes | None:
+        """The live row of ``key`` in ``<table>_records``; see ``SupportsRecords``."""
+        return self._records.get(key)
+
+    def record_put(self, key: str, value: bytes, ttl_s: float, expect: bytes | None) -> bool:
+        """Compare-and-set in one statement, which notifies the waiters when it wrote."""
+        return self._records.put(key, value, ttl_s, expect)
+
+    def record_wait(self, key: str, seen: bytes | None, timeout_s: float) -> bytes | None:
+        """Woken by the write's NOTIFY, heard by this process's one listening connection."""
+        return self._records.wait(key, seen, timeout_s)
+
+    def record_scan(self, limit: int) -> list[bytes]:
+        return self._records.scan(limit)
+
     def close(self) -> None:
+        self._records.close()
         self._pool.close()
         self._settle_pool.close()
 

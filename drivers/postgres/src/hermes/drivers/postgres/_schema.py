@@ -41,7 +41,7 @@ def check_identifier(kind: str, name: str) -> str:
 
 @dataclass(frozen=True)
 class Names:
-    """The SQL names of one driver's tables, index, lock key and NOTIFY channel."""
+    """The SQL names of one driver's tables, index, lock key and NOTIFY channels."""
 
     schema: str
     table: str
@@ -71,6 +71,11 @@ class Names:
         """The LISTEN/NOTIFY channel of ``queue``: short, as channels are at most 63 bytes."""
         digest = sha1(f"{self.schema}.{self.table}.{queue}".encode()).hexdigest()
         return f"hermes_{digest[:20]}"
+
+    def records_channel(self, queue: str) -> str:
+        """The channel a write of ``queue``'s job records notifies, the key as its payload."""
+        digest = sha1(f"{self.schema}.{self.table}.{queue}.records".encode()).hexdigest()
+        return f"hermes_r_{digest[:20]}"
 
 
 def create_sql(names: Names) -> str:
