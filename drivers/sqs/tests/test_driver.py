@@ -262,7 +262,7 @@ def test_an_idle_worker_returns_soon_after_shutdown(make_driver: MakeDriver) -> 
     driver = make_driver()
     stop = threading.Event()
     compat.set_shutdown(driver, StopWhen(stop.is_set, timeout_s=30))
-    worker = threading.Thread(target=driver.wait, args=(recorder([]),))
+    worker = threading.Thread(target=compat.wait, args=(driver, recorder([])))
     worker.start()
     time.sleep(0.3)  # let it enter its long poll; the result does not depend on it
     stop.set()
@@ -499,7 +499,7 @@ def _long_handler_run(make_driver: MakeDriver, url: str, *, heartbeat: bool) -> 
         return True
 
     compat.set_shutdown(rival, StopWhen(finished.is_set, timeout_s=30))
-    rival_thread = threading.Thread(target=rival.wait, args=(recorder(rival_got),))
+    rival_thread = threading.Thread(target=compat.wait, args=(rival, recorder(rival_got)))
     compat.set_max_process_items(worker, 1)
     rival_thread.start()
     try:
