@@ -198,10 +198,16 @@ def test_a_killed_child_is_replaced_and_never_more_than_n_run(project, pools):
     eventually(lambda: f"pid {victim} was killed by SIGKILL" in pool.log(), "the death logged")
     seed(url, range(20))
     eventually(lambda: len(handled(project)) == 20, "20 messages handled", 20)
+    # The replacement may still be starting (importing, connecting) when the other
+    # child has handled all 20: its first line is waited for, not assumed.
+    eventually(
+        lambda: "[worker-1 pid " in pool.log() and "[worker-2 pid " in pool.log(),
+        "a log line from each slot",
+        20,
+        details=pool.log,
+    )
     assert pool.stop() == 0
     assert pool.most == 2
-    log = pool.log()
-    assert "[worker-1 pid " in log and "[worker-2 pid " in log
     assert "handled 20," in pool.stdout.read_text()
     assert "1 died and were replaced" in pool.stdout.read_text()
 
