@@ -194,6 +194,7 @@ class Dispatcher:
         max_retry: int | None = None,
         can_retry: CanRetry | None = None,
         backoff: Backoff | float | None = None,
+        time_limit_s: float | None = None,
     ) -> Callable[[F], F]:
         """Decorator: register the function as a handler of ``type``; the function is unchanged.
 
@@ -204,11 +205,17 @@ class Dispatcher:
         alone means ``max_retry=25``. Without either, the function is never retried.
         ``backoff`` -- seconds, or a function of the retry number (1 for the first
         retry) returning seconds -- replaces :meth:`next_retry` for this handler.
+        ``time_limit_s`` replaces the Dispatcher's :attr:`time_limit_s` for it (a
+        function's own ``time_limit_s`` attribute does too).
         """
 
         def register(function: F) -> F:
             handler = function_handler(
-                function, max_retry=max_retry, can_retry=can_retry, backoff=backoff
+                function,
+                max_retry=max_retry,
+                can_retry=can_retry,
+                backoff=backoff,
+                time_limit_s=time_limit_s,
             )
             self.register_handler(type, handler)
             return function
