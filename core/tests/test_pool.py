@@ -568,3 +568,62 @@ def test_children_that_keep_crashing_end_the_pool_with_exit_2_and_the_last_cause
     last = pool.log().splitlines()[-1]
     assert last.startswith("hermes: error: worker processes keep crashing: 5 within 10 s"), last
     assert last.endswith("exited with code 3")
+
+
+#: Handlers whose broker is "down" while the file ``down`` exists: every put
+#: (the retry copy's send) raises BrokerUnavailableError. The job fails on its
+#: first delivery, so it needs a retry copy.
+BLIPS = """
+import os
+
+from hermes.core import BrokerUnavailableError, Dispatcher, HandlerRegistry
+from hermes.drivers.filesystem import FileSystemDriver
+
+Dispatcher.retry_send_waits_s = (0.05,)
+_put = FileSystemDriver.put
+
+
+def put(self, items, priority=100):
+    if os.path.exists("down"):
+        raise BrokerUnavailableError("the broker is restarting")
+    return _put(self, items, priority)
+
+
+FileSystemDriver.put = put
+handlers = HandlerRegistry()
+
+
+@handlers.handler("job", max_retry=3, backoff=0)
+def job(message):
+    if message.retries == 0:
+        raise RuntimeError("fails once")
+    fd = os.open("handled.txt", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.write(fd, f"{message.payload['n']}\\t{os.getpid()}\\tv1\\n".encode())
+    os.close(fd)
+"""
+
+
+def test_a_child_whose_broker_is_briefly_unavailable_is_replaced_and_the_pool_runs_on(
+    project, pools
+):
+    (project / "blips.py").write_text(BLIPS)
+    (project / "down").write_text("")
+    url = file_url(project)
+    pool = start(pools, project, "--url", url, "--handlers", "blips:handlers", "--processes", "2")
+    eventually(lambda: len(pool.children()) == 2, "two children", 20)
+    seed(url, range(1))
+    eventually(
+        lambda: "a new one starts in" in pool.log() or pool.proc.poll() is not None,
+        "the child whose retry copy could not be sent to leave",
+        20,
+        details=pool.log,
+    )
+    (project / "down").unlink()
+    assert pool.proc.poll() is None, pool.log()
+    eventually(lambda: handled(project) == {0: 1}, "the job handled by its retry", 20)
+    log = pool.log()
+    assert "its retry copy could not be sent after 2 attempts" in log
+    assert "stopping the pool" not in log
+    assert pool.stop() == 0
+    # The other child may have taken the released message while the broker was still down.
+    assert "died and were replaced" in pool.stdout.read_text()
