@@ -627,3 +627,66 @@ def test_a_child_whose_broker_is_briefly_unavailable_is_replaced_and_the_pool_ru
     assert pool.stop() == 0
     # The other child may have taken the released message while the broker was still down.
     assert "died and were replaced" in pool.stdout.read_text()
+
+
+#: Handlers whose module registers, in each process that imports it, a plugin
+#: recording ``hermes_process_exiting`` calls: "<pid>" per call, in exiting.txt.
+EXITING = """
+import os
+
+from hermes.core import hookimpl
+from hermes.core.spi._registry import plugin_manager
+
+
+class RecordsExit:
+    @hookimpl
+    def hermes_process_exiting(self):
+        fd = os.open("exiting.txt", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.write(fd, f"{os.getpid()}\\n".encode())
+        os.close(fd)
+
+
+plugin_manager().register(RecordsExit())
+
+
+def job(message):
+    fd = os.open("handled.txt", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.write(fd, f"{message.payload['n']}\\t{os.getpid()}\\tv1\\n".encode())
+    os.close(fd)
+
+
+HANDLERS = {"job": job}
+"""
+
+
+def exiting_pids(project: Path) -> list[int]:
+    path = project / "exiting.txt"
+    return sorted(map(int, path.read_text().split())) if path.exists() else []
+
+
+def test_a_pool_child_calls_the_exiting_hook_as_it_leaves(project, pools):
+    (project / "exiting.py").write_text(EXITING)
+    url = file_url(project)
+    args = ["--url", url, "--handlers", "exiting:HANDLERS", "--processes", "2"]
+    pool = start(pools, project, *args, "--max-jobs-per-child", "1")
+    seed(url, range(2))
+    eventually(lambda: len(handled(project)) == 2, "both messages handled", 20, details=pool.log)
+    workers = sorted({int(pid) for _, pid, _ in rows(project)})
+    eventually(
+        lambda: set(workers) <= set(exiting_pids(project)),
+        "each child that left at --max-jobs-per-child to call the hook",
+        20,
+        details=lambda: f"{exiting_pids(project)} of {workers}; the pool's log:\n{pool.log()}",
+    )
+    assert pool.stop() == 0
+
+
+def test_a_single_worker_calls_the_exiting_hook_at_the_end_of_its_run(project, pools):
+    (project / "exiting.py").write_text(EXITING)
+    url = file_url(project)
+    worker = start(
+        pools, project, "--url", url, "--handlers", "exiting:HANDLERS", "--max-items", "1"
+    )
+    seed(url, range(1))
+    assert worker.wait(20) == 0, worker.log()
+    assert exiting_pids(project) == [worker.proc.pid]

@@ -29,7 +29,7 @@ from hermes.core.app._dispatcher import Dispatcher
 from hermes.core.app._handler import Handler, handler_name
 from hermes.core.run._worker import NOTICE, Worker
 from hermes.core.spi._driver import DEFAULT_PRIORITY, Driver
-from hermes.core.spi._registry import connect, driver_for_url
+from hermes.core.spi._registry import connect, driver_for_url, notify, plugin_manager
 from hermes.core.spi._shutdown import SharedFileShutdown, Shutdown
 from hermes.core.spi._url import redact_url
 
@@ -153,6 +153,8 @@ def run(args: argparse.Namespace, child: ChildLink | None = None) -> int:
             if scheduler is not None:
                 scheduler.stop()
             if child is None:
+                # A pool's child calls it as it leaves, after the run and anything that fails.
+                notify(plugin_manager().hook.hermes_process_exiting)
                 print(summary(dispatcher, time.monotonic() - started), flush=True)
             else:
                 reporter.set()

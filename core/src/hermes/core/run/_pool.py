@@ -496,10 +496,14 @@ class Supervisor:
             traceback.print_exc()
         finally:
             try:
-                sys.stdout.flush()
-                sys.stderr.flush()
+                # os._exit skips atexit: the plugins' exit-time flushes happen here or never.
+                notify(plugin_manager().hook.hermes_process_exiting)
             finally:
-                os._exit(code)
+                try:
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                finally:
+                    os._exit(code)
 
     def _fill_slots(self) -> None:
         if self._stopping:
