@@ -145,6 +145,11 @@ def run(args: argparse.Namespace, child: ChildLink | None = None) -> int:
             _scheduler.beat_for(stack, args, beats, url, scheduler)
         started = time.monotonic()
         if child is not None:
+            # The Worker handles SIGTERM while it runs, then puts back the handler it
+            # found. The default one would kill a child that the pool's stop reaches
+            # as its run ends (at --max-jobs-per-child) before it reports its last
+            # counts, and the pool's summary would miss them.
+            signal.signal(signal.SIGTERM, lambda signum, frame: worker.stop("SIGTERM"))
             child.ready()
             reporter = child.report_while_running(lambda: counts(worker), worker.stop)
         try:
