@@ -176,3 +176,37 @@ def test_emit_unique_for_on_a_broker_without_claims_is_one_line_and_exit_2(
 ) -> None:
     err = one_line_error(capsys, ["emit", "--url", "noclaims://x", "sync", "--unique-for", "5"])
     assert "--unique-for needs a broker that can claim" in err
+
+
+def test_a_worker_s_scheduler_thread_that_dies_says_so_at_error(
+    jobs: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import argparse
+    import logging
+    import time
+
+    from hermes.core._cli import _scheduler
+    from hermes.core._cli._loading import load_object
+    from hermes.core.schedule import Scheduler
+
+    def broken(self: Scheduler, now: float) -> float:
+        raise RuntimeError("the clock is gone")
+
+    monkeypatch.setattr(Scheduler, "next_fire_time", broken)
+    write(jobs, 'handlers.every(seconds=1, type="ping", catch_up="none")\n')
+    target = load_object(f"{jobs}:handlers")
+    args = argparse.Namespace(handlers=f"{jobs}:handlers", scheduler=True, lock_url=None)
+    driver = MemoryDriver(jobs)
+    caplog.set_level(logging.INFO, logger="hermes")
+    scheduler = _scheduler.start_in_worker(args, target, driver, f"memory://{jobs}")
+    try:
+        deadline = time.monotonic() + 10
+        while not [r for r in caplog.records if r.levelno == logging.ERROR]:
+            assert time.monotonic() < deadline, "no ERROR line from the scheduler thread"
+            time.sleep(0.01)
+    finally:
+        scheduler.stop()
+        driver.teardown()
+    [error] = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert "scheduler" in error.getMessage() and "the clock is gone" in error.getMessage()
+    assert error.exc_info is not None

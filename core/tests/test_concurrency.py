@@ -12,6 +12,7 @@ import pytest
 
 from hermes.core import (
     ConfigurationError,
+    HandlerRegistry,
     Message,
     RetryableHandler,
     RetryMixin,
@@ -511,3 +512,53 @@ def test_an_overrunning_async_handler_is_cancelled(driver: MemoryDriver) -> None
     dispatcher.register_handler("hang", Hangs())
     dispatcher.handle()
     assert cancelled.wait(5)
+
+
+def _overrunning_function(outcome: list[str]) -> Callable[[Message], None]:
+    def slow(message: Message) -> None:
+        try:
+            for _ in range(int(DEADLINE_S / 0.01)):
+                time.sleep(0.01)
+        except TimeLimitExceeded:
+            outcome.append("interrupted")
+            raise
+
+    return slow
+
+
+def test_a_handler_function_s_own_time_limit_s_attribute_interrupts_it(
+    driver: MemoryDriver,
+) -> None:
+    outcome: list[str] = []
+    slow = _overrunning_function(outcome)
+    slow.time_limit_s = 0.2  # type: ignore[attr-defined]
+    driver.send(Message("slow"))
+    dispatcher = Dispatcher(driver, shutdown=StopWhen(lambda: bool(outcome)))
+    dispatcher.register_handler("slow", slow)
+    dispatcher.handle()
+    assert outcome == ["interrupted"]
+    assert dispatcher.stats.failed == 1
+
+
+@pytest.mark.parametrize("where", ["dispatcher", "registry"])
+def test_the_handler_decorator_s_time_limit_s_interrupts_the_function(
+    driver: MemoryDriver, where: str
+) -> None:
+    outcome: list[str] = []
+    driver.send(Message("slow"))
+    dispatcher = Dispatcher(driver, shutdown=StopWhen(lambda: bool(outcome)), time_limit_s=60)
+    if where == "dispatcher":
+        dispatcher.handler("slow", time_limit_s=0.2)(_overrunning_function(outcome))
+    else:
+        registry = HandlerRegistry()
+        registry.handler("slow", time_limit_s=0.2)(_overrunning_function(outcome))
+        registry.register(dispatcher)
+    dispatcher.handle()
+    assert outcome == ["interrupted"]
+
+
+@pytest.mark.parametrize("bad", [0, -1, "1"])
+def test_a_handler_function_s_time_limit_must_be_positive(driver: MemoryDriver, bad) -> None:
+    dispatcher = Dispatcher(driver)
+    with pytest.raises(ConfigurationError, match="time_limit_s"):
+        dispatcher.handler("slow", time_limit_s=bad)(lambda message: None)

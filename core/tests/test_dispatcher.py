@@ -28,6 +28,7 @@ from hermes.core.app._dispatcher import readable_time
 from hermes.core.compat import Dispatcher
 from hermes.core.driver import Delay, MemoryDriver
 from hermes.core.run._worker import NOTICE
+from hermes.core.testing import scheduled
 
 
 class Recorder:
@@ -569,26 +570,78 @@ def test_each_handler_of_a_message_says_how_it_ended(
     assert (stats.handled, stats.failed, stats.retried, stats.gave_up) == (1, 2, 1, 1)
 
 
+class Unavailable(MemoryDriver):
+    """A memory driver whose broker is away for its first ``failures`` sends."""
+
+    def __init__(self, name: str, failures: int) -> None:
+        super().__init__(name)
+        self.failures = failures
+        self.attempts = 0
+
+    def send(self, message: Message, priority: int = DEFAULT_PRIORITY) -> None:
+        self.attempts += 1
+        if self.attempts <= self.failures:
+            raise BrokerUnavailableError("memory://nowhere refused")
+        super().send(message, priority)
+
+
 def test_a_retry_that_cannot_be_sent_is_logged_with_the_message_and_raised(
     broker_name: str, hermes_log: pytest.LogCaptureFixture
 ) -> None:
-    class Refuses(MemoryDriver):
-        def send(self, message: Message, priority: int = DEFAULT_PRIORITY) -> None:
-            raise BrokerUnavailableError("memory://nowhere refused")
-
+    driver = Unavailable(broker_name, failures=1000)
     message = Message("mail")
-    dispatcher = Dispatcher(Refuses(broker_name)).register_handler("mail", Flaky())
+    dispatcher = Dispatcher(driver).register_handler("mail", Flaky())
+    dispatcher.retry_send_waits_s = (0.01, 0.01)
 
     with pytest.raises(BrokerUnavailableError):
         dispatcher.handle_message(message, DEFAULT_PRIORITY)
 
-    assert outcome_lines(hermes_log) == [
-        (
-            logging.ERROR,
-            f"Message #{message.id} (mail) failed in Flaky and its retry copy could not be "
-            "sent - memory://nowhere refused",
-        )
-    ]
+    assert driver.attempts == 3
+    lines = outcome_lines(hermes_log)
+    assert [level for level, _ in lines] == [logging.WARNING, logging.WARNING, logging.ERROR]
+    assert lines[-1][1] == (
+        f"Message #{message.id} (mail) failed in Flaky and its retry copy could not be "
+        "sent after 3 attempts - memory://nowhere refused"
+    )
+
+
+def test_a_retry_copy_is_sent_once_a_briefly_unavailable_broker_is_back(
+    broker_name: str, hermes_log: pytest.LogCaptureFixture
+) -> None:
+    driver = Unavailable(broker_name, failures=2)
+    message = Message("mail")
+    dispatcher = Dispatcher(driver).register_handler("mail", Flaky())
+    dispatcher.retry_send_waits_s = (0.01, 0.01, 0.01)
+
+    assert dispatcher.handle_message(message, DEFAULT_PRIORITY) is False
+
+    assert driver.attempts == 3
+    assert dispatcher.stats.retried == 1
+    [copy] = scheduled(driver)
+    assert (copy.id, copy.retries) == (message.id, 1)
+    warnings = [text for level, text in outcome_lines(hermes_log) if level == logging.WARNING]
+    assert warnings[0].startswith(
+        f"Message #{message.id} (mail): its retry copy could not be sent (attempt 1), "
+        "trying again in "
+    )
+    assert "retry 1 of 25" in warnings[-1]
+
+
+def test_a_retry_copy_the_broker_refuses_is_not_sent_again(broker_name: str) -> None:
+    class Refuses(MemoryDriver):
+        attempts = 0
+
+        def send(self, message: Message, priority: int = DEFAULT_PRIORITY) -> None:
+            self.attempts += 1
+            raise DriverError("memory://nowhere: the queue's index is corrupt")
+
+    driver = Refuses(broker_name)
+    dispatcher = Dispatcher(driver).register_handler("mail", Flaky())
+    dispatcher.retry_send_waits_s = (0.01, 0.01)
+
+    with pytest.raises(DriverError, match="index is corrupt"):
+        dispatcher.handle_message(Message("mail"), DEFAULT_PRIORITY)
+    assert driver.attempts == 1
 
 
 def test_a_due_time_on_another_day_shows_its_date() -> None:

@@ -128,6 +128,28 @@ def test_the_table_shows_uptime_in_flight_jobs_and_last_seen() -> None:
     assert duration(59) == "59s" and duration(3 * 86400 + 7200) == "3d02h"
 
 
+def test_hermes_workers_shows_times_that_are_not_numbers_as_invalid() -> None:
+    now = 1_767_225_600.0
+    record = {
+        "host": "web-1",
+        "pid": 42,
+        "started": "yesterday",
+        "last_seen": None,
+        "supervisor_pid": 900,
+        "slot": "two",
+        "in_flight": [{"type": "invoice.send", "id": "7", "since": "soon"}],
+    }
+    [row] = table(
+        [
+            record,
+        ],
+        now,
+    ).splitlines()[1:]
+    cells = row.split()
+    assert "invalid" in cells[cells.index("worker") + 1]
+    assert "invoice.send #7 (invalid)" in row
+
+
 def test_hermes_workers_lists_a_pools_children_together_under_their_supervisor() -> None:
     now = 1_767_225_600.0
 

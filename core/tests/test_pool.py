@@ -198,10 +198,16 @@ def test_a_killed_child_is_replaced_and_never_more_than_n_run(project, pools):
     eventually(lambda: f"pid {victim} was killed by SIGKILL" in pool.log(), "the death logged")
     seed(url, range(20))
     eventually(lambda: len(handled(project)) == 20, "20 messages handled", 20)
+    # The replacement may still be starting (importing, connecting) when the other
+    # child has handled all 20: its first line is waited for, not assumed.
+    eventually(
+        lambda: "[worker-1 pid " in pool.log() and "[worker-2 pid " in pool.log(),
+        "a log line from each slot",
+        20,
+        details=pool.log,
+    )
     assert pool.stop() == 0
     assert pool.most == 2
-    log = pool.log()
-    assert "[worker-1 pid " in log and "[worker-2 pid " in log
     assert "handled 20," in pool.stdout.read_text()
     assert "1 died and were replaced" in pool.stdout.read_text()
 
@@ -562,3 +568,125 @@ def test_children_that_keep_crashing_end_the_pool_with_exit_2_and_the_last_cause
     last = pool.log().splitlines()[-1]
     assert last.startswith("hermes: error: worker processes keep crashing: 5 within 10 s"), last
     assert last.endswith("exited with code 3")
+
+
+#: Handlers whose broker is "down" while the file ``down`` exists: every put
+#: (the retry copy's send) raises BrokerUnavailableError. The job fails on its
+#: first delivery, so it needs a retry copy.
+BLIPS = """
+import os
+
+from hermes.core import BrokerUnavailableError, Dispatcher, HandlerRegistry
+from hermes.drivers.filesystem import FileSystemDriver
+
+Dispatcher.retry_send_waits_s = (0.05,)
+_put = FileSystemDriver.put
+
+
+def put(self, items, priority=100):
+    if os.path.exists("down"):
+        raise BrokerUnavailableError("the broker is restarting")
+    return _put(self, items, priority)
+
+
+FileSystemDriver.put = put
+handlers = HandlerRegistry()
+
+
+@handlers.handler("job", max_retry=3, backoff=0)
+def job(message):
+    if message.retries == 0:
+        raise RuntimeError("fails once")
+    fd = os.open("handled.txt", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.write(fd, f"{message.payload['n']}\\t{os.getpid()}\\tv1\\n".encode())
+    os.close(fd)
+"""
+
+
+def test_a_child_whose_broker_is_briefly_unavailable_is_replaced_and_the_pool_runs_on(
+    project, pools
+):
+    (project / "blips.py").write_text(BLIPS)
+    (project / "down").write_text("")
+    url = file_url(project)
+    pool = start(pools, project, "--url", url, "--handlers", "blips:handlers", "--processes", "2")
+    eventually(lambda: len(pool.children()) == 2, "two children", 20)
+    seed(url, range(1))
+    eventually(
+        lambda: "a new one starts in" in pool.log() or pool.proc.poll() is not None,
+        "the child whose retry copy could not be sent to leave",
+        20,
+        details=pool.log,
+    )
+    (project / "down").unlink()
+    assert pool.proc.poll() is None, pool.log()
+    eventually(lambda: handled(project) == {0: 1}, "the job handled by its retry", 20)
+    log = pool.log()
+    assert "its retry copy could not be sent after 2 attempts" in log
+    assert "stopping the pool" not in log
+    assert pool.stop() == 0
+    # The other child may have taken the released message while the broker was still down.
+    assert "died and were replaced" in pool.stdout.read_text()
+
+
+#: Handlers whose module registers, in each process that imports it, a plugin
+#: recording ``hermes_process_exiting`` calls: "<pid>" per call, in exiting.txt.
+EXITING = """
+import os
+
+from hermes.core import hookimpl
+from hermes.core.spi._registry import plugin_manager
+
+
+class RecordsExit:
+    @hookimpl
+    def hermes_process_exiting(self):
+        fd = os.open("exiting.txt", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.write(fd, f"{os.getpid()}\\n".encode())
+        os.close(fd)
+
+
+plugin_manager().register(RecordsExit())
+
+
+def job(message):
+    fd = os.open("handled.txt", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.write(fd, f"{message.payload['n']}\\t{os.getpid()}\\tv1\\n".encode())
+    os.close(fd)
+
+
+HANDLERS = {"job": job}
+"""
+
+
+def exiting_pids(project: Path) -> list[int]:
+    path = project / "exiting.txt"
+    return sorted(map(int, path.read_text().split())) if path.exists() else []
+
+
+def test_a_pool_child_calls_the_exiting_hook_as_it_leaves(project, pools):
+    (project / "exiting.py").write_text(EXITING)
+    url = file_url(project)
+    args = ["--url", url, "--handlers", "exiting:HANDLERS", "--processes", "2"]
+    pool = start(pools, project, *args, "--max-jobs-per-child", "1")
+    seed(url, range(2))
+    eventually(lambda: len(handled(project)) == 2, "both messages handled", 20, details=pool.log)
+    workers = sorted({int(pid) for _, pid, _ in rows(project)})
+    eventually(
+        lambda: set(workers) <= set(exiting_pids(project)),
+        "each child that left at --max-jobs-per-child to call the hook",
+        20,
+        details=lambda: f"{exiting_pids(project)} of {workers}; the pool's log:\n{pool.log()}",
+    )
+    assert pool.stop() == 0
+
+
+def test_a_single_worker_calls_the_exiting_hook_at_the_end_of_its_run(project, pools):
+    (project / "exiting.py").write_text(EXITING)
+    url = file_url(project)
+    worker = start(
+        pools, project, "--url", url, "--handlers", "exiting:HANDLERS", "--max-items", "1"
+    )
+    seed(url, range(1))
+    assert worker.wait(20) == 0, worker.log()
+    assert exiting_pids(project) == [worker.proc.pid]

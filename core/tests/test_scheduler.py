@@ -191,3 +191,61 @@ def test_each_settled_tick_is_one_info_line_and_one_hook_call(
     assert len(lines) == 2
     assert lines[0].startswith("Tick ping@2025-01-01T00:02:00Z: emitted message #")
     assert lines[1].startswith("Tick ping@2025-01-01T00:01:00Z skipped")
+
+
+def test_a_payload_function_that_raises_is_logged_and_other_entries_and_later_ticks_go_on(
+    memory: MemoryDriver, caplog: pytest.LogCaptureFixture
+) -> None:
+    calls = Counter[str]()
+
+    def broken_once(tick: object) -> dict[str, str]:
+        calls["bad"] += 1
+        if calls["bad"] == 1:
+            raise KeyError("report_id")
+        return {"key": "bad"}
+
+    schedule = Schedule()
+    schedule.every(minutes=1, type="bad", name="bad", payload=broken_once)
+    schedule.every(minutes=1, type="ping", name="ping", payload=lambda t: {"key": t.key})
+    scheduler = Scheduler(schedule, memory, catch_up=False, clock=lambda: T0 - 1)
+
+    first = scheduler.run_pending(T0 + 0.1)
+
+    assert sorted((r.entry.name, r.outcome) for r in first) == [
+        ("bad", "lost"),
+        ("ping", "emitted"),
+    ]
+    [error] = [r for r in caplog.records if r.levelno == logging.ERROR]
+    text = error.getMessage()
+    assert "bad" in text and "bad@2025-01-01T00:00:00Z" in text and "report_id" in text
+    assert error.exc_info is not None
+    later = scheduler.run_pending(T0 + MINUTE + 0.1)
+    assert sorted((r.entry.name, r.outcome) for r in later) == [
+        ("bad", "emitted"),
+        ("ping", "emitted"),
+    ]
+
+
+def test_the_scheduler_s_run_goes_on_after_a_payload_function_raises(
+    memory: MemoryDriver,
+) -> None:
+    now = [T0 + 0.1]
+
+    def broken(tick: object) -> None:
+        raise RuntimeError("always")
+
+    schedule = Schedule()
+    schedule.every(seconds=1, type="bad", name="bad", payload=broken)
+    scheduler = Scheduler(schedule, memory, catch_up=False, clock=lambda: now[0])
+    thread = threading.Thread(target=scheduler.run, daemon=True)
+    thread.start()
+    try:
+        deadline = T0 + 30
+        while scheduler.counts["lost"] < 2 and now[0] < deadline:
+            now[0] += 0.5
+            thread.join(0.05)
+            assert thread.is_alive()
+    finally:
+        scheduler.stop()
+        thread.join(5)
+    assert scheduler.counts["lost"] >= 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import threading
@@ -9,7 +10,7 @@ import time
 
 import pytest
 
-from hermes.core import Emitter, Message, NotSupportedError
+from hermes.core import DeliveryError, Emitter, Message, NotSupportedError, SerializeError
 from hermes.core.spi._memory import MemoryDriver
 
 _names = itertools.count()
@@ -87,3 +88,23 @@ def test_a_driver_without_claims_says_what_to_use(memory: MemoryDriver) -> None:
     with pytest.raises(NotSupportedError, match="cannot claim keys"):
         Emitter(NoClaims(memory.name)).emit(Message("a"), unique_for=60)
     assert waiting(memory) == 0
+
+
+def test_a_unique_emit_that_cannot_be_serialized_leaves_its_key_free(memory: MemoryDriver) -> None:
+    emitter = Emitter(memory)
+    with pytest.raises(SerializeError):
+        emitter.emit(Message("sync", {"at": object()}), unique_for=60, unique_key="k")
+    assert emitter.emit(Message("sync", {"at": 1}), unique_for=60, unique_key="k") is True
+    assert waiting(memory) == 1
+
+
+def test_a_unique_emit_refused_for_its_size_leaves_its_key_free(memory: MemoryDriver) -> None:
+    class Small(MemoryDriver):
+        capabilities = dataclasses.replace(MemoryDriver.capabilities, max_message_bytes=1000)
+
+    small = Small(memory.name)
+    emitter = Emitter(small)
+    with pytest.raises(DeliveryError, match="max_message_bytes"):
+        emitter.emit(Message("sync", {"blob": "x" * 2000}), unique_for=60, unique_key="k")
+    assert emitter.emit(Message("sync", {"blob": "x"}), unique_for=60, unique_key="k") is True
+    assert waiting(memory) == 1

@@ -10,12 +10,13 @@ from typing import Any
 import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
 from hermes.core import Dispatcher, Emitter, Message, connect
 from hermes.core.driver import Driver
+from hermes.core.spi._registry import notify, plugin_manager
 from hermes.core.testing import drain, scheduled
 from hermes.plugins.opentelemetry import _plugin
 
@@ -273,3 +274,32 @@ def test_without_a_tracer_provider_the_hooks_step_aside_unless_a_context_travels
         seen.append(format(trace.get_current_span().get_span_context().trace_id, "032x"))
     _plugin.hermes_message_finished()
     assert seen == ["0af7651916cd43dd8448eb211c80319c"]
+
+
+def test_a_process_exiting_flushes_the_spans_a_batch_processor_still_holds(
+    driver: Driver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    # Exports only when told to: a pool's child leaving through os._exit never runs
+    # the SDK's exit-time flush, and without the hook these spans are gone.
+    provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=600_000))
+    monkeypatch.setattr(_plugin, "_tracer", provider.get_tracer("test"))
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: provider)
+    try:
+        in_a_request(Message("signup", {"user": 1}), driver)
+        dispatcher = Dispatcher(driver)
+        dispatcher.register_handler("signup", lambda message: None)
+        drain(dispatcher)
+        assert exporter.get_finished_spans() == ()
+
+        notify(plugin_manager().hook.hermes_process_exiting)
+
+        names = sorted(span.name.split()[0] for span in exporter.get_finished_spans())
+        assert names == ["GET", "process", "send"]
+    finally:
+        provider.shutdown()
+
+
+def test_a_process_exiting_without_a_tracer_provider_does_nothing() -> None:
+    _plugin.hermes_process_exiting()  # the API's proxy provider has nothing to flush

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -104,3 +106,41 @@ def test_a_retried_message_s_second_run_is_in_the_same_trace(
     assert first["events"] == ["exception"]
     assert (second["attributes"]["hermes.message.retries"], second["status"]) == (1, "UNSET")
     assert second["attributes"]["hermes.outcome"] == "succeeded"
+
+
+def test_a_pool_s_children_export_the_spans_a_batch_processor_held_when_they_leave(
+    exporter: InMemorySpanExporter, url: str, tmp_path: Path
+) -> None:
+    ids = [Message("signup", {"user": n}) for n in range(4)]
+    for message in ids:
+        emit_in_a_request(url, message)
+    spans = tmp_path / "spans.jsonl"
+    env = dict(os.environ, HERMES_TEST_SPANS=str(spans), HERMES_TEST_BATCH="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")])
+    hermes = str(Path(sys.executable).with_name("hermes"))
+    command = [hermes, "worker", "--url", url, "--handlers", "traced_jobs:register"]
+    # Each child leaves (through os._exit) after one message: only a flush as it
+    # leaves exports its span.
+    pool = subprocess.Popen(
+        [*command, "--processes", "2", "--max-jobs-per-child", "1"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+
+        def exported() -> set[str]:
+            text = spans.read_text() if spans.exists() else ""
+            return {
+                json.loads(line)["attributes"]["messaging.message.id"] for line in text.splitlines()
+            }
+
+        deadline = time.monotonic() + 60
+        while exported() != {m.id for m in ids} and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert exported() == {m.id for m in ids}
+    finally:
+        pool.send_signal(signal.SIGTERM)
+        _, err = pool.communicate(timeout=60)
+    assert pool.returncode == 0, err

@@ -3,7 +3,8 @@
 What an application's handlers module does, with a test's exporter: every
 finished span is one JSON line in the file ``HERMES_TEST_SPANS`` names (no
 ``OTEL_*`` variables, no collector). Spans are written as they end, so the
-file is complete when the worker exits.
+file is complete when the worker exits (``HERMES_TEST_BATCH``: in batches,
+written when the provider is flushed).
 """
 
 from __future__ import annotations
@@ -16,7 +17,12 @@ from collections.abc import Sequence
 
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    SimpleSpanProcessor,
+    SpanExporter,
+    SpanExportResult,
+)
 
 from hermes.core import Dispatcher, Message
 
@@ -48,7 +54,13 @@ def as_dict(span: ReadableSpan) -> dict[str, object]:
 
 
 provider = TracerProvider()
-provider.add_span_processor(SimpleSpanProcessor(JsonLinesExporter(os.environ["HERMES_TEST_SPANS"])))
+_exporter = JsonLinesExporter(os.environ["HERMES_TEST_SPANS"])
+if os.environ.get("HERMES_TEST_BATCH"):
+    # What most applications run: spans exported in batches, so some are held
+    # until the process flushes them as it leaves.
+    provider.add_span_processor(BatchSpanProcessor(_exporter, schedule_delay_millis=600_000))
+else:
+    provider.add_span_processor(SimpleSpanProcessor(_exporter))
 trace.set_tracer_provider(provider)
 
 

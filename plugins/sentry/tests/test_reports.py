@@ -14,6 +14,7 @@ from sentry_sdk.transport import Transport
 
 from hermes.core import Dispatcher, Emitter, Message, connect
 from hermes.core.driver import Driver
+from hermes.core.spi._registry import notify, plugin_manager
 from hermes.core.testing import drain
 from hermes.plugins.sentry import _plugin
 
@@ -156,3 +157,42 @@ def test_without_a_dsn_no_scope_is_opened(driver: Driver) -> None:
     drain(dispatcher)
     assert failed == [0]
     assert dispatcher.stats.failed == 1
+
+
+def test_a_process_exiting_flushes_the_events_the_client_still_holds(
+    driver: Driver,
+) -> None:
+    class Buffering(RecordingTransport):
+        """Holds events until flushed, as the SDK's own transport does on its thread."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.held: list[Envelope] = []
+
+        def capture_envelope(self, envelope: Envelope) -> None:
+            self.held.append(envelope)
+
+        def flush(self, timeout: float, callback: Any = None) -> None:
+            for envelope in self.held:
+                super().capture_envelope(envelope)
+            self.held.clear()
+
+    transport = Buffering()
+    sentry_sdk.init(dsn="https://key@sentry.invalid/1", transport=transport)
+    try:
+        Emitter(driver).emit(Message("refused"))
+        dispatcher = Dispatcher(driver)
+        dispatcher.register_handler("refused", lambda message: False)
+        drain(dispatcher)
+        assert transport.events == []
+
+        notify(plugin_manager().hook.hermes_process_exiting)
+
+        [event] = transport.events
+        assert event["tags"]["hermes.outcome"] == "returned_false"
+    finally:
+        sentry_sdk.get_client().close()
+
+
+def test_a_process_exiting_without_a_client_does_nothing() -> None:
+    _plugin.hermes_process_exiting()

@@ -189,6 +189,25 @@ def hermes_worker_process_exited(pid: int) -> None:
 
 
 @hookspec
+def hermes_process_exiting() -> None:
+    """Called in a worker process that is about to exit: flush what is buffered, now.
+
+    A child of ``hermes worker --processes N`` calls it as the last thing
+    before it leaves through ``os._exit``, which skips ``atexit`` handlers and
+    so the exit-time flush of an SDK (a tracer provider's batched spans, an
+    error reporter's queue): without this hook what they hold is lost. A
+    single ``hermes worker`` calls it at the end of its run, whatever ended
+    it. Not called by a :class:`~hermes.core.Worker` run from library code:
+    there the process exits normally and ``atexit`` runs.
+
+    Once per process, on the main thread, after the run and its handlers have
+    finished (a handler that outlived the grace period may still run). Keep it
+    bounded in time -- a flush with a timeout of a few seconds -- or a pool's
+    supervisor kills the child once the grace period is over.
+    """
+
+
+@hookspec
 def hermes_tick(entry: Entry, tick: Tick, fired: bool) -> None:
     """Called by a scheduler for each periodic tick it settled: emitted or skipped.
 

@@ -29,8 +29,15 @@ from hermes.core._cli._loading import load_object
 from hermes.core._cli._report import serve_metrics
 from hermes.core._cli._report import summary as report_summary
 from hermes.core.app._dispatcher import DispatcherStats
-from hermes.core.model._errors import HermesError
-from hermes.core.run._pool import ChildLink, PoolConfig, PoolStats, Supervisor
+from hermes.core.model._errors import BrokerRefusedError, DriverError, HermesError
+from hermes.core.run._pool import (
+    EXIT_FAILED,
+    EXIT_MISTAKE,
+    ChildLink,
+    PoolConfig,
+    PoolStats,
+    Supervisor,
+)
 from hermes.core.spi._registry import driver_for_url
 
 #: prometheus_client's multiprocess mode: where every process writes its metrics.
@@ -92,16 +99,27 @@ def _supervise(args: argparse.Namespace) -> int:
 
 
 def _child(args: argparse.Namespace, link: ChildLink) -> int:
-    """One child: the worker command, its one-line mistakes sent to the supervisor to say once."""
+    """One child: the worker command, its one-line mistakes sent to the supervisor to say once.
+
+    A broker failure other than a refusal (unavailable for a moment, a send it
+    lost) is no mistake: the child exits :data:`EXIT_FAILED` and is replaced
+    with backoff, while the other children go on. Only a mistake -- a
+    configuration error, a broker that refuses the credentials -- ends the pool.
+    """
     try:
         return _run.run(args, child=link)
     except CliError as exc:
         link.fatal(one_line(str(exc)))
+    except BrokerRefusedError as exc:
+        link.fatal(describe_error(exc))
+    except DriverError:
+        # The run logged it at ERROR: the supervisor's death report shows that line.
+        return EXIT_FAILED
     except HermesError as exc:
         link.fatal(describe_error(exc))
     except KeyboardInterrupt:
         return 130
-    return 2
+    return EXIT_MISTAKE
 
 
 def reload_paths(spec: str) -> tuple[Path, ...]:

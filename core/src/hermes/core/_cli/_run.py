@@ -31,7 +31,7 @@ from hermes.core.app._handler import Handler, handler_name
 from hermes.core.app._jobs import Jobs
 from hermes.core.run._worker import NOTICE, Worker
 from hermes.core.spi._driver import DEFAULT_PRIORITY, Driver
-from hermes.core.spi._registry import connect, driver_for_url
+from hermes.core.spi._registry import connect, driver_for_url, notify, plugin_manager
 from hermes.core.spi._shutdown import SharedFileShutdown, Shutdown
 from hermes.core.spi._url import redact_url
 
@@ -151,6 +151,11 @@ def run(args: argparse.Namespace, child: ChildLink | None = None) -> int:
             _scheduler.beat_for(stack, args, beats, url, scheduler)
         started = time.monotonic()
         if child is not None:
+            # The Worker handles SIGTERM while it runs, then puts back the handler it
+            # found. The default one would kill a child that the pool's stop reaches
+            # as its run ends (at --max-jobs-per-child) before it reports its last
+            # counts, and the pool's summary would miss them.
+            signal.signal(signal.SIGTERM, lambda signum, frame: worker.stop("SIGTERM"))
             child.ready()
             reporter = child.report_while_running(lambda: counts(worker), worker.stop)
         try:
@@ -159,6 +164,8 @@ def run(args: argparse.Namespace, child: ChildLink | None = None) -> int:
             if scheduler is not None:
                 scheduler.stop()
             if child is None:
+                # A pool's child calls it as it leaves, after the run and anything that fails.
+                notify(plugin_manager().hook.hermes_process_exiting)
                 print(summary(dispatcher, time.monotonic() - started), flush=True)
             else:
                 reporter.set()

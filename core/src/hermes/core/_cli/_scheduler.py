@@ -29,6 +29,7 @@ from hermes.core._cli._loading import load_object
 from hermes.core._cli._workers import add_heartbeat_options, publisher_for, registry
 from hermes.core.app._handler import HandlerRegistry
 from hermes.core.app._schedule import Schedule
+from hermes.core.model._errors import error_text
 from hermes.core.run._heartbeat import scheduler_fields
 from hermes.core.run._scheduler import CATCH_UP_WINDOW_S, LocalClaims, Scheduler
 from hermes.core.spi._driver import Driver, SupportsClaim, SupportsHeartbeats
@@ -204,8 +205,25 @@ def start_in_worker(
     schedule = schedule_of(source, spec)
     scheduler = make_scheduler(schedule, driver, url, lock_url=args.lock_url, single=False)
     _log_start(scheduler, url)
-    threading.Thread(target=scheduler.run, name="hermes-scheduler", daemon=True).start()
+    threading.Thread(
+        target=_run_in_worker, args=(scheduler,), name="hermes-scheduler", daemon=True
+    ).start()
     return scheduler
+
+
+def _run_in_worker(scheduler: Scheduler) -> None:
+    """The scheduler thread of a worker: if it ever dies, the worker's log says so."""
+    try:
+        scheduler.run()
+    except Exception as exc:
+        # The worker goes on handling messages; without this line the periodic
+        # entries would stop with nothing said.
+        logger.error(
+            "The scheduler thread stopped - %s; this worker emits no more periodic ticks "
+            "(restart it, or run hermes scheduler on its own)",
+            error_text(exc),
+            exc_info=True,
+        )
 
 
 def _run_until_signal(scheduler: Scheduler) -> Counter[str]:

@@ -142,12 +142,23 @@ def duration(seconds_: float) -> str:
     return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
+def since_text(now: float, at: object) -> str:
+    """``duration(now - at)``; ``invalid`` when ``at`` is not a time (a damaged record)."""
+    if not at:
+        return duration(0)
+    if not isinstance(at, int | float | str):
+        return "invalid"
+    try:
+        return duration(now - float(at))
+    except (ValueError, OverflowError):  # text, NaN, infinity
+        return "invalid"
+
+
 def in_flight_text(record: dict[str, Any], now: float) -> str:
     """``invoice.send #42 (12s), ...`` or ``-``."""
     jobs = record.get("in_flight") or []
     parts = [
-        f"{job.get('type')} #{job.get('id')} ({duration(now - float(job.get('since') or now))})"
-        for job in jobs
+        f"{job.get('type')} #{job.get('id')} ({since_text(now, job.get('since'))})" for job in jobs
     ]
     return ", ".join(parts) or "-"
 
@@ -175,7 +186,11 @@ def _grouped(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         if supervisor is None:
             return (index, 0, index)
         slot = record.get("slot")
-        return (first[(str(record.get("host")), supervisor)], 1, int(slot or 0))
+        try:
+            place = int(slot or 0)
+        except (TypeError, ValueError):
+            place = 0  # a damaged record: listed, in no particular place
+        return (first[(str(record.get("host")), supervisor)], 1, place)
 
     return [record for _, record in sorted(enumerate(records), key=place)]
 
@@ -201,11 +216,11 @@ def table(records: Sequence[dict[str, Any]], now: float) -> str:
             str(r.get("pid", "?")),
             pool_text(r),
             str(r.get("kind", "worker")),
-            duration(now - float(r.get("started") or now)),
+            since_text(now, r.get("started")),
             str(r.get("concurrency", "-")),
             str(r.get("handled", "-")),
             str(r.get("failed", "-")),
-            duration(now - float(r.get("last_seen") or now)) + " ago",
+            since_text(now, r.get("last_seen")) + " ago",
             in_flight_text(r, now),
         ]
         for r in records

@@ -34,7 +34,7 @@ from hermes.core.app._retry import (
     readable_time,
     retry_at,
 )
-from hermes.core.model._errors import ConfigurationError
+from hermes.core.model._errors import BrokerUnavailableError, ConfigurationError
 from hermes.core.model._message import Message
 from hermes.core.spi._driver import Delay, Driver
 from hermes.core.spi._registry import notify, plugin_manager, wrap_call
@@ -114,7 +114,19 @@ class Dispatcher:
     it failed and will not run again, with the reason. A message without a
     handler is one ERROR line. A handler's exception is logged at ERROR with
     its traceback (``Handler X throws exception``) before that outcome line.
+
+    A retry copy the broker cannot take because it is unavailable for a moment
+    is sent again after each of :attr:`retry_send_waits_s` (a WARNING line
+    each); when it still cannot be sent, or the broker refused it outright,
+    the error is logged and raised: the Worker releases the message (an
+    at-least-once broker delivers it again) and its run ends.
     """
+
+    #: Seconds to wait before each further attempt to send a retry copy while the
+    #: broker is unavailable (:class:`BrokerUnavailableError`): a restarting broker
+    #: or a failover. An at-most-once broker has already forgotten the message,
+    #: so a copy that is never sent loses it.
+    retry_send_waits_s: tuple[float, ...] = (0.2, 0.5, 1.0, 2.0, 4.0)
 
     def __init__(
         self,
@@ -202,6 +214,7 @@ class Dispatcher:
         max_retry: int | None = None,
         can_retry: CanRetry | None = None,
         backoff: Backoff | float | None = None,
+        time_limit_s: float | None = None,
     ) -> Callable[[F], F]:
         """Decorator: register the function as a handler of ``type``; the function is unchanged.
 
@@ -212,11 +225,17 @@ class Dispatcher:
         alone means ``max_retry=25``. Without either, the function is never retried.
         ``backoff`` -- seconds, or a function of the retry number (1 for the first
         retry) returning seconds -- replaces :meth:`next_retry` for this handler.
+        ``time_limit_s`` replaces the Dispatcher's :attr:`time_limit_s` for it (a
+        function's own ``time_limit_s`` attribute does too).
         """
 
         def register(function: F) -> F:
             handler = function_handler(
-                function, max_retry=max_retry, can_retry=can_retry, backoff=backoff
+                function,
+                max_retry=max_retry,
+                can_retry=can_retry,
+                backoff=backoff,
+                time_limit_s=time_limit_s,
             )
             self.register_handler(type, handler)
             return function
@@ -549,18 +568,32 @@ class Dispatcher:
         due_at = retry_at(handler, message, self.next_retry, self.logger)
         retry = message.replace(retries=message.retries + 1, execute_at=due_at)
         name = handler_name(handler)
-        try:
-            # No priority: the copy lands on the default priority queue, as in PHP Hermes.
-            self.driver.send(retry)
-        except Exception as send_exc:
-            self.logger.error(
-                "Message #%s (%s) failed in %s and its retry copy could not be sent - %s",
-                message.id,
-                message.type,
-                name,
-                send_exc,
-            )
-            raise
+        waits = iter(self.retry_send_waits_s)
+        attempts = 0
+        while True:
+            attempts += 1
+            try:
+                # No priority: the copy lands on the default priority queue, as in PHP Hermes.
+                self.driver.send(retry)
+                break
+            except BrokerUnavailableError as send_exc:
+                wait_s = next(waits, None)
+                if wait_s is None:
+                    self._retry_not_sent(message, name, attempts, send_exc)
+                    raise
+                self.logger.warning(
+                    "Message #%s (%s): its retry copy could not be sent (attempt %d), "
+                    "trying again in %g s - %s",
+                    message.id,
+                    message.type,
+                    attempts,
+                    wait_s,
+                    send_exc,
+                )
+                time.sleep(wait_s)
+            except Exception as send_exc:
+                self._retry_not_sent(message, name, attempts, send_exc)
+                raise
         self._count("retried")
         self.logger.warning(
             "Message #%s (%s) failed in %s, retry %d%s %s",
@@ -579,6 +612,16 @@ class Dispatcher:
             exception=exc,
         )
         return due_at
+
+    def _retry_not_sent(self, message: Message, name: str, attempts: int, exc: Exception) -> None:
+        self.logger.error(
+            "Message #%s (%s) failed in %s and its retry copy could not be sent%s - %s",
+            message.id,
+            message.type,
+            name,
+            f" after {attempts} attempts" if attempts > 1 else "",
+            exc,
+        )
 
     def _give_up(
         self,

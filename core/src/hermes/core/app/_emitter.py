@@ -8,7 +8,7 @@ from typing import overload
 from hermes.core.app._jobs import EXPIRES_HEADER, JobHandle, Jobs
 from hermes.core.model._errors import ConfigurationError, NotSupportedError
 from hermes.core.model._message import Message
-from hermes.core.spi._driver import DEFAULT_PRIORITY, Driver, SupportsClaim
+from hermes.core.spi._driver import DEFAULT_PRIORITY, Driver, SupportsClaim, outgoing
 from hermes.core.spi._registry import enter_emit_calls, exit_calls, notify, plugin_manager
 
 
@@ -89,6 +89,14 @@ class Emitter:
         (logged at INFO; not an error). Needs a driver with
         :class:`~hermes.core.driver.SupportsClaim`, else :class:`NotSupportedError`.
 
+        The message is serialized and held to the driver's size limit before
+        the key is claimed: a :class:`SerializeError` or a size refusal leaves
+        the key free. A send that fails after the claim (the broker went away
+        in between) raises, and the key stays claimed for the window -- claims
+        cannot be taken back -- so an emit of the same key within it is skipped:
+        emit again with another ``unique_key`` (or wait the window out) when
+        the job must still run.
+
         ``expires_in=seconds``: a worker that takes the message later than that
         acknowledges it without running a handler (logged; recorded as
         ``expired`` with records on). It travels as a header, so the message
@@ -112,6 +120,10 @@ class Emitter:
             )
         if not window_s > 0:
             raise ValueError(f"unique_for must be > 0 seconds, got {window_s!r}")
+        # Serialized and held to the driver's size limit before the claim: a message
+        # that can never be sent must not hold its key, or its corrected re-emit
+        # would be skipped as a duplicate for the whole window.
+        driver._check_size(outgoing(message))
         claim_key = f"unique:{message.type}:{key}"
         with driver.translating(f"claiming {claim_key}"):
             won = driver.claim(claim_key, window_s)

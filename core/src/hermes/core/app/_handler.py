@@ -115,16 +115,34 @@ class FunctionHandler:
     have), so the mistake shows in the worker's log instead of passing as a
     success. An ``async def`` function's coroutine is handed to the
     Dispatcher, which awaits it on the worker's event loop.
+
+    Its time limit (:attr:`time_limit_s`) is ``time_limit_s`` when given, else
+    the function's own ``time_limit_s`` attribute, read at each call.
     """
 
-    def __init__(self, function: HandlerFunction) -> None:
+    def __init__(self, function: HandlerFunction, *, time_limit_s: float | None = None) -> None:
         check_handler_function(function)
         #: The function this handler calls.
         self.function = function
         #: ``module.qualname`` of the function, for logs.
         self.name = function_name(function)
+        if time_limit_s is not None:
+            _check_time_limit(time_limit_s, self.name)
+        self._time_limit_s = time_limit_s
         #: ``async def``: :meth:`handle` returns a coroutine the Dispatcher awaits.
         self.is_async = inspect.iscoroutinefunction(function)
+
+    @property
+    def time_limit_s(self) -> float | None:
+        """Longest a call may run before it is interrupted; None: the Dispatcher's limit.
+
+        ``time_limit_s=`` given at registration, else the function's own
+        ``time_limit_s`` attribute (set on it before or after registering).
+        """
+        if self._time_limit_s is not None:
+            return self._time_limit_s
+        limit: float | None = getattr(self.function, "time_limit_s", None)
+        return limit
 
     def handle(self, message: Message) -> Any:
         result = self.function(message)
@@ -169,8 +187,9 @@ class RetryableFunctionHandler(FunctionHandler, RetryableHandler):
         max_retry: int = DEFAULT_MAX_RETRY,
         can_retry: CanRetry | None = None,
         backoff: Backoff | float | None = None,
+        time_limit_s: float | None = None,
     ) -> None:
-        super().__init__(function)
+        super().__init__(function, time_limit_s=time_limit_s)
         if backoff is not None:
             #: Seconds before retry number N (1 for the first); the Dispatcher calls it.
             self.backoff = _backoff(backoff, self.name)
@@ -198,6 +217,18 @@ class RetryableFunctionHandler(FunctionHandler, RetryableHandler):
         return True if self._can_retry is None else bool(self._can_retry(message, exception))
 
 
+def _check_time_limit(time_limit_s: object, name: str) -> None:
+    if (
+        isinstance(time_limit_s, bool)
+        or not isinstance(time_limit_s, int | float)
+        or not time_limit_s > 0
+    ):
+        raise ConfigurationError(
+            f"time_limit_s of handler function {name} must be a number of seconds > 0, "
+            f"got {time_limit_s!r}"
+        )
+
+
 def _backoff(backoff: Backoff | float, name: str) -> Backoff:
     """``backoff=`` as a function of the retry number: a number of seconds is the same for all."""
     if isinstance(backoff, int | float) and not isinstance(backoff, bool) and backoff >= 0:
@@ -218,6 +249,7 @@ def function_handler(
     max_retry: int | None = None,
     can_retry: CanRetry | None = None,
     backoff: Backoff | float | None = None,
+    time_limit_s: float | None = None,
 ) -> FunctionHandler:
     """``function`` as a handler: retried when ``max_retry``, ``can_retry`` or ``backoff`` is given.
 
@@ -225,6 +257,7 @@ def function_handler(
     ``can_retry`` or ``backoff`` is given; without any the function is never
     retried. ``backoff`` -- seconds, or a function of the retry number (1 for
     the first retry) returning seconds -- replaces the Dispatcher's formula.
+    ``time_limit_s`` replaces the Dispatcher's time limit for this function.
     """
     if inspect.isclass(function) or callable(getattr(function, "handle", None)):
         what = "is a class" if inspect.isclass(function) else "has a handle() method"
@@ -233,12 +266,13 @@ def function_handler(
             "object with register_handler(type, handler)"
         )
     if max_retry is None and can_retry is None and backoff is None:
-        return FunctionHandler(function)
+        return FunctionHandler(function, time_limit_s=time_limit_s)
     return RetryableFunctionHandler(
         function,
         max_retry=DEFAULT_MAX_RETRY if max_retry is None else max_retry,
         can_retry=can_retry,
         backoff=backoff,
+        time_limit_s=time_limit_s,
     )
 
 
@@ -354,16 +388,22 @@ class HandlerRegistry:
         max_retry: int | None = None,
         can_retry: CanRetry | None = None,
         backoff: Backoff | float | None = None,
+        time_limit_s: float | None = None,
     ) -> Callable[[F], F]:
         """Decorator: collect the function as a handler of ``type``; the function is unchanged.
 
         ``max_retry`` and ``can_retry`` retry it as :class:`RetryableFunctionHandler`;
-        ``backoff`` (seconds, or a function of the retry number) sets when.
+        ``backoff`` (seconds, or a function of the retry number) sets when;
+        ``time_limit_s`` replaces the worker's time limit for this function.
         """
 
         def collect(function: F) -> F:
             handler = function_handler(
-                function, max_retry=max_retry, can_retry=can_retry, backoff=backoff
+                function,
+                max_retry=max_retry,
+                can_retry=can_retry,
+                backoff=backoff,
+                time_limit_s=time_limit_s,
             )
             self._entries.append((type, handler))
             return function

@@ -13,6 +13,8 @@ a status pipe, one JSON line per record:
   the last thing that went wrong;
 * ``{"fatal": line}`` for a mistake the user must fix (its handlers module
   raises at import, the broker refuses the credentials): the child exits 2.
+  A run that ended on a broker failure that may pass (unavailable for a
+  moment) is no mistake: the child exits 1 and is replaced, as after a crash.
 
 Why fork, and why the children import the handlers after the fork rather
 than the supervisor before it: a forked child starts in milliseconds (the
@@ -57,6 +59,9 @@ CRASH_LOOP_DEATHS = 5
 CRASH_LOOP_WINDOW_S = 10.0
 #: The exit code of a user's mistake, for ``hermes`` and for a child alike.
 EXIT_MISTAKE = 2
+#: The exit code of a child whose run failed for a reason that may pass (the broker
+#: went away while a retry copy was being sent): replaced with backoff, as a crash.
+EXIT_FAILED = 1
 #: How much longer than ``--grace`` a stopping child gets before it is SIGKILLed:
 #: the child itself gives up on its handlers at the grace, then closes its consumer.
 KILL_MARGIN_S = 5.0
@@ -491,10 +496,14 @@ class Supervisor:
             traceback.print_exc()
         finally:
             try:
-                sys.stdout.flush()
-                sys.stderr.flush()
+                # os._exit skips atexit: the plugins' exit-time flushes happen here or never.
+                notify(plugin_manager().hook.hermes_process_exiting)
             finally:
-                os._exit(code)
+                try:
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                finally:
+                    os._exit(code)
 
     def _fill_slots(self) -> None:
         if self._stopping:

@@ -11,7 +11,9 @@ kept anywhere else.
 
 A tick is claimed before it is emitted, so a scheduler killed between the
 two (one broker round trip) loses that tick; the emit is retried on a broker
-outage, and a tick that still cannot be emitted is logged at ERROR.
+outage, and a tick that still cannot be emitted is logged at ERROR. So is a
+tick whose payload function raised: that tick is lost, and the other entries
+and later ticks go on.
 """
 
 from __future__ import annotations
@@ -26,7 +28,12 @@ from typing import Literal
 
 from hermes.core.app._emitter import Emitter
 from hermes.core.app._schedule import CatchUp, Entry, Schedule
-from hermes.core.model._errors import BrokerUnavailableError, HermesError, NotSupportedError
+from hermes.core.model._errors import (
+    BrokerUnavailableError,
+    HermesError,
+    NotSupportedError,
+    error_text,
+)
 from hermes.core.spi._driver import Driver, SupportsClaim
 from hermes.core.spi._registry import notify, plugin_manager
 
@@ -177,6 +184,15 @@ class Scheduler:
                 # The claims broker away: nothing is settled, the next pass tries again.
                 self.logger.warning("Periodic entry %s: %s; trying again", entry.name, exc)
                 continue
+            except Exception as exc:
+                # Not the broker's: logged with its traceback; the other entries go on.
+                self.logger.error(
+                    "Periodic entry %s failed - %s; trying again",
+                    entry.name,
+                    error_text(exc),
+                    exc_info=True,
+                )
+                continue
             self.counts.update(result.outcome for result in settled)
             results += settled
         return results
@@ -277,8 +293,21 @@ class Scheduler:
         return won
 
     def _emit(self, entry: Entry, at: float) -> TickResult:
-        message = entry.message(at)
         tick = entry.tick(at)
+        try:
+            message = entry.message(at)
+        except Exception as exc:
+            # The application's payload function: its failure costs this tick, not
+            # the scheduler (and with it every other entry and every later tick).
+            self.logger.error(
+                "Tick %s was claimed and not emitted: the payload function of periodic "
+                "entry %s raised %s",
+                tick.key,
+                entry.name,
+                error_text(exc),
+                exc_info=True,
+            )
+            return TickResult(entry, at, "lost")
         for pause_s in (*EMIT_RETRIES_S, None):
             try:
                 self.emitter.emit(message, entry.priority)

@@ -280,3 +280,19 @@ def hermes_message_gave_up(handler: object | None, reason: str, outcome: Outcome
 def hermes_message_finished() -> None:
     # After every handler's outcome: nothing is pending unless a hook was missed.
     _end_pending(None)
+
+
+# Leaving -----------------------------------------------------------------------------
+
+#: The longest a leaving process waits for its spans to be exported.
+FLUSH_TIMEOUT_MS = 5000
+
+
+@hookimpl
+def hermes_process_exiting() -> None:
+    # A pool's child leaves through os._exit: the SDK's atexit shutdown, which
+    # exports what a BatchSpanProcessor holds, never runs there.
+    provider = trace.get_tracer_provider()
+    force_flush = getattr(provider, "force_flush", None)  # the SDK's; the API's has none
+    if callable(force_flush):
+        force_flush(FLUSH_TIMEOUT_MS)

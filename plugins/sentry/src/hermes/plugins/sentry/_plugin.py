@@ -130,3 +130,15 @@ def hermes_message_succeeded() -> None:
 @hookimpl
 def hermes_message_finished() -> None:
     _pending.call = None
+
+
+#: The longest a leaving process waits for its events to be sent.
+FLUSH_TIMEOUT_S = 5.0
+
+
+@hookimpl
+def hermes_process_exiting() -> None:
+    # A pool's child leaves through os._exit: the SDK's atexit flush never runs there.
+    if sentry_sdk.get_client().transport is None:
+        return  # no init(), or one without a DSN: nothing is held
+    sentry_sdk.flush(timeout=FLUSH_TIMEOUT_S)
