@@ -769,6 +769,16 @@ class _SleepsLong(_Relay):
         return self.inner.receive(max(timeout_s, 5.0))
 
 
+class DropsWhatItTookAhead(_Wrapper):
+    """Takes every waiting message ahead of the handlers, on any driver; a worker that
+    stops (max items reached) deletes those it never started."""
+
+    bug = "drops-ahead"
+
+    def consumer(self, priorities: Sequence[int], *, concurrency: int = 1) -> Consumer:
+        return _LosesPrefetch(self.inner.consumer(priorities, concurrency=concurrency))
+
+
 class SlowShutdown(_Wrapper):
     """Its idle receive waits 5 s, whatever the worker asks: a shutdown is noticed late."""
 
@@ -861,6 +871,7 @@ _WRAPPERS: list[type[_Wrapper]] = [
     AcksWhenTaken,
     ReleaseDeletes,
     DeclaresAtMostOnce,
+    DropsWhatItTookAhead,
     SlowShutdown,
     DeliversEachMessageTwice,
     SharesItsSocketAcrossFork,

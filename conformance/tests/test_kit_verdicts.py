@@ -42,7 +42,9 @@ THREADS = "test_three_worker_threads_share_300_messages_without_loss_or_duplicat
 PROCESSES = "test_three_worker_processes_share_300_messages_without_loss_or_duplicates"
 RETRY_HELD = "test_a_failed_retryable_handler_puts_a_copy_on_the_broker_held_back_by_its_backoff"
 RETRY_BACK = "test_the_retry_copy_comes_back_with_retries_plus_one_and_the_same_id"
+MAX_ITEMS = "test_a_worker_with_max_items_returns_after_that_many_messages"
 MAX_ITEMS_PROCESS = "test_a_worker_process_with_max_items_exits_after_that_many_messages"
+MAX_ITEMS_CONCURRENT = "test_max_items_at_concurrency_four_starts_exactly_that_many"
 SHUTDOWN = "test_shared_file_shutdown_stops_an_idle_worker_within_two_seconds"
 SHUTDOWN_PROCESS = "test_shared_file_shutdown_stops_an_idle_worker_process_within_two_seconds"
 POISON = "test_a_body_that_is_not_a_message_is_set_aside_and_the_worker_keeps_going"
@@ -107,6 +109,10 @@ BROKEN = {
     "crashes-on-poison://x": ([POISON], "KeyError"),
     "thread-unsafe://x": ([CONCURRENT_SEND], "lost="),
     "fork-unsafe://x": ([FORK], "the connection belongs to process"),
+    "drops-ahead+memory://x": (
+        [MAX_ITEMS, MAX_ITEMS_CONCURRENT],
+        "the messages a worker with max items left were not delivered to the next worker",
+    ),
     "slow-shutdown+memory://x": ([SHUTDOWN], "after SharedFileShutdown asked"),
     # Promises kept at the easy point and broken a little further out.
     "caps-delay://x": ([DELAY_FAR], "a message due in 18 s (scaled) arrived 3.0 s after"),
@@ -125,6 +131,10 @@ BROKEN = {
     "ack-on-receive+file://{dir}": (
         [CRASH, SIGKILL, KILL_IN_FLIGHT],
         "of 4 messages in flight in a SIGKILLed worker, 0 were delivered again",
+    ),
+    "drops-ahead+file://{dir}": (
+        [MAX_ITEMS_PROCESS],
+        "the messages a worker process with max items left were not delivered",
     ),
     "slow-shutdown+file://{dir}": ([SHUTDOWN_PROCESS], "after SharedFileShutdown asked"),
     # The consumer contract (broken_contract.py): leases, close, settles, sizes, values.

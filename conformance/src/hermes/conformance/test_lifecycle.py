@@ -93,6 +93,13 @@ def test_a_worker_process_with_max_items_exits_after_that_many_messages(hermes_k
         f"the worker process did not stop cleanly\n{hermes_kit.process_output()}"
     )
 
+    hermes_kit.spawn_worker()
+    bound = WORKER_START_S + hermes_kit.capabilities.redelivery_timeout_s + DELIVERY_S
+    assert wait_until(lambda: len({r.id for r in hermes_kit.records()}) >= _SENT, bound), (
+        "the messages a worker process with max items left were not delivered to the next "
+        f"worker\n{hermes_kit.process_output()}"
+    )
+
 
 @pytest.mark.hermes_check("shutdown", "SharedFileShutdown, in-process")
 def test_shared_file_shutdown_stops_an_idle_worker_within_two_seconds(hermes_kit: Kit) -> None:
