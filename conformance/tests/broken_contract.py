@@ -5,19 +5,26 @@ Loaded into the kit's runs with ``--hermes-plugin broken_contract``, next to
 URL scheme names, broken the way a driver author might: a lease never
 renewed, a close() that gives back what handlers still hold, acks deferred
 and dropped at close, a release that becomes an ack on another thread, a
-consumer bound to one thread, ...
-One more, ``keeps-held-on-drop``, is sound: the kit's control for the
-dropped-connection check (the memory driver itself has no connection to drop).
+consumer bound to one thread, job records that never expire or lose an
+update, ...
+Two more are sound: ``keeps-held-on-drop``, the kit's control for the
+dropped-connection check (the memory driver itself has no connection to drop),
+and ``records-in-sqlite``, the control for the records row's processes (the
+memory driver keeps its records in the process).
 """
 
 from __future__ import annotations
 
 import heapq
 import json
+import os
+import sqlite3
+import tempfile
 import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
+from contextlib import closing
 from dataclasses import replace
 from typing import Any
 
@@ -407,6 +414,143 @@ class TrimsTheSchedule(_Broken):
                 heapq.heapify(broker.scheduled)
 
 
+# Job records -----------------------------------------------------------------------
+
+
+class _BrokenRecords(_Broken):
+    def _write(self, key: str, value: bytes, ttl_s: float) -> None:
+        """Store ``value`` whatever is stored now, and wake the waiters."""
+        broker = self._broker
+        with broker.records_changed:
+            broker.records[key] = (time.monotonic() + ttl_s, bytes(value))
+            broker.records_changed.notify_all()
+
+
+class RecordsNeverExpire(_BrokenRecords):
+    """Keeps every record for a day, whatever ttl it is written with."""
+
+    scheme = "records-never-expire"
+
+    def record_put(self, key: str, value: bytes, ttl_s: float, expect: bytes | None) -> bool:
+        return super().record_put(key, value, 86400.0, expect)
+
+
+class RecordsIgnoreExpect(_BrokenRecords):
+    """Its compare-and-set ignores ``expect``: a plain write, one round trip to the broker."""
+
+    scheme = "records-ignore-expect"
+
+    def record_put(self, key: str, value: bytes, ttl_s: float, expect: bytes | None) -> bool:
+        time.sleep(0.001)  # the round trip: other writers read meanwhile
+        self._write(key, value, ttl_s)
+        return True
+
+
+class RecordsCompareThenWrite(_BrokenRecords):
+    """Compares in one round trip and writes in a second (a GET, then a SET): two
+    writers that both saw the same bytes both write, and one update is lost."""
+
+    scheme = "records-not-atomic"
+
+    def record_put(self, key: str, value: bytes, ttl_s: float, expect: bytes | None) -> bool:
+        if self.record_get(key) != expect:
+            return False
+        time.sleep(0.001)  # the second round trip: another writer compares meanwhile
+        self._write(key, value, ttl_s)
+        return True
+
+
+class RecordWaitSleeps(_BrokenRecords):
+    """``record_wait`` sleeps its whole timeout and then reads: no write wakes it."""
+
+    scheme = "records-wait-sleeps"
+
+    def record_wait(self, key: str, seen: bytes | None, timeout_s: float) -> bytes | None:
+        time.sleep(timeout_s)
+        return self.record_get(key)
+
+
+class RecordWaitReturnsAtOnce(_BrokenRecords):
+    """``record_wait`` reads once and returns: a caller waiting for a change spins."""
+
+    scheme = "records-wait-at-once"
+
+    def record_wait(self, key: str, seen: bytes | None, timeout_s: float) -> bytes | None:
+        return self.record_get(key)
+
+
+class RecordScanListsExpired(_BrokenRecords):
+    """``record_scan`` lists every record still in storage, expired ones not yet swept too."""
+
+    scheme = "records-scan-expired"
+
+    def record_scan(self, limit: int) -> list[bytes]:
+        with self._broker.records_changed:
+            return [value for _, value in self._broker.records.values()][::-1][:limit]
+
+
+class RecordsInProcess(_Broken):
+    """Declares itself cross-process but keeps records in the process (a dict): every
+    process sees only its own, and each wins every new key."""
+
+    scheme = "records-in-process"
+    capabilities = replace(MemoryDriver.capabilities, cross_process=True)
+
+
+class RecordsInSqlite(_Broken):
+    """Sound: records in an SQLite file that every process opens (the control for
+    the records row's processes; its messages stay in the process)."""
+
+    scheme = "records-in-sqlite"
+    capabilities = replace(MemoryDriver.capabilities, cross_process=True)
+
+    def _db(self) -> sqlite3.Connection:
+        base = os.environ.get("BROKEN_DRIVERS_DIR") or tempfile.gettempdir()
+        os.makedirs(base, exist_ok=True)
+        path = os.path.join(base, f"records-{self.name}.db")
+        db = sqlite3.connect(path, timeout=30, isolation_level=None)
+        db.execute(
+            "CREATE TABLE IF NOT EXISTS records (key TEXT PRIMARY KEY, value BLOB, expires REAL)"
+        )
+        return db
+
+    def record_get(self, key: str) -> bytes | None:
+        with closing(self._db()) as db:
+            sql = "SELECT value FROM records WHERE key = ? AND expires > ?"
+            row = db.execute(sql, (key, time.time())).fetchone()
+        return bytes(row[0]) if row is not None else None
+
+    def record_put(self, key: str, value: bytes, ttl_s: float, expect: bytes | None) -> bool:
+        with closing(self._db()) as db:
+            db.execute("BEGIN IMMEDIATE")  # one writer at a time, across processes
+            try:
+                sql = "SELECT value FROM records WHERE key = ? AND expires > ?"
+                row = db.execute(sql, (key, time.time())).fetchone()
+                if (bytes(row[0]) if row is not None else None) != expect:
+                    return False
+                sql = "INSERT OR REPLACE INTO records (key, value, expires) VALUES (?, ?, ?)"
+                db.execute(sql, (key, value, time.time() + ttl_s))
+                return True
+            finally:
+                db.execute("COMMIT")
+
+    def record_wait(self, key: str, seen: bytes | None, timeout_s: float) -> bytes | None:
+        deadline = time.monotonic() + timeout_s
+        while (current := self.record_get(key)) == seen and time.monotonic() < deadline:
+            time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+        return current
+
+    def record_scan(self, limit: int) -> list[bytes]:
+        with closing(self._db()) as db:
+            sql = "SELECT value FROM records WHERE expires > ? ORDER BY rowid DESC LIMIT ?"
+            return [bytes(row[0]) for row in db.execute(sql, (time.time(), limit))]
+
+    def teardown(self) -> None:
+        super().teardown()
+        with closing(self._db()) as db:
+            db.execute("DELETE FROM records")
+
+
 # Hangs ---------------------------------------------------------------------------
 
 
@@ -437,6 +581,14 @@ VARIANTS: list[type[_Broken]] = [
     DropsTheOldestPastFiveHundred,
     TrimsTheSchedule,
     HangsInSend,
+    RecordsNeverExpire,
+    RecordsIgnoreExpect,
+    RecordsCompareThenWrite,
+    RecordWaitSleeps,
+    RecordWaitReturnsAtOnce,
+    RecordScanListsExpired,
+    RecordsInProcess,
+    RecordsInSqlite,
 ]
 
 

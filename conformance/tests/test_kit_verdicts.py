@@ -82,6 +82,15 @@ DROPPED = "test_a_message_whose_connection_dropped_before_its_settle_is_delivere
 PURGE_ONE = "test_purge_of_one_priority_leaves_other_priorities_and_the_messages_in_handlers"
 WARM = "test_a_worker_that_has_run_a_while_beside_another_still_honours_priority_and_delay"
 THOUSANDS = "test_thousands_waiting_and_scheduled_all_arrive_once_highest_priority_first"
+RECORDS_CAS = "test_a_put_writes_only_over_the_bytes_it_expects_and_a_get_returns_them_exactly"
+RECORDS_LOST = "test_sixteen_threads_counting_by_compare_and_set_lose_no_update"
+RECORDS_PROCESSES = (
+    "test_of_four_processes_writing_new_keys_at_once_one_wins_each_and_none_loses_an_update"
+)
+RECORDS_TTL = "test_a_record_is_kept_for_its_ttl_after_each_write_and_is_absent_after_it"
+RECORDS_WAKE = "test_a_wait_returns_the_new_bytes_soon_after_another_driver_object_writes_them"
+RECORDS_TIMEOUT = "test_a_wait_that_nothing_changes_returns_the_unchanged_bytes_at_its_timeout"
+RECORDS_SCAN = "test_a_scan_lists_the_live_records_of_its_namespace_and_no_expired_one"
 
 #: URL (``{dir}``: a fresh queue directory) -> (kit tests that must fail, text the output shows).
 BROKEN = {
@@ -153,6 +162,20 @@ BROKEN = {
     "schedule-ahead://x": ([WARM], "before its execute_at"),
     "caps-queue://x": ([THOUSANDS], "never arrived"),
     "caps-schedule://x": ([THOUSANDS], "never arrived"),
+    # Job records (broken_contract.py): expiry, compare-and-set, waits, scans, processes.
+    "records-never-expire://x": ([RECORDS_TTL], "was still stored"),
+    "records-ignore-expect://x": (
+        [RECORDS_CAS, RECORDS_LOST],
+        "a put expecting no record wrote over the one stored",
+    ),
+    "records-not-atomic://x": ([RECORDS_LOST], "updates were lost"),
+    "records-wait-sleeps://x": ([RECORDS_WAKE], "it is not woken by writes"),
+    "records-wait-at-once://x": (
+        [RECORDS_WAKE, RECORDS_TIMEOUT],
+        "before its timeout, with the record unchanged",
+    ),
+    "records-scan-expired://x": ([RECORDS_SCAN], "record_scan still lists a record"),
+    "records-in-process://x": ([RECORDS_PROCESSES], "winners per key [4, 4, 4, 4, 4]"),
 }
 
 _NO_DROP = (
@@ -174,8 +197,9 @@ HANGS = {
 }
 
 #: URLs whose bug shows only at full time: at 0.3 (0.5) the shutdown bound is shorter
-#: than a sound worker's idle receive, so a sound driver would fail there too.
-_FULL_TIME = {"slow-shutdown+memory://x", "slow-shutdown+file://{dir}"}
+#: than a sound worker's idle receive, so a sound driver would fail there too; and
+#: processes racing on records must all have started within a bound of 30 s, not 9.
+_FULL_TIME = {"slow-shutdown+memory://x", "slow-shutdown+file://{dir}", "records-in-process://x"}
 
 
 def _filesystem_driver_usable() -> bool:
@@ -202,6 +226,16 @@ HEARTBEATS = {
     "test_a_beat_is_listed_as_written_replaced_by_the_next_and_forgotten_alone",
     "test_a_record_not_renewed_is_listed_until_its_ttl_and_gone_after_it",
 }
+#: The records tests: every driver without ``SupportsRecords`` skips them.
+RECORDS = {
+    RECORDS_CAS,
+    RECORDS_LOST,
+    RECORDS_PROCESSES,
+    RECORDS_TTL,
+    RECORDS_WAKE,
+    RECORDS_TIMEOUT,
+    RECORDS_SCAN,
+}
 #: The claim tests: every driver without ``SupportsClaim`` skips them as not applicable.
 CLAIMS = {
     "test_one_of_sixteen_threads_claiming_one_key_at_once_wins",
@@ -210,6 +244,7 @@ CLAIMS = {
 }
 _IN_PROCESS_ONLY = {
     "test_one_of_four_processes_claiming_the_same_keys_at_once_wins_each",
+    RECORDS_PROCESSES,
     SIGKILL,
     PROCESSES,
     MAX_ITEMS_PROCESS,
@@ -294,13 +329,19 @@ def _controls() -> dict[tuple[str, float], set[str]]:
     """(inner driver, scale) -> the tests broken drivers there must fail.
 
     Each must pass on the sound driver at that scale, or its failure on a
-    broken one proves nothing. Memory at scale 1 is the full run's job.
+    broken one proves nothing. Memory at scale 1 is the full run's job; a
+    test memory skips as in-process runs on ``records`` (``_RECORDS_CONTROL``).
     """
     controls: dict[tuple[str, float], set[str]] = {}
     for url, (must_fail, _) in BROKEN.items():
-        key = ("file" if "{dir}" in url else "memory", _scale(url))
-        if key != ("memory", 1.0):
-            controls.setdefault(key, set()).update(must_fail)
+        inner = "file" if "{dir}" in url else "memory"
+        for test in must_fail:
+            key = (
+                "records" if inner == "memory" and test in _IN_PROCESS_ONLY else inner,
+                _scale(url),
+            )
+            if key != ("memory", 1.0):
+                controls.setdefault(key, set()).add(test)
     for test, _ in HANGS.values():
         controls.setdefault(("memory", 0.3), set()).add(test)
     for test, _ in BOUNDED.values():
@@ -318,6 +359,8 @@ def _only(url: str, tests: Sequence[str], *args: str, strict: bool = True) -> li
 #: The sound memory driver the controls run on: memory with a drop_connection() that,
 #: like a broker with leases, keeps what the dropped connection held.
 _MEMORY_CONTROL = "keeps-held-on-drop://control"
+#: The sound driver for the tests memory cannot run: records shared by processes.
+_RECORDS_CONTROL = "records-in-sqlite://control"
 
 
 @pytest.fixture(scope="module")
@@ -360,7 +403,11 @@ def verdicts(
         for (inner, scale), tests in _controls().items():
             if inner == "file" and not _HAS_FILESYSTEM:
                 continue
-            sound = url_for("file://{dir}") if inner == "file" else _MEMORY_CONTROL
+            sound = {
+                "file": url_for("file://{dir}"),
+                "memory": _MEMORY_CONTROL,
+                "records": _RECORDS_CONTROL,
+            }[inner]
             runs[f"control {inner} x{scale}"] = pool.submit(
                 kit_runner.run, *_only(sound, sorted(tests)), scale=scale
             )
@@ -391,7 +438,7 @@ def test_the_kit_passes_on_the_memory_driver_and_says_what_it_could_not_verify(
         "an Exception escaping the callback: raised, delivered again verified; "
         "SIGKILL mid-handler not verified: driver is in-process" in run.output
     ), run.describe()
-    assert "47 verified, 8 not verified, 0 not applicable, 0 failed" in run.output
+    assert "53 verified, 9 not verified, 0 not applicable, 0 failed" in run.output
 
 
 def test_the_example_driver_of_the_kit_readme_passes_the_kit(
@@ -401,8 +448,8 @@ def test_the_example_driver_of_the_kit_readme_passes_the_kit(
 
     assert run.returncode == 0, run.describe()
     assert run.with_outcome("failed") + run.with_outcome("error") == [], run.describe()
-    # It has no queue_stats(), purge(), drop_connection(), claim() or heartbeats.
-    skipped = {STATS, DROPPED, PURGE_ONE} | CLAIMS | HEARTBEATS
+    # It has no queue_stats(), purge(), drop_connection(), claim(), heartbeats or records.
+    skipped = {STATS, DROPPED, PURGE_ONE} | CLAIMS | HEARTBEATS | RECORDS
     assert set(run.with_outcome("passed")) == set(_kit_tests()) - skipped, run.describe()
 
 

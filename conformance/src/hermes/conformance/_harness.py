@@ -682,6 +682,7 @@ class Kit:
         self._drivers: list[Driver] = []
         self._workers: list[Worker] = []
         self._processes: list[WorkerProcess] = []
+        self._scripts: list[subprocess.Popen[str]] = []
         self._sender: Driver | None = None
         self._default_worker: Worker | None = None
         self._pid = os.getpid()
@@ -790,6 +791,25 @@ class Kit:
         self._processes.append(process)
         return process
 
+    def python(self, script: str, *args: str) -> subprocess.Popen[str]:
+        """``python -c script args``, its output piped; killed when the test ends.
+
+        The script runs after the ``--hermes-plugin`` modules are registered, as
+        in the kit's worker processes, so ``connect(url)`` finds their drivers.
+        """
+        prelude = (
+            "from hermes.conformance._worker import register_plugins\n"
+            f"register_plugins({list(self.target.plugins)!r})\n"
+        )
+        process = subprocess.Popen(
+            [sys.executable, "-c", prelude + script, *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self._scripts.append(process)
+        return process
+
     def records(self) -> list[Record]:
         """The message lines (not status lines) the worker processes wrote so far."""
         return [r for r in read_records(self.record_path) if not r.is_status]
@@ -841,6 +861,10 @@ class Kit:
         for process in self._processes:
             if process.wait_exit(max(0.0, deadline - time.monotonic()) / time_scale()) is None:
                 process.kill()
+        for script in self._scripts:
+            if script.poll() is None:  # its test failed before it ended
+                script.kill()
+                script.communicate()
         closing = []
         for driver in self._drivers:
             thread = threading.Thread(

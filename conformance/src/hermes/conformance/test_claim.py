@@ -11,8 +11,6 @@ verified: the scheduler then needs ``--lock-url``.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
 import threading
 import time
@@ -93,12 +91,7 @@ def test_one_of_four_processes_claiming_the_same_keys_at_once_wins_each(hermes_k
     hermes_kit.require_cross_process()
     start = time.time() + scaled(3.0)  # every process imported and connected by then
     processes = [
-        subprocess.Popen(
-            [sys.executable, "-c", _CLAIMER, hermes_kit.url, repr(start), str(_KEYS)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        hermes_kit.python(_CLAIMER, hermes_kit.url, repr(start), str(_KEYS))
         for _ in range(_PROCESSES)
     ]
     wins: Counter[int] = Counter()
