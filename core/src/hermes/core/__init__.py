@@ -39,7 +39,8 @@ from hermes.core.spi._shutdown import SharedFileShutdown, Shutdown
 from hermes.core.spi._url import redact_url
 
 if TYPE_CHECKING:
-    from hermes.core.app._failed import ExceptionRecord, FailedMessage, FailedStore
+    from hermes.core.app._failed import ExceptionRecord as ExceptionRecord
+    from hermes.core.app._failed import FailedMessage, FailedStore
 
 __all__ = [
     "DEFAULT_PRIORITY",
@@ -51,7 +52,6 @@ __all__ = [
     "DriverError",
     "EchoHandler",
     "Emitter",
-    "ExceptionRecord",
     "FailedMessage",
     "FailedStore",
     "Handler",
@@ -76,6 +76,8 @@ __all__ = [
 ]
 
 #: Imported when first used: most processes never keep failed messages.
+#: ``ExceptionRecord`` is what ``FailedMessage.exceptions`` holds: read, never
+#: made by application code, so it stays out of ``__all__``.
 _LAZY = {
     "ExceptionRecord": "hermes.core.app._failed",
     "FailedMessage": "hermes.core.app._failed",
