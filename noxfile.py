@@ -153,7 +153,7 @@ def examples(session: nox.Session) -> None:
 
 
 #: What the documentation site is built with (mkdocs.yml at the root).
-DOCS_DEPS = ["mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.26"]
+DOCS_DEPS = ["mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.26", "httpx"]
 
 
 @nox.session(python="3.11", tags=["ci"])
