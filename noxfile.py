@@ -153,7 +153,14 @@ def examples(session: nox.Session) -> None:
 
 
 #: What the documentation site is built with (mkdocs.yml at the root).
-DOCS_DEPS = ["mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.26", "httpx"]
+DOCS_DEPS = [
+    "mkdocs>=1.6",
+    "mkdocs-material>=9.5",
+    "mkdocstrings[python]>=0.26",
+    "httpx",
+    "opentelemetry-sdk",
+    "opentelemetry-exporter-otlp-proto-http",
+]
 
 
 @nox.session(python="3.11", tags=["ci"])
