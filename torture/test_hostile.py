@@ -91,7 +91,7 @@ TARGETS = [
 ]
 POISON = {
     "not JSON": b"this is not json",
-    "wrong shape": b'{"message":{"type":"t"}}',
+    "wrong shape": b'{"message":{"id":"t"}}',
     "invalid UTF-8": b"\xff\xfe\xfa not utf-8",
     "10 MB": b"{" + b"x" * (10 * 1024 * 1024),
 }

@@ -391,6 +391,57 @@ def test_a_worker_given_queues_still_reads_the_default_queue(project: Path, queu
     assert "Reading priorities 200 (hermes_high), 100, 50 (hermes_low)" in worker.stderr
 
 
+def test_an_old_queue_command_line_says_why_it_dropped_a_default_queue_message(
+    project: Path, queue_url: str
+) -> None:
+    # `--queue NAME:P` once restricted the worker; now the default queue is read too,
+    # and a message of a type another worker handled there is dropped here.
+    seed(queue_url, ("job", {"name": "high"}, 200), ("order.paid", {"order": 7}, 100))
+
+    worker = hermes(
+        "worker", "--url", queue_url, "--handlers", "jobs:HANDLERS", "--queue", "hermes_high:200",
+        "--max-items", "2", cwd=project,
+    )  # fmt: skip
+
+    assert worker.returncode == 0, worker.stdout + worker.stderr
+    [error] = [line for line in worker.stderr.splitlines() if "ERROR" in line]
+    assert "No handlers registered for message #" in error
+    assert "(order.paid); dropped - this worker (--handlers jobs:HANDLERS) handles 'job', " in error
+    assert "'flaky'; it reads priority 100 besides --queue hermes_high:200 because " in error
+    assert "to read only those queues as before, add --priority 200;" in error
+    assert "give --handlers a handler for 'order.paid'" in error
+
+
+@pytest.mark.parametrize(
+    ("options", "why"),
+    [
+        (["--queue", "hermes_high:200"], "it reads priority 200 (hermes_high) because of --queue "
+         "hermes_high:200, and a worker on a queue needs a handler for every type sent there"),
+        (["--priority", "200"], "it reads priority 200 because --priority 200 says so: "
+         "give --handlers a handler for 'order.paid', or leave priority 200 to a worker"),
+        (["--url-queue"], "it reads priority 200 (p200) as it reads every queue it knows without "
+         "--priority: give --handlers a handler for 'order.paid', or give --priority"),
+    ],
+    ids=["queue", "priority", "default"],
+)  # fmt: skip
+def test_a_message_without_a_handler_is_one_line_that_says_why_this_worker_read_it(
+    project: Path, queue_url: str, options: list[str], why: str
+) -> None:
+    if options == ["--url-queue"]:  # a queue the worker reads by default: the URL names it
+        queue_url, options = f"{queue_url}?priority_queues=p200:200", []
+    seed(queue_url, ("order.paid", {"order": 7}, 200))
+
+    worker = hermes(
+        "worker", "--url", queue_url, "--handlers", "jobs:register", *options, "--max-items", "1",
+        cwd=project,
+    )  # fmt: skip
+
+    assert worker.returncode == 0, worker.stdout + worker.stderr
+    [error] = [line for line in worker.stderr.splitlines() if "ERROR" in line]
+    assert "(order.paid); dropped - this worker (--handlers jobs:register) handles 'job', " in error
+    assert why in error
+
+
 def test_a_worker_restricted_by_priority_says_what_it_leaves_unread(
     project: Path, queue_url: str
 ) -> None:

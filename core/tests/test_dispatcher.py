@@ -205,6 +205,28 @@ def test_a_message_without_handlers_is_dropped_with_one_error_line(
     assert peek.total(driver) == 0
 
 
+def test_explain_unhandled_ends_the_no_handler_line_and_a_failing_one_is_named(
+    driver: MemoryDriver, hermes_log: pytest.LogCaptureFixture
+) -> None:
+    dispatcher = Dispatcher(driver)
+    dispatcher.explain_unhandled = lambda message, priority: f"why {message.type}@{priority}"
+    first, second = Message("stray"), Message("stray")
+
+    dispatcher.handle_message(first, 200)
+
+    def broken(message: Message, priority: int) -> str:
+        raise RuntimeError("no idea")
+
+    dispatcher.explain_unhandled = broken
+    dispatcher.handle_message(second, 100)
+
+    assert messages(hermes_log, logging.ERROR) == [
+        f"No handlers registered for message #{first.id} (stray); dropped - why stray@200",
+        f"No handlers registered for message #{second.id} (stray); dropped "
+        "(explain_unhandled raised RuntimeError: no idea)",
+    ]
+
+
 def test_stats_count_received_handled_failed_and_retried(driver: MemoryDriver) -> None:
     dispatcher = Dispatcher(driver).register_handlers(
         "job", [Recorder([], "ok"), Recorder([], "no", result=False)]

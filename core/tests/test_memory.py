@@ -260,7 +260,7 @@ def test_a_body_that_is_not_a_message_is_set_aside_and_logged_and_the_next_is_de
     caplog.set_level(logging.ERROR, logger="hermes")
     good = Message("job")
     driver.send_raw(b"\xff not json")
-    driver.send_raw(b'{"message":{"type":"no id"}}')
+    driver.send_raw(b'{"message":{"id":"no type"}}')
     driver.send(good)
 
     collect = drain(driver, 1)
@@ -268,7 +268,8 @@ def test_a_body_that_is_not_a_message_is_set_aside_and_logged_and_the_next_is_de
     assert collect.ids == [good.id]
     assert [reason.split(" from ")[0] for _, reason in driver._broker.dead_letters] == [
         "Cannot unserialize message",
-        'Invalid message format in \'{"message":{"type":"no id"}}\'',
+        'Invalid message format in \'{"message":{"id":"no type"}}\': type must be a '
+        "non-empty string, got null",
     ]
     logged = [r.getMessage() for r in caplog.records]
     assert len(logged) == 2

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from typing import Any
 
 import pytest
@@ -168,35 +169,120 @@ def test_input_that_is_not_a_message_envelope_cannot_be_unserialized(data: str |
     assert caught.value.data == data
 
 
+# What PHP Hermes 4.x's unserialize takes, read as it reads it -----------------
+
+
+def test_a_body_php_takes_without_created_is_stamped_with_the_time_it_was_read() -> None:
+    data = '{"message":{"id":"x","type":"t","payload":null,"execute_at":null,"retries":0}}'
+    before = time.time()
+
+    message = serializer.unserialize(data)
+
+    assert before <= message.created <= time.time()
+
+
+@pytest.mark.parametrize("created", ["null", "0", "0.0"])
+def test_a_null_or_zero_created_is_the_time_it_was_read_as_in_php(created: str) -> None:
+    data = '{"message":{"id":"x","type":"t","created":' + created + "}}"
+    before = time.time()
+
+    assert serializer.unserialize(data).created >= before
+
+
+def test_a_body_without_an_id_gets_a_fresh_one_as_in_php() -> None:
+    first = serializer.unserialize('{"message":{"type":"t","created":1}}')
+    second = serializer.unserialize('{"message":{"type":"t","created":1,"id":null}}')
+
+    assert len(first.id) == 36 and len(second.id) == 36
+    assert first.id != second.id
+
+
 @pytest.mark.parametrize(
-    "body",
+    ("retries", "read"),
     [
-        {"type": "t", "created": 1},
-        {"id": "x", "created": 1},
-        {"id": "x", "type": "t"},
-        {"id": 7, "type": "t", "created": 1},
-        {"id": "x", "type": ["t"], "created": 1},
-        {"id": "x", "type": "", "created": 1},
-        {"id": "x", "type": "t", "created": "yesterday"},
-        {"id": "x", "type": "t", "created": True},
-        {"id": "x", "type": "t", "created": 1, "execute_at": "soon"},
-        {"id": "x", "type": "t", "created": 1, "retries": -1},
-        {"id": "x", "type": "t", "created": 1, "retries": "2"},
-        {"id": "x", "type": "t", "created": 1, "retries": ""},
-        {"id": "x", "type": "t", "created": 10**400},
-        {"id": "x", "type": "t", "created": 1, "payload": "just a string"},
-        {"id": "x", "type": "t", "created": 1, "payload": 42},
-        {"id": "x", "type": "t", "created": 1, "payload": False},
+        ('"2"', 2),
+        ('" 7"', 7),
+        ('"3.9"', 3),
+        ('"1e2"', 100),
+        ('"4 apples"', 4),
+        ('"none"', 0),
+        ('""', 0),
+        ("true", 1),
+        ("false", 0),
+        ("[]", 0),
+        ('["x"]', 1),
+        ("-1", 0),
+        ('"-5"', 0),
+        ("2.7", 2),
+        ("null", 0),
     ],
-    ids=repr,
 )
-def test_an_envelope_without_a_valid_id_type_or_created_has_an_invalid_format(
-    body: dict[str, Any],
+def test_retries_is_read_as_php_intval_reads_it(retries: str, read: int) -> None:
+    data = '{"message":{"id":"x","type":"t","created":1,"retries":' + retries + "}}"
+
+    message = serializer.unserialize(data)
+
+    assert (message.retries, type(message.retries)) == (read, int)
+
+
+@pytest.mark.parametrize(
+    ("execute_at", "read"),
+    [
+        ('"1764480016.5"', 1764480016.5),
+        ('"1764480016"', 1764480016.0),
+        ('"  12e1"', 120.0),
+        ('"soon"', 0.0),
+        ("true", 1.0),
+        ("{}", 0.0),
+        ("null", None),
+    ],
+)
+def test_execute_at_is_read_as_php_floatval_reads_it(execute_at: str, read: float | None) -> None:
+    data = '{"message":{"id":"x","type":"t","created":1,"execute_at":' + execute_at + "}}"
+
+    assert serializer.unserialize(data).execute_at == read
+
+
+def test_a_normalised_message_writes_a_plain_envelope_again() -> None:
+    message = serializer.unserialize('{"message":{"type":"t","retries":"2","execute_at":"5"}}')
+
+    envelope = json.loads(serializer.serialize(message))["message"]
+
+    assert (envelope["id"], envelope["created"]) == (message.id, message.created)
+    assert (envelope["retries"], envelope["execute_at"]) == (2, 5.0)
+
+
+# Bad input: what PHP's worker dies on ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        ({"id": "x", "created": 1}, "type must be a non-empty string, got null"),
+        ({"id": "x", "type": ["t"], "created": 1}, "type must be a non-empty string, got an array"),
+        ({"id": "x", "type": 5, "created": 1}, "type must be a non-empty string, got a number 5"),
+        ({"id": "x", "type": "", "created": 1}, "type must be a non-empty string, got a string"),
+        ({"id": 7, "type": "t", "created": 1}, "id must be a string, got a number 7"),
+        ({"id": "x", "type": "t", "created": "yesterday"}, "created must be a number or absent"),
+        ({"id": "x", "type": "t", "created": "1764480002"}, "created must be a number"),
+        ({"id": "x", "type": "t", "created": True}, "created must be a number or absent, got a b"),
+        ({"id": "x", "type": "t", "created": 10**400}, "created must be a number or absent"),
+        ({"id": "x", "type": "t", "created": 1, "execute_at": "1e400"}, "execute_at is out of"),
+        ({"id": "x", "type": "t", "created": 1, "payload": "just a string"}, "payload must be"),
+        ({"id": "x", "type": "t", "created": 1, "payload": 42}, "payload must be an object, an"),
+        ({"id": "x", "type": "t", "created": 1, "payload": False}, "payload must be"),
+    ],
+    ids=lambda value: repr(value)[:50],
+)
+def test_an_envelope_php_cannot_read_has_an_invalid_format_that_names_the_field(
+    body: dict[str, Any], reason: str
 ) -> None:
     data = json.dumps({"message": body})
 
-    with pytest.raises(SerializeError, match=r"^Invalid message format in '"):
+    with pytest.raises(SerializeError, match=r"^Invalid message format in '") as caught:
         serializer.unserialize(data)
+
+    assert f"': {reason}" in str(caught.value)
 
 
 def test_the_error_quotes_a_bounded_prefix_of_the_bad_input() -> None:

@@ -398,7 +398,7 @@ def test_a_file_that_is_not_json_is_quarantined_with_its_reason_and_the_rest_sti
 @pytest.mark.parametrize(
     ("body", "reason"),
     [
-        (b'{"message":{"type":"x","created":1}}', "Invalid message format"),
+        (b'{"message":{"id":"x","created":1}}', "Invalid message format"),
         (b"\xff\xfe not utf-8", "Cannot unserialize message"),
         (b"", "Cannot unserialize message"),
         (b"[1, 2]", "Cannot unserialize message"),

@@ -268,7 +268,7 @@ def test_a_body_that_is_not_a_message_is_logged_and_set_aside_and_the_worker_goe
 ):
     caplog.set_level(logging.ERROR, logger="hermes")
     driver.send_raw(b"this is not json")
-    driver.send_raw(b'{"message":{"type":"no-id"}}')
+    driver.send_raw(b'{"message":{"id":"no-type"}}')
     driver.send_raw(b"\xff\xfe\x00 not utf-8")
     good = Message("good")
     driver.send(good)
@@ -282,7 +282,7 @@ def test_a_body_that_is_not_a_message_is_logged_and_set_aside_and_the_worker_goe
     assert any("Invalid message format" in text for text in texts)
     assert set(client.lrange(rejected_key(namespace), 0, -1)) == {
         b"this is not json",
-        b'{"message":{"type":"no-id"}}',
+        b'{"message":{"id":"no-type"}}',
         b"\xff\xfe\x00 not utf-8",
     }
 

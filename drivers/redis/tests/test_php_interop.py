@@ -132,3 +132,26 @@ def test_python_refuses_a_message_php_s_message_class_would_die_on(driver, clien
         with pytest.raises(ValueError):
             driver.send(bad())
     assert client.scard(namespace) == 0
+
+
+def test_bodies_php_reads_without_created_or_with_a_string_retries_are_handled_not_set_aside(
+    driver, client, namespace
+):
+    # PHP Hermes 4.2's unserialize takes both: a missing created becomes microtime(true),
+    # "retries":"2" goes through intval(). Hand-written producers send such bodies.
+    no_created = '{"message":{"id":"no-created","type":"t","payload":{"n":1},"retries":0}}'
+    string_retries = (
+        '{"message":{"id":"string-retries","type":"t","created":1764480002,'
+        '"payload":null,"execute_at":"1764480000","retries":"2"}}'
+    )
+    client.sadd(namespace, no_created, string_retries)
+    recorder = Recorder()
+    compat.set_max_process_items(driver, 2)
+    before = time.time()
+    Dispatcher(driver).register_handler("t", recorder).handle()
+    by_id = {m.id: m for m in recorder.messages}
+    assert set(by_id) == {"no-created", "string-retries"}
+    assert before <= by_id["no-created"].created <= time.time()
+    string = by_id["string-retries"]
+    assert (string.retries, string.execute_at) == (2, 1764480000.0)
+    assert client.scard(namespace) == 0

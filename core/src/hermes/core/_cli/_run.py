@@ -9,7 +9,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from hermes.core._cli._common import (
@@ -29,6 +29,7 @@ from hermes.core._cli._workers import publisher_for, registry
 from hermes.core.app._dispatcher import Dispatcher
 from hermes.core.app._handler import Handler, handler_name
 from hermes.core.app._jobs import Jobs
+from hermes.core.model._message import Message
 from hermes.core.run._worker import NOTICE, Worker
 from hermes.core.spi._driver import DEFAULT_PRIORITY, Driver
 from hermes.core.spi._registry import connect, driver_for_url, notify, plugin_manager
@@ -119,6 +120,9 @@ def run(args: argparse.Namespace, child: ChildLink | None = None) -> int:
             serve_metrics(args.metrics_port, url, args.metrics_host)
         registered = _registered(dispatcher, target, spec)
         names = {**from_url, **from_cli}
+        dispatcher.explain_unhandled = _UnhandledHint(
+            spec, list(registered), priorities, from_cli, lambda p: _queue_label(driver, names, p)
+        )
         # The first line promises a stop on SIGTERM: it holds from here, not from worker.run().
         # (A pool's child keeps the default: its supervisor expects it gone at once.)
         early = stack.enter_context(_signals_while_starting(child is None))
@@ -263,10 +267,7 @@ def _log_start(
     logger.info("Handlers: %s", handlers)
 
     def named(priority: int) -> str:
-        # The broker's own name (Redis: the key, prefix included) makes a worker and an
-        # emitter on different prefixes or keys visible at a glance.
-        name = queue_of(driver, priority) or names.get(priority)
-        return f"{priority} ({name})" if name else str(priority)
+        return _queue_label(driver, names, priority)
 
     read = priorities or sorted({DEFAULT_PRIORITY, *names}, reverse=True)
     plural = "priorities" if len(read) > 1 else "priority"
@@ -301,3 +302,72 @@ def _log_start(
             "(--max-deliveries)",
             max_deliveries,
         )
+
+
+def _queue_label(driver: Driver, names: Mapping[int, str], priority: int) -> str:
+    """``200 (hermes_high)``: a priority and its queue's name, when it has one."""
+    # The broker's own name (Redis: the key, prefix included) makes a worker and an
+    # emitter on different prefixes or keys visible at a glance.
+    name = queue_of(driver, priority) or names.get(priority)
+    return f"{priority} ({name})" if name else str(priority)
+
+
+#: How many of its types the no-handler line names before "and N more".
+_TYPES_SHOWN = 10
+
+
+class _UnhandledHint:
+    """Why this worker took a message it has no handler for, from what its command line says.
+
+    What is known: the types its ``--handlers`` registered, and why it reads the
+    queue the message came from (``--priority``, ``--queue``, or by default).
+    The usual cause: a queue read without a handler for every type sent there,
+    e.g. an old ``--queue NAME:P`` command line (``--queue`` once restricted the
+    worker; it now adds a queue, so the default queue is read as well).
+    """
+
+    def __init__(
+        self,
+        spec: str,
+        types: list[str],
+        priorities: list[int],
+        from_cli: Mapping[int, str],
+        label: Callable[[int], str],
+    ) -> None:
+        shown = ", ".join(map(repr, types[:_TYPES_SHOWN]))
+        more = len(types) - _TYPES_SHOWN
+        self.handles = f"this worker (--handlers {spec}) handles {shown}" + (
+            f" and {more} more types" if more > 0 else ""
+        )
+        self.priorities = priorities
+        self.from_cli = dict(from_cli)
+        self.label = label
+
+    def __call__(self, message: Message, priority: int) -> str:
+        where = self.label(priority)
+        have = f"give --handlers a handler for {message.type!r}"
+        if self.priorities:
+            why = (
+                f"it reads priority {where} because --priority {priority} says so: {have}, "
+                f"or leave priority {priority} to a worker that has one"
+            )
+        elif priority in self.from_cli:
+            why = (
+                f"it reads priority {where} because of --queue {self.from_cli[priority]}:"
+                f"{priority}, and a worker on a queue needs a handler for every type sent "
+                f"there: {have}, or leave that queue to a worker that has one"
+            )
+        elif self.from_cli:
+            queues = ", ".join(f"{name}:{p}" for p, name in sorted(self.from_cli.items()))
+            only = " ".join(f"--priority {p}" for p in sorted(self.from_cli, reverse=True))
+            why = (
+                f"it reads priority {where} besides --queue {queues} because --queue adds a "
+                f"queue (it no longer restricts the worker to it): to read only those queues "
+                f"as before, add {only}; or {have}"
+            )
+        else:
+            why = (
+                f"it reads priority {where} as it reads every queue it knows without "
+                f"--priority: {have}, or give --priority for the queues whose types it handles"
+            )
+        return f"{self.handles}; {why}"

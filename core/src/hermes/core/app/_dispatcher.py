@@ -180,6 +180,10 @@ class Dispatcher:
         #: message. ``hermes worker`` turns them off unless ``-v``: two log lines per
         #: message take a large share of a busy worker's time.
         self.log_each_message = True
+        #: Called with a message no handler is registered for and the priority it
+        #: came from; what it returns ends that message's ERROR line (e.g. why this
+        #: worker reads that queue). ``hermes worker`` sets it; None adds nothing.
+        self.explain_unhandled: Callable[[Message, int], str] | None = None
         self._handlers: dict[str, list[Handler]] = {}
         #: id(handler) -> (handler, whether its ``handle`` is ``async def``): asked
         #: once per handler, not per message (the handler is kept so its id stays its own).
@@ -640,10 +644,11 @@ class Dispatcher:
         kept = "; it goes to the failed-message store" if self.failed is not None else ""
         if handler is None:
             self.logger.error(
-                "No handlers registered for message #%s (%s); %s",
+                "No handlers registered for message #%s (%s); %s%s",
                 message.id,
                 message.type,
                 "it goes to the failed-message store" if kept else "dropped",
+                self._explained(message, priority),
             )
         else:
             self.logger.error(
@@ -670,6 +675,17 @@ class Dispatcher:
         if exc is not None and self.failed is not None:
             record = ExceptionRecord.of(exc, name)
         return _GivenUp(f"{name}: {reason}", record)
+
+    def _explained(self, message: Message, priority: int) -> str:
+        """``" - why"`` from :attr:`explain_unhandled`, or ``""``."""
+        explain = self.explain_unhandled
+        if explain is None:
+            return ""
+        try:
+            why = explain(message, priority)
+        except Exception as exc:  # the message is given up on all the same
+            return f" (explain_unhandled raised {type(exc).__name__}: {exc})"
+        return f" - {why}" if why else ""
 
     def _store(self, store: FailedStore, message: Message, gave_up: list[_GivenUp]) -> None:
         reason = "; ".join(each.reason for each in gave_up)

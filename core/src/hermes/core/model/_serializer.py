@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 from typing import Any, Protocol, runtime_checkable
 
@@ -51,7 +52,13 @@ _decoder = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    """A finite JSON number a float can hold (not a bool, not 10**400)."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def unencodable(payload: Any) -> str | None:
@@ -123,6 +130,17 @@ class MessageSerializer:
     as ``[]``, which decodes here to ``{}``. Deeper down it cannot tell them apart
     either, so a nested ``{}`` that goes through a PHP retry comes back as ``[]``.
 
+    Reading takes what PHP Hermes 4.x's ``unserialize`` takes, normalised as PHP
+    does: no ``id`` (or null, or ``""``) gets a fresh UUID; no ``created`` (or
+    null, or 0) is the time the message is read; ``execute_at`` and ``retries``
+    are read as PHP's ``floatval`` and ``intval`` read them (``"2"`` is 2, a
+    non-numeric string 0) and a negative ``retries`` is 0; a missing ``payload``
+    is null. What PHP's worker would die on -- a ``type`` that is not a
+    string, an ``id`` that is not a string, a ``created`` that is not a number,
+    a payload that is not an object, an array or null -- raises
+    :class:`SerializeError` naming the field, and so does an empty ``type``
+    (PHP takes it; a Hermes message always has a type).
+
     A message with headers gets one more key, after ``retries``:
     ``"headers":{"traceparent":"…"}``. It is written only when there are
     headers, so a message without them is the PHP envelope, byte for byte as
@@ -171,8 +189,10 @@ class MessageSerializer:
             raise SerializeError(f"Cannot unserialize message from '{_quote(data)}'", data)
         try:
             message = self._message_from(body)
-        except (KeyError, TypeError, ValueError, OverflowError) as exc:
-            raise SerializeError(f"Invalid message format in '{_quote(data)}'", data) from exc
+        except (ValueError, OverflowError) as exc:
+            raise SerializeError(
+                f"Invalid message format in '{_quote(data)}': {exc}", data
+            ) from exc
         headers = body.get("headers")
         # PHP writes an empty array as [], and null is as good as no key.
         if headers is None or headers == []:
@@ -188,25 +208,83 @@ class MessageSerializer:
 
     @staticmethod
     def _message_from(body: dict[str, Any]) -> Message:
-        id_, type_, created = body["id"], body["type"], body["created"]
-        if not isinstance(id_, str) or not isinstance(type_, str) or not _is_number(created):
-            raise TypeError("id and type must be strings, created a number")
+        # Read as PHP Hermes 4.x's MessageSerializer reads it (strict_types, PHP's
+        # Message constructor): what PHP takes is taken and normalised the same way,
+        # what PHP would die on raises ValueError with the field and the reason.
+        id_ = body.get("id")
+        if id_ is not None and not isinstance(id_, str):
+            raise ValueError(f"id must be a string, got {_kind(id_)}")
+        type_ = body.get("type")
+        if not isinstance(type_, str) or not type_:
+            raise ValueError(f"type must be a non-empty string, got {_kind(type_)}")
+        created = body.get("created")
+        if created is not None and not _is_number(created):
+            raise ValueError(f"created must be a number or absent, got {_kind(created)}")
         payload = body.get("payload")
         if payload == []:
             payload = {}
+        if payload is not None and not isinstance(payload, dict | list):
+            raise ValueError(f"payload must be an object, an array or null, got {_kind(payload)}")
         execute_at = body.get("execute_at")
-        if execute_at is not None and not _is_number(execute_at):
-            raise TypeError("execute_at must be a number or null")
+        if execute_at is not None:
+            execute_at = _php_float(execute_at)
+            if not math.isfinite(execute_at):
+                raise ValueError(f"execute_at is out of range: {_kind(body['execute_at'])}")
         retries = body.get("retries")
-        if retries is None:
-            retries = 0
-        if not _is_number(retries) or retries < 0:
-            raise TypeError("retries must be a number >= 0")
         return Message(
             type_,
             payload,
             id=id_,
-            created=created,
+            # PHP takes a missing, null or 0 created as "now", the time it was read.
+            created=float(created) if created else None,
             execute_at=execute_at,
-            retries=int(retries),
+            # A negative count (PHP would retry from it) means no retry was made yet.
+            retries=max(0, _php_int(retries)) if retries is not None else 0,
         )
+
+
+def _kind(value: Any) -> str:
+    """``a string 'soon'``: a JSON value's kind and a bounded repr, for an error."""
+    if value is None:
+        return "null"
+    kind = {bool: "a boolean", str: "a string", list: "an array", dict: "an object"}.get(
+        type(value), "a number"
+    )
+    text = repr(value)
+    return f"{kind} {text[:40]}{'...' if len(text) > 40 else ''}"
+
+
+#: The numeric prefix PHP reads from a string (leading whitespace, a decimal number).
+_NUMERIC_PREFIX = re.compile(
+    r"[ \t\n\r\v\f]*([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)"
+)
+_INT_MIN, _INT_MAX = -(2**63), 2**63 - 1
+
+
+def _php_float(value: Any) -> float:
+    """``floatval(value)`` as PHP computes it for a decoded JSON value."""
+    if isinstance(value, str):
+        found = _NUMERIC_PREFIX.match(value)
+        return float(found.group(1)) if found else 0.0
+    if isinstance(value, list | dict | bool):
+        return 1.0 if value else 0.0
+    return float(value)
+
+
+def _php_int(value: Any) -> int:
+    """``intval(value)`` as PHP computes it (64-bit) for a decoded JSON value."""
+    if isinstance(value, int):  # bool too
+        return int(value)
+    if isinstance(value, list | dict):
+        return 1 if value else 0
+    if isinstance(value, str):
+        found = _NUMERIC_PREFIX.match(value)
+        if found is None:
+            return 0
+        text = found.group(1)
+        if text.lstrip("+-").isdigit():
+            return min(max(int(text), _INT_MIN), _INT_MAX)
+        value = float(text)
+    if not math.isfinite(value):
+        return 0
+    return min(max(int(value), _INT_MIN), _INT_MAX)
