@@ -334,7 +334,7 @@ def test_sigterm_lets_every_childs_jobs_in_flight_finish_and_leaves_the_rest(pro
         "--concurrency",
         "2",
         "--grace",
-        "20",
+        "20.5",
         env={"JOBS_SLEEP_S": "1.5"},
     )
     record = project / "handled.txt"
@@ -354,6 +354,7 @@ def test_sigterm_lets_every_childs_jobs_in_flight_finish_and_leaves_the_rest(pro
         waiting = sum(row.ready or 0 for row in driver.queue_stats())
     assert waiting + len(done) == 40  # the rest stayed on the broker
     assert "stopped (exited with code 0)" in pool.log()
+    assert "(at most 20.5 s;" in pool.log()  # --grace as given
 
 
 def test_max_jobs_per_child_replaces_children_without_losing_or_repeating_a_job(project, pools):

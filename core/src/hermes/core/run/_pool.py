@@ -781,7 +781,7 @@ class Supervisor:
                 logger.log(
                     NOTICE,
                     "Received %s: stopping %d worker processes after their messages in flight "
-                    "(at most %.0f s; %s again stops them at once)",
+                    "(at most %g s; %s again stops them at once)",
                     name,
                     len(self.children),
                     self.config.grace_s,
