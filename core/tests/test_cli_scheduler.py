@@ -10,10 +10,11 @@ import textwrap
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
-from hermes.core import hookimpl
+from hermes.core import Message, connect, hookimpl
 from hermes.core.cli import main
 from hermes.core.driver import DriverPlugin
 from hermes.core.spi._memory import MemoryDriver
@@ -198,15 +199,63 @@ def test_a_worker_s_scheduler_thread_that_dies_says_so_at_error(
     args = argparse.Namespace(handlers=f"{jobs}:handlers", scheduler=True, lock_url=None)
     driver = MemoryDriver(jobs)
     caplog.set_level(logging.INFO, logger="hermes")
-    scheduler = _scheduler.start_in_worker(args, target, driver, f"memory://{jobs}")
     try:
-        deadline = time.monotonic() + 10
-        while not [r for r in caplog.records if r.levelno == logging.ERROR]:
-            assert time.monotonic() < deadline, "no ERROR line from the scheduler thread"
-            time.sleep(0.01)
+        with _scheduler.running_in_worker(args, target, driver, f"memory://{jobs}"):
+            deadline = time.monotonic() + 10
+            while not [r for r in caplog.records if r.levelno == logging.ERROR]:
+                assert time.monotonic() < deadline, "no ERROR line from the scheduler thread"
+                time.sleep(0.01)
     finally:
-        scheduler.stop()
         driver.teardown()
     [error] = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert "scheduler" in error.getMessage() and "the clock is gone" in error.getMessage()
     assert error.exc_info is not None
+
+
+class _TrackedLock(MemoryDriver):
+    """A claims broker that records, as it is closed, which scheduler threads still run."""
+
+    closed_with: ClassVar[list[list[str]]] = []
+
+    def close(self) -> None:
+        running = [t.name for t in threading.enumerate() if t.name == "hermes-scheduler"]
+        _TrackedLock.closed_with.append(running)
+        super().close()
+
+
+class _TrackedLockPlugin:
+    @hookimpl
+    def hermes_drivers(self) -> list[DriverPlugin]:
+        return [
+            DriverPlugin(
+                name="trackedlock",
+                schemes=("trackedlock",),
+                factory=lambda url: _TrackedLock(url.host or "trackedlock"),
+                capabilities=MemoryDriver.capabilities,
+                isolate=lambda url, namespace: f"trackedlock://{namespace}",
+            )
+        ]
+
+
+def test_a_worker_s_scheduler_thread_ends_and_its_lock_url_closes_with_the_worker(
+    jobs: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write(jobs, 'handlers.every(seconds=1, type="ping", catch_up="none")\n'
+                'handlers.register_handler("ping", lambda message: None)\n')  # fmt: skip
+    plugin = _TrackedLockPlugin()
+    plugin_manager().register(plugin)
+    _TrackedLock.closed_with = []
+    url = f"memory://{jobs}"
+    broker = connect(url)
+    try:
+        broker.send(Message("ping"))
+        code = main(
+            ["worker", "--url", url, "--handlers", f"{jobs}:handlers", "--scheduler",
+             "--lock-url", f"trackedlock://{jobs}", "--max-items", "1"]
+        )  # fmt: skip
+    finally:
+        plugin_manager().unregister(plugin)
+        broker.teardown()
+    assert code == 0, capsys.readouterr().err
+    # Closed once, after the scheduler thread that claimed on it had ended.
+    assert _TrackedLock.closed_with == [[]]

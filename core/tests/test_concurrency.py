@@ -327,7 +327,7 @@ def test_a_handler_still_running_after_the_grace_period_is_not_acknowledged(
     try:
         dispatcher.handle()
         assert queued(driver) == 0, "given back while its handler may still run"
-        assert any("still running after the 0 s grace" in r.getMessage() for r in caplog.records)
+        assert any("still running after the 0.2 s grace" in r.getMessage() for r in caplog.records)
         # The memory broker's lease runs out redelivery_timeout_s after the close.
         eventually(
             lambda: driver.consumer(()).receive(0) is not None, "the message is handed out again"

@@ -89,7 +89,13 @@ def children_of(pid: int) -> list[int]:
 class Pool:
     """A ``hermes worker`` process in ``cwd``, its output in a file, its children counted."""
 
-    def __init__(self, cwd: Path, *args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        cwd: Path,
+        *args: str,
+        env: dict[str, str] | None = None,
+        command: list[str] | None = None,
+    ) -> None:
         assert HERMES is not None
         self.output = cwd / f"pool-{uuid.uuid4().hex[:6]}.out"
         self.stdout = cwd / f"pool-{uuid.uuid4().hex[:6]}.stdout"
@@ -97,7 +103,11 @@ class Pool:
         environ.update(env or {})
         with self.output.open("w") as err, self.stdout.open("w") as out:
             self.proc = subprocess.Popen(
-                [HERMES, "worker", *args], cwd=cwd, env=environ, stdout=out, stderr=err
+                [*(command or [HERMES]), "worker", *args],
+                cwd=cwd,
+                env=environ,
+                stdout=out,
+                stderr=err,
             )
         #: The most children seen alive at once, by :meth:`watch`.
         self.most = 0
@@ -177,8 +187,14 @@ def file_url(project: Path) -> str:
     return (project / "queue").as_uri()
 
 
-def start(pools: list[Pool], project: Path, *args: str, env: dict[str, str] | None = None) -> Pool:
-    pool = Pool(project, *args, env=env)
+def start(
+    pools: list[Pool],
+    project: Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+    command: list[str] | None = None,
+) -> Pool:
+    pool = Pool(project, *args, env=env, command=command)
     pools.append(pool)
     return pool
 
@@ -318,7 +334,7 @@ def test_sigterm_lets_every_childs_jobs_in_flight_finish_and_leaves_the_rest(pro
         "--concurrency",
         "2",
         "--grace",
-        "20",
+        "20.5",
         env={"JOBS_SLEEP_S": "1.5"},
     )
     record = project / "handled.txt"
@@ -338,6 +354,7 @@ def test_sigterm_lets_every_childs_jobs_in_flight_finish_and_leaves_the_rest(pro
         waiting = sum(row.ready or 0 for row in driver.queue_stats())
     assert waiting + len(done) == 40  # the rest stayed on the broker
     assert "stopped (exited with code 0)" in pool.log()
+    assert "(at most 20.5 s;" in pool.log()  # --grace as given
 
 
 def test_max_jobs_per_child_replaces_children_without_losing_or_repeating_a_job(project, pools):
@@ -690,3 +707,121 @@ def test_a_single_worker_calls_the_exiting_hook_at_the_end_of_its_run(project, p
     seed(url, range(1))
     assert worker.wait(20) == 0, worker.log()
     assert exiting_pids(project) == [worker.proc.pid]
+
+
+#: A metrics plugin whose thread holds a lock for as long as it runs -- a queue-depth
+#: sampler stuck in its broker client's call, that client's lock taken -- and a
+#: ``hermes`` run with it registered. ``threads.txt`` gets one line per fork of the
+#: supervisor: how many threads the process had at that moment.
+HOLDER = """
+import threading
+
+LOCK = threading.Lock()
+
+
+def hold():
+    held = threading.Event()
+
+    def run():
+        with LOCK:
+            held.set()
+            threading.Event().wait()
+
+    threading.Thread(target=run, name="metrics-sampler", daemon=True).start()
+    held.wait()
+"""
+
+RUN_WITH_METRICS_PLUGIN = """
+import os
+import sys
+
+import holder
+from hermes.core import hookimpl
+from hermes.core.cli import main
+from hermes.core.spi._registry import plugin_manager
+
+SUPERVISOR = os.getpid()
+
+
+def count_threads():
+    if os.getpid() == SUPERVISOR:
+        threads = len(os.listdir("/proc/self/task"))
+        fd = os.open("threads.txt", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.write(fd, f"{threads}\\n".encode())
+        os.close(fd)
+
+
+os.register_at_fork(before=count_threads)
+
+
+class Metrics:
+    @hookimpl
+    def hermes_worker_metrics(self, port, url, host):
+        holder.hold()
+        return f"http://{host}:{port}/metrics"
+
+
+plugin_manager().register(Metrics())
+sys.exit(main(sys.argv[1:]))
+"""
+
+#: A handler that needs the lock the metrics plugin's thread holds in its own process.
+LOCKING_JOBS = """
+import os
+
+import holder
+
+
+def job(message):
+    got = holder.LOCK.acquire(timeout=5)
+    if got:
+        holder.LOCK.release()
+    line = f"{message.payload['n']}\\t{os.getpid()}\\t{'free' if got else 'held'}\\n"
+    fd = os.open("handled.txt", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.write(fd, line.encode())
+    os.close(fd)
+
+
+HANDLERS = {"job": job}
+"""
+
+
+def _with_metrics_plugin(project: Path) -> list[str]:
+    (project / "holder.py").write_text(HOLDER)
+    (project / "run_hermes.py").write_text(RUN_WITH_METRICS_PLUGIN)
+    (project / "locking.py").write_text(LOCKING_JOBS)
+    return [sys.executable, str(project / "run_hermes.py")]
+
+
+def test_a_child_never_inherits_a_lock_held_by_a_thread_of_the_metrics_server(project, pools):
+    url = file_url(project)
+    pool = start(
+        pools,
+        project,
+        "--url", url, "--handlers", "locking:HANDLERS", "--processes", "2",
+        "--metrics-port", "9", "--max-jobs-per-child", "2",
+        command=_with_metrics_plugin(project),
+    )  # fmt: skip
+    seed(url, range(6))
+    eventually(lambda: len(rows(project)) == 6, "6 messages handled", 30, details=pool.log)
+    # Each child took the lock at once: no thread of the supervisor held it when it forked.
+    assert [row[2] for row in rows(project)] == ["free"] * 6, pool.log()
+    assert pool.stop() == 0, pool.log()
+
+
+def test_the_supervisor_forks_only_while_it_runs_no_other_thread(project, pools):
+    url = file_url(project)
+    pool = start(
+        pools,
+        project,
+        "--url", url, "--handlers", "locking:HANDLERS", "--processes", "2",
+        "--metrics-port", "9", "--reload", "--max-jobs-per-child", "1",
+        command=_with_metrics_plugin(project),
+    )  # fmt: skip
+    seed(url, range(3))
+    eventually(lambda: len(rows(project)) == 3, "3 messages handled", 30, details=pool.log)
+    assert pool.stop() == 0, pool.log()
+    forks = (project / "threads.txt").read_text().split()
+    assert set(forks) == {"1"}, forks
+    assert len(forks) >= 5, forks  # 2 children, and the replacements of the 3 that left
+    assert "Threads run in the supervisor" not in pool.log()

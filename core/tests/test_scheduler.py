@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 import logging
+import subprocess
+import sys
 import threading
 from collections import Counter
 
@@ -249,3 +251,60 @@ def test_the_scheduler_s_run_goes_on_after_a_payload_function_raises(
         scheduler.stop()
         thread.join(5)
     assert scheduler.counts["lost"] >= 2
+
+
+#: Every named logger's settings, before and after importing a module, in a fresh interpreter.
+LOGGERS_AROUND_IMPORT = """
+import importlib
+import logging
+import sys
+
+import hermes.core  # what the module imports besides, imported first
+
+
+def settings():
+    loggers = {"": logging.getLogger()}
+    for name, logger in logging.Logger.manager.loggerDict.items():
+        if isinstance(logger, logging.Logger):
+            loggers[name] = logger
+    return {
+        name: (logger.level, len(logger.handlers), len(logger.filters), logger.propagate)
+        for name, logger in loggers.items()
+    }
+
+
+before = settings()
+importlib.import_module(sys.argv[1])
+after = settings()
+untouched = (logging.NOTSET, 0, 0, True)
+changed = {n: s for n, s in after.items() if s != before.get(n, untouched)}
+print(changed)
+"""
+
+
+def test_importing_the_scheduler_configures_no_logger() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", LOGGERS_AROUND_IMPORT, "hermes.core.run._scheduler"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "{}"
+
+
+def test_a_scheduler_s_emits_log_the_tick_not_the_emitter_s_line_too(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    driver = MemoryDriver(f"sched-quiet-{next(_names)}")
+    schedule = Schedule()
+    schedule.every(seconds=60, type="ping", catch_up="once")
+    caplog.set_level(logging.DEBUG)
+    now = 1_000_000.0
+    scheduler = Scheduler(schedule, driver, clock=lambda: now)
+    scheduler.run_pending(now)
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("Tick ") and "emitted message" in m for m in messages), messages
+    assert not any(m.startswith("Emitted message") for m in messages), messages
+    assert logging.getLogger("hermes.scheduler.emitter").level == logging.NOTSET
+    driver.teardown()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Iterator
@@ -302,7 +303,7 @@ def test_a_handler_still_running_after_the_grace_period_is_not_settled_after_clo
         time.sleep(0.02)
 
     assert settled == []
-    assert "still running after the 0 s grace period" in hermes_log.text
+    assert "still running after the 0.1 s grace period" in hermes_log.text
     assert "did not acknowledge" in hermes_log.text
 
 
@@ -549,3 +550,117 @@ def test_a_consumer_that_cannot_be_serviced_is_logged_once_and_the_run_goes_on(
     lines = [r for r in hermes_log.records if "keep the consumer's connection alive" in r.message]
     assert len(lines) == 1 and "the connection is gone" in lines[0].getMessage()
     driver.teardown()
+
+
+def test_a_handler_that_finishes_as_the_grace_period_ends_is_settled_or_abandoned_not_both(
+    driver: MemoryDriver, hermes_log: pytest.LogCaptureFixture
+) -> None:
+    acked: list[str] = []
+    runs: list[Worker] = []
+
+    class AckedAsTheGraceEnds(MemoryDriver):
+        def consumer(self, priorities: Any, *, concurrency: int = 1) -> Consumer:
+            inner = super().consumer(priorities, concurrency=concurrency)
+            original_ack = inner.ack
+
+            def ack(received: Received) -> None:
+                # The handler returned in time; its acknowledgement is still under way
+                # when the run gives up waiting.
+                loop = runs[0]._loop
+                deadline = time.monotonic() + 10
+                while not (loop is not None and loop.abandoned) and time.monotonic() < deadline:
+                    time.sleep(0.005)
+                original_ack(received)
+                acked.append(received.message.id if received.message else "?")
+
+            inner.ack = ack  # type: ignore[method-assign]
+            return inner
+
+    acking = AckedAsTheGraceEnds(driver.name)
+    message = Message("quick")
+    acking.send(message)
+    worker = Worker(
+        acking, {"quick": lambda m: None}, concurrency=2, grace_s=0, max_items=1,
+        handle_signals=False,
+    )  # fmt: skip
+    runs.append(worker)
+    stats = worker.run()
+
+    # The acknowledgement that was under way won: the message is settled, and
+    # neither counted nor reported as left to the broker.
+    assert acked == [message.id]
+    assert stats.processed == 1
+    assert "grace period" not in hermes_log.text
+
+
+def test_a_worker_stopped_and_run_again_starts_a_fresh_run(driver: MemoryDriver) -> None:
+    seen: list[str] = []
+    worker = Worker(driver, {"a": lambda m: seen.append(m.id)}, max_items=1, handle_signals=False)
+    worker.stop()
+    first = worker.run()
+    assert (first.stopped_by, first.started) == ("stop()", 0)
+
+    message = Message("a")
+    driver.send(message)
+    second = worker.run()
+    assert (second.stopped_by, second.processed) == ("max items", 1)
+    assert seen == [message.id]
+
+    def stops_its_run(message: Message) -> None:
+        seen.append(message.id)
+        if message.id == first_message.id:
+            stopping.stop()  # during the run: it ends that run only
+
+    stopping = Worker(driver, {"a": stops_its_run}, handle_signals=False)
+    first_message, second_message = Message("a"), Message("a")
+    driver.send(first_message)
+    assert stopping.run().stopped_by == "stop()"
+    driver.send(second_message)
+    stopping.max_items = 1
+    assert stopping.run().stopped_by == "max items"
+    assert seen[1:] == [first_message.id, second_message.id]
+
+
+def test_a_run_that_ends_leaves_the_event_loop_to_another_run_of_its_dispatcher(
+    broker_name: str,
+) -> None:
+    slow_driver = MemoryDriver(f"{broker_name}-slow")
+    quick_driver = MemoryDriver(f"{broker_name}-quick")
+    started, release = threading.Event(), threading.Event()
+    finished: list[str] = []
+
+    class Slow:
+        async def handle(self, message: Message) -> bool:
+            started.set()
+            while not release.is_set():
+                await asyncio.sleep(0.005)
+            finished.append(message.id)
+            return True
+
+    class Quick:
+        async def handle(self, message: Message) -> bool:
+            return True
+
+    dispatcher = Dispatcher(slow_driver)
+    dispatcher.register_handler("slow", Slow())
+    dispatcher.register_handler("quick", Quick())
+    slow, quick = Message("slow"), Message("quick")
+    slow_driver.send(slow)
+    quick_driver.send(quick)
+    slow_run = threading.Thread(
+        target=Worker(slow_driver, dispatcher, max_items=1, handle_signals=False).run
+    )
+    slow_run.start()
+    try:
+        assert started.wait(10)
+        # A second run of the same Dispatcher starts and ends while the slow handler awaits.
+        Worker(quick_driver, dispatcher, max_items=1, handle_signals=False).run()
+    finally:
+        release.set()
+        slow_run.join(10)
+    try:
+        assert finished == [slow.id]
+        assert (dispatcher.stats.handled, dispatcher.stats.failed) == (2, 0)
+    finally:
+        slow_driver.teardown()
+        quick_driver.teardown()

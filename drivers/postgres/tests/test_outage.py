@@ -7,6 +7,9 @@ restart or a failover does to them.
 
 from __future__ import annotations
 
+import threading
+
+import psycopg
 import pytest
 from hermes_test_support import eventually
 
@@ -73,3 +76,37 @@ def test_an_ack_on_a_dropped_connection_raises_and_the_message_runs_again(
     finally:
         consumer.close()
     assert sql.execute(f"SELECT count(*) FROM {table}").fetchone() == (0,)
+
+
+def test_failed_calls_start_one_check_of_the_idle_connections_at_a_time(make_driver) -> None:
+    driver = make_driver()
+    driver.send(Message("warm-up"))  # the pool is open
+    pool = driver._pool.get()
+    release = threading.Event()
+    checks: list[int] = []
+    real_check = pool.check
+
+    def slow_check() -> None:
+        # A check waiting out a silent server's timeout: it lasts until released.
+        checks.append(1)
+        release.wait(30)
+        real_check()
+
+    pool.check = slow_check
+
+    def checkers() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name == "hermes-pool-check"]
+
+    try:
+        for _ in range(5):  # five handler threads whose connections died at once
+            with pytest.raises(psycopg.OperationalError), driver.connection():
+                raise psycopg.OperationalError("terminating connection due to administrator")
+        eventually(lambda: checks == [1], "the check to start")
+        assert len(checkers()) == 1
+    finally:
+        release.set()
+    eventually(lambda: not checkers(), "the check to end")
+    with pytest.raises(psycopg.OperationalError), driver.connection():
+        raise psycopg.OperationalError("terminating connection due to administrator")
+    eventually(lambda: len(checks) == 2, "a failure after it to start another check")
+    eventually(lambda: not checkers(), "that check to end")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 import logging
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -196,3 +198,37 @@ def test_a_process_exiting_flushes_the_events_the_client_still_holds(
 
 def test_a_process_exiting_without_a_client_does_nothing() -> None:
     _plugin.hermes_process_exiting()
+
+
+#: In a fresh interpreter: Sentry initialized, the plugin imported, an ERROR line on
+#: the ``hermes`` logger before any handler ran: how many events Sentry made of it.
+IMPORT_ONLY = """
+import logging
+
+import sentry_sdk
+from sentry_sdk.transport import Transport
+
+events = []
+
+
+class Recording(Transport):
+    def capture_envelope(self, envelope):
+        if envelope.get_event() is not None:
+            events.append(envelope.get_event())
+
+
+sentry_sdk.init(dsn="https://key@sentry.invalid/1", transport=Recording())
+import hermes.plugins.sentry  # noqa: E402, F401
+
+logging.getLogger("hermes").error("the application's own line")
+sentry_sdk.flush()
+print(len(events))
+"""
+
+
+def test_importing_the_plugin_leaves_sentry_s_logging_integration_as_it_was() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", IMPORT_ONLY], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "1"

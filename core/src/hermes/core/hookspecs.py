@@ -175,6 +175,9 @@ def hermes_worker_metrics(port: int, url: str, host: str) -> str | None:
     before it starts handling; ``url`` is the worker's broker URL, for
     sampling queue depth on a connection of the plugin's own. ``host`` is
     127.0.0.1 unless the user named another address (``--metrics-host``).
+    In a worker pool (``--processes N``) it is called once, in a helper
+    process of the supervisor's that does nothing else: the threads the
+    plugin starts run there, never in the process that forks the workers.
     """
 
 

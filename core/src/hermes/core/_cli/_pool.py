@@ -34,6 +34,9 @@ from hermes.core.run._pool import (
     EXIT_FAILED,
     EXIT_MISTAKE,
     ChildLink,
+    HelperError,
+    HelperLink,
+    HelperMain,
     PoolConfig,
     PoolStats,
     Supervisor,
@@ -81,8 +84,11 @@ def _supervise(args: argparse.Namespace) -> int:
         load_object(args.handlers)  # its one-line CliError, raised before any import
     verbosity = args.verbose - args.quiet
     configure_logging(verbosity, prefix=f"[supervisor pid {os.getpid()}] ")
+    helpers: dict[str, HelperMain] = {}
     if args.metrics_port is not None:
-        serve_metrics(args.metrics_port, args.url, args.metrics_host)
+        # Served by a process of its own: its threads (the server's, the sampler's)
+        # would make every fork of the supervisor a hazard to the child.
+        helpers["metrics server"] = lambda link: _serve_metrics(args, verbosity, link)
     config = PoolConfig(
         processes=args.processes,
         grace_s=args.grace,
@@ -91,11 +97,26 @@ def _supervise(args: argparse.Namespace) -> int:
         reload_paths=reload_paths(args.handlers) if args.reload else (),
     )
     started = time.monotonic()
-    stats = Supervisor(config, lambda link: _child(args, link)).run()
+    try:
+        stats = Supervisor(config, lambda link: _child(args, link), helpers).run()
+    except HelperError as exc:
+        raise CliError(exc.line) from None
     print(summary(stats, time.monotonic() - started), flush=True)
     if stats.fatal is not None:
         raise CliError(stats.fatal)
     return stats.exit_code
+
+
+def _serve_metrics(args: argparse.Namespace, verbosity: int, link: HelperLink) -> None:
+    """The metrics server's helper process: serve ``/metrics`` until the supervisor is gone."""
+    configure_logging(verbosity, prefix=f"[metrics pid {os.getpid()}] ")
+    try:
+        serve_metrics(args.metrics_port, args.url, args.metrics_host)
+    except CliError as exc:
+        link.fatal(one_line(str(exc)))
+        return
+    link.ready()
+    link.wait_for_supervisor()
 
 
 def _child(args: argparse.Namespace, link: ChildLink) -> int:

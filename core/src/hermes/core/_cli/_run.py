@@ -151,7 +151,7 @@ def run(args: argparse.Namespace, child: ChildLink | None = None) -> int:
             # Imported here: a worker without --scheduler does without the schedule.
             from hermes.core._cli import _scheduler
 
-            scheduler = _scheduler.start_in_worker(args, target, driver, url)
+            scheduler = stack.enter_context(_scheduler.running_in_worker(args, target, driver, url))
             _scheduler.beat_for(stack, args, beats, url, scheduler)
         started = time.monotonic()
         if child is not None:

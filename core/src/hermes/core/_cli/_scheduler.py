@@ -14,6 +14,7 @@ import signal
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
@@ -40,6 +41,8 @@ logger = logging.getLogger("hermes")
 
 #: Fire times ``--list`` shows per entry.
 LISTED_FIRE_TIMES = 3
+#: How long a stopping worker waits for its scheduler thread to finish the tick in progress.
+SCHEDULER_JOIN_S = 10.0
 
 
 def add_parser(commands: Any) -> None:
@@ -185,9 +188,7 @@ def run(args: argparse.Namespace) -> int:
                 beat_for(stack, args, store, url, scheduler)
                 counts = _run_until_signal(scheduler)
         finally:
-            lock: object = scheduler.claims
-            if lock is not driver and isinstance(lock, Driver):
-                lock.close()
+            _close_claims(scheduler, driver)
     print(
         f"Scheduler stopped: emitted {counts['emitted']}, skipped {counts['skipped']}, "
         f"taken by other schedulers {counts['taken']}, lost {counts['lost']}",
@@ -196,19 +197,47 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def start_in_worker(
+@contextlib.contextmanager
+def running_in_worker(
     args: argparse.Namespace, target: object, driver: Driver, url: str
-) -> Scheduler:
-    """``hermes worker --scheduler``: a scheduler started on a daemon thread; stop() ends it."""
+) -> Iterator[Scheduler]:
+    """``hermes worker --scheduler``: a scheduler on a thread of its own while the block runs.
+
+    On leaving, the scheduler is stopped, its thread joined (it finishes the
+    tick in progress, :data:`SCHEDULER_JOIN_S` at most) and the ``--lock-url``
+    driver it claimed on closed.
+    """
     spec = args.handlers if args.scheduler is True else str(args.scheduler)
     source = target if args.scheduler is True else load_object(spec)
     schedule = schedule_of(source, spec)
     scheduler = make_scheduler(schedule, driver, url, lock_url=args.lock_url, single=False)
-    _log_start(scheduler, url)
-    threading.Thread(
-        target=_run_in_worker, args=(scheduler,), name="hermes-scheduler", daemon=True
-    ).start()
-    return scheduler
+    try:
+        _log_start(scheduler, url)
+        # A daemon: a thread stuck in a tick past the join must not keep the process alive.
+        thread = threading.Thread(
+            target=_run_in_worker, args=(scheduler,), name="hermes-scheduler", daemon=True
+        )
+        thread.start()
+        try:
+            yield scheduler
+        finally:
+            scheduler.stop()
+            thread.join(SCHEDULER_JOIN_S)
+            if thread.is_alive():
+                logger.warning(
+                    "The scheduler thread is still in a tick %g s after it was asked to stop; "
+                    "leaving it",
+                    SCHEDULER_JOIN_S,
+                )
+    finally:
+        _close_claims(scheduler, driver)
+
+
+def _close_claims(scheduler: Scheduler, driver: Driver) -> None:
+    """Close the ``--lock-url`` driver ``scheduler`` claims on, if it opened one."""
+    lock: object = scheduler.claims
+    if lock is not driver and isinstance(lock, Driver):
+        lock.close()
 
 
 def _run_in_worker(scheduler: Scheduler) -> None:

@@ -1,11 +1,12 @@
 from __future__ import annotations
 
+import contextlib
 import enum
 import inspect
 import logging
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple, cast
 
@@ -166,6 +167,10 @@ class Dispatcher:
         self.max_deliveries = max_deliveries
         self._watchdog = Watchdog()
         self._event_loop = EventLoopThread()
+        #: Worker runs using this Dispatcher now, and whether they started its event loop.
+        self._runs = 0
+        self._runs_own_loop = False
+        self._runs_lock = threading.Lock()
         self._count_lock = threading.Lock()
         self.driver = driver
         self.logger = logger or logging.getLogger("hermes")
@@ -281,6 +286,27 @@ class Dispatcher:
     def close(self) -> None:
         """End what a run started for the handlers (the event loop of async handlers)."""
         self._event_loop.close()
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        """Around one Worker run: the event loop the runs started ends with the last of them.
+
+        Several runs may share this Dispatcher at once (two Workers on other
+        queues, in two threads): one that ends leaves the loop to the others.
+        A loop that was there before the runs (the application's own calls) is
+        left running; :meth:`close` ends it.
+        """
+        with self._runs_lock:
+            if not self._runs:
+                self._runs_own_loop = not self._event_loop.started
+            self._runs += 1
+        try:
+            yield
+        finally:
+            with self._runs_lock:
+                self._runs -= 1
+                if not self._runs and self._runs_own_loop:
+                    self.close()
 
     def _count(self, name: str) -> None:
         # Handler threads finish at once; a bare ``+=`` could lose a count.

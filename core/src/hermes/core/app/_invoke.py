@@ -114,6 +114,11 @@ class EventLoopThread:
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
 
+    @property
+    def started(self) -> bool:
+        """Whether a loop runs (until :meth:`close`)."""
+        return self._loop is not None
+
     def _running_loop(self) -> asyncio.AbstractEventLoop:
         with self._lock:
             if self._loop is None:

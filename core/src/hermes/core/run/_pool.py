@@ -25,17 +25,30 @@ pool runs: the first child exits 2 and the supervisor ends the pool with that
 line. Drivers are connected in each child, after the fork; their clients are
 per process (:class:`~hermes.core.driver.PerProcess`) anyway, and each child
 makes its own Dispatcher and so its own event loop for async handlers.
+
+Why the supervisor runs no thread: ``fork()`` copies only the calling thread,
+and every lock another thread held at that moment stays held for ever in the
+child -- a logging handler's, a metrics library's, a driver client's, a
+module being imported. So the supervisor forks from a single-threaded state,
+always: what needs threads for the pool's whole life (the ``/metrics``
+server and its queue-depth sampler, the ``--reload`` file watcher) runs in a
+*helper process* of its own, forked before it starts any thread, which
+talks to the supervisor over a socket and ends when the supervisor closes it
+or dies. Should a plugin start a thread in the supervisor anyway, the first
+fork that finds one says so at WARNING.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import logging
 import os
 import resource
 import select
 import signal
+import socket
 import sys
 import threading
 import time
@@ -252,6 +265,58 @@ def _shorten(value: Any) -> Any:
     return value[:1000] + "..." if isinstance(value, str) and len(value) > 1000 else value
 
 
+class HelperError(Exception):
+    """A helper process of the pool could not start; :attr:`line` says why, in one line."""
+
+    def __init__(self, name: str, line: str) -> None:
+        super().__init__(line)
+        #: The helper's name ("metrics server").
+        self.name = name
+        self.line = line
+
+
+class HelperLink:
+    """A helper process's end of its socket: what it tells the supervisor, and its life."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+
+    def send(self, **record: Any) -> None:
+        self._sock.sendall(json.dumps(record).encode() + b"\n")
+
+    def ready(self) -> None:
+        """Set up: the supervisor goes on (and forks its workers)."""
+        self.send(ready=True)
+
+    def fatal(self, line: str) -> None:
+        """Could not set up: the supervisor raises :class:`HelperError` with ``line``."""
+        self.send(fatal=line)
+
+    def wait_for_supervisor(self) -> None:
+        """Block until the supervisor stops this helper or is gone."""
+        try:
+            while self._sock.recv(4096):
+                pass
+        except OSError:
+            return  # reset by a supervisor that died: gone all the same
+
+
+#: ``main(link)``: a helper's whole life; it calls ``link.ready()`` once set up.
+HelperMain = Callable[[HelperLink], None]
+
+
+@dataclass(eq=False)
+class _Helper:
+    """The supervisor's view of one helper process."""
+
+    name: str
+    pid: int
+    sock: socket.socket
+    buffer: bytes = b""
+    #: Reaped: it is gone.
+    exited: bool = False
+
+
 @dataclass(eq=False)
 class _Child:
     """The supervisor's view of one child."""
@@ -322,9 +387,20 @@ class Supervisor:
       child in turn a new one is started, and once it is ready the old one
       gets SIGTERM. A new child that cannot start ends the roll and leaves the
       old children running.
+    * ``helpers`` (name -> ``main(link)``) are started first, each in a
+      process of its own, and stopped last: the work that needs threads, so
+      that the supervisor runs none when it forks (see the module's
+      docstring). One that cannot start raises :class:`HelperError` from
+      :meth:`run` before any child starts; one that dies later is logged at
+      ERROR and the pool runs on without it.
     """
 
-    def __init__(self, config: PoolConfig, child_main: ChildMain) -> None:
+    def __init__(
+        self,
+        config: PoolConfig,
+        child_main: ChildMain,
+        helpers: Mapping[str, HelperMain] | None = None,
+    ) -> None:
         if config.processes < 1:
             raise ValueError(f"processes must be >= 1, got {config.processes}")
         self.config = config
@@ -349,18 +425,30 @@ class Supervisor:
         #: After a death, a rolling restart waits out the same backoff as a replacement.
         self._roll_not_before = 0.0
         self._changed: list[str] = []
-        self._watch_stop = threading.Event()
+        self._helper_mains: dict[str, HelperMain] = dict(helpers or {})
+        if config.reload_paths:
+            self._helper_mains["file watcher"] = _watch(config.reload_paths)
+        self.helpers: list[_Helper] = []
+        self._warned_threads = False
 
     # The loop ----------------------------------------------------------------
 
     def run(self) -> PoolStats:
-        """Run the pool until it is stopped; what it did (``stats.exit_code`` to exit with)."""
+        """Run the pool until it is stopped; what it did (``stats.exit_code`` to exit with).
+
+        Raises :class:`HelperError` if a helper process cannot start.
+        """
+        try:
+            for name, main in self._helper_mains.items():
+                self._start_helper(name, main)
+        except BaseException:
+            self._stop_helpers()
+            raise
         self._wake_r, self._wake_w = os.pipe()
         for fd in (self._wake_r, self._wake_w):
             os.set_blocking(fd, False)
         handled = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD)
         previous = {sig: signal.signal(sig, self._on_signal) for sig in handled}
-        watcher = self._start_watching() if self.config.reload_paths else None
         logger.info(
             "Supervising %d worker processes, each a Worker of its own%s",
             self.config.processes,
@@ -384,9 +472,6 @@ class Supervisor:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-            self._watch_stop.set()
-            if watcher is not None:
-                watcher.join(2.0)
             for child in list(self.children.values()):
                 # Only when the loop itself failed: no child outlives its supervisor.
                 self._signal(child, signal.SIGKILL)
@@ -394,6 +479,8 @@ class Supervisor:
                 self._forget(child)
             os.close(self._wake_r)
             os.close(self._wake_w)
+            self._wake_r = self._wake_w = -1
+            self._stop_helpers()
         return self.stats
 
     def _limits(self) -> str:
@@ -424,13 +511,16 @@ class Supervisor:
         for at in self._respawn_at.values():
             timeout = min(timeout, max(0.0, at - now))
         fds = [self._wake_r, *(c.fd for c in self.children.values() if not c.eof)]
+        listening = {h.sock.fileno(): h for h in self.helpers if h.sock.fileno() >= 0}
         try:
-            readable, _, _ = select.select(fds, [], [], timeout)
+            readable, _, _ = select.select([*fds, *listening], [], [], timeout)
         except InterruptedError:
             return
         for fd in readable:
             if fd == self._wake_r:
                 self._drain_wake()
+            elif fd in listening:
+                self._hear(listening[fd])
             else:
                 child = next((c for c in self.children.values() if c.fd == fd), None)
                 if child is not None:
@@ -446,8 +536,12 @@ class Supervisor:
 
     # Children ----------------------------------------------------------------
 
-    def _spawn(self, slot: int) -> _Child:
-        read_fd, write_fd = os.pipe()
+    def _fork(self, become: Callable[[Iterable[int]], None]) -> int:
+        """Fork; the child calls ``become(mask)``, which never returns. The child's pid.
+
+        Only from this one thread: see the module's docstring.
+        """
+        self._warn_of_threads()
         # Unflushed output would be written twice: once by each process.
         sys.stdout.flush()
         sys.stderr.flush()
@@ -461,10 +555,40 @@ class Supervisor:
         try:
             pid = os.fork()
             if pid == 0:  # the child: never returns into the supervisor's stack
-                os.close(read_fd)
-                self._become_child(slot, write_fd, mask)
+                become(mask)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        return pid
+
+    def _warn_of_threads(self) -> None:
+        others = [t.name for t in threading.enumerate() if t is not threading.current_thread()]
+        if others and not self._warned_threads:
+            self._warned_threads = True
+            logger.warning(
+                "Threads run in the supervisor as it forks a worker process (%s): a lock one "
+                "of them holds stays held for ever in the child, which can hang on it; a "
+                "plugin should start its threads in the worker processes, not the supervisor",
+                ", ".join(others),
+            )
+
+    def _close_inherited(self) -> None:
+        """In a forked process: close the supervisor's ends of every pipe and socket."""
+        for fd in (self._wake_r, self._wake_w):
+            if fd >= 0:
+                os.close(fd)
+        for other in self.children.values():
+            os.close(other.fd)
+        for helper in self.helpers:
+            helper.sock.close()
+
+    def _spawn(self, slot: int) -> _Child:
+        read_fd, write_fd = os.pipe()
+
+        def become(mask: Iterable[int]) -> None:
+            os.close(read_fd)
+            self._become_child(slot, write_fd, mask)
+
+        pid = self._fork(become)
         os.close(write_fd)
         os.set_blocking(read_fd, False)
         child = _Child(slot, pid, read_fd, self._generation)
@@ -483,10 +607,7 @@ class Supervisor:
             # terminal closing must not take the children down one by one.
             signal.signal(signal.SIGHUP, signal.SIG_IGN)
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-            os.close(self._wake_r)
-            os.close(self._wake_w)
-            for other in self.children.values():
-                os.close(other.fd)
+            self._close_inherited()
             os.set_blocking(fd, False)
             link = ChildLink(slot, fd, self.config, self._pool_start)
             code = self.child_main(link)
@@ -561,7 +682,10 @@ class Supervisor:
                 return
             child = self.children.get(pid)
             if child is None:
-                continue  # not a worker: e.g. a process a plugin started
+                helper = next((h for h in self.helpers if h.pid == pid), None)
+                if helper is not None:
+                    self._helper_exited(helper, status)
+                continue  # else not ours: e.g. a process a plugin started
             self._read(child)  # what it said before it went: everything is in the pipe
             self._forget(child)
             self._exited(child, status)
@@ -657,7 +781,7 @@ class Supervisor:
                 logger.log(
                     NOTICE,
                     "Received %s: stopping %d worker processes after their messages in flight "
-                    "(at most %.0f s; %s again stops them at once)",
+                    "(at most %g s; %s again stops them at once)",
                     name,
                     len(self.children),
                     self.config.grace_s,
@@ -728,24 +852,101 @@ class Supervisor:
             logger.info("%s: every worker process replaced", self._roll_why)
             self._roll_why = ""
 
-    def _start_watching(self) -> threading.Thread:
-        import watchfiles
+    # Helper processes -----------------------------------------------------------
 
-        paths = list(self.config.reload_paths)
+    def _start_helper(self, name: str, main: HelperMain) -> None:
+        """Fork the helper ``name`` and wait until it is set up (or could not be)."""
+        ours, theirs = socket.socketpair()
 
-        def watch() -> None:
-            for changes in watchfiles.watch(
-                *paths,
-                watch_filter=watchfiles.PythonFilter(),
-                stop_event=self._watch_stop,
-                raise_interrupt=False,
-            ):
-                self._changed.extend(sorted({path for _, path in changes}))
-                self._wake()
+        def become(mask: Iterable[int]) -> None:
+            code = 1
+            try:
+                ours.close()
+                for sig in (signal.SIGTERM, signal.SIGCHLD):
+                    signal.signal(sig, signal.SIG_DFL)
+                # Ctrl-C and a hangup are the supervisor's to act on: it stops its helpers last.
+                for sig in (signal.SIGINT, signal.SIGHUP):
+                    signal.signal(sig, signal.SIG_IGN)
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+                self._close_inherited()
+                main(HelperLink(theirs))
+                code = 0
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                try:
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                finally:
+                    os._exit(code)
 
-        thread = threading.Thread(target=watch, name="hermes-reload", daemon=True)
-        thread.start()
-        return thread
+        pid = self._fork(become)
+        theirs.close()
+        helper = _Helper(name, pid, ours)
+        self.helpers.append(helper)
+        record: dict[str, Any] = {}
+        while b"\n" not in helper.buffer:
+            data = ours.recv(65536)
+            if not data:
+                break
+            helper.buffer += data
+        line, _, helper.buffer = helper.buffer.partition(b"\n")
+        with contextlib.suppress(ValueError):
+            record = json.loads(line) if line else {}
+        if not record.get("ready"):
+            why = record.get("fatal")
+            if why is None:
+                _, status = os.waitpid(pid, 0)
+                helper.exited = True
+                why = f"the {name} process {_how(status)} as it started"
+            raise HelperError(name, str(why))
+        ours.setblocking(False)
+        logger.debug("Started the %s (pid %d)", name, pid)
+
+    def _hear(self, helper: _Helper) -> None:
+        """What a helper said: changed files (the file watcher); its end of the socket."""
+        while True:
+            try:
+                data = helper.sock.recv(65536)
+            except BlockingIOError:
+                break
+            except OSError:
+                data = b""
+            if not data:
+                helper.sock.close()  # it is going; the reaper says how
+                break
+            helper.buffer += data
+        *lines, helper.buffer = helper.buffer.split(b"\n")
+        for line in lines:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                logger.warning("The %s sent an unreadable line: %r", helper.name, line[:200])
+                continue
+            changed = record.get("changed")
+            if isinstance(changed, list):
+                self._changed.extend(str(path) for path in changed)
+
+    def _helper_exited(self, helper: _Helper, status: int) -> None:
+        helper.exited = True
+        helper.sock.close()
+        if not self._stopping:
+            logger.error(
+                "The %s (pid %d) %s; the pool runs on without it",
+                helper.name,
+                helper.pid,
+                _how(status),
+            )
+
+    def _stop_helpers(self) -> None:
+        for helper in self.helpers:
+            helper.sock.close()  # its wait_for_supervisor() returns
+            if not helper.exited:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(helper.pid, signal.SIGTERM)
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(helper.pid, 0)
+                helper.exited = True
 
     def _take_changes(self) -> None:
         if not self._changed:
@@ -756,6 +957,33 @@ class Supervisor:
         names = sorted({os.path.relpath(path) for path in changed})
         shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
         self._start_roll(f"{shown} changed")
+
+
+def _watch(paths: Sequence[Path]) -> HelperMain:
+    """``--reload``'s file watcher: a helper sending the ``.py`` files changed under ``paths``."""
+
+    def main(link: HelperLink) -> None:
+        import watchfiles  # optional: only --reload needs it
+
+        stop = threading.Event()
+
+        def until_supervisor_gone() -> None:
+            link.wait_for_supervisor()
+            stop.set()
+
+        threading.Thread(
+            target=until_supervisor_gone, name="hermes-reload-stop", daemon=True
+        ).start()
+        link.ready()
+        for changes in watchfiles.watch(
+            *paths,
+            watch_filter=watchfiles.PythonFilter(),
+            stop_event=stop,
+            raise_interrupt=False,
+        ):
+            link.send(changed=sorted({path for _, path in changes}))
+
+    return main
 
 
 #: Signals sent to a process from outside (an operator, a process manager, the OOM

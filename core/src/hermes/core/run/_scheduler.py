@@ -51,9 +51,16 @@ MAX_SLEEP_S = 1.0
 EMIT_RETRIES_S = (0.2, 0.5, 1.0)
 
 
-#: The Emitter's own "Emitted message" line would double the tick's line.
-_EMITTER_LOGGER = logging.getLogger("hermes.scheduler.emitter")
-_EMITTER_LOGGER.setLevel(logging.WARNING)
+def _quiet_child(logger: logging.Logger) -> logging.Logger:
+    """A child of ``logger`` at WARNING, for a Scheduler's Emitter.
+
+    The Emitter's own "Emitted message" INFO line would double the tick's. Made
+    apart from logging's registry of named loggers, so neither importing this
+    module nor making a Scheduler changes a logger the application configures.
+    """
+    quiet = logging.Logger(f"{logger.name}.emitter", logging.WARNING)
+    quiet.parent = logger
+    return quiet
 
 
 class LocalClaims:
@@ -148,7 +155,7 @@ class Scheduler:
         self.catch_up_window_s = float(catch_up_window_s)
         self.clock = clock
         self.logger = logger or logging.getLogger("hermes.scheduler")
-        self.emitter = Emitter(driver, logger=_EMITTER_LOGGER)
+        self.emitter = Emitter(driver, logger=_quiet_child(self.logger))
         self._hooks = plugin_manager().hook
         self._progress: dict[str, _Progress] = {}
         #: Due ticks settled by this scheduler so far, by outcome.

@@ -254,6 +254,7 @@ class Worker:
         self._stop_when = stop_when
         self._stop: StopConditions | None = None
         self._stop_requested: str | None = None
+        self._stop_lock = threading.Lock()
         #: The last run's counts (a fresh one per :meth:`run`).
         self.stats = WorkerStats()
         self.heartbeat = heartbeat
@@ -270,12 +271,15 @@ class Worker:
     def stop(self, reason: str = "stop()") -> None:
         """Ask the run to stop after the messages in flight; callable from any thread.
 
-        Asked before :meth:`run`, the run stops before taking a message;
-        ``reason`` is what :attr:`WorkerStats.stopped_by` then says.
+        Asked before :meth:`run`, the next run stops before taking a message;
+        ``reason`` is what :attr:`WorkerStats.stopped_by` then says. A request
+        ends one run: the Worker can be run again, and that run starts afresh.
         """
-        self._stop_requested = reason
-        if self._stop is not None:
-            self._stop.request(reason)
+        with self._stop_lock:
+            if self._stop is not None:
+                self._stop.request(reason)
+            else:
+                self._stop_requested = reason
 
     def run(self) -> WorkerStats:
         """Handle messages until a stop condition holds; the run's counts.
@@ -285,11 +289,13 @@ class Worker:
         exception a handle function raised (its message is released first).
         """
         self.stats = stats = WorkerStats()
-        stop = self._stop = StopConditions(
-            self.max_items, self.shutdowns, stats.start_time, self._stop_when
-        )
-        if self._stop_requested is not None:
-            stop.request(self._stop_requested)
+        stop = StopConditions(self.max_items, self.shutdowns, stats.start_time, self._stop_when)
+        with self._stop_lock:
+            # A stop() since the last run is this run's; the next one starts without it.
+            if self._stop_requested is not None:
+                stop.request(self._stop_requested)
+                self._stop_requested = None
+            self._stop = stop
         if self.max_deliveries and not self.driver.capabilities.counts_deliveries:
             self.logger.warning(
                 "%r does not count deliveries: max_deliveries=%d cannot set aside a message "
@@ -300,8 +306,13 @@ class Worker:
         beating: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
         if self.heartbeat is not None:
             beating = self.heartbeat.running(lambda: worker_fields(self))
+        # What the run starts for the handlers (an event loop) ends with it, unless
+        # another run of the same Dispatcher still uses it.
+        handling: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
+        if self.dispatcher is not None:
+            handling = self.dispatcher.running()
         try:
-            with beating, self._signals(stop), self._consumer() as consumer:
+            with handling, beating, self._signals(stop), self._consumer() as consumer:
                 loop = self._loop = _Loop(self, consumer, stop)
                 if self.concurrency > 1:
                     _ConcurrentRun(loop, self.concurrency, self.grace_s).run()
@@ -313,9 +324,9 @@ class Worker:
             self.logger.error("Driver %r failed - %s", self.driver, exc, exc_info=True)
             raise
         finally:
+            with self._stop_lock:
+                self._stop = None
             stats.stopped_by = stop.reason
-            if self.dispatcher is not None:
-                self.dispatcher.close()
         if stop.reason not in (None, "max items", "done"):
             self.logger.log(NOTICE, "Exiting hermes dispatcher - shutdown")
         return stats
@@ -411,8 +422,15 @@ class _Loop:
         #: Set when the run closed the consumer with handlers still running: what
         #: they finish later is not settled (the broker's own timeout decides).
         self.abandoned = False
-        #: id(received) -> (type, id, since) of each message in the handlers now
-        #: (under ``count_lock``): what a heartbeat shows as in flight.
+        #: Guards ``abandoned`` against ``settling``: each message is either settled
+        #: or abandoned, never both -- see :meth:`settle` and ``_ConcurrentRun._abandon``.
+        self.settle_turn = threading.Condition(threading.Lock())
+        #: Settles under way: the run waits for them before it closes the consumer.
+        self.settling = 0
+        #: id(received) -> (type, id, since) of each message in the handlers now:
+        #: what a heartbeat shows as in flight. No lock: each change is one dict
+        #: store or delete and each reader takes a ``copy()``, both single steps
+        #: under the interpreter lock.
         self.running: dict[int, tuple[str, str, float]] = {}
         self._hooks = plugin_manager().hook
 
@@ -561,17 +579,17 @@ class _Loop:
                     logger.debug("%r: released message #%s", self.driver, message.id)
             finally:
                 _current.reset(token)
-                del self.running[key]
+                self.running.pop(key, None)
             raise
         _current.reset(token)
         settled = False
         try:
-            if self.settle("acknowledge", received, self.consumer.ack) and self.debug:
+            settled = self.settle("acknowledge", received, self.consumer.ack)
+            if settled and self.debug:
                 logger.debug("%r: acknowledged message #%s", self.driver, message.id)
-            settled = True
         finally:
-            # In flight until it is acknowledged.
-            del self.running[key]
+            # In flight until it is acknowledged (settle() takes a settled one out).
+            self.running.pop(key, None)
             if settled:
                 with self.count_lock:
                     self.stats.processed += 1
@@ -583,7 +601,11 @@ class _Loop:
 
         True if it worked.
         """
-        if self.abandoned:
+        with self.settle_turn:
+            abandoned = self.abandoned
+            if not abandoned:
+                self.settling += 1
+        if abandoned:
             logger.info(
                 "%r: did not %s %s: its handler outlived the grace period and the consumer "
                 "is closed; the broker delivers it again",
@@ -592,6 +614,17 @@ class _Loop:
                 _describe(received),
             )
             return False
+        try:
+            return self._settle(what, received, action, *args)
+        finally:
+            with self.settle_turn:
+                self.running.pop(id(received), None)  # settled: not left to abandon
+                self.settling -= 1
+                self.settle_turn.notify_all()
+
+    def _settle(
+        self, what: str, received: Received, action: Callable[..., None], *args: Any
+    ) -> bool:
         try:
             try:
                 action(received, *args)
@@ -919,12 +952,19 @@ class _ConcurrentRun:
                 thread.join(min(max(left, 0.05), 0.5))
 
     def _abandon(self) -> None:
-        self.abandoned = self.loop.abandoned = True
-        logger.warning(
-            "%r: %d handler(s) still running after the %.0f s grace period; "
-            "their messages are not acknowledged (an at-least-once broker "
-            "delivers them again)",
-            self.loop.driver,
-            len(self.loop.running),
-            self.grace_s,
-        )
+        loop = self.loop
+        with loop.settle_turn:
+            self.abandoned = loop.abandoned = True
+            # A settle already under way won: it ends before the consumer is closed,
+            # and its message is no longer among those left.
+            loop.settle_turn.wait_for(lambda: loop.settling == 0)
+            left = len(loop.running)
+        if left:
+            logger.warning(
+                "%r: %d handler(s) still running after the %g s grace period; "
+                "their messages are not acknowledged (an at-least-once broker "
+                "delivers them again)",
+                loop.driver,
+                left,
+                self.grace_s,
+            )

@@ -124,6 +124,9 @@ class PostgresDriver(Driver):
         )
         self._created = False
         self._create_lock = threading.Lock()
+        #: The pools (by id) a background check runs on now: one at a time each.
+        self._checking: set[int] = set()
+        self._checking_lock = threading.Lock()
         self._heartbeats = _heartbeat.Heartbeats(self)
         self._records = _records.Records(self)
         self._next_claim_sweep = 0.0
@@ -189,10 +192,32 @@ class PostgresDriver(Driver):
         except psycopg.OperationalError:
             # The idle connections most likely died with this one (a restart,
             # terminated backends): replace them now, not one failed call each.
-            # On a thread of its own: on a silent server each check waits out
-            # tcp_user_timeout, which this call has waited once already.
-            threading.Thread(target=pool.check, name="hermes-pool-check", daemon=True).start()
+            self._check_in_background(pool)
             raise
+
+    def _check_in_background(self, pool: Pool) -> None:
+        """Check ``pool``'s idle connections on a thread, unless a check of it runs already.
+
+        On a thread of its own: on a silent server each check waits out
+        tcp_user_timeout, which the failed call has waited once already. One at
+        a time: every handler thread failing at once must not start a check each.
+        """
+        with self._checking_lock:
+            if id(pool) in self._checking:
+                return
+            self._checking.add(id(pool))
+
+        def check() -> None:
+            try:
+                pool.check()
+            except Exception as exc:
+                # Closed meanwhile, or the server still away: the next call says so itself.
+                logger.debug("%r: checking the idle connections failed - %s", self, exc)
+            finally:
+                with self._checking_lock:
+                    self._checking.discard(id(pool))
+
+        threading.Thread(target=check, name="hermes-pool-check", daemon=True).start()
 
     # Schema --------------------------------------------------------------------
 

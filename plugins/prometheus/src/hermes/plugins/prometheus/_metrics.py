@@ -98,14 +98,14 @@ def start_metrics_server(port: int, url: str | None = None, addr: str = "127.0.0
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
     server, _ = start_http_server(port, addr=addr, registry=registry)
-    # A worker pool forks its children from the process that serves: each closes
-    # its copy of the listening socket, so the port is free once the server stops.
+    # A process that forks after serving (an application's own pre-fork server):
+    # each child closes its copy of the listening socket, so the port is free once
+    # the server stops. (A hermes worker pool serves from a helper that never forks.)
     os.register_at_fork(after_in_child=server.socket.close)
     if url is not None:
-        # The first sample is taken here, on the caller's thread, so that the driver
-        # modules it imports are imported before a worker pool forks its children:
-        # a module that another thread is still importing when the process forks
-        # stays locked for ever in the child, and the child hangs on its import.
+        # The first sample is taken here, on the caller's thread: a broker that
+        # cannot be sampled says so before the server counts as started, and the
+        # driver modules it needs are imported before any thread of ours runs.
         _sample_once(url)
         threading.Thread(
             target=_sample_forever, args=(url,), name="hermes-queue-depth", daemon=True

@@ -8,6 +8,12 @@ event carries that outcome as a tag.
 
 Until the application calls ``sentry_sdk.init`` (or after it with no DSN),
 nothing would be sent: the hooks then open no scope at all.
+
+Importing the plugin changes nothing outside it. Once a handler runs with
+Sentry initialized, the plugin tells Sentry's logging integration to ignore
+the ``hermes`` logger: the Dispatcher logs every handler failure at ERROR
+with its traceback, which would make each one a second, context-free event
+beside the plugin's own.
 """
 
 from __future__ import annotations
@@ -22,11 +28,6 @@ from sentry_sdk.integrations.logging import ignore_logger
 from sentry_sdk.scope import Scope, use_isolation_scope
 
 from hermes.core import Message, Outcome, hookimpl
-
-# The Dispatcher logs every handler failure at ERROR with its traceback;
-# Sentry's logging integration would make each one a second, context-free
-# event. The plugin reports them itself, with the message.
-ignore_logger("hermes")
 
 #: Per handler thread: the scope of the handler call whose outcome is awaited,
 #: and the message context it holds.
@@ -59,6 +60,9 @@ def hermes_handler_call(
     if sentry_sdk.get_client().transport is None:
         _pending.call = None
         return None  # no init(), or one without a DSN: nothing would be sent
+    # The plugin reports handler failures itself, with the message: the
+    # Dispatcher's ERROR line about the same failure must not be a second event.
+    ignore_logger("hermes")
     return _call(message, priority, handler)
 
 
