@@ -300,6 +300,9 @@ class Worker:
         beating: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
         if self.heartbeat is not None:
             beating = self.heartbeat.running(lambda: worker_fields(self))
+            if self.dispatcher is not None:  # with job records: attempts name it, lost ones swept
+                beat = self.heartbeat
+                self.dispatcher.beats_on(beat.registry, beat.id, beat.interval_s)
         try:
             with beating, self._signals(stop), self._consumer() as consumer:
                 loop = self._loop = _Loop(self, consumer, stop)
