@@ -115,7 +115,11 @@ async def _cancelled_by(job: RunningJob, coroutine: Coroutine[Any, Any, Any]) ->
     task = asyncio.current_task()
     loop = asyncio.get_running_loop()
     assert task is not None  # run by run_coroutine_threadsafe: always in a task
-    job.on_cancel(lambda: loop.call_soon_threadsafe(task.cancel))
+
+    def cancel() -> None:
+        loop.call_soon_threadsafe(task.cancel)
+
+    job.on_cancel(cancel)
     return await coroutine
 
 
