@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from hermes.core import Dispatcher, Emitter, Message, Result, Worker
+from hermes.core import Dispatcher, Emitter, Message, Result, Worker, hookimpl
 from hermes.core.driver import MemoryDriver
+from hermes.core.heartbeat import HeartbeatPublisher
 from hermes.core.jobs import (
     JobRecord,
     JobResultError,
@@ -18,7 +21,12 @@ from hermes.core.jobs import (
     JobState,
     JobTimeoutError,
     UnknownJobError,
+    current_job,
 )
+from hermes.core.spi._registry import plugin_manager
+
+#: The longest a test waits for what it waits for.
+DEADLINE_S = 10.0
 
 
 @pytest.fixture
@@ -199,28 +207,168 @@ def test_cancelling_a_scheduled_job_means_no_handler_starts_it(
     assert record(jobs, message).state is JobState.CANCELLED
 
 
-def test_cancelling_a_running_job_is_noted_and_its_attempt_ends_as_it_ends(
-    broker: MemoryDriver, jobs: Jobs
+def test_a_sync_handler_that_ignores_a_cancel_finishes_and_is_recorded_succeeded(
+    broker: MemoryDriver, jobs: Jobs, caplog: pytest.LogCaptureFixture
 ) -> None:
     message = emit(broker, jobs, Message("job"))
     started, release = threading.Event(), threading.Event()
+    told: list[bool] = []
 
     def blocks(message: Message) -> Result:
         started.set()
-        release.wait(10)
+        release.wait(DEADLINE_S)
+        job = current_job()
+        assert job is not None
+        told.append(job.cancelled.wait(DEADLINE_S))  # told, and finishes anyway
         return Result("done")
 
     dispatcher = Dispatcher(broker, records=jobs).register_handler("job", blocks)
     worker = threading.Thread(target=run, args=(broker, dispatcher, 1))
     worker.start()
-    assert started.wait(10)
+    assert started.wait(DEADLINE_S)
     noted = jobs.cancel(message.id)
     release.set()
-    worker.join(10)
+    worker.join(DEADLINE_S)
 
+    assert told == [True]
     assert noted.state is JobState.RUNNING and noted.cancel_requested
     done = record(jobs, message)
     assert done.state is JobState.SUCCEEDED and done.cancel_requested
+    assert done.result == "done"
+    assert [a.outcome for a in done.attempts] == ["succeeded"]
+    (line,) = [r.getMessage() for r in caplog.records if "a cancel came" in r.getMessage()]
+    assert f"#{message.id}" in line and "too late" in line
+
+
+def running_in_a_worker(
+    broker: MemoryDriver, dispatcher: Dispatcher, started: threading.Event
+) -> threading.Thread:
+    worker = threading.Thread(target=run, args=(broker, dispatcher, 1))
+    worker.start()
+    assert started.wait(DEADLINE_S), "the handler never started"
+    return worker
+
+
+def test_a_sync_handler_that_checks_the_flag_stops_and_the_job_is_cancelled_not_retried(
+    broker: MemoryDriver, jobs: Jobs, caplog: pytest.LogCaptureFixture
+) -> None:
+    message = emit(broker, jobs, Message("export"))
+    started = threading.Event()
+    steps: list[int] = []
+    after: list[Message] = []
+    failed = MemoryDriver(f"failed-{uuid.uuid4().hex}")
+    dispatcher = Dispatcher(broker, records=jobs, failed=failed)
+
+    @dispatcher.handler("export", max_retry=5)
+    def export(message: Message) -> None:
+        job = current_job()
+        assert job is not None and job.id == message.id
+        started.set()
+        for step in range(1000):
+            job.raise_if_cancelled()
+            steps.append(step)
+            job.cancelled.wait(0.01)
+
+    dispatcher.register_handler("export", after.append)  # never starts after the cancel
+    worker = running_in_a_worker(broker, dispatcher, started)
+    jobs.cancel(message.id)
+    worker.join(DEADLINE_S)
+
+    assert not worker.is_alive()
+    assert 0 < len(steps) < 1000
+    assert after == []
+    done = record(jobs, message)
+    assert done.state is JobState.CANCELLED and done.cancel_requested
+    assert done.error is None and done.retry_at is None
+    (attempt,) = done.attempts
+    assert attempt.outcome == "cancelled" and attempt.error is None
+    assert attempt.finished_at is not None
+    assert broker.queue_stats()[0].ready == 0 and broker.queue_stats()[0].scheduled == 0, (
+        "a retry copy was sent"
+    )
+    assert failed.queue_stats()[0].ready == 0, "kept in the failed-message store"
+    assert dispatcher.stats.cancelled == 1 and dispatcher.stats.retried == 0
+    (line,) = [r.getMessage() for r in caplog.records if "cancelled while it ran" in r.getMessage()]
+    assert f"#{message.id}" in line and "export stopped" in line
+    assert not [r for r in caplog.records if "throws exception" in r.getMessage()]
+
+
+def test_an_async_handler_s_task_is_cancelled_and_the_job_recorded_cancelled(
+    broker: MemoryDriver, jobs: Jobs
+) -> None:
+    message = emit(broker, jobs, Message("sleep"))
+    started = threading.Event()
+    cleaned: list[str] = []
+
+    class Sleeper:
+        max_retry = 3
+
+        async def handle(self, message: Message) -> bool:
+            started.set()
+            try:
+                await asyncio.sleep(DEADLINE_S * 10)
+            finally:
+                cleaned.append(message.id)
+            return True
+
+    dispatcher = Dispatcher(broker, records=jobs).register_handler("sleep", Sleeper())
+    worker = running_in_a_worker(broker, dispatcher, started)
+    jobs.cancel(message.id)
+    worker.join(DEADLINE_S)
+
+    assert not worker.is_alive(), "the async handler was not cancelled"
+    assert cleaned == [message.id], "the task's cleanup did not run before the job ended"
+    done = record(jobs, message)
+    assert done.state is JobState.CANCELLED and done.retry_at is None
+    assert [a.outcome for a in done.attempts] == ["cancelled"]
+    assert broker.queue_stats()[0].scheduled == 0, "a retry copy was sent"
+    with pytest.raises(JobResultError, match="cancelled"):
+        jobs.job(message).result(timeout=1)
+
+
+def test_a_cancel_before_the_watch_began_still_reaches_the_handler(
+    broker: MemoryDriver, jobs: Jobs
+) -> None:
+    message = emit(broker, jobs, Message("job"))
+    seen: list[bool] = []
+
+    def cancels_itself(message: Message) -> None:
+        jobs.cancel(message.id)  # as if it came between the start and the first handler
+        job = current_job()
+        assert job is not None
+        seen.append(job.cancelled.wait(DEADLINE_S))
+        job.raise_if_cancelled()
+
+    run(broker, Dispatcher(broker, records=jobs).register_handler("job", cancels_itself), 1)
+
+    assert seen == [True]
+    assert record(jobs, message).state is JobState.CANCELLED
+
+
+def test_a_message_back_after_a_cancel_reached_it_running_does_not_run_again(
+    broker: MemoryDriver, jobs: Jobs
+) -> None:
+    message = emit(broker, jobs, Message("job"))
+    jobs.start(message, 100)  # a worker took it, and died with it
+    jobs.cancel(message.id)
+    ran: list[Message] = []
+
+    run(broker, Dispatcher(broker, records=jobs).register_handler("job", ran.append), 1)
+
+    assert ran == []
+    done = record(jobs, message)
+    assert done.state is JobState.CANCELLED
+    assert [a.outcome for a in done.attempts] == [None]
+
+
+def test_current_job_is_none_outside_a_handler_and_without_records(broker: MemoryDriver) -> None:
+    seen: list[object] = []
+    assert current_job() is None
+    broker.send(Message("job"))
+
+    run(broker, Dispatcher(broker).register_handler("job", lambda m: seen.append(current_job())), 1)
+
+    assert seen == [None]
 
 
 def test_a_job_not_started_before_it_expires_is_skipped_and_recorded_expired(
@@ -428,3 +576,93 @@ def test_a_message_past_max_deliveries_is_set_aside_and_given_up_in_its_record(
     assert done.state is JobState.GIVEN_UP
     assert done.error is not None and "max_deliveries=3" in done.error.message
     assert [a.outcome for a in done.attempts] == [None, None, "set_aside"]
+
+
+def test_a_sweep_marks_lost_only_the_running_jobs_whose_heartbeat_expired(jobs: Jobs) -> None:
+    registry = MemoryDriver(f"beats-{uuid.uuid4().hex}")
+    here = repr(registry)
+    dead, alive, unbeaten, elsewhere = (Message("job") for _ in range(4))
+    jobs.start(dead, 100, heartbeat="web-1:10:aa", registry=here)
+    jobs.start(alive, 100, heartbeat="web-1:11:bb", registry=here)
+    jobs.start(unbeaten, 100)  # its worker publishes no heartbeat: nothing to judge by
+    jobs.start(elsewhere, 100, heartbeat="web-2:12:cc", registry="<another registry>")
+
+    marked = jobs.sweep_lost(here, ["web-1:11:bb"])
+
+    assert [r.id for r in marked] == [dead.id]
+    lost = record(jobs, dead)
+    assert lost.state is JobState.LOST and lost.finished_at is not None
+    (attempt,) = lost.attempts
+    assert attempt.outcome == "lost" and attempt.heartbeat == "web-1:10:aa"
+    for running in (alive, unbeaten, elsewhere):
+        kept = record(jobs, running)
+        assert kept.state is JobState.RUNNING and kept.attempts[-1].outcome is None
+    with pytest.raises(JobResultError, match="lost"):
+        jobs.job(dead).result(timeout=1)
+
+
+class FinalStates:
+    """A plugin that keeps what ``hermes_job_finished`` reports."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, JobState, str | None]] = []
+
+    @hookimpl
+    def hermes_job_finished(self, record: JobRecord, message: Message | None) -> None:
+        self.seen.append((record.id, record.state, message.id if message is not None else None))
+
+
+@pytest.fixture
+def final_states() -> Iterator[FinalStates]:
+    plugin = FinalStates()
+    plugin_manager().register(plugin)
+    yield plugin
+    plugin_manager().unregister(plugin)
+
+
+def test_a_running_worker_sweeps_a_dead_worker_s_job_lost_and_says_so(
+    broker: MemoryDriver, jobs: Jobs, final_states: FinalStates
+) -> None:
+    registry = MemoryDriver(f"beats-{uuid.uuid4().hex}")
+    registry.beat({"id": "web-1:11:bb"}, 60)  # another worker, alive
+    dead, alive = Message("job"), Message("job")
+    jobs.start(dead, 100, heartbeat="web-1:10:aa", registry=repr(registry))
+    jobs.start(alive, 100, heartbeat="web-1:11:bb", registry=repr(registry))
+    heartbeat = HeartbeatPublisher(registry, interval_s=0.05)
+    deadline = time.monotonic() + DEADLINE_S
+
+    Worker(
+        broker,
+        Dispatcher(broker, records=jobs),
+        heartbeat=heartbeat,
+        handle_signals=False,
+        stop_when=lambda: record(jobs, dead).state.final or time.monotonic() > deadline,
+    ).run()
+
+    assert record(jobs, dead).state is JobState.LOST
+    assert record(jobs, alive).state is JobState.RUNNING
+    assert final_states.seen == [(dead.id, JobState.LOST, None)]
+
+
+def test_the_final_state_hook_sees_each_job_the_worker_ends(
+    broker: MemoryDriver, jobs: Jobs, final_states: FinalStates
+) -> None:
+    ok, refused, cancelled = (emit(broker, jobs, Message(t)) for t in ("ok", "refused", "ok"))
+    expired = emit(broker, jobs, Message("ok"), expires_in=0.01)
+    jobs.cancel(cancelled.id)
+    time.sleep(0.05)
+    dispatcher = Dispatcher(broker, records=jobs)
+    dispatcher.register_handler("ok", lambda m: True)
+    dispatcher.register_handler("refused", lambda m: False)
+
+    run(broker, dispatcher, 4)
+
+    assert sorted(final_states.seen, key=lambda seen: str(seen[1])) == sorted(
+        [
+            (ok.id, JobState.SUCCEEDED, ok.id),
+            (refused.id, JobState.GIVEN_UP, refused.id),
+            (cancelled.id, JobState.CANCELLED, cancelled.id),
+            (expired.id, JobState.EXPIRED, expired.id),
+        ],
+        key=lambda seen: str(seen[1]),
+    )

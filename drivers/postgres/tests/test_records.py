@@ -11,7 +11,7 @@ from hermes_test_support import DEADLINE_S, eventually
 
 from hermes.core import Dispatcher, Emitter, Message, Result, Worker
 from hermes.core.driver import SupportsRecords
-from hermes.core.jobs import Jobs, JobState
+from hermes.core.jobs import Jobs, JobState, current_job
 from hermes.drivers.postgres import PostgresDriver
 
 
@@ -269,3 +269,31 @@ def test_a_job_cancelled_before_it_starts_runs_no_handler(driver):
     record = jobs.get(message.id)
     assert record is not None and record.state is JobState.CANCELLED and record.attempts == ()
     assert driver.queue_stats()[0].ready == 0
+
+
+def test_a_running_job_cancelled_hears_it_through_notify_and_ends_cancelled(driver):
+    jobs = Jobs(driver)
+    message = Message("job")
+    Emitter(driver, records=jobs).emit(message)
+    started = threading.Event()
+    dispatcher = Dispatcher(driver, records=jobs)
+
+    @dispatcher.handler("job", max_retry=5)
+    def checks(message: Message) -> None:
+        job = current_job()
+        assert job is not None
+        started.set()
+        while not job.cancelled.wait(0.05):
+            pass
+        job.raise_if_cancelled()
+
+    thread = _work_one(driver, dispatcher)
+    assert started.wait(DEADLINE_S)
+    jobs.job(message).cancel()
+    thread.join(DEADLINE_S)
+
+    assert not thread.is_alive(), "the cancel did not reach the handler"
+    record = jobs.get(message.id)
+    assert record is not None and record.state is JobState.CANCELLED
+    assert [attempt.outcome for attempt in record.attempts] == ["cancelled"]
+    assert record.retry_at is None and driver.queue_stats()[0].ready == 0

@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing
 import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 from hermes_test_support import DEADLINE_S, eventually
 
-from hermes.core import Dispatcher, Emitter, Message, Result, Worker
+from hermes.core import Dispatcher, Emitter, Message, Result, Worker, connect
 from hermes.core.driver import Delivery, MemoryDriver, SupportsRecords
-from hermes.core.jobs import JobResultError, Jobs, JobState
+from hermes.core.heartbeat import HeartbeatPublisher
+from hermes.core.jobs import JobResultError, Jobs, JobState, current_job
 from hermes.drivers.redis import RedisSetDriver, _records
 
 
@@ -304,3 +310,154 @@ def test_a_job_cancelled_before_it_starts_runs_no_handler(
     assert ran == []
     with pytest.raises(JobResultError, match="cancelled"):
         jobs.job(message).result(timeout=1)
+
+
+def test_a_wait_on_several_records_returns_the_one_written(driver: RedisSetDriver) -> None:
+    assert driver.record_put("job:x", b"x1", 60, None)
+    assert driver.record_wait_any({"job:x": b"x1", "job:y": None}, 0.05) == {}
+    assert driver.record_wait_any({"job:x": None, "job:y": None}, 1) == {"job:x": b"x1"}
+    writer = threading.Timer(0.2, lambda: driver.record_put("job:y", b"y1", 60, None))
+    writer.start()
+    try:
+        woken = driver.record_wait_any({"job:x": b"x1", "job:y": None}, DEADLINE_S)
+    finally:
+        writer.join()
+
+    assert woken == {"job:y": b"y1"}
+
+
+@pytest.mark.parametrize("kind", ["async", "sync"])
+def test_cancelling_a_running_job_stops_its_handler_and_it_ends_cancelled(
+    jobs: Jobs, driver: RedisSetDriver, kind: str
+) -> None:
+    started = threading.Event()
+    stopped: list[str] = []
+    dispatcher = Dispatcher(driver, records=jobs)
+
+    class Sleeper:
+        max_retry = 5
+
+        async def handle(self, message: Message) -> bool:
+            started.set()
+            try:
+                await asyncio.sleep(DEADLINE_S * 10)
+            finally:
+                stopped.append(message.id)
+            return True
+
+    @dispatcher.handler("sync", max_retry=5)
+    def checks(message: Message) -> None:
+        job = current_job()
+        assert job is not None
+        started.set()
+        while not job.cancelled.wait(0.05):
+            pass
+        stopped.append(message.id)
+        job.raise_if_cancelled()
+
+    dispatcher.register_handler("async", Sleeper())
+    other = Message("other")  # a second job watched beside it, which nobody cancels
+    jobs.start(other, 100)
+    message = Message(kind)
+    Emitter(driver, records=jobs).emit(message)
+    worker = threading.Thread(
+        target=Worker(driver, dispatcher, max_items=1, handle_signals=False).run
+    )
+    worker.start()
+    assert started.wait(DEADLINE_S)
+    jobs.job(message).cancel()
+    worker.join(DEADLINE_S)
+
+    assert not worker.is_alive(), "the cancel did not stop the handler"
+    assert stopped == [message.id]
+    record = jobs.get(message.id)
+    assert record is not None and record.state is JobState.CANCELLED and record.cancel_requested
+    assert [a.outcome for a in record.attempts] == ["cancelled"]
+    assert record.retry_at is None
+    assert [(q.ready, q.scheduled) for q in driver.queue_stats()] == [(0, 0)], "a retry was sent"
+    untouched = jobs.get(other.id)
+    assert untouched is not None and untouched.state is JobState.RUNNING
+
+
+JOBS_MODULE = """
+import pathlib, time
+
+def hang(message):
+    pathlib.Path("started").write_text(message.id)
+    time.sleep(600)
+
+HANDLERS = {"hang": hang}
+"""
+
+
+def test_a_sigkilled_worker_s_job_ends_lost_once_its_heartbeat_expired(
+    tmp_path: Path, redis_url: str, namespace: str, client: redis.Redis[Any]
+) -> None:
+    url = f"{redis_url}?prefix={namespace}:"
+    (tmp_path / "jobs_module.py").write_text(JOBS_MODULE)
+    jobs = Jobs(url)
+    broker = connect(url)
+    alive_beat = f"elsewhere:1:{namespace}"
+    broker.beat({"id": alive_beat}, 600)  # a worker alive all along, on another host
+    alive = Message("hang")
+    jobs.start(alive, 100, heartbeat=alive_beat, registry=repr(broker))
+    message = Message("hang")
+    Emitter(broker, records=jobs).emit(message)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    env.pop("HERMES_URL", None)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "hermes.core.cli",
+            "worker",
+            "--url",
+            url,
+            "--results-url",
+            url,
+            "--handlers",
+            "jobs_module:HANDLERS",
+            "--heartbeat-interval",
+            "0.2",
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        eventually(
+            lambda: (tmp_path / "started").exists(), "the worker to start the job", DEADLINE_S * 3
+        )
+        running = jobs.get(message.id)
+        assert running is not None and running.state is JobState.RUNNING
+        (attempt,) = running.attempts
+        assert attempt.heartbeat is not None and attempt.heartbeat.split(":")[1] == str(process.pid)
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait(DEADLINE_S)
+        assert [q.ready for q in broker.queue_stats()] == [0], "it came back: not at most once"
+
+        # A worker that runs on with records sweeps it lost once the heartbeat has expired.
+        deadline = time.monotonic() + DEADLINE_S * 3
+        Worker(
+            broker,
+            Dispatcher(broker, records=jobs),
+            heartbeat=HeartbeatPublisher(broker, interval_s=0.2),
+            handle_signals=False,
+            stop_when=lambda: (
+                time.monotonic() > deadline or jobs.job(message).state is JobState.LOST
+            ),
+        ).run()
+    finally:
+        process.kill()
+        process.wait()
+        broker.close()
+
+    lost = jobs.get(message.id)
+    assert lost is not None and lost.state is JobState.LOST
+    assert [a.outcome for a in lost.attempts] == ["lost"]
+    with pytest.raises(JobResultError, match="lost"):
+        jobs.job(message).result(timeout=1)
+    kept = jobs.get(alive.id)
+    assert kept is not None and kept.state is JobState.RUNNING
+    jobs.close()

@@ -16,6 +16,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from hermes.core import Dispatcher, Emitter, Message, connect
 from hermes.core.driver import Driver
+from hermes.core.jobs import Jobs, current_job
 from hermes.core.spi._registry import notify, plugin_manager
 from hermes.core.testing import drain, scheduled
 from hermes.plugins.opentelemetry import _plugin
@@ -193,6 +194,37 @@ def test_a_give_up_and_a_false_return_are_errors_with_their_outcome(
         assert span.status.status_code is StatusCode.ERROR
     # Emitted outside any request: each job's trace starts at its own send span.
     assert outcomes["broken"].context.trace_id != outcomes["refused"].context.trace_id
+
+
+def test_with_job_records_the_handler_span_carries_the_job_s_final_state(
+    exporter: InMemorySpanExporter, driver: Driver
+) -> None:
+    jobs = Jobs(connect(f"memory://otel-records-{next(_names)}"))
+    for kind in ("ok", "broken", "stopped"):
+        Emitter(driver, records=jobs).emit(Message(kind))
+    dispatcher = Dispatcher(driver, records=jobs)
+    dispatcher.register_handler("ok", lambda message: True)
+
+    @dispatcher.handler("broken", max_retry=0)
+    def broken(message: Message) -> None:
+        raise ValueError("bad data")
+
+    @dispatcher.handler("stopped", max_retry=5)
+    def stopped(message: Message) -> None:
+        jobs.cancel(message.id)  # a cancel arriving while it runs
+        job = current_job()
+        assert job is not None and job.cancelled.wait(10)
+        job.raise_if_cancelled()
+
+    drain(dispatcher)
+    spans = {
+        dict(span.attributes or {})["hermes.message.type"]: dict(span.attributes or {})
+        for span in by_name(exporter, "process memory")
+    }
+    assert spans["ok"]["hermes.job.state"] == "succeeded"
+    assert spans["ok"]["hermes.outcome"] == "succeeded"
+    assert spans["broken"]["hermes.job.state"] == "given_up"
+    assert spans["stopped"]["hermes.job.state"] == "cancelled"
 
 
 def test_a_message_that_carries_a_trace_context_keeps_it_and_the_send_links_to_it(

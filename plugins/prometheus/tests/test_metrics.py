@@ -17,9 +17,11 @@ from pathlib import Path
 import pytest
 from prometheus_client import REGISTRY
 
-from hermes.core import Emitter, Message, RetryableHandler, RetryMixin, connect
+from hermes.core import Dispatcher as CoreDispatcher
+from hermes.core import Emitter, Message, RetryableHandler, RetryMixin, Worker, connect
 from hermes.core.compat import Dispatcher
 from hermes.core.driver import MemoryDriver
+from hermes.core.jobs import Jobs
 
 DEADLINE_S = 30.0
 #: The sampled ready count of the default queue, in the exposition format.
@@ -89,6 +91,28 @@ def test_messages_without_a_handler_leave_the_in_flight_gauge_where_it_was() -> 
     assert value("hermes_messages_gave_up_total", type=f"{kind}-nobody", reason="no handler") == 3
     assert seen_in_flight == [before_in_flight + 1]  # counted up while its handler ran
     assert value("hermes_messages_in_flight") == before_in_flight  # and never below
+    driver.teardown()
+
+
+def test_jobs_are_counted_by_the_final_state_their_records_reach() -> None:
+    kind = f"jobs-{os.getpid()}-{time.monotonic_ns()}"
+    driver = MemoryDriver(kind)
+    jobs = Jobs(MemoryDriver(f"{kind}-records"))
+    emitter = Emitter(driver, records=jobs)
+    for outcome in ("ok", "ok", "false"):
+        emitter.emit(Message(kind, {"outcome": outcome}))
+    cancelled = Message(kind, {"outcome": "ok"})
+    emitter.emit(cancelled)
+    jobs.cancel(cancelled.id)
+    dispatcher = CoreDispatcher(driver, records=jobs)
+    dispatcher.register_handler(kind, lambda m: m.payload["outcome"] == "ok")
+
+    Worker(driver, dispatcher, max_items=4, handle_signals=False).run()
+
+    assert value("hermes_jobs_finished_total", type=kind, state="succeeded") == 2
+    assert value("hermes_jobs_finished_total", type=kind, state="given_up") == 1
+    assert value("hermes_jobs_finished_total", type=kind, state="cancelled") == 1
+    assert value("hermes_jobs_finished_total", type=kind, state="lost") == 0
     driver.teardown()
 
 

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
     from hermes.core.app._dispatcher import Outcome
+    from hermes.core.app._jobs import JobRecord
     from hermes.core.app._schedule import Entry, Tick
     from hermes.core.model._message import Message
     from hermes.core.spi._driver import Driver
@@ -154,6 +155,25 @@ def hermes_message_finished(
     :class:`~hermes.core.Outcome` (SUCCEEDED when every handler succeeded,
     else the first handler's that did not); ``result`` is
     ``outcome is Outcome.SUCCEEDED``.
+    """
+
+
+@hookspec
+def hermes_job_finished(record: JobRecord, message: Message | None) -> None:
+    """Called when a job's record reached a final state, by the worker that wrote it.
+
+    Only with job records on (``records=``, ``--results-url``). ``record`` is
+    the :class:`~hermes.core.jobs.JobRecord` as stored; ``record.state`` is
+    one of ``succeeded``, ``given_up``, ``cancelled`` (while it ran, or found
+    cancelled when taken), ``expired`` (found expired when taken) or ``lost``.
+
+    The Dispatcher calls it once its last handler ended (or it skipped the
+    message), after writing the record and before
+    :func:`hermes_message_finished`, on the thread that ran the handlers, with
+    the ``message``. ``lost`` is found by the worker that swept for lost jobs,
+    on its watching thread, with ``message`` None: the message died with its
+    worker. A job cancelled or expired whose message no worker took again is
+    not reported by anyone.
     """
 
 

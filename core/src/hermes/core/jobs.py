@@ -16,6 +16,19 @@ given to the :class:`~hermes.core.Emitter` (``records=``) and the worker's
     total = emitter.job(message).result(timeout=30)
 
 A handler keeps a value by returning :class:`~hermes.core.Result`.
+
+A job cancelled while it runs (:meth:`JobHandle.cancel`, ``hermes jobs
+cancel``) is told through its record: an ``async`` handler's task is
+cancelled; a sync handler checks :func:`current_job` and stops by raising::
+
+    from hermes.core.jobs import current_job
+
+    def export(message):
+        job = current_job()  # None when the worker keeps no records
+        for chunk in chunks(message.payload):
+            if job is not None:
+                job.raise_if_cancelled()  # JobCancelled: the job ends cancelled
+            write(chunk)
 """
 
 from hermes.core.app._jobs import (
@@ -27,11 +40,18 @@ from hermes.core.app._jobs import (
     Jobs,
     JobState,
 )
-from hermes.core.model._errors import JobResultError, JobTimeoutError, UnknownJobError
+from hermes.core.app._watch import RunningJob, current_job
+from hermes.core.model._errors import (
+    JobCancelled,
+    JobResultError,
+    JobTimeoutError,
+    UnknownJobError,
+)
 
 __all__ = [
     "DEFAULT_TTL_S",
     "Attempt",
+    "JobCancelled",
     "JobError",
     "JobHandle",
     "JobRecord",
@@ -39,5 +59,7 @@ __all__ = [
     "JobState",
     "JobTimeoutError",
     "Jobs",
+    "RunningJob",
     "UnknownJobError",
+    "current_job",
 ]

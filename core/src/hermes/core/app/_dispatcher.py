@@ -24,7 +24,7 @@ from hermes.core.app._handler import (
     handler_name,
 )
 from hermes.core.app._invoke import EventLoopThread, TimeLimitExceeded, Watchdog
-from hermes.core.app._jobs import EXPIRES_HEADER, JobError, Jobs, JobState
+from hermes.core.app._jobs import EXPIRES_HEADER, JobError, JobRecord, Jobs, JobState
 from hermes.core.app._retry import (
     Randomizer,
     RetryVerdict,
@@ -35,9 +35,10 @@ from hermes.core.app._retry import (
     readable_time,
     retry_at,
 )
+from hermes.core.app._watch import RecordWatch, RunningJob, current_job, entering, leaving
 from hermes.core.model._errors import BrokerUnavailableError, ConfigurationError
 from hermes.core.model._message import Message
-from hermes.core.spi._driver import Delay, Driver
+from hermes.core.spi._driver import Delay, Delivery, Driver, SupportsHeartbeats
 from hermes.core.spi._registry import notify, plugin_manager, wrap_call
 from hermes.core.spi._shutdown import Shutdown
 
@@ -65,6 +66,9 @@ class Outcome(enum.Enum):
     TIME_LIMIT = "time_limit"
     #: No handler is registered for the message's type.
     NO_HANDLER = "no_handler"
+    #: A cancel arrived while it ran and its handler stopped (or had not started):
+    #: not retried, not kept in the failed-message store.
+    CANCELLED = "cancelled"
 
 
 @dataclass
@@ -85,6 +89,8 @@ class DispatcherStats:
     stored: int = 0
     #: Messages acknowledged without a handler call: cancelled, or expired before they started.
     skipped: int = 0
+    #: Messages whose handler a cancel stopped while it ran.
+    cancelled: int = 0
 
 
 class Dispatcher:
@@ -180,6 +186,9 @@ class Dispatcher:
         self.failed = _failed_store(failed, driver) if failed is not None else None
         #: Where each job's record is kept (state, attempts, result); None keeps none.
         self.records = _jobs(records) if records is not None else None
+        self._watch: RecordWatch | None = None
+        #: (heartbeat id, registry) the new attempts name: see :meth:`beats_on`.
+        self._beats: tuple[str, str] | None = None
         self.stats = DispatcherStats()
         #: Log the INFO lines ``Start handle message`` / ``End handle message`` for every
         #: message. ``hermes worker`` turns them off unless ``-v``: two log lines per
@@ -284,8 +293,34 @@ class Dispatcher:
     # Running -----------------------------------------------------------------
 
     def close(self) -> None:
-        """End what a run started for the handlers (the event loop of async handlers)."""
+        """End what a run started: the event loop of async handlers, the records watch."""
         self._event_loop.close()
+        if self._watch is not None:
+            self._watch.close()
+        self._beats = None
+
+    def beats_on(self, registry: SupportsHeartbeats, heartbeat_id: str, interval_s: float) -> None:
+        """The run that uses this Dispatcher publishes heartbeat ``heartbeat_id`` on ``registry``.
+
+        Called by the :class:`Worker` as its run starts; nothing happens
+        without job records. With them, the run sweeps for lost jobs every
+        ``interval_s`` (:class:`~hermes.core.app._watch.RecordWatch`), and on
+        an at-most-once driver each attempt names the heartbeat, so that
+        another worker's sweep marks it ``lost`` once that heartbeat expired.
+        An at-least-once driver delivers a dead worker's message again: its
+        attempts name no heartbeat and are never judged lost.
+        """
+        if self.records is None:
+            return
+        if self.driver.capabilities.delivery is Delivery.AT_MOST_ONCE:
+            self._beats = (heartbeat_id, repr(registry))
+        self._records_watch(self.records).sweep_with(registry, heartbeat_id, interval_s)
+
+    def _records_watch(self, records: Jobs) -> RecordWatch:
+        watch = self._watch
+        if watch is None or watch.jobs is not records:
+            watch = self._watch = RecordWatch(records)
+        return watch
 
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:
@@ -330,7 +365,7 @@ class Dispatcher:
             known = self._async[id(handler)] = (handler, inspect.iscoroutinefunction(handle))
         if known[1]:  # an async def handle: calling it made a coroutine
             coroutine = cast(Coroutine[Any, Any, Any], handle(message))
-            return _answer(self._event_loop.run(coroutine, limit))
+            return _answer(self._event_loop.run(coroutine, limit, current_job()))
         if limit is None:
             result = handle(message)
         else:
@@ -348,7 +383,7 @@ class Dispatcher:
         if result is None or result is True or result is False:  # the usual answers, at once
             return bool(result)
         if inspect.iscoroutine(result):
-            result = self._event_loop.run(result, limit)
+            result = self._event_loop.run(result, limit, current_job())
         return _answer(result)
 
     def handle_message(self, message: Message, priority: int) -> bool:
@@ -360,21 +395,32 @@ class Dispatcher:
         hooks = self._hooks
         expires = message.headers.get(EXPIRES_HEADER) if message.headers else None
         report = None
-        if self.records is not None or expires is not None:
+        records = self.records
+        job = watch = None
+        if records is not None or expires is not None:
             report = _Report()
             skipped = self._start(message, priority, expires)
             if skipped is not None:
                 return True  # acknowledged without running: cancelled or expired
+            if records is not None:
+                watch = self._records_watch(records)
+                job = watch.add(message)
         # Asked before notify(): without observers (most workers) no keyword dict
         # is built for nobody, three times a message.
         if hooks.hermes_message_started.get_hookimpls():
             notify(hooks.hermes_message_started, message=message, priority=priority)
         outcome = Outcome.NO_HANDLER
+        token = entering(job) if job is not None else None
         try:
-            outcome = self._run_handlers(message, priority, report)
+            outcome = self._run_handlers(message, priority, report, job)
         finally:
-            if self.records is not None and report is not None:
-                self._finish(self.records, message, outcome, report)
+            if job is not None and watch is not None and token is not None:
+                leaving(token)
+                watch.remove(job)
+                if job.cancelled.is_set():
+                    self._cancel_came(message, outcome, report)
+            if records is not None and report is not None:
+                self._finish(records, message, outcome, report)
             if hooks.hermes_message_finished.get_hookimpls():
                 notify(
                     hooks.hermes_message_finished,
@@ -394,8 +440,17 @@ class Dispatcher:
         """
         expires_at = _expiry(expires, message)
         if self.records is not None:
-            start = self.records.start(message, priority, expires_at)
+            beats = self._beats
+            start = self.records.start(
+                message,
+                priority,
+                expires_at,
+                heartbeat=beats[0] if beats is not None else None,
+                registry=beats[1] if beats is not None else None,
+            )
             skipped = start.skipped
+            if skipped is not None and start.record is not None:
+                self._job_finished(start.record, message)
         else:
             skipped = "expired" if expires_at is not None and time.time() > expires_at else None
         if skipped is not None:
@@ -408,23 +463,49 @@ class Dispatcher:
             )
         return skipped
 
+    def _cancel_came(self, message: Message, outcome: Outcome, report: _Report | None) -> None:
+        """The one line that says a cancel came while ``message`` ran, and how it ended."""
+        if outcome is Outcome.CANCELLED:
+            stopped = report.stopped if report is not None else None
+            self.logger.warning(
+                "Message #%s (%s) was cancelled while it ran: %s; recorded cancelled",
+                message.id,
+                message.type,
+                f"{stopped} stopped" if stopped else "its next handler did not start",
+            )
+        else:
+            self.logger.warning(
+                "Message #%s (%s): a cancel came while it ran, too late: its handlers had "
+                "finished (%s), so that is what its record says",
+                message.id,
+                message.type,
+                outcome.value,
+            )
+
+    def _job_finished(self, record: JobRecord, message: Message) -> None:
+        hook = self._hooks.hermes_job_finished
+        if record.state.final and hook.get_hookimpls():
+            notify(hook, record=record, message=message)
+
     def _finish(self, jobs: Jobs, message: Message, outcome: Outcome, report: _Report) -> None:
         """Write how ``message``'s attempt ended into its record; a store failure is logged."""
         if outcome is Outcome.SUCCEEDED:
             state, error = JobState.SUCCEEDED, None
+        elif outcome is Outcome.CANCELLED:
+            state, error = JobState.CANCELLED, None
         elif report.retry_at is not None:
             state, error = JobState.FAILED, report.error
         else:
             state, error = JobState.GIVEN_UP, report.error
         try:
-            jobs.finish(
+            record = jobs.finish(
                 message,
                 outcome.value,
                 state=state,
                 error=error,
                 result=report.result,
                 has_result=state is JobState.SUCCEEDED,
-                retry_at=report.retry_at,
+                retry_at=None if state is JobState.CANCELLED else report.retry_at,
             )
         except Exception as exc:
             self.logger.error(
@@ -435,9 +516,16 @@ class Dispatcher:
                 jobs.driver,
                 exc,
             )
+            return
+        if record is not None:
+            self._job_finished(record, message)
 
     def _run_handlers(
-        self, message: Message, priority: int, report: _Report | None = None
+        self,
+        message: Message,
+        priority: int,
+        report: _Report | None = None,
+        job: RunningJob | None = None,
     ) -> Outcome:
         with self._count_lock:  # _count's work, without its getattr/setattr per message
             self.stats.received += 1
@@ -459,7 +547,14 @@ class Dispatcher:
         outcome = Outcome.SUCCEEDED
         gave_up: list[_GivenUp] = []
         for handler in list(handlers):
-            result, given_up = self._run_one(handler, message, priority, info, report)
+            if job is not None and job.cancelled.is_set():
+                outcome = Outcome.CANCELLED  # the handlers after a cancel do not start
+                self._count("cancelled")
+                break
+            result, given_up = self._run_one(handler, message, priority, info, report, job)
+            if result is Outcome.CANCELLED:
+                outcome = result
+                break
             if result is not Outcome.SUCCEEDED and outcome is Outcome.SUCCEEDED:
                 outcome = result
             if given_up is not None:
@@ -475,8 +570,13 @@ class Dispatcher:
         priority: int,
         info: bool,
         report: _Report | None = None,
+        job: RunningJob | None = None,
     ) -> tuple[Outcome, _GivenUp | None]:
-        """One handler on ``message``: its outcome, and what the store keeps if it gave up."""
+        """One handler on ``message``: its outcome, and what the store keeps if it gave up.
+
+        A handler that raises or returns False after a cancel of its job
+        arrived was stopped by it: CANCELLED, neither retried nor given up.
+        """
         hooks = self._hooks
         debug = self.logger.isEnabledFor(logging.DEBUG)
         started = time.perf_counter() if debug else 0.0
@@ -496,6 +596,8 @@ class Dispatcher:
         except Exception as exc:
             if debug:
                 self._took(handler, message, started, f"raised {type(exc).__name__}")
+            if job is not None and job.cancelled.is_set():
+                return self._stopped(handler, report), None
             self._count("failed")
             self.logger.error(
                 "Handler %s throws exception - %s", handler_name(handler), exc, exc_info=True
@@ -543,12 +645,20 @@ class Dispatcher:
                     result=True,
                 )
             return Outcome.SUCCEEDED, None
+        if job is not None and job.cancelled.is_set():
+            return self._stopped(handler, report), None
         self._count("failed")
         reason = "it returned False (a handler that returns False is never retried)"
         if report is not None:
             report.error = JobError.reason(f"{handler_name(handler)} returned False")
         outcome = Outcome.RETURNED_FALSE
         return outcome, self._give_up(message, priority, handler, reason, None, outcome)
+
+    def _stopped(self, handler: Handler, report: _Report | None) -> Outcome:
+        self._count("cancelled")
+        if report is not None:
+            report.stopped = handler_name(handler)
+        return Outcome.CANCELLED
 
     def _took(self, handler: Handler, message: Message, started: float, outcome: str) -> None:
         self.logger.debug(
@@ -764,12 +874,14 @@ def _answer(result: object) -> bool | Result:
 class _Report:
     """What one message's handlers did, for its job record."""
 
-    __slots__ = ("error", "result", "retry_at")
+    __slots__ = ("error", "result", "retry_at", "stopped")
 
     def __init__(self) -> None:
         self.result: Any = None
         self.error: JobError | None = None
         self.retry_at: float | None = None
+        #: The handler a cancel stopped.
+        self.stopped: str | None = None
 
 
 def _expiry(header: str | None, message: Message) -> float | None:

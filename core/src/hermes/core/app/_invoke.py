@@ -6,7 +6,7 @@ next Python bytecode, so a handler blocked inside one long C call — a
 ``time.sleep(60)``, a socket read without a timeout — is interrupted only
 when that call returns; give such calls their own timeouts). An ``async def
 handle`` runs on an event loop the worker owns, in a thread of its own, and is
-cancelled when it overruns.
+cancelled when it overruns, or when its job is cancelled while it runs.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import time
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
-from hermes.core.model._errors import HermesError
+from hermes.core.app._watch import RunningJob
+from hermes.core.model._errors import HermesError, JobCancelled
 
 if TYPE_CHECKING:
     import asyncio
@@ -107,6 +108,21 @@ class Watchdog:
                     _raise_in(timer.thread_id, TimeLimitExceeded)
 
 
+async def _cancelled_by(job: RunningJob, coroutine: Coroutine[Any, Any, Any]) -> Any:
+    """Await ``coroutine`` in a task that ``job``'s cancel cancels."""
+    import asyncio
+
+    task = asyncio.current_task()
+    loop = asyncio.get_running_loop()
+    assert task is not None  # run by run_coroutine_threadsafe: always in a task
+
+    def cancel() -> None:
+        loop.call_soon_threadsafe(task.cancel)
+
+    job.on_cancel(cancel)
+    return await coroutine
+
+
 class EventLoopThread:
     """An asyncio loop in a daemon thread, started on first use, for ``async def handle``."""
 
@@ -150,16 +166,35 @@ class EventLoopThread:
         finally:
             loop.close()
 
-    def run(self, coroutine: Coroutine[Any, Any, Any], limit_s: float | None) -> Any:
-        """Run ``coroutine`` on the loop and wait for it; cancel it after ``limit_s``."""
-        import asyncio
+    def run(
+        self,
+        coroutine: Coroutine[Any, Any, Any],
+        limit_s: float | None,
+        job: RunningJob | None = None,
+    ) -> Any:
+        """Run ``coroutine`` on the loop and wait for it; cancel it after ``limit_s``.
 
+        With ``job``, a cancel of the job cancels the coroutine's task
+        (``CancelledError`` at its next ``await``); once the task ended so, this
+        raises :class:`JobCancelled`.
+        """
+        import asyncio
+        import concurrent.futures
+
+        if job is not None:
+            coroutine = _cancelled_by(job, coroutine)
         future = asyncio.run_coroutine_threadsafe(coroutine, self._running_loop())
         try:
             return future.result(limit_s)
         except TimeoutError:
             future.cancel()
             raise TimeLimitExceeded(f"timed out after {limit_s:g} s") from None
+        except concurrent.futures.CancelledError:
+            if job is not None and job.cancelled.is_set():
+                raise JobCancelled(
+                    f"job #{job.id} ({job.message.type}) was cancelled while it ran"
+                ) from None
+            raise
 
     def close(self) -> None:
         with self._lock:

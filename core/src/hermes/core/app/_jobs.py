@@ -7,7 +7,8 @@ and handles exactly what it did before. The states::
 
     waiting ──┐                   ┌── succeeded
     scheduled ┴─► running ──┬─────┼── given_up
-       │    ▲               │     └── (lost: its worker's heartbeat ended)
+       │    ▲               │     ├── cancelled (stopped by a cancel while it ran)
+       │    │               │     └── lost (its worker's heartbeat ended)
        │    └── failed ◄────┘  (a retry copy is due at ``retry_at``)
        ├── cancelled  (before a worker started it)
        └── expired    (not started before ``expires_at``)
@@ -15,9 +16,9 @@ and handles exactly what it did before. The states::
 A record says what happened, never what was hoped: ``running`` means a
 worker started it and has not said how it ended. When that worker is
 SIGKILLed, an at-least-once broker delivers the message again and the record
-gains another attempt; on an at-most-once broker (Redis by default) it stays
-``running`` until :meth:`JobHandle.state` is asked with the heartbeat registry
-that shows the worker gone (see :meth:`Jobs.lost`).
+gains another attempt; on an at-most-once broker (Redis by default) the
+running workers sweep: an attempt whose worker's heartbeat has expired ends
+``lost`` (:meth:`Jobs.sweep_lost`, run by :class:`~hermes.core.app._watch.RecordWatch`).
 
 Every change is a compare-and-set on the record's bytes, retried on a
 conflict, so a cancel and a worker's start never both win.
@@ -32,7 +33,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -45,7 +46,7 @@ from hermes.core.model._errors import (
     UnknownJobError,
 )
 from hermes.core.model._message import Message
-from hermes.core.spi._driver import Driver, SupportsRecords
+from hermes.core.spi._driver import Driver, SupportsRecords, SupportsRecordWatch
 from hermes.core.spi._registry import connect
 
 logger = logging.getLogger("hermes")
@@ -78,7 +79,9 @@ class JobState(enum.StrEnum):
     #: It failed and is not retried (retries used up, not retryable, no handler,
     #: returned False, set aside).
     GIVEN_UP = "given_up"
-    #: Cancelled before a worker started it: no handler ran.
+    #: Cancelled before a worker started it (no handler ran), or while it ran
+    #: and its handler stopped (an ``async`` handler's task was cancelled, a
+    #: sync one raised after :attr:`RunningJob.cancelled` was set).
     CANCELLED = "cancelled"
     #: Not started before its expiry: no handler ran.
     EXPIRED = "expired"
@@ -137,6 +140,13 @@ class Attempt:
     outcome: str | None = None
     #: The exception of a failed attempt.
     error: JobError | None = None
+    #: The heartbeat id of the worker (``host:pid:random``), when its death can
+    #: be told from it: it publishes heartbeats and its broker does not deliver
+    #: its message again. None: this attempt is never judged lost.
+    heartbeat: str | None = None
+    #: Where that heartbeat is kept (the registry's ``repr``, no password):
+    #: only a sweep that reads the same registry judges the attempt.
+    registry: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,7 +174,8 @@ class JobRecord:
     retry_at: float | None = None
     #: Not started by then: EXPIRED.
     expires_at: float | None = None
-    #: A cancel came while it ran; the handler was told.
+    #: A cancel came while it ran; the handler was told. On a ``succeeded``
+    #: record: the cancel came too late, the handler had finished its work.
     cancel_requested: bool = False
     #: When the store forgets the record (UNIX time).
     forget_at: float | None = None
@@ -216,13 +227,17 @@ class JobRecord:
 
 
 def _attempt_json(attempt: Attempt) -> dict[str, Any]:
-    return {
+    data = {
         "worker": attempt.worker,
         "started_at": attempt.started_at,
         "finished_at": attempt.finished_at,
         "outcome": attempt.outcome,
         "error": _error_json(attempt.error),
     }
+    if attempt.heartbeat is not None:
+        data["heartbeat"] = attempt.heartbeat
+        data["registry"] = attempt.registry
+    return data
 
 
 def _attempt_from(data: dict[str, Any]) -> Attempt:
@@ -232,6 +247,8 @@ def _attempt_from(data: dict[str, Any]) -> Attempt:
         data.get("finished_at"),
         data.get("outcome"),
         _error_from(data.get("error")),
+        data.get("heartbeat"),
+        data.get("registry"),
     )
 
 
@@ -339,6 +356,37 @@ class Jobs:
         with self.driver.translating(f"waiting on the record of job #{job_id}"):
             return self._store.record_wait(_key(job_id), seen, timeout_s)
 
+    def wait_any(
+        self, seen: Mapping[str, bytes | None], timeout_s: float
+    ) -> dict[str, bytes | None]:
+        """The records among ``seen`` (job id -> bytes last read) that changed, by job id.
+
+        Blocks until one changes or ``timeout_s`` passes (then: an empty dict,
+        or what changed meanwhile). A store with
+        :class:`~hermes.core.driver.SupportsRecordWatch` wakes at once for any
+        of them; another is waited on for the first record (its own
+        notification or polling) and the others are read when it returns.
+        """
+        if not seen:
+            return {}
+        keys = {_key(job_id): job_id for job_id in seen}
+        with self.driver.translating("waiting on job records"):
+            if isinstance(self._store, SupportsRecordWatch):
+                changed = self._store.record_wait_any(
+                    {key: seen[job_id] for key, job_id in keys.items()}, timeout_s
+                )
+                return {keys[key]: data for key, data in changed.items() if key in keys}
+            first, *others = seen
+            found: dict[str, bytes | None] = {}
+            data = self._store.record_wait(_key(first), seen[first], timeout_s)
+            if data != seen[first]:
+                found[first] = data
+            for job_id in others:
+                data = self._store.record_get(_key(job_id))
+                if data != seen[job_id]:
+                    found[job_id] = data
+            return found
+
     # Changing ----------------------------------------------------------------
 
     def _change(
@@ -391,8 +439,21 @@ class Jobs:
 
         return self._change(message.id, change)
 
-    def start(self, message: Message, priority: int, expires_at: float | None = None) -> Start:
-        """A worker took ``message``: run it, or skip it (cancelled, expired)."""
+    def start(
+        self,
+        message: Message,
+        priority: int,
+        expires_at: float | None = None,
+        *,
+        heartbeat: str | None = None,
+        registry: str | None = None,
+    ) -> Start:
+        """A worker took ``message``: run it, or skip it (cancelled, expired).
+
+        A message that comes back after a cancel reached it while it ran (its
+        worker died; the broker delivered it again) is not run: cancelled.
+        ``heartbeat`` and ``registry`` go into the new attempt (see :class:`Attempt`).
+        """
         now = time.time()
         decided: list[Start] = []
 
@@ -411,11 +472,15 @@ class Jobs:
             if record.state is JobState.CANCELLED:
                 decided.append(Start(False, "cancelled", record))
                 return None
+            if record.cancel_requested:
+                decided.append(Start(False, "cancelled"))
+                return replace(record, state=JobState.CANCELLED, finished_at=now, retry_at=None)
             deadline = record.expires_at if record.expires_at is not None else expires_at
             if deadline is not None and now > deadline:
                 decided.append(Start(False, "expired"))
                 return replace(record, state=JobState.EXPIRED, finished_at=now)
-            attempts = _kept((*record.attempts, Attempt(worker_name(), now)))
+            attempt = Attempt(worker_name(), now, heartbeat=heartbeat, registry=registry)
+            attempts = _kept((*record.attempts, attempt))
             decided.append(Start(True))
             return replace(
                 record,
@@ -477,8 +542,12 @@ class Jobs:
         """Cancel ``job_id``: waiting or scheduled, no handler will start it.
 
         Failed and waiting for its retry: no retry starts. Running: the
-        cancel is noted in the record (``cancel_requested``) and the attempt
-        runs to its end. Already ended: nothing changes. Returns the record;
+        cancel is noted in the record (``cancel_requested``); the worker
+        running it watches its record, cancels an ``async`` handler's task and
+        sets :attr:`RunningJob.cancelled` for a sync one. A handler that stops
+        ends the job ``cancelled``; one that finishes anyway ends it
+        ``succeeded``, with ``cancel_requested`` kept (the cancel came too
+        late). Already ended: nothing changes. Returns the record;
         :class:`UnknownJobError` without one.
         """
         now = time.time()
@@ -499,16 +568,51 @@ class Jobs:
     def lost(self, job_id: str, live_workers: Iterable[str]) -> JobRecord | None:
         """Mark ``job_id`` lost if it is running on a worker not among ``live_workers``.
 
-        ``live_workers`` are ``host:pid`` of the workers whose heartbeat is
-        alive. For at-most-once brokers, where a dead worker's job never comes back.
+        ``live_workers`` are the workers whose heartbeat is alive: ``host:pid``
+        or heartbeat ids (``host:pid:random``); an attempt whose worker or
+        heartbeat is among them is alive. For at-most-once brokers, where a
+        dead worker's job never comes back.
         """
         alive = set(live_workers)
+        return self._mark_lost(
+            job_id, lambda attempt: attempt.worker in alive or attempt.heartbeat in alive
+        )
+
+    def sweep_lost(
+        self, registry: str, live_heartbeats: Iterable[str], *, limit: int = 1000
+    ) -> list[JobRecord]:
+        """Mark lost every running job whose worker's heartbeat in ``registry`` has expired.
+
+        Only attempts that name a heartbeat kept in ``registry`` (the
+        registry's ``repr``) are judged: a worker without heartbeats, or whose
+        heartbeats are kept elsewhere, is never taken for dead. Looks at up to
+        ``limit`` running records; returns those it marked lost.
+        """
+        alive = set(live_heartbeats)
+
+        def judged_alive(attempt: Attempt) -> bool:
+            return (
+                attempt.heartbeat is None
+                or attempt.registry != registry
+                or attempt.heartbeat in alive
+            )
+
+        marked = []
+        for record in self.scan(state=JobState.RUNNING, limit=limit):
+            if not record.attempts or judged_alive(record.attempts[-1]):
+                continue
+            stored = self._mark_lost(record.id, judged_alive)
+            if stored is not None and stored.state is JobState.LOST:
+                marked.append(stored)
+        return marked
+
+    def _mark_lost(self, job_id: str, alive: Callable[[Attempt], bool]) -> JobRecord | None:
         now = time.time()
 
         def change(record: JobRecord | None) -> JobRecord | None:
             if record is None or record.state is not JobState.RUNNING or not record.attempts:
                 return None
-            if record.attempts[-1].worker in alive:
+            if alive(record.attempts[-1]):
                 return None
             attempts = list(record.attempts)
             attempts[-1] = replace(attempts[-1], outcome="lost")

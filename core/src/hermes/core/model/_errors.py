@@ -15,6 +15,8 @@
     │   │                       expired, lost); ``record`` says how
     │   └── UnknownJobError     (also KeyError) the records store has no such job
     ├── JobTimeoutError         (also TimeoutError) a job's result did not come in time
+    ├── JobCancelled            raised in a handler to stop the job it runs, which
+    │                           was cancelled meanwhile (``current_job()``)
     └── DriverError             the broker or its client failed; ``__cause__`` is the
         │                       client's own exception
         ├── BrokerUnavailableError  the broker cannot be reached now: retried
@@ -122,3 +124,12 @@ class UnknownJobError(JobResultError, KeyError):
 
 class JobTimeoutError(HermesError, TimeoutError):
     """A job's result was waited for until the timeout, and the job had not ended."""
+
+
+class JobCancelled(HermesError):
+    """The job a handler runs was cancelled while it ran; the handler stops.
+
+    Raised by ``current_job().raise_if_cancelled()`` in a handler, and in
+    the worker thread when an ``async`` handler's task was cancelled. The
+    Dispatcher records the job ``cancelled``: no retry, no failed-message store.
+    """

@@ -306,6 +306,9 @@ class Worker:
         beating: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
         if self.heartbeat is not None:
             beating = self.heartbeat.running(lambda: worker_fields(self))
+            if self.dispatcher is not None:  # with job records: attempts name it, lost ones swept
+                beat = self.heartbeat
+                self.dispatcher.beats_on(beat.registry, beat.id, beat.interval_s)
         # What the run starts for the handlers (an event loop) ends with it, unless
         # another run of the same Dispatcher still uses it.
         handling: contextlib.AbstractContextManager[object] = contextlib.nullcontext()

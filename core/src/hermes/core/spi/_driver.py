@@ -489,6 +489,29 @@ class SupportsRecords(Protocol):
 
 
 @runtime_checkable
+class SupportsRecordWatch(Protocol):
+    """Optional, beside :class:`SupportsRecords`: wait on several records at once.
+
+    A worker watches the records of the jobs it runs, to hear of a cancel,
+    from one thread. Without this method core waits on one of them
+    (:meth:`SupportsRecords.record_wait`) and reads the others when it
+    returns, so a cancel of another reaches it only at the end of that wait.
+
+    * :meth:`record_wait_any` blocks until the bytes under one of the keys
+      of ``seen`` differ from the bytes given for it, or ``timeout_s``
+      passes, and returns every key whose bytes differ then, with what is
+      stored (None: nothing), or an empty dict. Same polling floor and
+      wake-up as :meth:`SupportsRecords.record_wait`.
+    """
+
+    def record_wait_any(
+        self, seen: Mapping[str, bytes | None], timeout_s: float
+    ) -> dict[str, bytes | None]:
+        """The keys of ``seen`` whose bytes changed, once one did, or at the timeout."""
+        ...
+
+
+@runtime_checkable
 class SupportsHeartbeats(Protocol):
     """Optional: keep the heartbeat records of running workers, each with an expiry.
 

@@ -305,6 +305,22 @@ class MemoryDriver(Driver):
                     return current
                 self._broker.records_changed.wait(left)
 
+    def record_wait_any(
+        self, seen: Mapping[str, bytes | None], timeout_s: float
+    ) -> dict[str, bytes | None]:
+        deadline = time.monotonic() + timeout_s
+        with self._broker.records_changed:
+            while True:
+                changed = {
+                    key: current
+                    for key, was in seen.items()
+                    if (current := self._record(key)) != was
+                }
+                left = deadline - time.monotonic()
+                if changed or left <= 0:
+                    return changed
+                self._broker.records_changed.wait(left)
+
     def record_scan(self, limit: int) -> list[bytes]:
         now = time.monotonic()
         with self._broker.records_changed:

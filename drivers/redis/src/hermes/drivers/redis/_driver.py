@@ -606,6 +606,12 @@ class RedisSetDriver(Driver):
         """
         return _records.wait(self.client, self._execute, self.key, key, seen, timeout_s)
 
+    def record_wait_any(
+        self, seen: Mapping[str, bytes | None], timeout_s: float
+    ) -> dict[str, bytes | None]:
+        """:meth:`record_wait` on several records, one pub/sub connection for them all."""
+        return _records.wait_any(self.client, self._execute, self.key, seen, timeout_s)
+
     def record_scan(self, limit: int) -> list[bytes]:
         """Newest first, from the sorted set ``<key>_records``; expired records are skipped."""
         return _records.scan(self._execute, self.key, limit)

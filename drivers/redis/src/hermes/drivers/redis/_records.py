@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import redis
@@ -125,16 +125,48 @@ def wait(
             pubsub.get_message(timeout=left)
 
 
-def _subscribed(pubsub: redis.client.PubSub, timeout_s: float) -> None:
-    """Wait for Redis to confirm the subscription: from then on, every write is heard."""
+def wait_any(
+    client: redis.Redis[Any],
+    execute: _scripts.Execute,
+    queue_key: str,
+    seen: Mapping[str, bytes | None],
+    timeout_s: float,
+) -> dict[str, bytes | None]:
+    """:func:`wait` on several records: one pub/sub connection subscribed to each's channel."""
+    if not seen:
+        return {}
+    names = {record_key(queue_key, key): key for key in seen}
     deadline = time.monotonic() + timeout_s
+    with client.pubsub() as pubsub:
+        pubsub.subscribe(*names)
+        kwargs = client.connection_pool.connection_kwargs
+        _subscribed(pubsub, kwargs.get("socket_timeout") or SUBSCRIBE_TIMEOUT_S, len(names))
+        while True:
+            values: list[bytes | None] = execute(("MGET", *names), True)
+            changed = {
+                key: value
+                for key, value in zip(names.values(), values, strict=True)
+                if value != seen[key]
+            }
+            left = deadline - time.monotonic()
+            if changed or left <= 0:
+                return changed
+            pubsub.get_message(timeout=left)
+
+
+def _subscribed(pubsub: redis.client.PubSub, timeout_s: float, channels: int = 1) -> None:
+    """Wait for Redis to confirm the subscriptions: from then on, every write is heard."""
+    deadline = time.monotonic() + timeout_s
+    confirmed = 0
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
             raise redis.TimeoutError(f"Redis did not confirm a subscription within {timeout_s:g} s")
         message = pubsub.get_message(timeout=left)
         if message is not None and message["type"] == "subscribe":
-            return
+            confirmed += 1
+            if confirmed >= channels:
+                return
 
 
 def scan(execute: _scripts.Execute, queue_key: str, limit: int) -> list[bytes]:

@@ -9,9 +9,11 @@ up in the trace of the request that emitted it, and it also links to it, as
 the conventions ask of a process span. A retry copy keeps the headers: each
 run of a job is a child of the same ``send`` span.
 
-The consumer span stays open past the handler call until the Dispatcher
-announces the outcome (succeeded, retried, gave up) on the same thread, so
-the outcome is an attribute of the span it belongs to.
+The consumer span stays open past the handler call until the Dispatcher is
+done with the message (the next handler call, or the message finished), on
+the same thread, so the handler's outcome (succeeded, retried, gave up) and,
+with job records on, the job's final state (``hermes.job.state``:
+succeeded, given_up, cancelled) are attributes of the span they belong to.
 
 Installed in an application that never sets a TracerProvider (or disables
 the SDK), nothing would record a span: the hooks then do nothing unless
@@ -42,6 +44,7 @@ from opentelemetry.trace import (
 
 from hermes.core import DEFAULT_PRIORITY, Message, Outcome, hookimpl
 from hermes.core.driver import Driver
+from hermes.core.jobs import JobRecord
 
 # A ProxyTracer until the application sets a TracerProvider, then that one's:
 # taking it at import is right even when the SDK is set up later.
@@ -236,30 +239,37 @@ def _process(message: Message, priority: int, handler: object, driver: Driver) -
         _pending.span = span
 
 
-def _end_pending(outcome: Outcome | None, **attributes: Any) -> Span | None:
+def _note(outcome: Outcome | None, **attributes: Any) -> Span | None:
+    """Set ``outcome`` and ``attributes`` on the pending span, which stays open."""
     if not _any_pending:
         return None
     span: Span | None = getattr(_pending, "span", None)
     if span is None:
         return None
-    _pending.span = None
     if outcome is not None:
         span.set_attribute("hermes.outcome", outcome.value)
     for name, value in attributes.items():
         if value is not None:
             span.set_attribute(name, value)
-    span.end()
+    return span
+
+
+def _end_pending(outcome: Outcome | None, **attributes: Any) -> Span | None:
+    span = _note(outcome, **attributes)
+    if span is not None:
+        _pending.span = None
+        span.end()
     return span
 
 
 @hookimpl
 def hermes_message_succeeded() -> None:
-    _end_pending(Outcome.SUCCEEDED)
+    _note(Outcome.SUCCEEDED)
 
 
 @hookimpl
 def hermes_message_retried(retry: Message) -> None:
-    _end_pending(
+    _note(
         Outcome.RETRIED,
         **{"hermes.retry.retries": retry.retries, "hermes.retry.execute_at": retry.execute_at},
     )
@@ -273,12 +283,19 @@ def hermes_message_gave_up(handler: object | None, reason: str, outcome: Outcome
     if span is not None and outcome is Outcome.RETURNED_FALSE:
         span.set_status(Status(StatusCode.ERROR, "the handler returned False"))
         span.set_attribute("error.type", "returned_false")
-    _end_pending(outcome, **{"hermes.gave_up.reason": reason})
+    _note(outcome, **{"hermes.gave_up.reason": reason})
+
+
+@hookimpl
+def hermes_job_finished(record: JobRecord, message: Message | None) -> None:
+    if message is None:
+        return  # lost, found by a sweep: its handler span died with its worker
+    _note(None, **{"hermes.job.state": record.state.value})
 
 
 @hookimpl
 def hermes_message_finished() -> None:
-    # After every handler's outcome: nothing is pending unless a hook was missed.
+    # After every handler's outcome and the job's final state: the last span ends.
     _end_pending(None)
 
 

@@ -35,6 +35,11 @@ RETRIED = Counter("hermes_messages_retried", "Retry copies sent.", ["type"])
 GAVE_UP = Counter(
     "hermes_messages_gave_up", "Messages Hermes stopped retrying.", ["type", "reason"]
 )
+JOBS_FINISHED = Counter(
+    "hermes_jobs_finished",
+    "Jobs whose record reached a final state (needs job records: --results-url).",
+    ["type", "state"],
+)
 DURATION = Histogram(
     "hermes_handler_duration_seconds",
     "How long one handler took with one message.",

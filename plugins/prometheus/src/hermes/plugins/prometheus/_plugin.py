@@ -7,6 +7,7 @@ import threading
 import time
 
 from hermes.core import Message, Outcome, hookimpl
+from hermes.core.jobs import JobRecord
 from hermes.plugins.prometheus import _metrics
 from hermes.plugins.prometheus._ticks import hermes_tick  # noqa: F401 - a hook of this plugin
 
@@ -56,6 +57,11 @@ def hermes_message_finished(message: Message) -> None:
 
 
 @hookimpl
+def hermes_job_finished(record: JobRecord) -> None:
+    _metrics.JOBS_FINISHED.labels(record.type, record.state.value).inc()
+
+
+@hookimpl
 def hermes_worker_metrics(port: int, url: str, host: str) -> str:
     return _metrics.start_metrics_server(port, url, addr=host)
 
@@ -88,4 +94,5 @@ _REASONS = {
     Outcome.TIME_LIMIT: "time limit",
     Outcome.RETRIED: "other",
     Outcome.SUCCEEDED: "other",
+    Outcome.CANCELLED: "other",
 }

@@ -1,0 +1,269 @@
+"""A worker's eye on the job records: cancels of the jobs it runs, and jobs lost elsewhere.
+
+The records store is shared by every process, so a cancel reaches a running
+job through its record: :meth:`~hermes.core.jobs.Jobs.cancel` sets
+``cancel_requested`` and the worker running the job hears of it. One
+:class:`RecordWatch` thread per worker does the listening for all of its
+running jobs, blocked in the store's wait (Redis pub/sub, a condition in
+memory; one record at a time on a store that cannot wait on several), never
+polling faster than the store's own wait does.
+
+The same thread sweeps for lost jobs while the worker publishes heartbeats:
+every heartbeat interval at most one worker (the one that claims the sweep on
+the store, where the store can claim keys) marks ``lost`` the running jobs
+whose worker's heartbeat expired (:meth:`~hermes.core.jobs.Jobs.sweep_lost`).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from hermes.core.app._jobs import JobRecord, Jobs
+from hermes.core.model._errors import JobCancelled
+from hermes.core.model._message import Message
+from hermes.core.spi._driver import Driver, SupportsClaim, SupportsHeartbeats
+from hermes.core.spi._registry import notify, plugin_manager
+
+logger = logging.getLogger("hermes")
+
+#: Longest one wait on the records lasts: a job started meanwhile is watched after it.
+WATCH_ROUND_S = 1.0
+#: The claim that makes one worker the sweeper for an interval.
+SWEEP_CLAIM = "sweep:lost"
+
+
+class RunningJob:
+    """The job a handler is running, as :func:`current_job` returns it to the handler."""
+
+    __slots__ = ("_callbacks", "_lock", "cancelled", "id", "message")
+
+    def __init__(self, message: Message) -> None:
+        #: The job's id (its message's).
+        self.id = message.id
+        #: The message the handler runs.
+        self.message = message
+        #: Set when a cancel of this job arrived while it runs. A sync handler
+        #: that can stop checks it (``is_set()``, or ``wait(s)`` between steps)
+        #: and stops by raising (:meth:`raise_if_cancelled`).
+        self.cancelled = threading.Event()
+        self._lock = threading.Lock()
+        self._callbacks: list[Callable[[], None]] = []
+
+    def raise_if_cancelled(self) -> None:
+        """Raise :class:`~hermes.core.jobs.JobCancelled` if a cancel arrived: the handler stops."""
+        if self.cancelled.is_set():
+            raise JobCancelled(f"job #{self.id} ({self.message.type}) was cancelled while it ran")
+
+    def on_cancel(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` when the cancel arrives (now, if it has); from the watching thread."""
+        with self._lock:
+            if not self.cancelled.is_set():
+                self._callbacks.append(callback)
+                return
+        callback()
+
+    def cancel(self) -> bool:
+        """Tell the handler: set :attr:`cancelled`, run the callbacks. False if already told."""
+        with self._lock:
+            if self.cancelled.is_set():
+                return False
+            self.cancelled.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            try:
+                callback()
+            except RuntimeError as exc:  # the handler's event loop closed meanwhile
+                logger.debug("Job #%s: its cancel found its handler gone - %s", self.id, exc)
+        return True
+
+    def __repr__(self) -> str:
+        told = " cancelled" if self.cancelled.is_set() else ""
+        return f"<RunningJob #{self.id} ({self.message.type}){told}>"
+
+
+_current: contextvars.ContextVar[RunningJob | None] = contextvars.ContextVar(
+    "hermes_running_job", default=None
+)
+
+
+def current_job() -> RunningJob | None:
+    """The job the calling handler runs; None outside a handler, or without job records.
+
+    Without a records store nothing can cancel a job, so there is nothing to
+    watch. An ``async`` handler is cancelled by its task (``CancelledError``
+    at its next ``await``) and needs no flag; it sees the same object.
+    """
+    return _current.get()
+
+
+def entering(job: RunningJob | None) -> contextvars.Token[RunningJob | None]:
+    """Make ``job`` what :func:`current_job` returns, until :func:`leaving`."""
+    return _current.set(job)
+
+
+def leaving(token: contextvars.Token[RunningJob | None]) -> None:
+    _current.reset(token)
+
+
+class RecordWatch:
+    """One thread that watches the records of a worker's running jobs, and sweeps lost ones.
+
+    Started by the first :meth:`add` (or :meth:`sweep_with`), stopped by
+    :meth:`close`; it can start again afterwards (a Worker run again).
+    """
+
+    def __init__(self, jobs: Jobs) -> None:
+        self.jobs = jobs
+        self._lock = threading.Condition()
+        self._running: dict[str, RunningJob] = {}
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._registry: SupportsHeartbeats | None = None
+        self._heartbeat_id = ""
+        self._sweep_every_s = 0.0
+        self._next_sweep = 0.0
+        self._failing = False
+
+    # Used by the Dispatcher ------------------------------------------------------
+
+    def add(self, message: Message) -> RunningJob:
+        """Watch ``message``'s record from now until :meth:`remove`."""
+        job = RunningJob(message)
+        with self._lock:
+            self._running[job.id] = job
+            self._started()
+            self._lock.notify_all()
+        return job
+
+    def remove(self, job: RunningJob) -> None:
+        with self._lock:
+            if self._running.get(job.id) is job:
+                del self._running[job.id]
+
+    def sweep_with(self, registry: SupportsHeartbeats, heartbeat_id: str, every_s: float) -> None:
+        """Sweep for lost jobs every ``every_s`` seconds, judging by ``registry``'s heartbeats.
+
+        ``heartbeat_id`` is this worker's own heartbeat: a sweep that does not
+        find it among the live ones (its registry lags, or this worker's
+        beats fail) judges nobody.
+        """
+        with self._lock:
+            self._registry = registry
+            self._heartbeat_id = heartbeat_id
+            self._sweep_every_s = every_s
+            self._next_sweep = time.monotonic() + every_s
+            self._started()
+            self._lock.notify_all()
+
+    def close(self) -> None:
+        """Stop the thread (within one wait round) and forget the sweep."""
+        with self._lock:
+            thread, self._thread = self._thread, None
+            self._stopping = True
+            self._registry = None
+            self._lock.notify_all()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=WATCH_ROUND_S * 5)
+
+    # The thread -----------------------------------------------------------------
+
+    def _started(self) -> None:
+        # Under self._lock.
+        if self._thread is None:
+            self._stopping = False
+            self._thread = threading.Thread(
+                target=self._run, name="hermes-record-watch", daemon=True
+            )
+            self._thread.start()
+
+    def _run(self) -> None:
+        seen: dict[str, bytes | None] = {}
+        while True:
+            with self._lock:
+                while not self._stopping and not self._running and not self._sweep_due():
+                    self._lock.wait(self._until_sweep())
+                if self._stopping:
+                    return
+                running = dict(self._running)
+            try:
+                self._round(running, seen)
+            except Exception as exc:
+                # Said once per outage: the jobs run on, a cancel waits for the store.
+                level = logging.DEBUG if self._failing else logging.WARNING
+                logger.log(level, "Job records in %r cannot be watched - %s", self.jobs.driver, exc)
+                self._failing = True
+                with self._lock:
+                    if not self._stopping:
+                        self._lock.wait(WATCH_ROUND_S)
+                continue
+            if self._failing:
+                self._failing = False
+                logger.info("Job records in %r are watched again", self.jobs.driver)
+
+    def _round(self, running: dict[str, RunningJob], seen: dict[str, bytes | None]) -> None:
+        for job_id in [job_id for job_id in seen if job_id not in running]:
+            del seen[job_id]
+        for job_id, job in running.items():
+            if job_id not in seen:  # first look: a cancel may have come before the watch
+                record, data = self.jobs._read(job_id)
+                seen[job_id] = data
+                self._check(job, record)
+        if self._sweep_due():
+            self._sweep()
+        if not running:
+            return
+        timeout_s = min(WATCH_ROUND_S, self._until_sweep() or WATCH_ROUND_S)
+        for job_id, data in self.jobs.wait_any(seen, timeout_s).items():
+            seen[job_id] = data
+            self._check(running[job_id], self.jobs._decode(data, job_id))
+
+    @staticmethod
+    def _check(job: RunningJob, record: JobRecord | None) -> None:
+        if record is not None and record.cancel_requested and job.cancel():
+            logger.debug("Job #%s: a cancel arrived while it runs; its handler is told", job.id)
+
+    def _sweep_due(self) -> bool:
+        return self._registry is not None and time.monotonic() >= self._next_sweep
+
+    def _until_sweep(self) -> float | None:
+        if self._registry is None:
+            return None
+        return max(self._next_sweep - time.monotonic(), 0.0)
+
+    def _sweep(self) -> None:
+        registry = self._registry
+        if registry is None:
+            return
+        self._next_sweep = time.monotonic() + self._sweep_every_s
+        store = self.jobs.driver
+        if isinstance(store, SupportsClaim):
+            # Claimed a little short of the interval: the next one is free when it is due.
+            with store.translating("claiming the sweep for lost jobs"):
+                if not store.claim(SWEEP_CLAIM, max(self._sweep_every_s * 0.9, 0.1)):
+                    return
+        if isinstance(registry, Driver):
+            with registry.translating("listing heartbeats"):
+                beats = registry.heartbeats()
+        else:
+            beats = registry.heartbeats()
+        live = {str(beat.get("id")) for beat in beats if isinstance(beat, dict)}
+        if self._heartbeat_id not in live:
+            logger.debug("Lost-job sweep skipped: this worker's own heartbeat is not listed")
+            return
+        for record in self.jobs.sweep_lost(repr(registry), live):
+            attempt = record.attempts[-1]
+            logger.warning(
+                "Job #%s (%s) lost: its worker %s stopped beating while it ran",
+                record.id,
+                record.type,
+                attempt.heartbeat,
+            )
+            hooks = plugin_manager().hook
+            notify(hooks.hermes_job_finished, record=record, message=None)
+
+    def __repr__(self) -> str:
+        return f"<RecordWatch of {len(self._running)} jobs on {self.jobs.driver!r}>"
