@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from hermes.core import Message
 from hermes.core.cli import main
+from hermes.core.jobs import Jobs, JobState
 
 _modules = itertools.count()
 
@@ -151,3 +153,22 @@ def test_emit_prints_the_id_alone_so_a_script_can_keep_it(
     many = capsys.readouterr()
     assert len(set(many.out.split())) == 3
     assert "Emitted 3 messages" in many.err
+
+
+def test_cancelling_a_running_job_says_its_worker_is_told(
+    capsys: pytest.CaptureFixture[str], names: tuple[str, str]
+) -> None:
+    _, records = names
+    jobs = Jobs(records)
+    message = Message("total", {"items": [1]})
+    try:
+        jobs.emitted(message, 100)
+        jobs.start(message, 100)
+        assert main(["cancel", message.id, "--results-url", records]) == 0
+        out = capsys.readouterr().out
+        assert f"Job #{message.id} (total) is running: its worker is told" in out
+        record = jobs.get(message.id)
+        assert record is not None
+        assert record.state is JobState.RUNNING and record.cancel_requested
+    finally:
+        jobs.close()

@@ -76,8 +76,9 @@ def add_parser(commands: Commands) -> None:
         "cancel",
         help="cancel a job",
         description="Cancel a job: waiting, scheduled or waiting for a retry, no handler will "
-        "start it (the worker that takes it acknowledges it unrun). A running job is marked; "
-        "its attempt runs to its end.",
+        "start it (the worker that takes it acknowledges it unrun). A running job is told: "
+        "an async handler's task is cancelled, a sync handler sees "
+        "hermes.core.jobs.current_job().cancelled; one that finishes anyway succeeds.",
     )
     cancel.add_argument("id", help="the job's id")
     add_results_url(cancel)
@@ -129,8 +130,8 @@ def run_cancel(args: argparse.Namespace) -> int:
         print(f"Job #{record.id} ({record.type}) cancelled: no handler will start it")
     elif record.state is JobState.RUNNING:
         print(
-            f"Job #{record.id} ({record.type}) is running: the cancel is noted in its record "
-            "and its attempt runs to its end"
+            f"Job #{record.id} ({record.type}) is running: its worker is told (an async "
+            "handler is cancelled; a sync one stops if it checks current_job().cancelled)"
         )
     else:
         print(f"Job #{record.id} ({record.type}) had already ended: {record.state.value}")
