@@ -361,14 +361,25 @@ def test_a_message_back_after_a_cancel_reached_it_running_does_not_run_again(
     assert [a.outcome for a in done.attempts] == [None]
 
 
-def test_current_job_is_none_outside_a_handler_and_without_records(broker: MemoryDriver) -> None:
+def test_current_job_is_none_outside_a_handler_and_never_cancelled_without_records(
+    broker: MemoryDriver,
+) -> None:
     seen: list[object] = []
     assert current_job() is None
-    broker.send(Message("job"))
+    message = Message("job")
+    broker.send(message)
 
-    run(broker, Dispatcher(broker).register_handler("job", lambda m: seen.append(current_job())), 1)
+    def handle(m: Message) -> None:
+        job = current_job()
+        assert job is current_job()  # one object for the whole run of the handler
+        assert job is not None
+        job.raise_if_cancelled()  # code that checks runs alike with records off
+        seen.append((job.id, job.cancelled.is_set()))
 
-    assert seen == [None]
+    run(broker, Dispatcher(broker).register_handler("job", handle), 1)
+
+    assert seen == [(message.id, False)]
+    assert current_job() is None
 
 
 def test_a_job_not_started_before_it_expires_is_skipped_and_recorded_expired(

@@ -35,7 +35,7 @@ from hermes.core.app._retry import (
     readable_time,
     retry_at,
 )
-from hermes.core.app._watch import RecordWatch, RunningJob, current_job, entering, leaving
+from hermes.core.app._watch import RecordWatch, RunningJob, entering, leaving, watched_job
 from hermes.core.model._errors import BrokerUnavailableError, ConfigurationError
 from hermes.core.model._message import Message
 from hermes.core.spi._driver import Delay, Delivery, Driver, SupportsHeartbeats
@@ -365,7 +365,7 @@ class Dispatcher:
             known = self._async[id(handler)] = (handler, inspect.iscoroutinefunction(handle))
         if known[1]:  # an async def handle: calling it made a coroutine
             coroutine = cast(Coroutine[Any, Any, Any], handle(message))
-            return _answer(self._event_loop.run(coroutine, limit, current_job()))
+            return _answer(self._event_loop.run(coroutine, limit, watched_job()))
         if limit is None:
             result = handle(message)
         else:
@@ -383,7 +383,7 @@ class Dispatcher:
         if result is None or result is True or result is False:  # the usual answers, at once
             return bool(result)
         if inspect.iscoroutine(result):
-            result = self._event_loop.run(result, limit, current_job())
+            result = self._event_loop.run(result, limit, watched_job())
         return _answer(result)
 
     def handle_message(self, message: Message, priority: int) -> bool:
@@ -410,12 +410,12 @@ class Dispatcher:
         if hooks.hermes_message_started.get_hookimpls():
             notify(hooks.hermes_message_started, message=message, priority=priority)
         outcome = Outcome.NO_HANDLER
-        token = entering(job) if job is not None else None
+        token = entering(job if job is not None else message)
         try:
             outcome = self._run_handlers(message, priority, report, job)
         finally:
-            if job is not None and watch is not None and token is not None:
-                leaving(token)
+            leaving(token)
+            if job is not None and watch is not None:
                 watch.remove(job)
                 if job.cancelled.is_set():
                     self._cancel_came(message, outcome, report)

@@ -85,27 +85,41 @@ class RunningJob:
         return f"<RunningJob #{self.id} ({self.message.type}){told}>"
 
 
-_current: contextvars.ContextVar[RunningJob | None] = contextvars.ContextVar(
+#: The running job, or only its message when the worker keeps no records (a
+#: :class:`RunningJob` is then made when a handler asks: most never do).
+_current: contextvars.ContextVar[RunningJob | Message | None] = contextvars.ContextVar(
     "hermes_running_job", default=None
 )
 
 
 def current_job() -> RunningJob | None:
-    """The job the calling handler runs; None outside a handler, or without job records.
+    """The job the calling handler runs; None outside a handler.
 
-    Without a records store nothing can cancel a job, so there is nothing to
-    watch. An ``async`` handler is cancelled by its task (``CancelledError``
-    at its next ``await``) and needs no flag; it sees the same object.
+    Without a records store nothing can cancel a job: its ``cancelled`` is
+    never set, so handler code that checks it runs alike with records on or
+    off. An ``async`` handler is cancelled by its task (``CancelledError`` at
+    its next ``await``) and needs no flag; it sees the same object.
     """
-    return _current.get()
+    current = _current.get()
+    if isinstance(current, Message):
+        job = RunningJob(current)
+        _current.set(job)  # the same object for the rest of this handler's run
+        return job
+    return current
 
 
-def entering(job: RunningJob | None) -> contextvars.Token[RunningJob | None]:
-    """Make ``job`` what :func:`current_job` returns, until :func:`leaving`."""
+def watched_job() -> RunningJob | None:
+    """The running job when a records store watches it for cancels; else None."""
+    current = _current.get()
+    return current if isinstance(current, RunningJob) else None
+
+
+def entering(job: RunningJob | Message) -> contextvars.Token[RunningJob | Message | None]:
+    """Make ``job`` (or a job of this message) what :func:`current_job` returns."""
     return _current.set(job)
 
 
-def leaving(token: contextvars.Token[RunningJob | None]) -> None:
+def leaving(token: contextvars.Token[RunningJob | Message | None]) -> None:
     _current.reset(token)
 
 
