@@ -250,7 +250,7 @@ def test_a_record_that_is_not_a_message_is_logged_set_aside_and_copied_to_dead_l
     assert dead_letters is not None
     driver.send(Message("before"))
     driver.send_raw(b"\xff not json")
-    driver.send_raw(b'{"message": {"type": "no id"}}')
+    driver.send_raw(b'{"message": {"id": "no type"}}')
     driver.send(Message("after"))
 
     with caplog.at_level(logging.WARNING, logger="hermes"):
@@ -271,7 +271,7 @@ def test_a_record_that_is_not_a_message_is_logged_set_aside_and_copied_to_dead_l
     ]
     copies = read_topic(kafka_bootstrap, dead_letters, 2)
     assert sorted(value for value, _ in copies) == sorted(
-        [b"\xff not json", b'{"message": {"type": "no id"}}']
+        [b"\xff not json", b'{"message": {"id": "no type"}}']
     )
     assert all(headers["hermes-origin"].startswith(driver.topic.encode()) for _, headers in copies)
 

@@ -29,7 +29,7 @@ from hermes.core import DeliveryError, NotSupportedError
 _BAD_BODIES = {
     "not JSON": b"this is not a hermes message",
     "JSON without 'message'": b'{"job": {"id": "1"}}',
-    "a message without id or created": b'{"message": {"type": "hermes.kit.job"}}',
+    "a message without a type": b'{"message": {"id": "x", "created": 1700000000}}',
     "a wrong type for created": b'{"message":{"id":"x","type":"t","created":"yesterday"}}',
     "bytes that are not UTF-8": b"\xff\xfe\x00\x80 not utf-8",
     "truncated JSON": b'{"message":{"id":"x","type":"t","created":17',
