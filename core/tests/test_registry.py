@@ -631,5 +631,6 @@ def test_every_hook_states_its_contract_in_a_docstring() -> None:
         "hermes_cli_commands",
         "hermes_worker_process_exited",
         "hermes_process_exiting",
+        "hermes_job_finished",
     }
     assert all(len(inspect.getdoc(f) or "") > 30 for f in hooks)

@@ -3,9 +3,10 @@
 Generated messages have arbitrary types, payloads (objects and lists holding
 unicode, nesting, empty containers, large numbers), ``created``, ``execute_at``
 (in the past or None, so every delay capability delivers them at once) and
-``retries``. Two limits, both from the wire format: a top-level ``[]`` payload
-is excluded (it decodes as ``{}`` for PHP compatibility) and ids use
-``[A-Za-z0-9_.:-]``.
+``retries``. Three limits, all from the wire format: a top-level ``[]``
+payload is excluded (it decodes as ``{}`` for PHP compatibility), ids use
+``[A-Za-z0-9_.:-]``, and ``created`` is above 0 (PHP Hermes, and so Hermes,
+reads a ``created`` of 0 as absent and puts the time it was read).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ messages = st.builds(
     | st.dictionaries(st.text(max_size=8), json_values, max_size=4)
     | st.lists(json_values, min_size=1, max_size=4),
     id=st.uuids().map(str) | st.from_regex(r"\A[A-Za-z0-9_.:-]{1,64}\Z"),
-    created=st.floats(min_value=0, max_value=4e9),
+    created=st.floats(min_value=0, max_value=4e9, exclude_min=True),
     execute_at=st.none() | st.floats(min_value=0, max_value=_PAST),
     retries=st.integers(min_value=0, max_value=10_000),
 )
