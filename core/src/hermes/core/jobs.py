@@ -24,10 +24,9 @@ cancelled; a sync handler checks :func:`current_job` and stops by raising::
     from hermes.core.jobs import current_job
 
     def export(message):
-        job = current_job()  # None when the worker keeps no records
+        job = current_job()  # without records nothing cancels it: the check never raises
         for chunk in chunks(message.payload):
-            if job is not None:
-                job.raise_if_cancelled()  # JobCancelled: the job ends cancelled
+            job.raise_if_cancelled()  # JobCancelled: the job ends cancelled
             write(chunk)
 """
 
