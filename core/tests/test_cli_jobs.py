@@ -6,6 +6,8 @@ import itertools
 import json
 import sys
 import textwrap
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -107,6 +109,10 @@ def test_a_cancelled_job_is_acknowledged_unrun_and_listed_as_cancelled(
     worker = capsys.readouterr()
     assert "card declined" not in worker.err
     assert "was cancelled: acknowledged without running a handler" in worker.err
+    assert worker.out.rstrip().endswith(
+        "handled 0, failed 0, retried 0, gave up 0, "
+        "skipped 1 (cancelled or expired before they started)"
+    ), worker.out
 
     assert main(["jobs", "--results-url", records, "--json"]) == 0
     (line,) = capsys.readouterr().out.splitlines()
@@ -172,3 +178,54 @@ def test_cancelling_a_running_job_says_its_worker_is_told(
         assert record.state is JobState.RUNNING and record.cancel_requested
     finally:
         jobs.close()
+
+
+def test_a_job_cancelled_while_it_runs_is_counted_in_the_worker_s_summary(
+    capsys: pytest.CaptureFixture[str],
+    names: tuple[str, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    queue, records = names
+    monkeypatch.chdir(tmp_path)
+    module = f"cli_jobs_{next(_modules)}"
+    (tmp_path / f"{module}.py").write_text(
+        textwrap.dedent(
+            """
+            import time
+
+            from hermes.core.jobs import current_job
+
+            def export(message):
+                job = current_job()
+                deadline = time.monotonic() + 60
+                while time.monotonic() < deadline:
+                    job.raise_if_cancelled()
+                    time.sleep(0.01)
+
+            HANDLERS = {"export": export}
+            """
+        )
+    )
+    job_id = emit(capsys, queue, records, "export", "{}")
+    jobs = Jobs(records)
+    argv = ["worker", "--url", queue, "--handlers", f"{module}:HANDLERS", "--max-items", "1"]
+    codes: list[int] = []
+    worker = threading.Thread(target=lambda: codes.append(main([*argv, "--results-url", records])))
+    try:
+        worker.start()
+        deadline = time.monotonic() + 30
+        while (record := jobs.get(job_id)) is None or record.state is not JobState.RUNNING:
+            assert time.monotonic() < deadline, f"the job never started: {record}"
+            time.sleep(0.01)
+        jobs.cancel(job_id)
+        worker.join(60)
+        assert codes == [0]
+        assert worker.is_alive() is False
+        summary = capsys.readouterr().out.splitlines()[-1]
+        assert summary.endswith("gave up 0, cancelled 1 while running"), summary
+        final = jobs.get(job_id)
+        assert final is not None and final.state is JobState.CANCELLED
+    finally:
+        jobs.close()
+        sys.modules.pop(module, None)

@@ -52,6 +52,11 @@ def summary(dispatcher: Dispatcher | DispatcherStats, elapsed_s: float) -> str:
         f"handled {stats.handled}, failed {stats.failed}, retried {stats.retried}, "
         f"gave up {stats.gave_up}"
     )
+    # Said only when they happened: most workers never see a cancel or an expiry.
+    if stats.skipped:
+        text += f", skipped {stats.skipped} (cancelled or expired before they started)"
+    if stats.cancelled:
+        text += f", cancelled {stats.cancelled} while running"
     if stats.stored or (isinstance(dispatcher, Dispatcher) and dispatcher.failed is not None):
         text += f" ({stats.stored} kept in the failed-message store)"
     return text
