@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing
 import os
 import shutil
@@ -16,7 +17,7 @@ from hermes_test_support import eventually
 
 from hermes.core import Dispatcher, Emitter, Message, Result, Worker
 from hermes.core.driver import SupportsRecords
-from hermes.core.jobs import Jobs, JobState
+from hermes.core.jobs import Jobs, JobState, current_job
 from hermes.drivers.filesystem import FileSystemDriver, _records
 
 HERMES = shutil.which("hermes", path=str(Path(sys.executable).parent)) or shutil.which("hermes")
@@ -315,3 +316,58 @@ def test_hermes_job_reads_the_record_a_worker_on_the_command_line_kept(tmp_path:
     listed = hermes("jobs", "--results-url", results_url)
     assert listed.returncode == 0, listed.stderr
     assert "succeeded" in listed.stdout and message.id in listed.stdout
+
+
+@pytest.mark.parametrize("kind", ["async", "sync"])
+def test_cancelling_a_running_job_stops_its_handler_and_it_ends_cancelled(
+    store: FileSystemDriver, tmp_path: Path, kind: str
+) -> None:
+    # The filesystem waits on one record and reads the others it watches every
+    # second: the cancelled job is watched beside one that nobody cancels.
+    jobs = Jobs(store)
+    queue = FileSystemDriver(tmp_path / "queue", fsync=False)
+    started = threading.Event()
+    stopped: list[str] = []
+    dispatcher = Dispatcher(queue, records=jobs)
+
+    class Sleeper:
+        max_retry = 5
+
+        async def handle(self, message: Message) -> bool:
+            started.set()
+            try:
+                await asyncio.sleep(300)
+            finally:
+                stopped.append(message.id)
+            return True
+
+    @dispatcher.handler("sync", max_retry=5)
+    def checks(message: Message) -> None:
+        job = current_job()
+        started.set()
+        while not job.cancelled.wait(0.05):
+            pass
+        stopped.append(message.id)
+        job.raise_if_cancelled()
+
+    dispatcher.register_handler("async", Sleeper())
+    other = Message("other")
+    jobs.start(other, 100)
+    message = Message(kind)
+    Emitter(queue, records=jobs).emit(message)
+    worker = threading.Thread(
+        target=Worker(queue, dispatcher, max_items=1, handle_signals=False).run
+    )
+    worker.start()
+    assert started.wait(30)
+    jobs.job(message).cancel()
+    worker.join(30)
+
+    assert not worker.is_alive(), "the cancel did not stop the handler"
+    assert stopped == [message.id]
+    record = jobs.get(message.id)
+    assert record is not None and record.state is JobState.CANCELLED and record.cancel_requested
+    assert [a.outcome for a in record.attempts] == ["cancelled"]
+    assert [(q.ready, q.scheduled) for q in queue.queue_stats()] == [(0, 0)], "a retry was sent"
+    untouched = jobs.get(other.id)
+    assert untouched is not None and untouched.state is JobState.RUNNING
