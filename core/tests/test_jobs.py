@@ -1,4 +1,4 @@
-"""Job records on the memory store: each path a job can take, its states and attempts."""
+"""Job records on each store: each path a job can take, its states and attempts."""
 
 from __future__ import annotations
 
@@ -7,12 +7,14 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import hermes_test_services as services
 import pytest
 
 from hermes.core import Dispatcher, Emitter, Message, Result, Worker, hookimpl
-from hermes.core.driver import MemoryDriver
+from hermes.core.driver import MemoryDriver, SupportsTeardown, isolated_url
 from hermes.core.heartbeat import HeartbeatPublisher
 from hermes.core.jobs import (
     JobRecord,
@@ -34,9 +36,27 @@ def broker() -> MemoryDriver:
     return MemoryDriver(f"jobs-{uuid.uuid4().hex}")
 
 
-@pytest.fixture
-def jobs() -> Jobs:
-    return Jobs(MemoryDriver(f"records-{uuid.uuid4().hex}"))
+@pytest.fixture(params=["memory", "filesystem", "redis", "postgres"])
+def jobs(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Jobs]:
+    """Job records on each store that keeps them, in a namespace of the test's own.
+
+    The broker stays memory://: what differs between the paths is the record
+    each store keeps (its compare-and-set, its waits, its scans).
+    """
+    tag = f"records-{uuid.uuid4().hex[:12]}"
+    if request.param == "memory":
+        url = f"memory://{tag}"
+    elif request.param == "filesystem":
+        url = f"file://{tmp_path / 'records'}"
+    elif request.param == "redis":
+        url = isolated_url(services.ensure_redis(), tag)
+    else:
+        url = isolated_url(f"{services.ensure_postgres()}?table=hermes_test_jobs", tag)
+    jobs = Jobs(url)
+    yield jobs
+    if isinstance(jobs.driver, SupportsTeardown):
+        jobs.driver.teardown()
+    jobs.close()
 
 
 def run(broker: MemoryDriver, dispatcher: Dispatcher, count: int) -> None:
