@@ -187,6 +187,10 @@ BENCH_DEPS = [
 def bench(session: nox.Session) -> None:
     """Benchmarks: hermes worker vs raw clients vs Celery/RQ/Dramatiq; writes the docs' figures.
 
+    Then bench.pool (a CPU-bound job across processes) and bench.records (what
+    job records cost: throughput with and without them, ``result()`` wake
+    latency), each with ``--quick`` when the session has it.
+
     ``-- --quick`` is a smoke run (small counts, no page written). The observer
     plugins are installed, for the rows that measure what each costs installed
     and not configured; every other row runs with them blocked (bench.hermes_cli).
@@ -195,6 +199,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "-m", "bench.run", *session.posargs)
     quick = ["--quick"] if "--quick" in session.posargs else []
     session.run("python", "-m", "bench.pool", *quick)
+    session.run("python", "-m", "bench.records", *quick)
 
 
 @nox.session(python="3.11")
