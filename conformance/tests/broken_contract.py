@@ -23,7 +23,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import closing
 from dataclasses import replace
 from typing import Any
@@ -479,6 +479,20 @@ class RecordWaitReturnsAtOnce(_BrokenRecords):
         return self.record_get(key)
 
 
+class RecordWaitAnyOnFirst(_BrokenRecords):
+    """``record_wait_any`` waits on its first key alone, then reads the others: a write to
+    another key is seen only when that wait times out (a cancel reaches no other job)."""
+
+    scheme = "records-wait-any-first"
+
+    def record_wait_any(
+        self, seen: Mapping[str, bytes | None], timeout_s: float
+    ) -> dict[str, bytes | None]:
+        key, was = next(iter(seen.items()))
+        self.record_wait(key, was, timeout_s)
+        return {k: now for k, v in seen.items() if (now := self.record_get(k)) != v}
+
+
 class RecordScanListsExpired(_BrokenRecords):
     """``record_scan`` lists every record still in storage, expired ones not yet swept too."""
 
@@ -586,6 +600,7 @@ VARIANTS: list[type[_Broken]] = [
     RecordsCompareThenWrite,
     RecordWaitSleeps,
     RecordWaitReturnsAtOnce,
+    RecordWaitAnyOnFirst,
     RecordScanListsExpired,
     RecordsInProcess,
     RecordsInSqlite,

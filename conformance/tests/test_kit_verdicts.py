@@ -90,6 +90,7 @@ RECORDS_PROCESSES = (
 RECORDS_TTL = "test_a_record_is_kept_for_its_ttl_after_each_write_and_is_absent_after_it"
 RECORDS_WAKE = "test_a_wait_returns_the_new_bytes_soon_after_another_driver_object_writes_them"
 RECORDS_TIMEOUT = "test_a_wait_that_nothing_changes_returns_the_unchanged_bytes_at_its_timeout"
+RECORDS_ANY = "test_a_wait_on_several_records_returns_exactly_those_another_driver_object_changed"
 RECORDS_SCAN = "test_a_scan_lists_the_live_records_of_its_namespace_and_no_expired_one"
 
 #: URL (``{dir}``: a fresh queue directory) -> (kit tests that must fail, text the output shows).
@@ -174,6 +175,7 @@ BROKEN = {
         [RECORDS_WAKE, RECORDS_TIMEOUT],
         "before its timeout, with the record unchanged",
     ),
+    "records-wait-any-first://x": ([RECORDS_ANY], "not woken by a write to any of them"),
     "records-scan-expired://x": ([RECORDS_SCAN], "record_scan still lists a record"),
     "records-in-process://x": ([RECORDS_PROCESSES], "winners per key [4, 4, 4, 4, 4]"),
 }
@@ -234,6 +236,7 @@ RECORDS = {
     RECORDS_TTL,
     RECORDS_WAKE,
     RECORDS_TIMEOUT,
+    RECORDS_ANY,
     RECORDS_SCAN,
 }
 #: The claim tests: every driver without ``SupportsClaim`` skips them as not applicable.
@@ -438,7 +441,7 @@ def test_the_kit_passes_on_the_memory_driver_and_says_what_it_could_not_verify(
         "an Exception escaping the callback: raised, delivered again verified; "
         "SIGKILL mid-handler not verified: driver is in-process" in run.output
     ), run.describe()
-    assert "53 verified, 9 not verified, 0 not applicable, 0 failed" in run.output
+    assert "54 verified, 9 not verified, 0 not applicable, 0 failed" in run.output
 
 
 def test_the_example_driver_of_the_kit_readme_passes_the_kit(

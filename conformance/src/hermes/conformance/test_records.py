@@ -10,7 +10,9 @@ precision), after which it counts as absent; a wait is woken by a write,
 well before its timeout, and otherwise returns the unchanged bytes at its
 timeout; a scan lists the live records of the namespace and no expired one.
 A driver without them is reported as not verified: it cannot be a results
-store.
+store. A driver that also has ``record_wait_any`` (``SupportsRecordWatch``,
+how a worker hears of a cancel for any of the jobs it runs) is woken by a
+write to any of the keys it waits on and returns exactly those that changed.
 """
 
 from __future__ import annotations
@@ -34,7 +36,13 @@ from hermes.conformance._harness import (
     wait_until,
 )
 from hermes.core import connect
-from hermes.core.driver import Driver, SupportsRecords, SupportsTeardown, isolated_url
+from hermes.core.driver import (
+    Driver,
+    SupportsRecords,
+    SupportsRecordWatch,
+    SupportsTeardown,
+    isolated_url,
+)
 
 #: The ttl of records meant to outlive their test (teardown removes them).
 _KEPT_S = 60.0
@@ -388,6 +396,106 @@ def test_a_wait_that_nothing_changes_returns_the_unchanged_bytes_at_its_timeout(
             "before its timeout, with the record unchanged: a caller would spin"
         )
     hermes_kit.claim(f"the unchanged bytes at its {_IDLE_WAIT_S:g} s timeout, not before")
+
+
+class _AnyWaiter:
+    """``record_wait_any`` on a thread: when it returned, what, or what it raised."""
+
+    def __init__(
+        self, store: SupportsRecordWatch, seen: dict[str, bytes | None], timeout_s: float
+    ) -> None:
+        self.returned: list[dict[str, bytes | None]] = []
+        self.errors: list[BaseException] = []
+        self.started = time.monotonic()
+        self.ended = 0.0
+        threading.Thread(
+            target=self._run, args=(store, seen, timeout_s), name="kit: wait_any", daemon=True
+        ).start()
+
+    def _run(
+        self, store: SupportsRecordWatch, seen: dict[str, bytes | None], timeout_s: float
+    ) -> None:
+        try:
+            value = store.record_wait_any(seen, timeout_s)
+        except BaseException as exc:  # reported by the test
+            self.errors.append(exc)
+        else:
+            self.returned.append(value)
+        self.ended = time.monotonic()
+
+    def done(self) -> bool:
+        return bool(self.returned or self.errors)
+
+    def value(self) -> dict[str, bytes | None]:
+        assert not self.errors, f"record_wait_any raised {self.errors[0]!r}"
+        return self.returned[0]
+
+
+@pytest.mark.hermes_check("records", "a wait on several records is woken by any of them", new=True)
+def test_a_wait_on_several_records_returns_exactly_those_another_driver_object_changed(
+    hermes_kit: Kit,
+) -> None:
+    store = _records(hermes_kit.driver())
+    if not isinstance(store, SupportsRecordWatch):
+        pytest.skip(
+            "n/a: the driver has no record_wait_any(); a worker waits on one of its jobs' "
+            "records and reads the others when that wait ends"
+        )
+    writer = _records(hermes_kit.driver())
+    first, second, third = "job:kit-any-1", "job:kit-any-2", "job:kit-any-3"
+    running, done = _document("running"), _document("succeeded")
+    for key in (first, second):
+        assert writer.record_put(key, running, _KEPT_S, None), "a put of a new key was refused"
+    seen: dict[str, bytes | None] = {first: running, second: running, third: None}
+    timeout_s = scaled(_WAIT_TIMEOUT_S)
+
+    # A write to the second key (not the first one waited on) wakes the wait.
+    waiter = _AnyWaiter(store, seen, timeout_s)
+    assert stays_false(waiter.done, 0.5), (
+        f"record_wait_any(every key at its stored bytes) returned "
+        f"{waiter.returned or waiter.errors} with nothing written and a {timeout_s:g} s timeout"
+    )
+    assert writer.record_put(second, done, _KEPT_S, running), "a put expecting the bytes failed"
+    assert wait_until(waiter.done, _WAKE_S), (
+        f"record_wait_any did not return within {scaled(_WAKE_S):g} s of another driver "
+        f"object's write to the second of its three keys (its timeout: {timeout_s:g} s): "
+        "it is not woken by a write to any of them"
+    )
+    assert waiter.value() == {second: done}, (
+        f"record_wait_any returned {waiter.value()!r}: not exactly the key that changed"
+    )
+
+    # A key never written, then written, wakes it too.
+    seen[second] = done
+    waiter = _AnyWaiter(store, seen, timeout_s)
+    assert stays_false(waiter.done, 0.3), "record_wait_any returned with nothing changed"
+    assert writer.record_put(third, running, _KEPT_S, None), "a put of a new key was refused"
+    assert wait_until(waiter.done, _WAKE_S), (
+        f"record_wait_any did not return within {scaled(_WAKE_S):g} s of the first write of a "
+        "key it waited on as absent (None)"
+    )
+    assert waiter.value() == {third: running}, f"record_wait_any returned {waiter.value()!r}"
+
+    # Stale bytes are returned at once; nothing changing: an empty dict at its timeout.
+    stale = _AnyWaiter(store, {first: done, second: done}, timeout_s)
+    assert wait_until(stale.done, _WAKE_S), "record_wait_any with stale seen bytes did not return"
+    assert stale.value() == {first: running}, f"stale: record_wait_any returned {stale.value()!r}"
+    idle_s = scaled(_IDLE_WAIT_S)
+    seen[third] = running
+    idle = _AnyWaiter(store, seen, idle_s)
+    assert wait_until(idle.done, _IDLE_WAIT_S + _WAKE_S), (
+        f"record_wait_any(timeout_s={idle_s:g}) with nothing changing did not return"
+    )
+    took = idle.ended - idle.started
+    assert idle.value() == {}, f"unchanged: record_wait_any returned {idle.value()!r}, not {{}}"
+    assert took >= idle_s - EARLY_TOLERANCE_S, (
+        f"record_wait_any(timeout_s={idle_s:g}) returned after {took:.2f} s with nothing "
+        "changed: a caller would spin"
+    )
+    hermes_kit.claim(
+        f"a wait on three records woken by another driver object's write to any within "
+        f"{_WAKE_S:g} s, exactly the changed keys returned, {{}} at its timeout"
+    )
 
 
 @pytest.mark.hermes_check("records", "a scan lists the live records", new=True)
