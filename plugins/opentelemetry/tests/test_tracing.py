@@ -19,7 +19,7 @@ from hermes.core.driver import Driver
 from hermes.core.jobs import Jobs, current_job
 from hermes.core.spi._registry import notify, plugin_manager
 from hermes.core.testing import drain, scheduled
-from hermes.plugins.opentelemetry import _plugin
+from hermes.plugins.opentelemetry import _plugin, _tracing
 
 _names = itertools.count()
 
@@ -33,7 +33,7 @@ def exporter(monkeypatch: pytest.MonkeyPatch) -> InMemorySpanExporter:
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    monkeypatch.setattr(_plugin, "_tracer", provider.get_tracer("test"))
+    monkeypatch.setattr(_tracing, "_tracer", provider.get_tracer("test"))
     return exporter
 
 
@@ -60,7 +60,7 @@ def by_name(exporter: InMemorySpanExporter, name: str) -> list[ReadableSpan]:
 
 def in_a_request(message: Message, driver: Driver) -> ReadableSpan:
     """Emit ``message`` inside a span standing for a web request; that span."""
-    with _plugin._tracer.start_as_current_span("GET /signup") as request:
+    with _tracing._tracer.start_as_current_span("GET /signup") as request:
         Emitter(driver).emit(message)
     assert isinstance(request, ReadableSpan)
     return request
@@ -125,7 +125,7 @@ def test_spans_the_handler_opens_are_children_of_the_consumer_span(
     dispatcher = Dispatcher(driver)
 
     def handle(message: Message) -> None:
-        with _plugin._tracer.start_as_current_span("INSERT users"):
+        with _tracing._tracer.start_as_current_span("INSERT users"):
             pass
 
     dispatcher.register_handler("signup", handle)
@@ -249,7 +249,7 @@ class _BrokenTracer:
 def test_a_tracer_that_raises_is_logged_and_changes_nothing_about_the_job(
     driver: Driver, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(_plugin, "_tracer", _BrokenTracer())
+    monkeypatch.setattr(_tracing, "_tracer", _BrokenTracer())
     with caplog.at_level(logging.ERROR, "hermes"):
         Emitter(driver).emit(Message("flaky"))
         dispatcher = Dispatcher(driver)
@@ -286,7 +286,7 @@ def test_without_a_tracer_provider_the_hooks_step_aside_unless_a_context_travels
 ) -> None:
     """Nothing could record a span: no work per emit or job, but a carried context still
     becomes current in the handler (its own instrumented calls pass it on)."""
-    assert isinstance(_plugin._tracer, trace.ProxyTracer)
+    assert isinstance(_tracing._tracer, trace.ProxyTracer)
     assert not isinstance(trace.get_tracer_provider(), TracerProvider)
     plain = Message("plain")
     assert _plugin.hermes_emit_call(message=plain, priority=100, driver=driver) is None
@@ -316,7 +316,7 @@ def test_a_process_exiting_flushes_the_spans_a_batch_processor_still_holds(
     # Exports only when told to: a pool's child leaving through os._exit never runs
     # the SDK's exit-time flush, and without the hook these spans are gone.
     provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=600_000))
-    monkeypatch.setattr(_plugin, "_tracer", provider.get_tracer("test"))
+    monkeypatch.setattr(_tracing, "_tracer", provider.get_tracer("test"))
     monkeypatch.setattr(trace, "get_tracer_provider", lambda: provider)
     try:
         in_a_request(Message("signup", {"user": 1}), driver)

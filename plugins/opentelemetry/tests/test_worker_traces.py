@@ -25,7 +25,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from hermes.core import Emitter, Message, connect
 from hermes.core.driver import isolated_url
-from hermes.plugins.opentelemetry import _plugin
+from hermes.plugins.opentelemetry import _tracing
 
 HERE = Path(__file__).parent
 
@@ -35,7 +35,7 @@ def exporter(monkeypatch: pytest.MonkeyPatch) -> InMemorySpanExporter:
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    monkeypatch.setattr(_plugin, "_tracer", provider.get_tracer("test"))
+    monkeypatch.setattr(_tracing, "_tracer", provider.get_tracer("test"))
     return exporter
 
 
@@ -65,7 +65,7 @@ def emit_in_a_request(url: str, message: Message) -> str:
     """Emit ``message`` in a "request" span; the request's trace id."""
     driver = connect(url)
     try:
-        with _plugin._tracer.start_as_current_span("POST /signup") as request:
+        with _tracing._tracer.start_as_current_span("POST /signup") as request:
             Emitter(driver).emit(message)
     finally:
         driver.close()

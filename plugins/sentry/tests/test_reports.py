@@ -125,7 +125,7 @@ def test_a_sentry_sdk_that_raises_is_logged_and_changes_nothing_about_the_job(
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("sentry is broken")
 
-    monkeypatch.setattr(_plugin.sentry_sdk, "isolation_scope", broken)
+    monkeypatch.setattr(sentry_sdk, "isolation_scope", broken)
     Emitter(driver).emit(Message("mail"))
     dispatcher = Dispatcher(driver)
     calls: list[int] = []

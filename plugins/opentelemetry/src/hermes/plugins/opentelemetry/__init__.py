@@ -17,6 +17,20 @@ one is set)::
     trace.set_tracer_provider(provider)
 """
 
-from hermes.plugins.opentelemetry._plugin import destination, messaging_system
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hermes.plugins.opentelemetry._tracing import destination, messaging_system
 
 __all__ = ["destination", "messaging_system"]
+
+
+def __getattr__(name: str) -> Any:
+    # Registering the plugin imports this package: it must not import OpenTelemetry then.
+    if name in __all__:
+        from hermes.plugins.opentelemetry import _tracing
+
+        return getattr(_tracing, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

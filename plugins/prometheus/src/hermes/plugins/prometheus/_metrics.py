@@ -40,6 +40,13 @@ JOBS_FINISHED = Counter(
     "Jobs whose record reached a final state (needs job records: --results-url).",
     ["type", "state"],
 )
+TICKS = Counter(
+    "hermes_ticks",
+    "Periodic ticks settled by this process's scheduler: fired (emitted) or skipped "
+    "(missed, left out by the entry's catch_up policy). Summed over every scheduler, "
+    "each tick is counted once.",
+    ["entry", "outcome"],
+)
 DURATION = Histogram(
     "hermes_handler_duration_seconds",
     "How long one handler took with one message.",

@@ -1,18 +1,43 @@
-"""The pluggy hooks that feed the metrics from a worker's Dispatcher."""
+"""The pluggy hooks that feed the metrics from a worker's Dispatcher.
+
+Registering the plugin imports no Prometheus client: a worker that has it
+installed and never serves or reads metrics starts as fast as one without
+it. The hooks count once something in the process can read the counts:
+``prometheus_client`` is imported (by the application's own ``/metrics``,
+or by ``hermes worker --metrics-port``, whose server this plugin starts),
+or a pool's children write them for the supervisor's server
+(``PROMETHEUS_MULTIPROC_DIR``). An application that first imports
+``prometheus_client`` after some jobs ran counts from then on.
+"""
 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
+from types import ModuleType
 
 from hermes.core import Message, Outcome, hookimpl
 from hermes.core.jobs import JobRecord
-from hermes.plugins.prometheus import _metrics
-from hermes.plugins.prometheus._ticks import hermes_tick  # noqa: F401 - a hook of this plugin
+from hermes.core.schedule import Entry, Tick
 
-#: Per handler thread: when the running handler started (the last mark).
+#: Per handler thread: when the running handler started (the last mark), and
+#: whether its start was counted (so in flight is decreased only if it was).
 _marks = threading.local()
+
+
+def metrics() -> ModuleType | None:
+    """The metrics module once something can read the counts, else None (nothing is counted)."""
+    loaded = sys.modules.get("hermes.plugins.prometheus._metrics")
+    if loaded is not None:
+        return loaded
+    if "prometheus_client" not in sys.modules and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        return None
+    # Imported here, not at registration: the client costs start-up only where it is used.
+    from hermes.plugins.prometheus import _metrics
+
+    return _metrics
 
 
 def _since_mark() -> float | None:
@@ -24,45 +49,65 @@ def _since_mark() -> float | None:
 
 @hookimpl
 def hermes_message_started(message: Message, priority: int) -> None:
-    _metrics.RECEIVED.labels(message.type).inc()
-    _metrics.IN_FLIGHT.inc()
+    counted = metrics()
+    _marks.counted = counted is not None
+    if counted is None:
+        return
+    counted.RECEIVED.labels(message.type).inc()
+    counted.IN_FLIGHT.inc()
     _marks.at = time.perf_counter()
 
 
 @hookimpl
 def hermes_message_succeeded(message: Message) -> None:
+    if (counted := metrics()) is None:
+        return
     elapsed = _since_mark()
     if elapsed is not None:
-        _metrics.DURATION.labels(message.type).observe(elapsed)
-    _metrics.HANDLED.labels(message.type).inc()
+        counted.DURATION.labels(message.type).observe(elapsed)
+    counted.HANDLED.labels(message.type).inc()
 
 
 @hookimpl
 def hermes_message_failed(message: Message, exception: BaseException) -> None:
+    if (counted := metrics()) is None:
+        return
     elapsed = _since_mark()
     if elapsed is not None:
-        _metrics.DURATION.labels(message.type).observe(elapsed)
-    _metrics.FAILED.labels(message.type, "raised").inc()
+        counted.DURATION.labels(message.type).observe(elapsed)
+    counted.FAILED.labels(message.type, "raised").inc()
 
 
 @hookimpl
 def hermes_message_retried(message: Message) -> None:
-    _metrics.RETRIED.labels(message.type).inc()
+    if (counted := metrics()) is not None:
+        counted.RETRIED.labels(message.type).inc()
 
 
 @hookimpl
 def hermes_message_finished(message: Message) -> None:
     _marks.at = None
-    _metrics.IN_FLIGHT.dec()
+    if getattr(_marks, "counted", False) and (counted := metrics()) is not None:
+        counted.IN_FLIGHT.dec()
+    _marks.counted = False
 
 
 @hookimpl
 def hermes_job_finished(record: JobRecord) -> None:
-    _metrics.JOBS_FINISHED.labels(record.type, record.state.value).inc()
+    if (counted := metrics()) is not None:
+        counted.JOBS_FINISHED.labels(record.type, record.state.value).inc()
+
+
+@hookimpl
+def hermes_tick(entry: Entry, tick: Tick, fired: bool) -> None:
+    if (counted := metrics()) is not None:
+        counted.TICKS.labels(entry.name, "fired" if fired else "skipped").inc()
 
 
 @hookimpl
 def hermes_worker_metrics(port: int, url: str, host: str) -> str:
+    from hermes.plugins.prometheus import _metrics  # the server: the client is used now
+
     return _metrics.start_metrics_server(port, url, addr=host)
 
 
@@ -77,12 +122,14 @@ def hermes_worker_process_exited(pid: int) -> None:
 
 @hookimpl
 def hermes_message_gave_up(message: Message, outcome: Outcome) -> None:
+    if (counted := metrics()) is None:
+        return
     if outcome is Outcome.RETURNED_FALSE:
         elapsed = _since_mark()
         if elapsed is not None:
-            _metrics.DURATION.labels(message.type).observe(elapsed)
-        _metrics.FAILED.labels(message.type, "returned False").inc()
-    _metrics.GAVE_UP.labels(message.type, _REASONS[outcome]).inc()
+            counted.DURATION.labels(message.type).observe(elapsed)
+        counted.FAILED.labels(message.type, "returned False").inc()
+    counted.GAVE_UP.labels(message.type, _REASONS[outcome]).inc()
 
 
 #: A short, bounded label per way of giving up (the full sentence is in the log).

@@ -9,6 +9,10 @@ event carries that outcome as a tag.
 Until the application calls ``sentry_sdk.init`` (or after it with no DSN),
 nothing would be sent: the hooks then open no scope at all.
 
+Registering the plugin imports no Sentry SDK: ``sentry_sdk.init`` needs the
+application to import it, so a process where it is not imported has nothing
+to report to, and an installed plugin costs its start-up nothing.
+
 Importing the plugin changes nothing outside it. Once a handler runs with
 Sentry initialized, the plugin tells Sentry's logging integration to ignore
 the ``hermes`` logger: the Dispatcher logs every handler failure at ERROR
@@ -18,16 +22,16 @@ beside the plugin's own.
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
-from typing import Any
-
-import sentry_sdk
-from sentry_sdk.integrations.logging import ignore_logger
-from sentry_sdk.scope import Scope, use_isolation_scope
+from typing import TYPE_CHECKING, Any
 
 from hermes.core import Message, Outcome, hookimpl
+
+if TYPE_CHECKING:
+    from sentry_sdk.scope import Scope
 
 #: Per handler thread: the scope of the handler call whose outcome is awaited,
 #: and the message context it holds.
@@ -57,17 +61,28 @@ def message_context(message: Message, priority: int) -> dict[str, Any]:
 def hermes_handler_call(
     message: Message, priority: int, handler: object
 ) -> AbstractContextManager[None] | None:
-    if sentry_sdk.get_client().transport is None:
+    if not _initialized():
         _pending.call = None
         return None  # no init(), or one without a DSN: nothing would be sent
+    from sentry_sdk.integrations.logging import ignore_logger
+
     # The plugin reports handler failures itself, with the message: the
     # Dispatcher's ERROR line about the same failure must not be a second event.
     ignore_logger("hermes")
     return _call(message, priority, handler)
 
 
+def _initialized() -> bool:
+    """Whether ``sentry_sdk.init`` was called with a DSN in this process."""
+    # Not imported: nobody called init(). Imported here it would cost every worker.
+    sdk = sys.modules.get("sentry_sdk")
+    return sdk is not None and sdk.get_client().transport is not None
+
+
 @contextmanager
 def _call(message: Message, priority: int, handler: object) -> Iterator[None]:
+    import sentry_sdk  # imported by the application already: _initialized() said so
+
     _pending.call = None
     context = message_context(message, priority)
     with sentry_sdk.isolation_scope() as scope:
@@ -88,6 +103,9 @@ def _report(
     _pending.call = None
     if call is None:
         return  # no handler call of ours (no handler for the type)
+    import sentry_sdk  # a pending call means the application imported it
+    from sentry_sdk.scope import use_isolation_scope
+
     scope, context = call
     with use_isolation_scope(scope), sentry_sdk.new_scope() as event_scope:
         event_scope.set_level(level)  # type: ignore[arg-type]
@@ -143,6 +161,8 @@ FLUSH_TIMEOUT_S = 5.0
 @hookimpl
 def hermes_process_exiting() -> None:
     # A pool's child leaves through os._exit: the SDK's atexit flush never runs there.
-    if sentry_sdk.get_client().transport is None:
+    if not _initialized():
         return  # no init(), or one without a DSN: nothing is held
+    import sentry_sdk
+
     sentry_sdk.flush(timeout=FLUSH_TIMEOUT_S)
