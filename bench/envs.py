@@ -30,6 +30,19 @@ ENVS: dict[str, list[str]] = {
         f"hermes-{driver}": ["-e", "core", "-e", f"drivers/{driver}"]
         for driver in ("filesystem", "redis", "rabbitmq", "sqs", "kafka", "postgres")
     },
+    # What a user who installs every observer and the dashboard has, configuring none.
+    "hermes-redis-plugins": [
+        arg
+        for path in (
+            "core",
+            "drivers/redis",
+            "plugins/prometheus",
+            "plugins/opentelemetry",
+            "plugins/sentry",
+            "dashboard",
+        )
+        for arg in ("-e", path)
+    ],
     "dramatiq-redis": ["dramatiq[redis]>=1.17"],
     "celery-redis": ["celery[redis]>=5.4"],
 }

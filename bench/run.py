@@ -1269,7 +1269,7 @@ def startup_targets(run: Run) -> list[Target]:
     """From a cold start (bench/startup.py): Hermes against Dramatiq and Celery."""
     from bench import startup
 
-    hermes, dramatiq, celery = (name for name, _ in startup.SYSTEMS)
+    hermes, plugins, dramatiq, celery = (name for name, _ in startup.SYSTEMS)
     found = []
     for peer in (dramatiq, celery):
         ours = run.value("redis", hermes, startup.COLD_RATE)
@@ -1283,18 +1283,19 @@ def startup_targets(run: Run) -> list[Target]:
                 f"{hermes} / {peer}",
             )
         )
-    ours = run.value("redis", hermes, startup.START_UP)
     theirs = run.value("redis", dramatiq, startup.START_UP)
-    found.append(
-        Target(
-            f"redis, start-up to the first job: `{hermes}` / {dramatiq}",
-            ours / theirs if ours and theirs else None,
-            1.0,
-            "x",
-            f"{hermes} / {dramatiq}",
-            at_most=True,
+    for name in (hermes, plugins):
+        ours = run.value("redis", name, startup.START_UP)
+        found.append(
+            Target(
+                f"redis, start-up to the first job: `{name}` / {dramatiq}",
+                ours / theirs if ours and theirs else None,
+                1.0,
+                "x",
+                f"{name} / {dramatiq}",
+                at_most=True,
+            )
         )
-    )
     return found
 
 

@@ -12,7 +12,10 @@ it. Measured from the moment the process is spawned:
 
 Each system runs from an environment holding what its users install and
 nothing else (``bench/envs.py``): hermes-core and hermes-redis; ``dramatiq[redis]``;
-``celery[redis]``, its modules compiled to bytecode as ``pip install`` does. The
+``celery[redis]``, its modules compiled to bytecode as ``pip install`` does;
+and Hermes once more with hermes-prometheus, hermes-opentelemetry,
+hermes-sentry and hermes-dashboard installed beside it, none configured, run
+as the ``hermes`` console script of that environment. The
 systems run in turn, the first rotating per round, each row the median of its
 rounds.
 """
@@ -47,8 +50,11 @@ THREADS = 8
 #: (system, how it runs): Celery without its start-up chatter (mingle, gossip,
 #: heartbeats), its best setting for a quick start; Dramatiq at its defaults
 #: but for the threads.
+#: The row of a worker with every plugin installed and none configured.
+WITH_PLUGINS = f"{WORKER} --concurrency {THREADS}, 4 plugins installed"
 SYSTEMS = [
     (f"{WORKER} --concurrency {THREADS}", "hermes"),
+    (WITH_PLUGINS, "hermes-plugins"),
     (f"dramatiq: 1 process x {THREADS} threads", "dramatiq"),
     (f"celery: {THREADS} threads", "celery"),
 ]
@@ -58,13 +64,23 @@ NOTE = "sleep 20 ms + INCR"
 
 
 #: The environment each system runs from.
-ENV_OF = {"hermes": "hermes-redis", "dramatiq": "dramatiq-redis", "celery": "celery-redis"}
+ENV_OF = {
+    "hermes": "hermes-redis",
+    "hermes-plugins": "hermes-redis-plugins",
+    "dramatiq": "dramatiq-redis",
+    "celery": "celery-redis",
+}
 
 
 def argv_for(system: str, url: str, python: str) -> list[str]:
-    if system == "hermes":
-        argv = [python, "-m", "bench.hermes_cli", "worker", "--url", url]
-        return [*argv, "--handlers", "bench.jobs:register", "--concurrency", str(THREADS)]
+    if system.startswith("hermes"):
+        # The console script users run; the plain row through the bench's launcher,
+        # which blocks observer plugins (that environment has none to block).
+        launcher = [str(Path(python).with_name("hermes"))]
+        if system == "hermes":
+            launcher = [python, "-m", "bench.hermes_cli"]
+        argv = [*launcher, "worker", "--url", url, "--handlers", "bench.jobs:register"]
+        return [*argv, "--concurrency", str(THREADS)]
     if system == "dramatiq":
         argv = [python, "-m", "dramatiq", "bench.peer_dramatiq"]
         return [*argv, "--processes", "1", "--threads", str(THREADS)]
@@ -84,7 +100,7 @@ def one(env: Env, redis_url: str, system: str, n: int) -> dict[str, Any]:
         extra = {"HERMES_BENCH_BROKER": redis_url, "HERMES_BENCH_QUEUE": queue}
         worker_env = envs.environ(env.make(n, out, "io", **extra))
         python = envs.python(ENV_OF[system])
-        driver = connect(hermes_url) if system == "hermes" else None
+        driver = connect(hermes_url) if system.startswith("hermes") else None
         try:
             if driver is not None:
                 fill(driver, n)
