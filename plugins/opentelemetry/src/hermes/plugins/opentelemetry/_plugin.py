@@ -15,10 +15,13 @@ import sys
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 from hermes.core import Message, Outcome, hookimpl
-from hermes.core.driver import Driver
-from hermes.core.jobs import JobRecord
+
+if TYPE_CHECKING:  # annotations only: nothing more to import at registration
+    from hermes.core.driver import Driver
+    from hermes.core.jobs import JobRecord
 
 _MODULE = "hermes.plugins.opentelemetry._tracing"
 #: Where OpenTelemetry's API is once anything in the process has imported it.

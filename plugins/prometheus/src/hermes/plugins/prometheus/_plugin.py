@@ -17,10 +17,13 @@ import sys
 import threading
 import time
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 from hermes.core import Message, Outcome, hookimpl
-from hermes.core.jobs import JobRecord
-from hermes.core.schedule import Entry, Tick
+
+if TYPE_CHECKING:  # annotations only: the scheduler's modules are not a worker's start-up
+    from hermes.core.jobs import JobRecord
+    from hermes.core.schedule import Entry, Tick
 
 #: Per handler thread: when the running handler started (the last mark), and
 #: whether its start was counted (so in flight is decreased only if it was).
