@@ -19,7 +19,8 @@ for the last):
   when there is one), checked out with ``git worktree`` into a temporary
   directory and installed with hermes-redis (and this environment's redis-py)
   into a virtual environment of its own. Both workers import bench.jobs from
-  this checkout and run through bench.hermes_cli, so only the Hermes differs.
+  this checkout (the previous one through its own ``hermes`` script, as its
+  environment has no plugin to block), so only the Hermes differs.
   Without a baseline, or with ``--quick``, the row is skipped and the output
   says why;
 * ``result()`` wake latency, records on Redis and on PostgreSQL: a ``hermes
@@ -303,7 +304,9 @@ def throughput(report: Report, env: Env, redis_url: str, baseline: tuple[str, st
             ref, commit = baseline
             print(f"== building the previous Hermes: {ref} ({commit[:12]})", flush=True)
             python = stack.enter_context(previous_hermes(commit))
-            theirs = [python, "-m", "bench.hermes_cli"]
+            # Its own console script: its environment holds no observer plugin to
+            # block, and an older Hermes's modules need not match bench.hermes_cli's.
+            theirs = [str(Path(python).with_name("hermes"))]
             previous = functools.partial(drain, env, theirs, redis_url, report.n, records=False)
             turns.append((baseline_system(baseline), previous))
             report.baseline = (ref, commit)
