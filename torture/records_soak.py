@@ -281,8 +281,7 @@ def cancel_run(target: str, base_url: str, results_base: str, count: int) -> Out
         still_cancelled = sum(
             1
             for n in while_waiting
-            if (final := jobs.get(messages[n].id)) is not None
-            and final.state is JobState.CANCELLED
+            if (final := jobs.get(messages[n].id)) is not None and final.state is JobState.CANCELLED
         )
         wrong, examples = wrong_records(jobs, messages, while_waiting | late)
         wrong += len(while_waiting) - still_cancelled
