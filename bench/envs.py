@@ -8,13 +8,16 @@ every installed plugin. A user of Hermes on RabbitMQ installs hermes-core and
 hermes-rabbitmq; a user of Dramatiq on Redis, ``dramatiq[redis]``.
 
 Each environment is made once under ``.nox/bench-envs/<name>`` (with uv when it
-is there, else venv and pip), the Hermes distributions editable from this
-checkout, and its modules compiled to bytecode as ``pip install`` does; it is
-made again when its requirements change.
+is there, else venv and pip), the Hermes distributions built from this
+checkout and installed as wheels, as users install them (an editable install
+puts a path entry per distribution on ``sys.path``, which every import then
+searches), and its modules compiled to bytecode as ``pip install`` does; it is
+made again when its requirements or those distributions' files change.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -27,21 +30,17 @@ HOME = ROOT / ".nox" / "bench-envs"
 #: Name -> what is installed in it (pip requirement arguments, paths from the root).
 ENVS: dict[str, list[str]] = {
     **{
-        f"hermes-{driver}": ["-e", "core", "-e", f"drivers/{driver}"]
+        f"hermes-{driver}": ["./core", f"./drivers/{driver}"]
         for driver in ("filesystem", "redis", "rabbitmq", "sqs", "kafka", "postgres")
     },
     # What a user who installs every observer and the dashboard has, configuring none.
     "hermes-redis-plugins": [
-        arg
-        for path in (
-            "core",
-            "drivers/redis",
-            "plugins/prometheus",
-            "plugins/opentelemetry",
-            "plugins/sentry",
-            "dashboard",
-        )
-        for arg in ("-e", path)
+        "./core",
+        "./drivers/redis",
+        "./plugins/prometheus",
+        "./plugins/opentelemetry",
+        "./plugins/sentry",
+        "./dashboard",
     ],
     "dramatiq-redis": ["dramatiq[redis]>=1.17"],
     "celery-redis": ["celery[redis]>=5.4"],
@@ -60,7 +59,7 @@ def python(name: str) -> str:
     path = HOME / name
     interpreter = path / "bin" / "python"
     stamp = path / "bench-requirements.txt"
-    wanted = "\n".join(requirements)
+    wanted = "\n".join([*requirements, sources_digest(requirements)])
     if not (interpreter.exists() and stamp.exists() and stamp.read_text() == wanted):
         shutil.rmtree(path, ignore_errors=True)
         uv = _uv()
@@ -74,6 +73,25 @@ def python(name: str) -> str:
         stamp.write_text(wanted)
     compile_bytecode(str(interpreter))
     return str(interpreter)
+
+
+def sources_digest(requirements: list[str]) -> str:
+    """A digest of the files of the requirements that are directories of this checkout.
+
+    Installed as wheels, they are copies: an environment whose digest differs
+    holds an older Hermes and is made again.
+    """
+    digest = hashlib.sha256()
+    for requirement in requirements:
+        path = ROOT / requirement
+        if not path.is_dir():
+            continue
+        for file in sorted(path.rglob("*")):
+            if file.is_file() and "__pycache__" not in file.parts and "tests" not in file.parts:
+                stat = file.stat()
+                name = file.relative_to(ROOT)
+                digest.update(f"{name}:{stat.st_size}:{stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()
 
 
 def compile_bytecode(interpreter: str) -> None:
