@@ -448,6 +448,34 @@ def test_result_waits_for_the_job_and_wakes_when_it_ends(broker: MemoryDriver, j
         later.join()
 
 
+def test_result_async_waits_while_the_event_loop_keeps_serving(
+    broker: MemoryDriver, jobs: Jobs
+) -> None:
+    message = emit(broker, jobs, Message("job"))
+    dispatcher = Dispatcher(broker, records=jobs).register_handler("job", lambda m: Result(7))
+    ticks: list[float] = []
+
+    async def waits() -> Any:
+        async def tick() -> None:
+            while True:
+                ticks.append(time.monotonic())
+                await asyncio.sleep(0.01)
+
+        ticking = asyncio.ensure_future(tick())
+        try:
+            return await jobs.job(message).result_async(timeout=10)
+        finally:
+            ticking.cancel()
+
+    later = threading.Timer(0.3, run, args=(broker, dispatcher, 1))
+    later.start()
+    try:
+        assert asyncio.run(waits()) == 7
+    finally:
+        later.join()
+    assert len(ticks) > 5, "the event loop was blocked while result_async waited"
+
+
 def test_result_of_an_unknown_id_and_a_timeout_are_errors_that_say_so(jobs: Jobs) -> None:
     with pytest.raises(UnknownJobError, match="no record of job #nope"):
         jobs.job("nope").result(timeout=0.1)

@@ -111,7 +111,7 @@ def test_the_echo_handler_prints_the_message_and_succeeds(capsys: object) -> Non
 
 #: Imported where they are used, not by ``import hermes.core``: each cost a few
 #: milliseconds of every process's start-up, and most processes never need them.
-IMPORTED_LATER = ("uuid", "decimal", "zoneinfo", "hashlib", "ctypes", "pathlib")
+IMPORTED_LATER = ("uuid", "decimal", "zoneinfo", "hashlib", "ctypes", "pathlib", "asyncio", "ssl")
 
 
 def test_importing_hermes_core_leaves_out_what_only_some_processes_use() -> None:

@@ -26,7 +26,6 @@ conflict, so a cancel and a worker's start never both win.
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import json
 import logging
@@ -711,6 +710,10 @@ class JobHandle:
 
     async def result_async(self, timeout: float | None = None) -> Any:
         """:meth:`result` for async code: the wait runs in a thread, the loop keeps serving."""
+        # Here, not at the top: asyncio (and ssl through it) is a worker's start-up
+        # cost, and a caller of this method has it loaded already.
+        import asyncio
+
         return await asyncio.to_thread(self.result, timeout)
 
     def __repr__(self) -> str:
