@@ -22,6 +22,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from typing import Generic, TypeVar
 
 import pytest
 
@@ -43,6 +44,8 @@ from hermes.core.driver import (
     SupportsTeardown,
     isolated_url,
 )
+
+T = TypeVar("T")
 
 #: The ttl of records meant to outlive their test (teardown removes them).
 _KEPT_S = 60.0
@@ -290,25 +293,21 @@ def test_a_record_is_kept_for_its_ttl_after_each_write_and_is_absent_after_it(
     )
 
 
-class _Waiter:
-    """``record_wait`` on a daemon thread of its own: what it returned, and when."""
+class _InThread(Generic[T]):
+    """A blocking call on a daemon thread of its own: what it returned or raised, and when."""
 
-    def __init__(
-        self, store: SupportsRecords, key: str, seen: bytes | None, timeout_s: float
-    ) -> None:
-        self.returned: list[bytes | None] = []
+    def __init__(self, call: Callable[[], T], name: str) -> None:
+        self.name = name
+        self.returned: list[T] = []
         self.errors: list[BaseException] = []
         self.started = time.monotonic()
         self.ended = 0.0
-        self.thread = threading.Thread(
-            target=self._run, args=(store, key, seen, timeout_s), name="kit: record_wait"
-        )
-        self.thread.daemon = True  # a wait that never returns is left behind
-        self.thread.start()
+        # Daemon: a wait that never returns is left behind.
+        threading.Thread(target=self._run, args=(call,), name=f"kit: {name}", daemon=True).start()
 
-    def _run(self, store: SupportsRecords, key: str, seen: bytes | None, timeout_s: float) -> None:
+    def _run(self, call: Callable[[], T]) -> None:
         try:
-            value = store.record_wait(key, seen, timeout_s)
+            value = call()
         except BaseException as exc:  # reported by the test
             self.errors.append(exc)
         else:
@@ -318,9 +317,16 @@ class _Waiter:
     def done(self) -> bool:
         return bool(self.returned or self.errors)
 
-    def value(self) -> bytes | None:
-        assert not self.errors, f"record_wait raised {self.errors[0]!r}"
+    def value(self) -> T:
+        assert not self.errors, f"{self.name} raised {self.errors[0]!r}"
         return self.returned[0]
+
+
+def _waiting(
+    store: SupportsRecords, key: str, seen: bytes | None, timeout_s: float
+) -> _InThread[bytes | None]:
+    """``record_wait`` on a thread of its own."""
+    return _InThread(lambda: store.record_wait(key, seen, timeout_s), "record_wait")
 
 
 @pytest.mark.hermes_check("records", "a wait is woken by a write", new=True)
@@ -332,7 +338,7 @@ def test_a_wait_returns_the_new_bytes_soon_after_another_driver_object_writes_th
     key, first, second = "job:kit-wait", _document("running"), _document("succeeded")
     assert writer.record_put(key, first, _KEPT_S, None), "a put of a new key was refused"
     timeout_s = scaled(_WAIT_TIMEOUT_S)
-    waiter = _Waiter(store, key, first, timeout_s)
+    waiter = _waiting(store, key, first, timeout_s)
     assert stays_false(waiter.done, 0.5), (
         f"record_wait(seen=the stored bytes) returned {waiter.returned or waiter.errors} after "
         f"{waiter.ended - waiter.started:.2f} s, with nothing written and a {timeout_s:g} s timeout"
@@ -347,7 +353,7 @@ def test_a_wait_returns_the_new_bytes_soon_after_another_driver_object_writes_th
     assert waiter.value() == second, f"a woken record_wait returned {waiter.value()!r}"
     hermes_kit.report(f"woken {waiter.ended - written_at:.3f} s after the write")
     # Bytes that differ already are returned at once.
-    stale = _Waiter(store, key, first, timeout_s)
+    stale = _waiting(store, key, first, timeout_s)
     assert wait_until(stale.done, _WAKE_S), (
         f"record_wait with stale seen bytes did not return within {scaled(_WAKE_S):g} s "
         f"(its timeout: {timeout_s:g} s)"
@@ -381,7 +387,7 @@ def test_a_wait_that_nothing_changes_returns_the_unchanged_bytes_at_its_timeout(
         )
         writing.start()
         try:
-            waiter = _Waiter(store, waited, seen, timeout_s)
+            waiter = _waiting(store, waited, seen, timeout_s)
             returned = wait_until(waiter.done, _IDLE_WAIT_S + _WAKE_S)
         finally:
             stop.set()
@@ -398,37 +404,12 @@ def test_a_wait_that_nothing_changes_returns_the_unchanged_bytes_at_its_timeout(
     hermes_kit.claim(f"the unchanged bytes at its {_IDLE_WAIT_S:g} s timeout, not before")
 
 
-class _AnyWaiter:
-    """``record_wait_any`` on a thread: when it returned, what, or what it raised."""
-
-    def __init__(
-        self, store: SupportsRecordWatch, seen: dict[str, bytes | None], timeout_s: float
-    ) -> None:
-        self.returned: list[dict[str, bytes | None]] = []
-        self.errors: list[BaseException] = []
-        self.started = time.monotonic()
-        self.ended = 0.0
-        threading.Thread(
-            target=self._run, args=(store, seen, timeout_s), name="kit: wait_any", daemon=True
-        ).start()
-
-    def _run(
-        self, store: SupportsRecordWatch, seen: dict[str, bytes | None], timeout_s: float
-    ) -> None:
-        try:
-            value = store.record_wait_any(seen, timeout_s)
-        except BaseException as exc:  # reported by the test
-            self.errors.append(exc)
-        else:
-            self.returned.append(value)
-        self.ended = time.monotonic()
-
-    def done(self) -> bool:
-        return bool(self.returned or self.errors)
-
-    def value(self) -> dict[str, bytes | None]:
-        assert not self.errors, f"record_wait_any raised {self.errors[0]!r}"
-        return self.returned[0]
+def _waiting_any(
+    store: SupportsRecordWatch, seen: dict[str, bytes | None], timeout_s: float
+) -> _InThread[dict[str, bytes | None]]:
+    """``record_wait_any`` on a thread of its own (``seen`` copied: the test changes it)."""
+    waited = dict(seen)
+    return _InThread(lambda: store.record_wait_any(waited, timeout_s), "record_wait_any")
 
 
 @pytest.mark.hermes_check("records", "a wait on several records is woken by any of them", new=True)
@@ -450,7 +431,7 @@ def test_a_wait_on_several_records_returns_exactly_those_another_driver_object_c
     timeout_s = scaled(_WAIT_TIMEOUT_S)
 
     # A write to the second key (not the first one waited on) wakes the wait.
-    waiter = _AnyWaiter(store, seen, timeout_s)
+    waiter = _waiting_any(store, seen, timeout_s)
     assert stays_false(waiter.done, 0.5), (
         f"record_wait_any(every key at its stored bytes) returned "
         f"{waiter.returned or waiter.errors} with nothing written and a {timeout_s:g} s timeout"
@@ -467,7 +448,7 @@ def test_a_wait_on_several_records_returns_exactly_those_another_driver_object_c
 
     # A key never written, then written, wakes it too.
     seen[second] = done
-    waiter = _AnyWaiter(store, seen, timeout_s)
+    waiter = _waiting_any(store, seen, timeout_s)
     assert stays_false(waiter.done, 0.3), "record_wait_any returned with nothing changed"
     assert writer.record_put(third, running, _KEPT_S, None), "a put of a new key was refused"
     assert wait_until(waiter.done, _WAKE_S), (
@@ -477,12 +458,12 @@ def test_a_wait_on_several_records_returns_exactly_those_another_driver_object_c
     assert waiter.value() == {third: running}, f"record_wait_any returned {waiter.value()!r}"
 
     # Stale bytes are returned at once; nothing changing: an empty dict at its timeout.
-    stale = _AnyWaiter(store, {first: done, second: done}, timeout_s)
+    stale = _waiting_any(store, {first: done, second: done}, timeout_s)
     assert wait_until(stale.done, _WAKE_S), "record_wait_any with stale seen bytes did not return"
     assert stale.value() == {first: running}, f"stale: record_wait_any returned {stale.value()!r}"
     idle_s = scaled(_IDLE_WAIT_S)
     seen[third] = running
-    idle = _AnyWaiter(store, seen, idle_s)
+    idle = _waiting_any(store, seen, idle_s)
     assert wait_until(idle.done, _IDLE_WAIT_S + _WAKE_S), (
         f"record_wait_any(timeout_s={idle_s:g}) with nothing changing did not return"
     )
