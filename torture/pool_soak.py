@@ -166,8 +166,9 @@ def wait_for_drain(record: Path, sent: set[int], quiet_s: float) -> None:
 
 
 @contextlib.contextmanager
-def namespace(base_url: str) -> Iterator[str]:
-    url = isolated_url(base_url, f"pool-{uuid.uuid4().hex[:10]}")
+def namespace(base_url: str, name: str = "pool") -> Iterator[str]:
+    """``base_url`` in a namespace of its own, emptied (or dropped) afterwards."""
+    url = isolated_url(base_url, f"{name}-{uuid.uuid4().hex[:10]}")
     try:
         yield url
     finally:

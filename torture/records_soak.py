@@ -36,8 +36,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,8 +44,8 @@ sys.path.insert(0, str(ROOT / "tools"))
 import services  # noqa: E402
 
 from hermes.core import Emitter, Message, connect  # noqa: E402
-from hermes.core.driver import SupportsPurge, SupportsTeardown, isolated_url  # noqa: E402
 from hermes.core.jobs import Jobs, JobState  # noqa: E402
+from torture.pool_soak import handled, namespace, wait_for_drain  # noqa: E402
 
 HERMES = str(Path(sys.executable).with_name("hermes"))
 KILL_WORKERS = 3
@@ -136,41 +134,8 @@ class Workers:
                 codes.append(proc.wait())
         return codes
 
-    def handled(self) -> list[int]:
-        if not self.record.exists():
-            return []
-        text = self.record.read_text()
-        return [int(line.split("\t", 1)[0]) for line in text.splitlines() if line]
-
     def output(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
-
-
-def wait_for_drain(workers: Workers, wanted: set[int], quiet_s: float) -> None:
-    """Until every wanted job is handled, or nothing was handled for ``quiet_s``."""
-    last, last_change = -1, time.monotonic()
-    while time.monotonic() - last_change < quiet_s:
-        got = workers.handled()
-        if len(got) != last:
-            last, last_change = len(got), time.monotonic()
-        if wanted <= set(got):
-            time.sleep(1.0)  # let a repeat in flight land before counting
-            return
-        time.sleep(0.2)
-
-
-@contextlib.contextmanager
-def namespace(base_url: str, name: str) -> Iterator[str]:
-    """``base_url`` in a namespace of its own, emptied (or dropped) afterwards."""
-    url = isolated_url(base_url, f"{name}-{uuid.uuid4().hex[:10]}")
-    try:
-        yield url
-    finally:
-        with connect(url) as driver:
-            if isinstance(driver, SupportsTeardown):
-                driver.teardown()
-            elif isinstance(driver, SupportsPurge):
-                driver.purge(None)
 
 
 def emit(url: str, jobs: Jobs, count: int) -> list[Message]:
@@ -218,10 +183,10 @@ def kill_run(
             while time.monotonic() < end:
                 time.sleep(rng.uniform(1.5, 2.5))
                 workers.kill_one(rng)
-            wait_for_drain(workers, set(range(count)), max(10.0, 2 * lease_s + 5))
+            wait_for_drain(workers.record, set(range(count)), max(10.0, 2 * lease_s + 5))
         finally:
             codes = workers.stop()
-        counts = collections.Counter(workers.handled())
+        counts = collections.Counter(handled(workers.record))
         lost = count - len(set(counts) & set(range(count)))
         duplicated = sum(1 for c in counts.values() if c > 1)
         wrong, examples = wrong_records(jobs, messages, set())
@@ -270,11 +235,11 @@ def cancel_run(target: str, base_url: str, results_base: str, count: int) -> Out
             wanted = set(range(count)) - while_waiting
             with connect(url) as driver:
                 lease_s = driver.capabilities.redelivery_timeout_s or 5.0
-            wait_for_drain(workers, wanted, max(10.0, 2 * lease_s + 5))
+            wait_for_drain(workers.record, wanted, max(10.0, 2 * lease_s + 5))
             time.sleep(2.0)  # a cancelled job that ran anyway would show by now
         finally:
             codes = workers.stop()
-        counts = collections.Counter(workers.handled())
+        counts = collections.Counter(handled(workers.record))
         ran_cancelled = len(while_waiting & set(counts))
         lost = len(wanted - set(counts))
         duplicated = sum(1 for c in counts.values() if c > 1)
