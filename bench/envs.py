@@ -17,6 +17,7 @@ made again when its requirements or those distributions' files change.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shutil
@@ -59,27 +60,33 @@ def python(name: str) -> str:
     path = HOME / name
     interpreter = path / "bin" / "python"
     stamp = path / "bench-requirements.txt"
-    wanted = "\n".join([*requirements, sources_digest(requirements)])
+    wanted = "\n".join([*requirements, sources_digest(tuple(requirements))])
     if not (interpreter.exists() and stamp.exists() and stamp.read_text() == wanted):
         shutil.rmtree(path, ignore_errors=True)
-        uv = _uv()
-        if uv:
-            subprocess.run([uv, "venv", "-q", "--python", sys.executable, str(path)], check=True)
-            install = [uv, "pip", "install", "-q", "--python", str(interpreter)]
-        else:
-            subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
-            install = [str(interpreter), "-m", "pip", "install", "-q"]
-        subprocess.run([*install, *requirements], cwd=ROOT, check=True)
+        subprocess.run([*new_venv(path), *requirements], cwd=ROOT, check=True)
         stamp.write_text(wanted)
     compile_bytecode(str(interpreter))
     return str(interpreter)
 
 
-def sources_digest(requirements: list[str]) -> str:
+def new_venv(path: Path) -> list[str]:
+    """A new virtual environment at ``path`` (with uv when it is there): its install command."""
+    interpreter = path / "bin" / "python"
+    uv = _uv()
+    if uv:
+        subprocess.run([uv, "venv", "-q", "--python", sys.executable, str(path)], check=True)
+        return [uv, "pip", "install", "-q", "--python", str(interpreter)]
+    subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
+    return [str(interpreter), "-m", "pip", "install", "-q"]
+
+
+@functools.cache
+def sources_digest(requirements: tuple[str, ...]) -> str:
     """A digest of the files of the requirements that are directories of this checkout.
 
     Installed as wheels, they are copies: an environment whose digest differs
-    holds an older Hermes and is made again.
+    holds an older Hermes and is made again. Read once per run: the sources do
+    not change while the benchmark runs, and every sample asks.
     """
     digest = hashlib.sha256()
     for requirement in requirements:

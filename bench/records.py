@@ -264,13 +264,7 @@ def previous_hermes(commit: str) -> Iterator[str]:
         add = [*git, "worktree", "add", "--detach", "-q", str(source), commit]
         subprocess.run(add, check=True)
         python = venv / "bin" / "python"
-        uv = envs._uv()
-        if uv:
-            subprocess.run([uv, "venv", "-q", "--python", sys.executable, str(venv)], check=True)
-            install = [uv, "pip", "install", "-q", "--python", str(python)]
-        else:
-            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-            install = [str(python), "-m", "pip", "install", "-q"]
+        install = envs.new_venv(venv)
         # The job's own client, as here: only Hermes differs between the two workers.
         redis_py = f"redis=={importlib.metadata.version('redis')}"
         install += ["-e", str(source / "core"), "-e", str(source / "drivers" / "redis"), redis_py]
