@@ -725,3 +725,51 @@ def test_the_final_state_hook_sees_each_job_the_worker_ends(
         ],
         key=lambda seen: str(seen[1]),
     )
+
+
+def test_a_record_changed_elsewhere_after_this_object_wrote_it_is_kept_by_its_next_write(
+    jobs: Jobs,
+) -> None:
+    # The worker's Jobs remembers what it wrote at the start and expects it at the
+    # end; a cancel from another process changed the record in between.
+    message, elsewhere = Message("job"), Jobs(jobs.driver)
+    elsewhere.emitted(message, 100)
+    assert jobs.start(message, 100).run
+    elsewhere.cancel(message.id)
+    done = jobs.finish(message, "succeeded", state=JobState.SUCCEEDED)
+
+    stored = record(jobs, message)
+    assert done == stored
+    assert stored.state is JobState.SUCCEEDED and stored.cancel_requested
+    assert [a.outcome for a in stored.attempts] == ["succeeded"]
+
+
+def test_an_emit_after_the_worker_started_the_job_leaves_running_as_it_is(jobs: Jobs) -> None:
+    message, worker_side = Message("job"), Jobs(jobs.driver)
+    assert worker_side.start(message, 100).run
+    # The emitter expects no record: it finds one, reads it, and writes nothing.
+    assert Jobs(jobs.driver).emitted(message, 100) == record(jobs, message)
+    assert record(jobs, message).state is JobState.RUNNING
+
+
+def test_a_worker_reads_a_record_once_per_job_and_never_watches_a_job_that_ends_at_once(
+    broker: MemoryDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = MemoryDriver(f"records-{uuid.uuid4().hex}")
+    reads: list[str] = []
+    read = store.record_get
+
+    def counted(key: str) -> bytes | None:
+        reads.append(key)
+        return read(key)
+
+    monkeypatch.setattr(store, "record_get", counted)
+    messages = [Message("job", {"i": i}) for i in range(5)]
+    for message in messages:
+        emit(broker, Jobs(store), message)  # another process's emitter: nothing remembered
+    assert reads == []  # a new record expects none: written without a read
+    run(broker, Dispatcher(broker, records=Jobs(store)).register_handler("job", lambda m: None), 5)
+
+    # The start reads what the emitter wrote; the finish expects what the start wrote.
+    assert sorted(reads) == sorted(f"job:{m.id}" for m in messages)
+    assert {record(Jobs(store), m).state for m in messages} == {JobState.SUCCEEDED}

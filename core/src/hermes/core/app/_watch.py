@@ -6,7 +6,11 @@ job through its record: :meth:`~hermes.core.jobs.Jobs.cancel` sets
 :class:`RecordWatch` thread per worker does the listening for all of its
 running jobs, blocked in the store's wait (Redis pub/sub, a condition in
 memory; one record at a time on a store that cannot wait on several), never
-polling faster than the store's own wait does.
+polling faster than the store's own wait does. A job is looked at once it
+has run :data:`WATCH_AFTER_S`: a job that ends sooner costs the store nothing
+here (a cancel that reaches it then comes too late to stop anything, and
+stays noted in its record), and the first look reads the record, so a cancel
+made before it is heard.
 
 The same thread sweeps for lost jobs while the worker publishes heartbeats:
 every heartbeat interval at most one worker (the one that claims the sweep on
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -32,6 +37,8 @@ logger = logging.getLogger("hermes")
 
 #: Longest one wait on the records lasts: a job started meanwhile is watched after it.
 WATCH_ROUND_S = 1.0
+#: How long a job runs before its record is watched.
+WATCH_AFTER_S = 0.2
 #: The claim that makes one worker the sweeper for an interval.
 SWEEP_CLAIM = "sweep:lost"
 
@@ -134,6 +141,10 @@ class RecordWatch:
         self.jobs = jobs
         self._lock = threading.Condition()
         self._running: dict[str, RunningJob] = {}
+        # job id -> when it is first looked at (monotonic), in the order added.
+        self._due_at: dict[str, float] = {}
+        # When the waiting thread wakes (monotonic; inf: never): a job due sooner wakes it.
+        self._wakes_at = math.inf
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._registry: SupportsHeartbeats | None = None
@@ -149,14 +160,17 @@ class RecordWatch:
         job = RunningJob(message)
         with self._lock:
             self._running[job.id] = job
+            due_at = self._due_at[job.id] = time.monotonic() + WATCH_AFTER_S
             self._started()
-            self._lock.notify_all()
+            if self._wakes_at > due_at:
+                self._lock.notify_all()
         return job
 
     def remove(self, job: RunningJob) -> None:
         with self._lock:
             if self._running.get(job.id) is job:
                 del self._running[job.id]
+                del self._due_at[job.id]
 
     def sweep_with(self, registry: SupportsHeartbeats, heartbeat_id: str, every_s: float) -> None:
         """Sweep for lost jobs every ``every_s`` seconds, judging by ``registry``'s heartbeats.
@@ -198,13 +212,19 @@ class RecordWatch:
         seen: dict[str, bytes | None] = {}
         while True:
             with self._lock:
-                while not self._stopping and not self._running and not self._sweep_due():
-                    self._lock.wait(self._until_sweep())
-                if self._stopping:
-                    return
-                running = dict(self._running)
+                while True:
+                    if self._stopping:
+                        return
+                    running, next_due = self._watched(time.monotonic())
+                    if running or self._sweep_due():
+                        break
+                    waits = [t for t in (next_due, self._until_sweep()) if t is not None]
+                    timeout = min(waits) if waits else None
+                    self._wakes_at = math.inf if timeout is None else time.monotonic() + timeout
+                    self._lock.wait(timeout)
+                    self._wakes_at = -math.inf  # awake: nobody need wake it
             try:
-                self._round(running, seen)
+                self._round(running, seen, next_due)
             except Exception as exc:
                 # Said once per outage: the jobs run on, a cancel waits for the store.
                 level = logging.DEBUG if self._failing else logging.WARNING
@@ -218,7 +238,19 @@ class RecordWatch:
                 self._failing = False
                 logger.info("Job records in %r are watched again", self.jobs.driver)
 
-    def _round(self, running: dict[str, RunningJob], seen: dict[str, bytes | None]) -> None:
+    def _watched(self, now: float) -> tuple[dict[str, RunningJob], float | None]:
+        """The running jobs due a look, and the seconds until the next one is (None: none)."""
+        # Under self._lock. Added in order, so due in order: stop at the first not yet due.
+        running: dict[str, RunningJob] = {}
+        for job_id, due_at in self._due_at.items():
+            if due_at > now:
+                return running, due_at - now
+            running[job_id] = self._running[job_id]
+        return running, None
+
+    def _round(
+        self, running: dict[str, RunningJob], seen: dict[str, bytes | None], next_due: float | None
+    ) -> None:
         for job_id in [job_id for job_id in seen if job_id not in running]:
             del seen[job_id]
         for job_id, job in running.items():
@@ -230,8 +262,8 @@ class RecordWatch:
             self._sweep()
         if not running:
             return
-        timeout_s = min(WATCH_ROUND_S, self._until_sweep() or WATCH_ROUND_S)
-        for job_id, data in self.jobs.wait_any(seen, timeout_s).items():
+        waits = [t for t in (WATCH_ROUND_S, self._until_sweep() or None, next_due) if t is not None]
+        for job_id, data in self.jobs.wait_any(seen, min(waits)).items():
             seen[job_id] = data
             self._check(running[job_id], self.jobs._decode(data, job_id))
 
