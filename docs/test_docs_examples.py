@@ -9,7 +9,12 @@ it stands:
 * ``python title="path"``: a file of the repository shown as it is (the
   example apps), run by its own tests;
 * a block right after ``<!-- not-run: why -->``: it needs a server or names
-  things of your application (``mailer``); the comment says which.
+  things of your application; the comment says which.
+
+A one-line ``<!-- test: code -->`` comment is code the page's script runs at
+that point, hidden from the reader: a stand-in for the application's own
+objects (``mailer``), the messages a worker example is to handle, or a check
+of what the example printed.
 
 Most examples run on ``memory://`` or ``file://``; a few name the local Redis
 of CI (127.0.0.1:6379) and only construct a driver, writing no key.
@@ -33,6 +38,7 @@ RUN_TIMEOUT_S = 120
 _INCLUDE = re.compile(r'^--8<-- "([^"]+)"\s*$')
 _FENCE = re.compile(r"^(\s*)```(\S*)(.*)$")
 _NOT_RUN = re.compile(r"^\s*<!-- not-run: .+ -->\s*$")
+_HIDDEN = re.compile(r"^\s*<!-- test: (.+) -->\s*$")
 
 
 @dataclass
@@ -70,6 +76,9 @@ def blocks(path: Path) -> list[Block]:
     lines = expanded(path)
     i = 0
     while i < len(lines):
+        hidden = _HIDDEN.match(lines[i])
+        if hidden is not None:
+            found.append(Block(str(path.relative_to(DOCS)), i + 1, hidden.group(1), True))
         opening = _FENCE.match(lines[i])
         if opening is None:
             i += 1
