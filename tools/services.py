@@ -319,13 +319,50 @@ def kafka_broker(host: str = "127.0.0.1", tls: ServerTls | None = None) -> Itera
 #: Where Debian's package puts the broker's own start script (the one in /usr/sbin
 #: switches to the rabbitmq user and sends the output to /var/log/rabbitmq).
 RABBITMQ_SERVER = "/usr/lib/rabbitmq/bin/rabbitmq-server"
+#: Its rabbitmqctl: the one in /usr/sbin runs as the rabbitmq user, with that user's cookie.
+RABBITMQCTL = "/usr/lib/rabbitmq/bin/rabbitmqctl"
+
+
+@dataclass
+class RabbitMqNode:
+    """A running node of :func:`rabbitmq_node`: its URL, and ``rabbitmqctl`` aimed at it."""
+
+    url: str
+    name: str
+    env: dict[str, str]
+
+    def ctl(self, *command: str, timeout_s: float = 120) -> None:
+        """``rabbitmqctl -n NODE COMMAND`` with this node's cookie; raises on failure."""
+        argv = [RABBITMQCTL, "-n", self.name, *command]
+        done = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=timeout_s)
+        if done.returncode != 0:
+            raise RuntimeError(f"{shlex.join(argv)} failed: {done.stderr.strip()[-500:]}")
+
+    def restart_app(self, down_s: float = 2.0) -> None:
+        """Stop the broker application, wait ``down_s``, start it again: a broker restart."""
+        self.ctl("stop_app")
+        try:
+            time.sleep(down_s)
+        finally:
+            self.ctl("start_app")
+        wait_for_port(urlsplit(self.url).port or AMQP_PORT, 60, "rabbitmq-node after start_app")
 
 
 @contextlib.contextmanager
 def rabbitmq_node(
     host: str = "127.0.0.1", tls: ServerTls | None = None, *, also_on: Sequence[str] = ()
 ) -> Iterator[str]:
-    """A RabbitMQ node of the caller's own, up for the duration; yields its URL.
+    """A RabbitMQ node of the caller's own, up for the duration; yields its URL (see
+    :func:`restartable_rabbitmq`)."""
+    with restartable_rabbitmq(host, tls, also_on=also_on) as node:
+        yield node.url
+
+
+@contextlib.contextmanager
+def restartable_rabbitmq(
+    host: str = "127.0.0.1", tls: ServerTls | None = None, *, also_on: Sequence[str] = ()
+) -> Iterator[RabbitMqNode]:
+    """A RabbitMQ node of the caller's own, up for the duration, which it may restart.
 
     The machine's node (on 5672) is never touched: this one has a node name,
     ports, data, logs, configuration and Erlang cookie of its own, all in a
@@ -334,7 +371,9 @@ def rabbitmq_node(
     ``guest`` in from any of them (a client in a network namespace is not on
     loopback). With ``tls`` it has no plain listener at all, asks clients for
     no certificate, and the URL is ``amqps://guest:guest@HOST:PORT/``; else
-    ``amqp://``. It is up in about 5 s.
+    ``amqp://``. It is up in about 5 s. Broker-restart tests restart this node,
+    never the machine's: that would break every other test run's RabbitMQ
+    tests on the same machine.
     """
     _apt_install("rabbitmq-server", "rabbitmq-server")
     port, dist_port = free_port(host), free_port()
@@ -374,7 +413,8 @@ def rabbitmq_node(
         }
         with _process([RABBITMQ_SERVER], port, "rabbitmq-node", 120, host, env=env, cwd=tmp):
             scheme = "amqp" if tls is None else "amqps"
-            yield f"{scheme}://guest:guest@{host}:{port}/"
+            url = f"{scheme}://guest:guest@{host}:{port}/"
+            yield RabbitMqNode(url, env["RABBITMQ_NODENAME"], env)
 
 
 @contextlib.contextmanager

@@ -32,7 +32,9 @@ Rules: at-least-once drivers lose nothing; Redis at-most-once loses at
 most one message per kill and handler thread (the ones the killed worker had
 popped); nothing is ever unexpected. Broker-restart runs (Redis in both modes,
 RabbitMQ, PostgreSQL) restart the server mid-run while an emitter keeps emitting: every
-``emit`` either raised or its message is eventually handled. Exit status 1 if
+``emit`` either raised or its message is eventually handled. Each restarts a
+server of the run's own (Redis and PostgreSQL on a free port, a RabbitMQ node
+of its own), never the machine's, which other test runs are using. Exit status 1 if
 any rule is broken.
 """
 
@@ -302,15 +304,6 @@ def private_redis() -> Iterator[tuple[str, Callable[[], None]]]:
             proc.wait(20)
 
 
-def restart_rabbitmq() -> None:
-    subprocess.run(["rabbitmqctl", "stop_app"], check=True, capture_output=True)
-    try:
-        time.sleep(2.0)
-    finally:
-        subprocess.run(["rabbitmqctl", "start_app"], check=True, capture_output=True)
-    services.wait_for_port(services.AMQP_PORT, 60, "rabbitmq")
-
-
 def terminate_postgres_backends(url: str, application_name: str) -> None:
     """End every server backend of ``application_name``: workers' and emitter's alike."""
     import psycopg
@@ -456,8 +449,10 @@ def main() -> int:
         return go
 
     def rabbitmq_restart() -> Outcome:
-        url = services.ensure_rabbitmq() + "?queue=hermes"
-        return soak("rabbitmq + restart", url, count // 2, kill_phase, restart_rabbitmq)
+        # A node of the run's own: restarting the machine's would break other runs' tests.
+        with services.restartable_rabbitmq() as node:
+            url = node.url + "?queue=hermes"
+            return soak("rabbitmq + restart", url, count // 2, kill_phase, node.restart_app)
 
     def postgres_outage() -> Outcome:
         app = f"hermes-torture-{uuid.uuid4().hex[:8]}"

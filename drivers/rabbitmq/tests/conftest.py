@@ -22,7 +22,7 @@ from hermes.drivers.rabbitmq import LazyRabbitMqDriver
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        "broker_restart: restarts the shared RabbitMQ (rabbitmqctl stop_app/start_app); "
+        "broker_restart: restarts a RabbitMQ node of the test's own (stop_app, start_app); "
         'deselect with -m "not broker_restart"',
     )
 
