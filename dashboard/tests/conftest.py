@@ -28,6 +28,7 @@ def deployment(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
     prefix = f"dash-{uuid.uuid4().hex[:8]}:"
     url = f"{redis_url}?prefix={prefix}"
     failed_url = f"{redis_url}?prefix={prefix}failed:"
+    results_url = f"{redis_url}?prefix={prefix}records:"
     work = tmp_path_factory.mktemp("dashboard")
     env = {k: v for k, v in os.environ.items() if k not in ("HERMES_URL", "HERMES_DASHBOARD_AUTH")}
     env["DASH_TEST_DIR"] = str(work)
@@ -39,6 +40,8 @@ def deployment(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
         url,
         "--failed-url",
         failed_url,
+        "--results-url",
+        results_url,
         "--handlers",
         "dash_jobs:handlers",
         "--priority",
@@ -57,6 +60,8 @@ def deployment(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
             work / "dashboard.log",
             "--failed-url",
             failed_url,
+            "--results-url",
+            results_url,
             "--priority",
             "50",
             "--priority",
@@ -70,7 +75,7 @@ def deployment(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
         yield Deployment(url, failed_url, base, work, worker.pid)
     from hermes.core import connect
 
-    for each in (url, failed_url):
+    for each in (url, failed_url, results_url):
         with connect(each) as driver:
             from hermes.core._cli._common import setup_priorities
 

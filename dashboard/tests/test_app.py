@@ -22,6 +22,7 @@ from dash_support import eventually
 
 from hermes.core import ExceptionRecord, FailedMessage, FailedStore, Message
 from hermes.core.driver import MemoryDriver
+from hermes.core.jobs import JobError, Jobs, JobState
 from hermes.core.spi._registry import driver_for_url
 from hermes.dashboard import Hosts, create_app
 from hermes.dashboard._app import (
@@ -105,6 +106,7 @@ class Client:
         if auth is not None:
             sent["authorization"] = "Basic " + base64.b64encode(":".join(auth).encode()).decode()
         sent.update({k.lower(): v for k, v in (headers or {}).items()})
+        path, _, query = path.partition("?")
         scope = {
             "type": "http",
             "asgi": {"version": "3.0"},
@@ -113,7 +115,7 @@ class Client:
             "scheme": "http",
             "path": path,
             "raw_path": path.encode(),
-            "query_string": b"",
+            "query_string": query.encode(),
             "root_path": "",
             "headers": [(k.encode(), v.encode()) for k, v in sent.items()],
             "client": ("127.0.0.1", 50000),
@@ -455,3 +457,126 @@ def test_times_are_shown_in_utc_with_the_zone_named() -> None:
     assert "invalid" in str(_when(1e15))
     assert "invalid" in str(_when("2025-01-01"))
     assert "invalid" in str(_when(True))
+
+
+# Jobs ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def with_records(dashboard: Dashboard) -> Iterator[Jobs]:
+    url = f"memory://records-{uuid.uuid4().hex[:8]}"
+    dashboard.jobs, dashboard.results_url = Jobs(url), url
+    yield dashboard.jobs
+
+
+def a_given_up_job(jobs: Jobs, type_: str = "card.charge") -> Message:
+    message = Message(type_, {"order": 42})
+    jobs.emitted(message, 100)
+    assert jobs.start(message, 100).run
+    try:
+        raise RuntimeError("card declined for order 42")
+    except RuntimeError as exc:
+        error = JobError.from_exception(exc)
+    jobs.finish(message, "given_up", state=JobState.GIVEN_UP, error=error)
+    return message
+
+
+def test_a_job_s_page_shows_its_state_attempts_and_error(
+    dashboard: Dashboard, with_records: Jobs
+) -> None:
+    message = a_given_up_job(with_records)
+
+    page = client_of(dashboard).get(f"/jobs/{message.id}")
+
+    assert page.status_code == 200
+    text = html.unescape(page.text)
+    assert '<span class="state state-given_up" id="state">given_up</span>' in text
+    assert "builtins.RuntimeError" in text and "card declined for order 42" in text
+    assert 'class="traceback"' in text and "raise RuntimeError" in text
+    (attempts,) = re.findall(r'<table class="messages attempts">(.*?)</table>', text, re.S)
+    assert attempts.count("<tr>") == 2 and "given_up" in attempts  # the header and one attempt
+    assert 'id="cancel"' not in text  # a final state cannot be cancelled
+
+
+def test_an_unknown_id_is_a_404_page_that_says_why(
+    dashboard: Dashboard, with_records: Jobs
+) -> None:
+    page = client_of(dashboard).get("/jobs/no-such-job")
+    assert page.status_code == 404
+    assert 'id="no-record"' in page.text and "no-such-job" in page.text
+
+
+def test_without_a_records_store_the_jobs_pages_say_how_to_name_one(dashboard: Dashboard) -> None:
+    client = client_of(dashboard)
+    for path in ("/jobs", "/jobs/abc"):
+        page = client.get(path)
+        assert page.status_code == 200 and "--results-url" in page.text, path
+
+
+def test_the_search_box_goes_to_the_job_s_page(dashboard: Dashboard, with_records: Jobs) -> None:
+    client = client_of(dashboard)
+    assert 'action="/jobs"' in client.get("/").text  # on every page's header
+    found = client.get("/jobs?id=" + "a%2Fb%20c")
+    assert found.status_code == 303 and found.headers["location"] == "/jobs/a%2Fb%20c"
+
+
+def test_the_jobs_list_filters_by_state_and_type(dashboard: Dashboard, with_records: Jobs) -> None:
+    failed = a_given_up_job(with_records)
+    waiting = Message("report.build", {})
+    with_records.emitted(waiting, 100)
+    client = client_of(dashboard)
+
+    def listed(query: str) -> set[str]:
+        return set(re.findall(r'<tr data-id="([^"]+)"', client.get("/jobs" + query).text))
+
+    assert listed("") == {failed.id, waiting.id}
+    assert listed("?state=given_up") == {failed.id}
+    assert listed("?state=waiting&type=report.build") == {waiting.id}
+    assert listed("?type=nothing.of.that") == set()
+    assert listed("?state=not-a-state") == {failed.id, waiting.id}  # an unknown state: any
+
+
+def test_cancelling_a_waiting_job_from_its_page(dashboard: Dashboard, with_records: Jobs) -> None:
+    waiting = Message("report.build", {})
+    with_records.emitted(waiting, 100)
+    client = client_of(dashboard)
+    page = client.get(f"/jobs/{waiting.id}")
+    assert 'id="cancel"' in page.text and "No handler will start it" in page.text
+
+    done = client.post("/jobs/cancel", {"csrf": csrf_of(page.text), "id": waiting.id})
+    assert done.status_code == 303
+    assert done.headers["location"] == f"/jobs/{waiting.id}?done=cancelled"
+    record = with_records.get(waiting.id)
+    assert record is not None and record.state is JobState.CANCELLED
+    shown = client.get(done.headers["location"]).text
+    assert "Cancel sent" in shown and ">cancelled</span>" in shown and 'id="cancel"' not in shown
+
+
+def test_a_cancel_without_the_token_or_read_only_changes_nothing(
+    dashboard: Dashboard, with_records: Jobs
+) -> None:
+    waiting = Message("report.build", {})
+    with_records.emitted(waiting, 100)
+    assert client_of(dashboard).post("/jobs/cancel", {"id": waiting.id}).status_code == 403
+    dashboard.read_only = True
+    page = client_of(dashboard).get(f"/jobs/{waiting.id}")
+    assert 'id="cancel"' not in page.text
+    record = with_records.get(waiting.id)
+    assert record is not None and record.state is JobState.WAITING
+
+
+def test_markup_in_a_job_s_type_and_error_is_shown_as_text(
+    dashboard: Dashboard, with_records: Jobs
+) -> None:
+    message = a_given_up_job(with_records, type_="<script>alert(1)</script>")
+    page = client_of(dashboard).get(f"/jobs/{message.id}").text
+    assert "<script>alert(1)</script>" not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+
+
+def test_with_records_on_a_failed_message_links_to_its_job_page(
+    dashboard: Dashboard, with_records: Jobs
+) -> None:
+    failed = a_failed_message(dashboard)
+    page = client_of(dashboard).get("/failed").text
+    assert f'<a href="/jobs/{failed.id}">{failed.id}</a>' in page

@@ -114,6 +114,32 @@ def test_a_failed_job_s_exception_class_and_message_show_with_a_folded_traceback
     assert trace.text.rstrip().endswith("dash_jobs.CardDeclined: card declined for order 42")
 
 
+def test_a_job_found_by_id_from_the_header_shows_its_state_and_exception(
+    browser: Any, deployment: Deployment
+) -> None:
+    failing = deployment.emit("card.charge", {"order": 7})
+    open_page(browser, deployment.base + "/")
+
+    def given_up() -> bool:
+        """the card.charge job's page to say given_up, found through the header's search"""
+        box = browser.find_element(By.CSS_SELECTOR, "header form.search input[name=id]")
+        box.clear()
+        box.send_keys(failing)
+        box.submit()
+        state = browser.find_elements(By.ID, "state")  # none while no worker has taken it
+        return bool(state) and state[0].text == "given_up"
+
+    eventually(given_up)
+    assert browser.current_url == f"{deployment.base}/jobs/{failing}"
+    error = browser.find_element(By.CSS_SELECTOR, "#error .raised").text
+    assert error == "dash_jobs.CardDeclined: card declined for order 7"
+    attempt = browser.find_element(By.CSS_SELECTOR, "table.attempts tbody tr").text
+    assert "not_retryable" in attempt and "CardDeclined" in attempt  # its outcome
+    screenshot(browser, "job")
+    browser.find_element(By.LINK_TEXT, "All jobs").click()
+    eventually(lambda: browser.find_elements(By.CSS_SELECTOR, f'tr[data-id="{failing}"]'))
+
+
 def test_a_purge_asks_first_then_empties_only_the_queue_it_named(
     browser: Any, deployment: Deployment
 ) -> None:

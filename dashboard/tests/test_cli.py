@@ -34,3 +34,11 @@ def test_an_allowed_host_that_is_not_a_host_name_is_refused() -> None:
     assert run.returncode == 2, run.stderr
     assert len(run.stderr.strip().splitlines()) == 1, run.stderr
     assert "--allowed-host" in run.stderr
+
+
+def test_a_results_url_whose_driver_cannot_keep_records_is_refused_without_its_password() -> None:
+    run = dashboard("--results-url", "amqp://guest:s3cret@127.0.0.1:5672/")
+    assert run.returncode == 2, run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert "--results-url" in run.stderr and "cannot keep job records" in run.stderr
+    assert "redis://" in run.stderr and "s3cret" not in run.stderr

@@ -22,7 +22,7 @@ import time
 from collections.abc import Awaitable, Callable
 from importlib import resources
 from typing import Any
-from urllib.parse import parse_qs, urlencode
+from urllib.parse import parse_qs, quote, urlencode
 
 import jinja2
 from markupsafe import Markup
@@ -35,11 +35,13 @@ from starlette.routing import Route
 
 from hermes.core import HermesError
 from hermes.core._cli._workers import duration
+from hermes.core.jobs import JobState, UnknownJobError
 from hermes.dashboard._chart import chart
 from hermes.dashboard._guard import SECURITY_HEADERS, Auth, Guard, Hosts, Throttle
 from hermes.dashboard._state import (
     BROWSE_LIMIT,
     FAILED_LIMIT,
+    JOBS_LIMIT,
     Dashboard,
     payload_text,
     worker_groups,
@@ -65,6 +67,7 @@ DONE = {
     "purged": "Purged {n} message(s) from {queue}.",
     "retried": "Sent {n} failed message(s) back to the queue.",
     "dropped": "Deleted {n} failed message(s).",
+    "cancelled": "Cancel sent. The state below says what it did.",
 }
 
 
@@ -114,8 +117,9 @@ def _preview(value: Any) -> str:
     return f"{head}\n… {len(data) - len(head.encode()):,} bytes more"
 
 
-def _traceback_tail(value: Any) -> str:
-    """The last :data:`TRACEBACK_PREVIEW_BYTES` of a traceback, and how much comes before."""
+def _traceback_tail(value: Any, whole: str = "hermes failed show ID") -> str:
+    """The last :data:`TRACEBACK_PREVIEW_BYTES` of a traceback, and how much comes before
+    (``whole``: the command that prints it all)."""
     text = str(value)
     data = text.encode("utf-8", "replace")
     if len(data) <= TRACEBACK_PREVIEW_BYTES:
@@ -124,12 +128,24 @@ def _traceback_tail(value: Any) -> str:
     newline = tail.find("\n", 0, 400)  # start at a whole line
     tail = tail[newline + 1 :]
     before = len(data) - len(tail.encode())
-    shown_all = "`hermes failed show ID` prints them"
-    return f"… {before:,} bytes of outer frames before ({shown_all})\n{tail}"
+    return f"… {before:,} bytes of outer frames before (`{whole}` prints them)\n{tail}"
 
 
 def _payload(payload: Any) -> str:
     return _preview(payload_text(payload))
+
+
+def _took(started: Any, finished: Any) -> str:
+    """How long an attempt ran: ``finished - started``, or "" when either is unknown."""
+    start, end = _instant(started), _instant(finished)
+    if start is None or end is None or end < start:
+        return ""
+    seconds = end - start
+    return f"{seconds * 1000:.0f} ms" if seconds < 1 else duration(seconds)
+
+
+def _job_path(job_id: str) -> str:
+    return "/jobs/" + quote(job_id, safe="")
 
 
 def _jobs(value: Any) -> list[dict[str, Any]]:
@@ -159,6 +175,8 @@ def _environment() -> jinja2.Environment:
         preview=_preview,
         traceback_tail=_traceback_tail,
         jobs=_jobs,
+        took=_took,
+        job_path=_job_path,
     )
     return env
 
@@ -201,7 +219,7 @@ def create_app(
                 context = await run_in_threadpool(build, request)
             except HermesError as exc:
                 return render(request, "error.html", status=503, error=str(exc))
-            return render(request, name, **context)
+            return render(request, name, status=context.pop("status", 200), **context)
 
         return endpoint
 
@@ -221,7 +239,9 @@ def create_app(
             try:
                 where = await run_in_threadpool(do, form)
             except KeyError:
-                return PlainTextResponse("Not a queue of this dashboard\n", status_code=404)
+                return PlainTextResponse(
+                    "Not a queue or a job store of this dashboard\n", status_code=404
+                )
             except HermesError as exc:
                 return render(request, "error.html", status=503, error=str(exc))
             # Post/redirect/get: a reload does not repeat the action.
@@ -260,6 +280,32 @@ def create_app(
 
     def failed(request: Request) -> dict[str, Any]:
         return {"messages": dashboard.failed_messages(), "limit": FAILED_LIMIT}
+
+    def job_list(request: Request) -> dict[str, Any]:
+        state_name = request.query_params.get("state") or ""
+        state = JobState(state_name) if state_name in JobState._value2member_map_ else None
+        type_ = (request.query_params.get("type") or "").strip() or None
+        return {
+            "records": dashboard.job_list(state, type_),
+            "states": list(JobState),
+            "state": state,
+            "type": type_ or "",
+            "limit": JOBS_LIMIT,
+        }
+
+    listing = page("jobs.html", job_list)
+
+    async def jobs(request: Request) -> Response:
+        wanted = (request.query_params.get("id") or "").strip()
+        if wanted:  # the search box: straight to the job's page
+            return RedirectResponse(_job_path(wanted), status_code=303)
+        return await listing(request)
+
+    def job(request: Request) -> dict[str, Any]:
+        job_id = request.path_params["job_id"]
+        record = dashboard.job(job_id)
+        known = record is not None or dashboard.jobs is None
+        return {"job_id": job_id, "record": record, "status": 200 if known else 404}
 
     def workers(request: Request) -> dict[str, Any]:
         records = dashboard.workers()
@@ -309,6 +355,14 @@ def create_app(
         n = dashboard.delete_failed(form.get("id") or [])
         return "/failed?" + urlencode({"done": "dropped", "n": n})
 
+    def cancel(form: dict[str, list[str]]) -> str:
+        job_id = (form.get("id") or [""])[0]
+        try:
+            dashboard.cancel(job_id)
+        except UnknownJobError:
+            return _job_path(job_id)  # its page says there is no record
+        return _job_path(job_id) + "?" + urlencode({"done": "cancelled"})
+
     async def stylesheet(request: Request) -> Response:
         return Response(style, media_type="text/css")
 
@@ -321,6 +375,9 @@ def create_app(
         Route("/failed", page("failed.html", failed)),
         Route("/failed/retry", action(retry), methods=["POST"]),
         Route("/failed/delete", action(delete_failed), methods=["POST"]),
+        Route("/jobs", jobs),
+        Route("/jobs/cancel", action(cancel), methods=["POST"]),
+        Route("/jobs/{job_id:path}", page("job.html", job)),
         Route("/workers", page("workers.html", workers)),
         Route("/periodic", page("periodic.html", periodic)),
         Route("/static/style.css", stylesheet),

@@ -19,6 +19,7 @@ from hermes.core._cli._common import (
     setup_priorities,
     whole_number,
 )
+from hermes.core._cli._jobs import add_results_url, open_jobs, results_url
 from hermes.core._cli._workers import REGISTRY_URL_ENV
 from hermes.core.driver import SupportsHeartbeats
 
@@ -35,7 +36,7 @@ DEFAULT_PORT = 8900
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = commands.add_parser(
         "dashboard",
-        help="serve a web dashboard: queues, failed messages, workers, periodic entries",
+        help="serve a web dashboard: queues, failed messages, jobs, workers, periodic entries",
         description="Serve the Hermes dashboard (hermes-dashboard). It binds 127.0.0.1 unless "
         "--host says otherwise, and refuses any other address without authentication "
         f"(${AUTH_ENV}=user:password, or --token-env), --read-only or not. It answers only "
@@ -48,6 +49,11 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="URL",
         help="the failed-message store the workers keep what they give up on (their "
         "--failed-url): listed on the Failed page, retried to --url",
+    )
+    add_results_url(
+        parser,
+        help="the job records store the workers write (their --results-url): a page per job, "
+        "the Jobs list and cancel (default: $HERMES_RESULTS_URL)",
     )
     parser.add_argument(
         "--registry-url",
@@ -190,6 +196,10 @@ def run(args: argparse.Namespace) -> int:
         if args.failed_url:
             dashboard.failed = FailedStore.connect(args.failed_url)
             dashboard.failed_url = args.failed_url
+        records_url = results_url(args, required=False)
+        if records_url:
+            dashboard.jobs = open_jobs(records_url)
+            dashboard.results_url = records_url
         if registry_url:
             registry = connect(registry_url)
             if not isinstance(registry, SupportsHeartbeats):

@@ -30,6 +30,7 @@ from hermes.core.driver import (
     SupportsStats,
 )
 from hermes.core.heartbeat import live_workers
+from hermes.core.jobs import JobRecord, Jobs, JobState
 from hermes.core.schedule import Schedule
 
 logger = logging.getLogger("hermes.dashboard")
@@ -38,6 +39,8 @@ logger = logging.getLogger("hermes.dashboard")
 BROWSE_LIMIT = 200
 #: Failed messages listed (and retried by "retry all shown") at most.
 FAILED_LIMIT = 500
+#: Job records listed on the Jobs page at most.
+JOBS_LIMIT = 200
 #: How much history the overview's chart keeps.
 HISTORY_S = 3600.0
 
@@ -134,6 +137,9 @@ class Dashboard:
     failed_url: str | None = None
     registry: SupportsHeartbeats | None = None
     schedule: Schedule | None = None
+    #: The job records store the workers write (their ``--results-url``).
+    jobs: Jobs | None = None
+    results_url: str | None = None
     read_only: bool = False
     sample_interval_s: float = 10.0
     history: deque[Sample] = field(default_factory=deque)
@@ -148,6 +154,10 @@ class Dashboard:
     @property
     def shown_failed_url(self) -> str | None:
         return redact_url(self.failed_url) if self.failed_url else None
+
+    @property
+    def shown_results_url(self) -> str | None:
+        return redact_url(self.results_url) if self.results_url else None
 
     def queue_stats(self) -> list[QueueStats] | None:
         """One row per queue this dashboard was started with; None when the broker cannot count."""
@@ -212,6 +222,26 @@ class Dashboard:
     def delete_failed(self, ids: Iterable[str]) -> int:
         assert self.failed is not None
         return self.failed.purge(set(ids))
+
+    def job(self, job_id: str) -> JobRecord | None:
+        """The record of ``job_id``; None when the store has none (or there is no store)."""
+        if self.jobs is None:
+            return None
+        return self.jobs.get(job_id)
+
+    def job_list(
+        self, state: JobState | None, type: str | None, limit: int = JOBS_LIMIT
+    ) -> list[JobRecord] | None:
+        """Up to ``limit`` records, newest first, of ``state`` and ``type`` when given."""
+        if self.jobs is None:
+            return None
+        return self.jobs.scan(state=state, type=type, limit=limit)
+
+    def cancel(self, job_id: str) -> JobRecord:
+        """Cancel ``job_id`` (:meth:`Jobs.cancel`): :class:`UnknownJobError` without a record."""
+        if self.jobs is None:
+            raise KeyError(job_id)
+        return self.jobs.cancel(job_id)
 
     def workers(self) -> list[dict[str, Any]] | None:
         if self.registry is None:
@@ -294,6 +324,8 @@ class Dashboard:
         self.driver.close()
         if self.failed is not None:
             self.failed.close()
+        if self.jobs is not None:
+            self.jobs.close()
         registry = self.registry
         if isinstance(registry, Driver) and registry is not self.driver:
             registry.close()
