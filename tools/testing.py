@@ -213,3 +213,18 @@ def other_ca_file(tmp: Path) -> Path:
     path = tmp / "other-ca.pem"
     trustme.CA().cert_pem.write_to_path(str(path))
     return path
+
+
+def walk_pages(browser: Any, limit: int, max_bytes: int) -> list[list[bytes | str]]:
+    """Every page of ``browser`` (a ``QueueBrowser``), following ``next`` from the start:
+    the bodies of each page. Fails on a page past 1,000 (a ``next`` that goes round)."""
+    pages: list[list[bytes | str]] = []
+    after = None
+    for _ in range(1000):
+        page = browser.page(after, limit, max_bytes)
+        pages.append([body for _, body in page.entries])
+        if page.next is None:
+            return pages
+        assert page.next != after, f"the page after {after!r} names itself"
+        after = page.next
+    raise AssertionError("more than 1,000 pages")

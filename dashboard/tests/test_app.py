@@ -580,3 +580,51 @@ def test_with_records_on_a_failed_message_links_to_its_job_page(
     failed = a_failed_message(dashboard)
     page = client_of(dashboard).get("/failed").text
     assert f'<a href="/jobs/{failed.id}">{failed.id}</a>' in page
+
+
+# Paging ---------------------------------------------------------------------------
+
+
+def follow_pages(client: Client, path: str) -> list[list[str]]:
+    """The ids listed on each page from ``path``, following "Next page" to the last."""
+    pages: list[list[str]] = []
+    link: str | None = path
+    while link is not None:
+        page = client.get(link)
+        assert page.status_code == 200, page.text
+        pages.append(re.findall(r'<td class="id">(?:<a [^>]*>)?([0-9a-f-]{36})', page.text))
+        found = re.search(r'<a href="(\?after=[^"]+)" id="next-page">', page.text)
+        link = path + html.unescape(found.group(1)) if found else None
+        assert len(pages) < 100, "the pages go round"
+    return pages
+
+
+def test_the_queues_page_pages_through_every_waiting_message(dashboard: Dashboard) -> None:
+    sent = [Message("job", {"n": n}) for n in range(450)]
+    dashboard.driver.send_batch(sent)
+
+    pages = follow_pages(client_of(dashboard), "/queues")
+
+    assert [len(page) for page in pages] == [200, 200, 50]
+    assert [i for page in pages for i in page] == [m.id for m in sent]
+
+
+def test_the_failed_page_pages_through_the_store(dashboard: Dashboard) -> None:
+    kept = [a_failed_message(dashboard) for _ in range(1100)]
+
+    pages = follow_pages(client_of(dashboard), "/failed")
+
+    assert [len(page) for page in pages] == [500, 500, 100]
+    assert sorted(i for page in pages for i in page) == sorted(m.id for m in kept)
+
+
+def test_a_page_of_large_payloads_lists_fewer_and_stays_bounded(dashboard: Dashboard) -> None:
+    big = "x" * (3 * 1024 * 1024)
+    sent = [Message("job", {"blob": big, "n": n}) for n in range(7)]
+    dashboard.driver.send_batch(sent)
+
+    first = client_of(dashboard).get("/queues")
+    pages = follow_pages(client_of(dashboard), "/queues")
+
+    assert [len(page) for page in pages] == [3, 3, 1]  # 8 MB a page: three bodies of 3 MB
+    assert len(first.content) < 64 * 1024  # previews, not payloads

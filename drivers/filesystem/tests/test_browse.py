@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from hermes_test_support import walk_pages
+
 from hermes.core import FailedStore, Message
 from hermes.core.driver import MessageSerializer
 from hermes.drivers.filesystem import FileSystemDriver
@@ -56,3 +58,23 @@ def test_the_plugin_offers_the_browser_to_a_store(tmp_path: Path) -> None:
     ((_, body),) = DirectoryBrowser(queue).entries()
     again = MessageSerializer().unserialize(body)
     assert (again.id, again.payload, again.retries) == (message.id, {"to": "ana"}, 0)
+
+
+def test_pages_follow_the_dequeue_order_to_the_last_message(driver: FileSystemDriver) -> None:
+    driver.setup_priority_queue("high", 200)
+    sent = [Message("job", {"n": n}) for n in range(25)]
+    for n, message in enumerate(sent):
+        driver.send(message, 200 if n % 5 == 0 else 100)
+
+    pages = walk_pages(DirectoryBrowser(driver), 7, 1 << 20)
+    listed = [MessageSerializer().unserialize(body).id for page in pages for body in page]
+
+    assert [len(page) for page in pages] == [7, 7, 7, 4]
+    assert listed == [
+        body_id
+        for body_id in (
+            MessageSerializer().unserialize(b).id for _, b in DirectoryBrowser(driver).entries()
+        )
+    ]
+    assert DirectoryBrowser(driver).page(None, 100, 1).entries[0][1] is not None  # one at least
+    assert len(DirectoryBrowser(driver).page(None, 100, 1).entries) == 1

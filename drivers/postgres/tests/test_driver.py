@@ -7,12 +7,13 @@ import threading
 import time
 
 import pytest
-from hermes_test_support import DEADLINE_S, eventually
+from hermes_test_support import DEADLINE_S, eventually, walk_pages
 
 from hermes.core import Message, UnknownPriorityError
 from hermes.core.driver import (
     BrokerRefusedError,
     Consumer,
+    MessageSerializer,
     QueueStats,
     Received,
     SupportsClaim,
@@ -251,6 +252,29 @@ def test_the_browser_lists_and_removes_waiting_rows_only(driver):
         assert browser.remove(held.token) is False  # a worker holds it
     finally:
         consumer.close()
+
+
+def test_pages_follow_the_claim_order_to_the_last_row_and_skip_held_ones(driver):
+    driver.setup_priority_queue("high", 200)
+    sent = [Message("job", {"n": n}) for n in range(23)]
+    driver.send_batch(sent[:18])
+    driver.send_batch(sent[18:], 200)
+    later = Message("job", {"n": "later"}, execute_at=time.time() + 3600)
+    driver.send(later)
+    consumer = driver.consumer((200,))
+    try:
+        held = receive(consumer)  # the first of priority 200: a worker holds it
+        pages = walk_pages(TableBrowser(driver), 5, 1 << 20)
+    finally:
+        consumer.close()
+    ids = [MessageSerializer().unserialize(body).id for page in pages for body in page]
+    assert [len(page) for page in pages] == [5, 5, 5, 5, 3]
+    expected = [
+        m.id for m in sent[18:] if m.id != MessageSerializer().unserialize(held.body).id
+    ] + [m.id for m in sent[:18]]
+    assert ids == [*expected, later.id]
+    budget = TableBrowser(driver).page(None, 100, 1)
+    assert len(budget.entries) == 1 and budget.next is not None
 
 
 def test_teardown_drops_every_table(driver, sql, table):

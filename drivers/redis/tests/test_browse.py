@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 import redis
+from hermes_test_support import walk_pages
 
 from hermes.core import BrokerUnavailableError, FailedStore, Message
 from hermes.core.driver import MessageSerializer
@@ -27,6 +28,28 @@ def test_the_browser_lists_every_member_and_removes_one_at_a_time(
     assert browser.remove(bodies[0]) is True
     assert browser.remove(bodies[0]) is False
     assert driver.client.scard(driver.key) == 1199
+
+
+def test_pages_reach_every_member_reading_about_a_page_each(driver: RedisSetDriver) -> None:
+    bodies = [f'{{"n":{n}}}'.encode() for n in range(1200)]
+    driver.client.sadd(driver.key, *bodies)
+
+    pages = walk_pages(SetBrowser(driver), 50, 1 << 20)
+
+    assert sorted(b for page in pages for b in page) == sorted(bodies)  # none lost, none twice
+    assert all(len(page) < 50 + 10 for page in pages)  # a page ends with its SSCAN batch
+    assert len(pages) >= 1200 // 60
+
+
+def test_a_page_of_large_bodies_stops_at_its_byte_budget(driver: RedisSetDriver) -> None:
+    bodies = [bytes([65 + n % 26]) * 100_000 + str(n).encode() for n in range(60)]
+    driver.client.sadd(driver.key, *bodies)
+
+    first = SetBrowser(driver).page(None, 200, 300_000)
+
+    assert 3 <= len(first.entries) < 3 + 10 and first.next is not None
+    pages = walk_pages(SetBrowser(driver), 200, 300_000)
+    assert sorted(b for page in pages for b in page) == sorted(bodies)
 
 
 def test_the_plugin_offers_the_browser_to_a_store_on_another_prefix_of_the_same_redis(

@@ -25,6 +25,7 @@ from hermes.core.model._errors import (
 )
 from hermes.core.model._message import Message
 from hermes.core.model._serializer import MessageSerializer, Serializer
+from hermes.core.spi._browse import BrowsePage, page_of
 from hermes.core.spi._consumer import IDLE_WAIT_S, Consumer, Received, current_received
 from hermes.core.spi._driver import (
     DEFAULT_PRIORITY,
@@ -61,6 +62,7 @@ __all__ = [
     "SHUTDOWN_CHECK_INTERVAL_S",
     "BrokerRefusedError",
     "BrokerUnavailableError",
+    "BrowsePage",
     "Callback",
     "Capabilities",
     "ConfigurationError",
@@ -99,6 +101,7 @@ __all__ = [
     "isolated_url",
     "lazy_exports",
     "outgoing",
+    "page_of",
     "plugin_manager",
     "redact_url",
 ]
@@ -107,5 +110,8 @@ if not TYPE_CHECKING:  # type checkers read the import above
     # Imported when first used: a worker on a real broker needs neither.
     __getattr__, __dir__ = lazy_exports(
         __name__,
-        {"QueueBrowser": "hermes.core.app._failed", "MemoryDriver": "hermes.core.spi._memory"},
+        {
+            "QueueBrowser": "hermes.core.app._failed",
+            "MemoryDriver": "hermes.core.spi._memory",
+        },
     )

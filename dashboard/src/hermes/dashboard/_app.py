@@ -50,7 +50,7 @@ from hermes.dashboard._state import (
 __all__ = ["MAX_BODY_BYTES", "PREVIEW_BYTES", "SECURITY_HEADERS", "Auth", "Hosts", "create_app"]
 
 #: The largest POST body read; a larger one is refused with 413 before it is read whole.
-#: "Retry all shown" sends the most: FAILED_LIMIT ids, some 25 KB.
+#: "Retry all on this page" sends the most: FAILED_LIMIT ids, some 25 KB.
 MAX_BODY_BYTES = 64 * 1024
 #: How much of a payload (or a body, or a reason) a listing shows.
 PREVIEW_BYTES = 2048
@@ -167,6 +167,7 @@ def _environment() -> jinja2.Environment:
         lstrip_blocks=True,
     )
     env.filters.update(
+        query=lambda after: urlencode({"after": after}),
         when=_when,
         ago=_ago,
         count=_count,
@@ -265,11 +266,13 @@ def create_app(
         }
 
     def queues(request: Request) -> dict[str, Any]:
-        listed = dashboard.waiting()
+        after = request.query_params.get("after") or None
+        listed = dashboard.waiting(after)
         return {
             "rows": dashboard.queue_stats(),
             "waiting": None if listed is None else listed[0],
-            "more": listed is not None and listed[1],
+            "after": after,
+            "next": None if listed is None else listed[1],
             "limit": BROWSE_LIMIT,
         }
 
@@ -279,7 +282,14 @@ def create_app(
         return {"row": rows[0] if rows else None}
 
     def failed(request: Request) -> dict[str, Any]:
-        return {"messages": dashboard.failed_messages(), "limit": FAILED_LIMIT}
+        after = request.query_params.get("after") or None
+        listed = dashboard.failed_messages(after)
+        return {
+            "messages": None if listed is None else listed[0],
+            "after": after,
+            "next": None if listed is None else listed[1],
+            "limit": FAILED_LIMIT,
+        }
 
     def job_list(request: Request) -> dict[str, Any]:
         state_name = request.query_params.get("state") or ""

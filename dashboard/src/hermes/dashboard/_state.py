@@ -8,7 +8,6 @@ server. Nothing here renders HTML.
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import logging
 import math
@@ -37,8 +36,11 @@ logger = logging.getLogger("hermes.dashboard")
 
 #: Waiting messages listed on the Queues page at most (the broker may hold millions).
 BROWSE_LIMIT = 200
-#: Failed messages listed (and retried by "retry all shown") at most.
+#: Failed messages listed a page (and retried by "retry all on this page") at most.
 FAILED_LIMIT = 500
+#: The most message bodies one page of Queues or Failed reads, whatever their sizes: a
+#: page of large payloads lists fewer (at least one), and a link goes on to the next.
+PAGE_BYTES = 8 * 1024 * 1024
 #: Job records listed on the Jobs page at most.
 JOBS_LIMIT = 200
 #: How much history the overview's chart keeps.
@@ -176,14 +178,17 @@ class Dashboard:
     def can_purge(self) -> bool:
         return not self.read_only and isinstance(self.driver, SupportsPurge)
 
-    def waiting(self, limit: int = BROWSE_LIMIT) -> tuple[list[Waiting], bool] | None:
-        """Up to ``limit`` waiting messages, and whether there are more; None without a browser."""
+    def waiting(
+        self, after: str | None = None, limit: int = BROWSE_LIMIT
+    ) -> tuple[list[Waiting], str | None] | None:
+        """A page of waiting messages from ``after`` (a page's next; None: the first), and
+        the next page's ``after`` (None: the last); None without a browser."""
         if self.browser is None:
             return None
         now = time.time()
         shown: list[Waiting] = []
-        entries = iter(self.browser.entries())
-        for entry, body in itertools.islice(entries, limit):
+        page = self.browser.page(after, limit, PAGE_BYTES)
+        for entry, body in page.entries:
             text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
             try:
                 message: Message | None = self._decode(body)
@@ -191,8 +196,7 @@ class Dashboard:
                 message = None
             due = message.execute_at if message is not None else None
             shown.append(Waiting(entry_key(entry), message, text, bool(due and due > now)))
-        more = next(entries, None) is not None
-        return shown, more
+        return shown, page.next
 
     def delete_waiting(self, key: str) -> bool:
         """Delete the waiting message listed as ``key``; False when it is no longer there."""
@@ -210,10 +214,16 @@ class Dashboard:
         with self.driver.translating(f"purging priority {priority}"):
             return self.driver.purge(priority)
 
-    def failed_messages(self) -> list[FailedMessage] | None:
+    def failed_messages(
+        self, after: str | None = None
+    ) -> tuple[list[FailedMessage], str | None] | None:
+        """A page of the failed store (its order; by failure time within the page), and the
+        next page's ``after``; None without a store that can list."""
         if self.failed is None or self.failed.browser is None:
             return None
-        return self.failed.messages()[:FAILED_LIMIT]
+        messages, following = self.failed.page(after, FAILED_LIMIT, PAGE_BYTES)
+        messages.sort(key=lambda message: message.failed_at)
+        return messages, following
 
     def retry(self, ids: Iterable[str]) -> int:
         assert self.failed is not None

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from hermes.core.model._errors import DeliveryError, NotSupportedError, SerializeError
 from hermes.core.model._message import Message
 from hermes.core.model._serializer import MessageSerializer
+from hermes.core.spi._browse import BrowsePage
 from hermes.core.spi._driver import DEFAULT_PRIORITY, outgoing
 from hermes.core.spi._registry import driver_for_url
 from hermes.core.spi._url import redact_url
@@ -298,6 +299,14 @@ class QueueBrowser(Protocol):
         """``(entry, body)`` for every waiting message; ``entry`` is what :meth:`remove` takes."""
         ...
 
+    def page(self, after: str | None, limit: int, max_bytes: int) -> BrowsePage:
+        """Up to ``limit`` entries from where ``after`` (a page's ``next``; None: the start)
+        left off, fewer once their bodies reach ``max_bytes``; reads little more of the
+        queue than the page shows (a broker that lists in batches may end a page at the
+        end of one, a few entries past). Following ``next`` from None lists every message
+        that waited all along, once or more (a set that changes meanwhile may repeat one)."""
+        ...
+
     def remove(self, entry: Hashable) -> bool:
         """Delete one waiting message; False when it was no longer there."""
         ...
@@ -364,6 +373,15 @@ class FailedStore:
         """
         return [message for _, message in self._scan()]
 
+    def page(
+        self, after: str | None, limit: int, max_bytes: int
+    ) -> tuple[list[FailedMessage], str | None]:
+        """One page of the store, in its browser's order (not by failure time): the
+        messages, and the ``after`` of the next page (None: the last). Reads only the
+        page's share of the store (:meth:`QueueBrowser.page`)."""
+        listed = self._browser().page(after, limit, max_bytes)
+        return [m for _, m in self._decoded(listed.entries)], listed.next
+
     def retry(self, target: Driver, ids: Collection[str] | None = None) -> list[FailedMessage]:
         """Send the messages with ``ids`` (all when None) to ``target``, then delete them here.
 
@@ -410,9 +428,16 @@ class FailedStore:
         return self.browser
 
     def _scan(self) -> list[tuple[Hashable, FailedMessage]]:
+        found = self._decoded(self._browser().entries())
+        found.sort(key=lambda pair: pair[1].failed_at)
+        return found
+
+    def _decoded(
+        self, entries: Iterable[tuple[Hashable, bytes | str]]
+    ) -> list[tuple[Hashable, FailedMessage]]:
         serializer = self.serializer
         found: list[tuple[Hashable, FailedMessage]] = []
-        for entry, body in self._browser().entries():
+        for entry, body in entries:
             try:
                 message = serializer.unserialize(body)
             except SerializeError as exc:
@@ -421,5 +446,4 @@ class FailedStore:
             if not isinstance(message, FailedMessage):
                 message = FailedMessage.of(message, NO_REASON, message.created)
             found.append((entry, message))
-        found.sort(key=lambda pair: pair[1].failed_at)
         return found

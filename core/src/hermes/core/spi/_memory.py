@@ -13,6 +13,7 @@ from collections.abc import Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from hermes.core.spi._browse import BrowsePage, page_of
 from hermes.core.spi._consumer import Consumer, Received
 from hermes.core.spi._driver import (
     DEFAULT_PRIORITY,
@@ -441,11 +442,20 @@ class _MemoryBrowser:
         self.broker = driver._broker
 
     def entries(self) -> Iterator[tuple[Hashable, str | bytes]]:
+        for body in self._bodies():
+            yield id(body), body
+
+    def _bodies(self) -> list[str | bytes]:
         with self.broker.condition:
             queued = [body for queue in self.broker.queues.values() for body in queue]
             queued += [body for _, _, _, body in sorted(self.broker.scheduled)]
-        for body in queued:
-            yield id(body), body
+        return queued
+
+    def page(self, after: str | None, limit: int, max_bytes: int) -> BrowsePage:
+        start = int(after) if after else 0
+        taken = page_of(((id(b), b) for b in self._bodies()[start:]), limit, max_bytes)
+        more = start + len(taken) < len(self._bodies())
+        return BrowsePage(taken, str(start + len(taken)) if more else None)
 
     def remove(self, entry: Hashable) -> bool:
         broker = self.broker

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import bisect
 import os
 from collections.abc import Hashable, Iterator
 
-from hermes.core.driver import Driver
+from hermes.core.driver import BrowsePage, Driver, page_of
 from hermes.drivers.filesystem._driver import FileSystemDriver
 from hermes.drivers.filesystem._names import QueuedName, parse
 
@@ -25,21 +26,41 @@ class DirectoryBrowser:
     # A store calls these directly, outside core's translation.
 
     def entries(self) -> Iterator[tuple[Hashable, bytes]]:
+        for item in self._queued():
+            body = self._read(item)
+            if body is not None:
+                yield item.name, body
+
+    def page(self, after: str | None, limit: int, max_bytes: int) -> BrowsePage:
+        """A page in the order workers take them; ``next`` is the last file name shown."""
+        queued = self._queued()
+        if after is not None:
+            last = parse(after)
+            if last is not None:  # files after it in that order: it may be gone meanwhile
+                start = bisect.bisect_right(queued, _dequeue_order(last), key=_dequeue_order)
+                queued = queued[start:]
+        read = ((item.name, self._read(item)) for item in queued)
+        taken = page_of(((n, b) for n, b in read if b is not None), limit, max_bytes)
+        more = bool(taken) and str(taken[-1][0]) != queued[-1].name
+        return BrowsePage(taken, str(taken[-1][0]) if more else None)
+
+    def _queued(self) -> list[QueuedName]:
         with self.driver.translating("listing new/"):
             try:
                 names = os.listdir(self._new_dir)
             except FileNotFoundError:
-                return  # nothing was ever sent here
+                return []  # nothing was ever sent here
         queued = [parsed for parsed in map(parse, names) if parsed is not None]
         queued.sort(key=_dequeue_order)
-        for item in queued:
-            with self.driver.translating(f"reading new/{item.name}"):
-                try:
-                    with open(os.path.join(self._new_dir, item.name), "rb") as file:
-                        body = file.read()
-                except FileNotFoundError:
-                    continue  # a worker took it meanwhile
-            yield item.name, body
+        return queued
+
+    def _read(self, item: QueuedName) -> bytes | None:
+        with self.driver.translating(f"reading new/{item.name}"):
+            try:
+                with open(os.path.join(self._new_dir, item.name), "rb") as file:
+                    return file.read()
+            except FileNotFoundError:
+                return None  # a worker took it meanwhile
 
     def remove(self, entry: Hashable) -> bool:
         with self.driver.translating(f"deleting new/{entry}"):

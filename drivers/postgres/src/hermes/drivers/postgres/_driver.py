@@ -18,6 +18,7 @@ import psycopg_pool
 from hermes.core.driver import (
     DEFAULT_PRIORITY,
     BrokerRefusedError,
+    BrowsePage,
     Consumer,
     DeliveryError,
     Driver,
@@ -594,7 +595,56 @@ class TableBrowser:
         for row_id, body in rows:
             yield row_id, bytes(body)
 
+    def page(self, after: str | None, limit: int, max_bytes: int) -> BrowsePage:
+        """A page in the order workers take rows; ``next`` names the last row shown
+        (``PRIORITY|AVAILABLE_AT|ID``), so a page reads only its own rows."""
+        driver = self.driver
+        params: dict[str, Any] = {
+            "queue": driver.queue,
+            "after": False,
+            "priority": 0,
+            "available_at": None,
+            "id": 0,
+            "limit": limit + 1,
+        }
+        mark = _browse_mark(after)
+        if mark is not None:
+            params.update(after=True, priority=mark[0], available_at=mark[1], id=mark[2])
+        with driver.translating("listing the waiting messages"), driver.connection() as conn:
+            driver.ensure_tables(conn)
+            rows = conn.execute(driver.sql.browse_page, params).fetchall()
+            shown: list[Any] = []
+            size = 0
+            for row in rows[:limit]:
+                if shown and size >= max_bytes:
+                    break
+                shown.append(row)
+                size += row[3] or 0
+            ids = [row[0] for row in shown]
+            bodies = dict(conn.execute(driver.sql.browse_bodies, [ids, driver.queue]).fetchall())
+        taken: list[tuple[Hashable, bytes | str]] = [
+            (row[0], bytes(bodies[row[0]])) for row in shown if row[0] in bodies
+        ]
+        if len(shown) == len(rows):  # nothing after the last row read
+            return BrowsePage(taken, None)
+        last = shown[-1]
+        return BrowsePage(taken, f"{last[1]}|{last[2].isoformat()}|{last[0]}")
+
     def remove(self, entry: Hashable) -> bool:
         driver = self.driver
         with driver.translating("deleting a waiting message"), driver.connection() as conn:
             return conn.execute(driver.sql.remove, [entry, driver.queue]).rowcount == 1
+
+
+def _browse_mark(after: str | None) -> tuple[int, str, int] | None:
+    """``(priority, available_at, id)`` of a page's ``next``; None for None or a token not ours."""
+    if not after:
+        return None
+    parts = after.split("|")
+    if len(parts) != 3:
+        return None
+    priority, available_at, row_id = parts
+    try:
+        return int(priority), available_at, int(row_id)
+    except ValueError:
+        return None

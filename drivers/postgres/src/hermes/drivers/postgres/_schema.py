@@ -177,6 +177,16 @@ class Statements:
             f"SELECT id, body FROM {m} WHERE queue = %s AND {UNLOCKED} "
             "ORDER BY priority DESC, available_at, id"
         )
+        # A page: the rows after a (priority, available_at, id) in the browse order, their
+        # sizes first (a page stops at a byte budget), then the bodies of those it shows.
+        self.browse_page = (
+            f"SELECT id, priority, available_at, octet_length(body) FROM {m} "
+            f"WHERE queue = %(queue)s AND {UNLOCKED} AND (%(after)s::boolean IS NOT TRUE OR "
+            "(-priority, available_at, id) > (-%(priority)s::integer, "
+            "%(available_at)s::timestamptz, %(id)s::bigint)) "
+            "ORDER BY priority DESC, available_at, id LIMIT %(limit)s"
+        )
+        self.browse_bodies = f"SELECT id, body FROM {m} WHERE id = ANY(%s) AND queue = %s"
         self.remove = f"DELETE FROM {m} WHERE id = %s AND queue = %s AND {UNLOCKED}"
         # Won when the row is new or its claim had expired. Concurrent claimers
         # of one key queue on its row (or its speculative insert) and re-check
