@@ -628,3 +628,35 @@ def test_a_page_of_large_payloads_lists_fewer_and_stays_bounded(dashboard: Dashb
 
     assert [len(page) for page in pages] == [3, 3, 1]  # 8 MB a page: three bodies of 3 MB
     assert len(first.content) < 64 * 1024  # previews, not payloads
+
+
+def test_actions_on_a_later_page_find_their_message_on_that_page(dashboard: Dashboard) -> None:
+    sent = [Message("job", {"n": n}) for n in range(450)]
+    dashboard.driver.send_batch(sent)
+    kept = [a_failed_message(dashboard) for _ in range(700)]
+    client = client_of(dashboard)
+
+    def second_page(path: str) -> str:
+        first = client.get(path).text
+        found = re.search(r'<a href="(\?after=[^"]+)" id="next-page">', first)
+        assert found is not None
+        return client.get(path + html.unescape(found.group(1))).text
+
+    page = second_page("/queues")
+    key = re.search(r'name="key" value="([^"]+)"', page)
+    after = re.search(r'name="after" value="([^"]+)"', page)
+    assert key is not None and after is not None
+    form = {"csrf": csrf_of(page), "after": after.group(1), "key": key.group(1)}
+    done = client.post("/queues/delete", form)
+    assert done.headers["location"] == "/queues?done=deleted&n=1"
+    assert sum(row.ready or 0 for row in dashboard.queue_stats() or []) == 449
+
+    page = second_page("/failed")
+    (shown, *_) = re.findall(r'<tr data-id="([^"]+)"', page)
+    after = re.search(r'name="after" value="([^"]+)"', page)
+    assert after is not None and shown in {m.id for m in kept[500:]}
+    done = client.post(
+        "/failed/retry", {"csrf": csrf_of(page), "after": after.group(1), "id": shown}
+    )
+    assert done.headers["location"] == "/failed?done=retried&n=1"
+    assert shown not in stored_failed_ids(dashboard)

@@ -344,7 +344,7 @@ def create_app(
 
     def delete_waiting(form: dict[str, list[str]]) -> str:
         key = (form.get("key") or [""])[0]
-        done = dashboard.delete_waiting(key)
+        done = dashboard.delete_waiting(key, _after(form))
         return "/queues?" + urlencode({"done": "deleted", "n": 1} if done else {"done": "gone"})
 
     def purge(form: dict[str, list[str]]) -> str:
@@ -358,11 +358,11 @@ def create_app(
         )
 
     def retry(form: dict[str, list[str]]) -> str:
-        n = dashboard.retry(form.get("id") or [])
+        n = dashboard.retry(form.get("id") or [], _after(form))
         return "/failed?" + urlencode({"done": "retried", "n": n})
 
     def delete_failed(form: dict[str, list[str]]) -> str:
-        n = dashboard.delete_failed(form.get("id") or [])
+        n = dashboard.delete_failed(form.get("id") or [], _after(form))
         return "/failed?" + urlencode({"done": "dropped", "n": n})
 
     def cancel(form: dict[str, list[str]]) -> str:
@@ -414,3 +414,8 @@ def _priority(text: str | None) -> int | None:
         return int(text) if text is not None else None
     except ValueError:
         return None
+
+
+def _after(form: dict[str, list[str]]) -> str | None:
+    """The page a form was on (its ``after``): an action looks for its message there only."""
+    return (form.get("after") or [""])[0] or None

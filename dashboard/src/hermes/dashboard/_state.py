@@ -198,11 +198,12 @@ class Dashboard:
             shown.append(Waiting(entry_key(entry), message, text, bool(due and due > now)))
         return shown, page.next
 
-    def delete_waiting(self, key: str) -> bool:
-        """Delete the waiting message listed as ``key``; False when it is no longer there."""
+    def delete_waiting(self, key: str, after: str | None = None) -> bool:
+        """Delete the waiting message listed as ``key`` on the page from ``after``; False
+        when it is no longer there."""
         if self.browser is None:
             return False
-        for entry, _ in self.browser.entries():
+        for entry, _ in self.browser.page(after, BROWSE_LIMIT, PAGE_BYTES).entries:
             if entry_key(entry) == key:
                 return self.browser.remove(entry)
         return False
@@ -225,13 +226,15 @@ class Dashboard:
         messages.sort(key=lambda message: message.failed_at)
         return messages, following
 
-    def retry(self, ids: Iterable[str]) -> int:
+    def retry(self, ids: Iterable[str], after: str | None = None) -> int:
+        """Retry the failed messages ``ids`` listed on the page from ``after``."""
         assert self.failed is not None
-        return len(self.failed.retry(self.driver, set(ids)))
+        page = (after, FAILED_LIMIT, PAGE_BYTES)
+        return len(self.failed.retry(self.driver, set(ids), page=page))
 
-    def delete_failed(self, ids: Iterable[str]) -> int:
+    def delete_failed(self, ids: Iterable[str], after: str | None = None) -> int:
         assert self.failed is not None
-        return self.failed.purge(set(ids))
+        return self.failed.purge(set(ids), page=(after, FAILED_LIMIT, PAGE_BYTES))
 
     def job(self, job_id: str) -> JobRecord | None:
         """The record of ``job_id``; None when the store has none (or there is no store)."""

@@ -382,16 +382,23 @@ class FailedStore:
         listed = self._browser().page(after, limit, max_bytes)
         return [m for _, m in self._decoded(listed.entries)], listed.next
 
-    def retry(self, target: Driver, ids: Collection[str] | None = None) -> list[FailedMessage]:
+    def retry(
+        self,
+        target: Driver,
+        ids: Collection[str] | None = None,
+        *,
+        page: tuple[str | None, int, int] | None = None,
+    ) -> list[FailedMessage]:
         """Send the messages with ``ids`` (all when None) to ``target``, then delete them here.
 
         Each is sent as :meth:`FailedMessage.fresh` -- retries reset, due at
         once -- on the default priority, before it is deleted from the store:
         a crash in between leaves it in both places rather than in neither.
-        Returns the messages sent.
+        ``page`` (``after, limit, max_bytes`` of :meth:`page`): look for them on
+        that page only, not the whole store. Returns the messages sent.
         """
         sent: list[FailedMessage] = []
-        for entry, message in self._scan():
+        for entry, message in self._found(page):
             if ids is not None and message.id not in ids:
                 continue
             target.send(message.fresh())
@@ -407,15 +414,30 @@ class FailedStore:
                 )
         return sent
 
-    def purge(self, ids: Collection[str] | None = None) -> int:
+    def purge(
+        self,
+        ids: Collection[str] | None = None,
+        *,
+        page: tuple[str | None, int, int] | None = None,
+    ) -> int:
         """Delete the messages with ``ids`` -- all, unreadable bodies included, when None.
 
+        ``page``: look for ``ids`` on that page only (see :meth:`retry`).
         Returns how many were deleted.
         """
         browser = self._browser()
         if ids is None:
             return sum(browser.remove(entry) for entry, _ in list(browser.entries()))
-        return sum(browser.remove(entry) for entry, message in self._scan() if message.id in ids)
+        found = self._found(page)
+        return sum(browser.remove(entry) for entry, message in found if message.id in ids)
+
+    def _found(
+        self, page: tuple[str | None, int, int] | None
+    ) -> list[tuple[Hashable, FailedMessage]]:
+        """The whole store, oldest failure first; or one page of it."""
+        if page is None:
+            return self._scan()
+        return self._decoded(self._browser().page(*page).entries)
 
     def _browser(self) -> QueueBrowser:
         if self.browser is None:
