@@ -382,7 +382,8 @@ class QueueStats:
     ready: int | None = None
     #: Held back until their ``execute_at``.
     scheduled: int | None = None
-    #: Taken by a worker and not yet acknowledged.
+    #: Taken by a worker and not yet acknowledged, those its consumer claimed ahead of its
+    #: handlers (prefetch) included.
     in_flight: int | None = None
     #: Quarantined or dead-lettered: not Hermes messages, or given up on by the broker.
     set_aside: int | None = None
