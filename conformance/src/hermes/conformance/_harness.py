@@ -283,6 +283,8 @@ class Delivered:
     at: float
     #: The name of the worker (thread) that received it.
     worker: str
+    #: The handler thread that ran the callback (``threading.get_ident()``).
+    thread: int = 0
 
 
 class Ledger:
@@ -396,7 +398,8 @@ class KitDispatcher(Dispatcher):
         self.name = name
 
     def handle_message(self, message: Message, priority: int) -> bool:
-        self.ledger.add(Delivered(message, priority, time.time(), self.name))
+        delivered = Delivered(message, priority, time.time(), self.name, threading.get_ident())
+        self.ledger.add(delivered)
         if not self.handlers(message.type):
             return True
         return super().handle_message(message, priority)
