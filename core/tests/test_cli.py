@@ -1371,3 +1371,21 @@ def test_worker_help_says_what_each_kind_of_handlers_object_means(tmp_path: Path
     )
     assert "a handler is a function taking the message, an object with handle(message)" in text
     assert "or a function taking the Dispatcher, called once to register handlers" in text
+
+
+def test_failed_retry_sends_each_message_back_to_the_priority_it_failed_on(
+    project: Path, queue_url: str, failed_url: str
+) -> None:
+    from hermes.core import FailedStore, Message, connect
+
+    with FailedStore.connect(failed_url) as store:
+        urgent = store.keep(Message("job", {"n": 1}), "gave up", priority=300)
+        older = store.keep(Message("job", {"n": 2}), "gave up")  # no priority recorded
+
+    result = hermes("failed", "--url", failed_url, "retry", "--to", queue_url, cwd=project)
+
+    assert result.returncode == 0, result.stderr
+    with connect(queue_url) as driver:
+        driver.setup_priority_queue("urgent", 300)  # a worker of priority 300 reads there
+        ready = {row.priority: row.ready for row in driver.queue_stats() if row.ready}
+    assert ready == {300: 1, 100: 1}, (urgent.id, older.id)

@@ -549,3 +549,34 @@ def test_a_time_limit_hermes_raised_keeps_its_whole_traceback(
     assert "timed out after 0.05 s" in kept.exception.message
     assert "Traceback (most recent call last):" in kept.exception.traceback
     assert ", in call_handler\n" in kept.exception.traceback, "no frame of its own: kept whole"
+
+
+# Where a retry goes ---------------------------------------------------------------------
+
+
+def test_a_message_given_up_on_priority_300_is_kept_with_it_and_retried_there(
+    driver: MemoryDriver, store: FailedStore
+) -> None:
+    driver.setup_priority_queue("urgent", 300)
+    message = Message("mail", {"to": "ana"}, retries=25)
+    Dispatcher(driver, failed=store).register_handler("mail", Flaky()).handle_message(message, 300)
+    (kept,) = store.messages()
+    assert (kept.priority, kept.retry_priority) == (300, 300)
+
+    store.retry(driver)
+
+    (row,) = [r for r in driver.queue_stats() if r.ready]
+    assert row.priority == 300  # not the default queue, where no urgent worker reads
+
+
+def test_the_priority_goes_through_the_envelope_and_an_older_entry_retries_to_the_default() -> None:
+    serializer = FailedMessageSerializer()
+    kept = FailedMessage.of(Message("mail"), "gave up", priority=300)
+    assert serializer.unserialize(serializer.serialize(kept)).priority == 300
+    older = json.loads(serializer.serialize(kept))
+    del older["message"]["failed_priority"]
+    read = serializer.unserialize(json.dumps(older))
+    assert (read.priority, read.retry_priority) == (None, DEFAULT_PRIORITY)
+    odd = json.loads(serializer.serialize(kept))
+    odd["message"]["failed_priority"] = "300"  # not ours: read as unknown
+    assert serializer.unserialize(json.dumps(odd)).priority is None

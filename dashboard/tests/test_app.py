@@ -660,3 +660,22 @@ def test_actions_on_a_later_page_find_their_message_on_that_page(dashboard: Dash
     )
     assert done.headers["location"] == "/failed?done=retried&n=1"
     assert shown not in stored_failed_ids(dashboard)
+
+
+def test_a_retry_goes_back_to_the_priority_the_message_failed_on(dashboard: Dashboard) -> None:
+    assert dashboard.failed is not None
+    urgent = dashboard.failed.keep(Message("report.build", {}), "it broke", priority=300)
+    client = client_of(dashboard)
+    page = client.get("/failed").text
+    assert re.search(rf'<tr data-id="{urgent.id}">.*?<td class="num priority">300</td>', page, re.S)
+
+    refused = client.post("/failed/retry", {"csrf": csrf_of(page), "id": urgent.id})
+    assert refused.status_code == 503
+    assert "start it with --priority 300" in html.unescape(refused.text)
+    assert urgent.id in stored_failed_ids(dashboard)  # nothing was retried
+
+    dashboard.driver.setup_priority_queue("urgent", 300)  # as --priority 300 does
+    done = client.post("/failed/retry", {"csrf": csrf_of(page), "id": urgent.id})
+    assert done.status_code == 303
+    ready = {row.priority: row.ready for row in dashboard.queue_stats() or [] if row.ready}
+    assert ready == {300: 1}

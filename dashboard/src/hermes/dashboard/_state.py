@@ -227,10 +227,21 @@ class Dashboard:
         return messages, following
 
     def retry(self, ids: Iterable[str], after: str | None = None) -> int:
-        """Retry the failed messages ``ids`` listed on the page from ``after``."""
+        """Retry the failed messages ``ids`` listed on the page from ``after``, each to the
+        priority it failed on: a :class:`HermesError` names one this dashboard does not know
+        (it acts only on the queues it was started with)."""
         assert self.failed is not None
         page = (after, FAILED_LIMIT, PAGE_BYTES)
-        return len(self.failed.retry(self.driver, set(ids), page=page))
+        known, wanted = set(self.priorities()), set(ids)
+        listed, _ = self.failed.page(*page)
+        for message in listed:
+            if message.id in wanted and known and message.retry_priority not in known:
+                raise HermesError(
+                    f"failed message #{message.id} ran on priority {message.retry_priority}, "
+                    f"which this dashboard does not show: start it with --priority "
+                    f"{message.retry_priority} to send it back there; nothing was retried"
+                )
+        return len(self.failed.retry(self.driver, wanted, page=page))
 
     def delete_failed(self, ids: Iterable[str], after: str | None = None) -> int:
         assert self.failed is not None

@@ -17,6 +17,8 @@ from hermes.core._cli._common import (
     add_verbosity,
     configure_logging,
     default_url,
+    named_queues,
+    setup_priorities,
 )
 from hermes.core._cli._drivers import table
 from hermes.core.app._failed import NO_REASON, ExceptionRecord, FailedMessage, FailedStore
@@ -225,8 +227,12 @@ def _warn_unless_a_store(messages: Sequence[FailedMessage], url: str) -> None:
 
 def _retry(store: FailedStore, url: str, ids: Sequence[str], to: str) -> int:
     wanted = _existing(store, url, ids)
-    _warn_unless_a_store([m for m in store.messages() if wanted is None or m.id in wanted], url)
+    chosen = [m for m in store.messages() if wanted is None or m.id in wanted]
+    _warn_unless_a_store(chosen, url)
     with connect(to) as target:
+        # Each goes back to the priority it failed on, where its workers read.
+        _, preset = named_queues(to, [])
+        setup_priorities(target, {m.retry_priority for m in chosen}, preset=preset)
         sent = store.retry(target, wanted)
     if not sent:
         print(f"No failed messages in {redact_url(url)}", flush=True)

@@ -542,7 +542,7 @@ class Dispatcher:
                 report.error = JobError.reason(f"no handler is registered for {message.type!r}")
             unhandled = self._give_up(message, priority, None, reason, None, Outcome.NO_HANDLER)
             if self.failed is not None:
-                self._store(self.failed, message, [unhandled])
+                self._store(self.failed, message, priority, [unhandled])
             return Outcome.NO_HANDLER
         outcome = Outcome.SUCCEEDED
         gave_up: list[_GivenUp] = []
@@ -560,7 +560,7 @@ class Dispatcher:
             if given_up is not None:
                 gave_up.append(given_up)
         if gave_up and self.failed is not None:
-            self._store(self.failed, message, gave_up)
+            self._store(self.failed, message, priority, gave_up)
         return outcome
 
     def _run_one(
@@ -823,11 +823,13 @@ class Dispatcher:
             return f" (explain_unhandled raised {type(exc).__name__}: {exc})"
         return f" - {why}" if why else ""
 
-    def _store(self, store: FailedStore, message: Message, gave_up: list[_GivenUp]) -> None:
+    def _store(
+        self, store: FailedStore, message: Message, priority: int, gave_up: list[_GivenUp]
+    ) -> None:
         reason = "; ".join(each.reason for each in gave_up)
         raised = [each.exception for each in gave_up if each.exception is not None]
         try:
-            stored = store.keep(message, reason, exceptions=raised)
+            stored = store.keep(message, reason, exceptions=raised, priority=priority)
         except Exception as exc:
             self.logger.error(
                 "Message #%s (%s) could not be sent to the failed-message store %r and is "

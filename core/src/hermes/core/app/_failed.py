@@ -181,6 +181,9 @@ class FailedMessage(Message):
     #: handler returned False, no handler, too many deliveries: the reason
     #: says which) and for messages kept before exceptions were recorded.
     exceptions: tuple[ExceptionRecord, ...]
+    #: The priority it was taken from, where a retry sends it; None when not
+    #: known (kept before priorities were recorded): the default priority.
+    priority: int | None
 
     def __init__(
         self,
@@ -195,6 +198,7 @@ class FailedMessage(Message):
         failed_reason: str = NO_REASON,
         failed_at: float | None = None,
         exceptions: Iterable[ExceptionRecord] = (),
+        priority: int | None = None,
     ) -> None:
         # Message.__init__ by name: a slots dataclass breaks zero-argument super().
         Message.__init__(
@@ -212,6 +216,7 @@ class FailedMessage(Message):
             self, "failed_at", time.time() if failed_at is None else float(failed_at)
         )
         object.__setattr__(self, "exceptions", tuple(exceptions))
+        object.__setattr__(self, "priority", priority)
 
     @property
     def exception(self) -> ExceptionRecord | None:
@@ -225,8 +230,10 @@ class FailedMessage(Message):
         reason: str,
         failed_at: float | None = None,
         exceptions: Iterable[ExceptionRecord] = (),
+        priority: int | None = None,
     ) -> FailedMessage:
-        """``message`` as the store keeps it: due at once, with why, when and what was raised."""
+        """``message`` as the store keeps it: due at once, with why, when, what was raised
+        and the priority it was taken from."""
         return cls(
             message.type,
             message.payload,
@@ -237,7 +244,13 @@ class FailedMessage(Message):
             failed_reason=reason,
             failed_at=failed_at,
             exceptions=exceptions,
+            priority=priority,
         )
+
+    @property
+    def retry_priority(self) -> int:
+        """Where a retry sends it: the priority it failed on, else the default one."""
+        return DEFAULT_PRIORITY if self.priority is None else self.priority
 
     def fresh(self) -> Message:
         """The message to run again: same id, type, payload, created and headers; retries reset.
@@ -269,6 +282,8 @@ class FailedMessageSerializer(MessageSerializer):
         envelope["message"]["failed_at"] = message.failed_at
         if message.exceptions:
             envelope["message"]["failed_exceptions"] = [e.as_json() for e in message.exceptions]
+        if message.priority is not None:
+            envelope["message"]["failed_priority"] = message.priority
         return json.dumps(envelope, ensure_ascii=True, separators=(",", ":"))
 
     def unserialize(self, data: str | bytes) -> FailedMessage:
@@ -282,8 +297,15 @@ class FailedMessageSerializer(MessageSerializer):
         listed = body.get("failed_exceptions")
         read = (ExceptionRecord.from_json(item) for item in listed or ())
         exceptions = [record for record in read if record] if isinstance(listed, list) else []
+        priority = body.get("failed_priority")
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            priority = None
         return FailedMessage.of(
-            message, reason if isinstance(reason, str) else NO_REASON, failed_at, exceptions
+            message,
+            reason if isinstance(reason, str) else NO_REASON,
+            failed_at,
+            exceptions,
+            priority,
         )
 
 
@@ -353,13 +375,15 @@ class FailedStore:
         reason: str,
         failed_at: float | None = None,
         exceptions: Iterable[ExceptionRecord] = (),
+        priority: int | None = None,
     ) -> FailedMessage:
         """Send ``message`` to the store with ``reason``; returns what was stored.
 
         ``exceptions`` are what its handlers raised (:meth:`ExceptionRecord.of`);
-        none when no exception put the message here.
+        none when no exception put the message here. ``priority``: the one it was
+        taken from, where :meth:`retry` sends it back.
         """
-        failed = FailedMessage.of(message, reason, failed_at, exceptions)
+        failed = FailedMessage.of(message, reason, failed_at, exceptions, priority)
         item = outgoing(failed, self.serializer)
         with self.driver.translating(f"keeping message #{message.id}", DeliveryError):
             self.driver.put((item,), DEFAULT_PRIORITY)
@@ -392,7 +416,8 @@ class FailedStore:
         """Send the messages with ``ids`` (all when None) to ``target``, then delete them here.
 
         Each is sent as :meth:`FailedMessage.fresh` -- retries reset, due at
-        once -- on the default priority, before it is deleted from the store:
+        once -- on the priority it failed on (the default one when not known;
+        ``target`` must have that priority's queue), before it is deleted from the store:
         a crash in between leaves it in both places rather than in neither.
         ``page`` (``after, limit, max_bytes`` of :meth:`page`): look for them on
         that page only, not the whole store. Returns the messages sent.
@@ -401,7 +426,7 @@ class FailedStore:
         for entry, message in self._found(page):
             if ids is not None and message.id not in ids:
                 continue
-            target.send(message.fresh())
+            target.send(message.fresh(), message.retry_priority)
             sent.append(message)
             if not self._browser().remove(entry):
                 logger.warning(

@@ -536,7 +536,7 @@ class _Loop:
         kept, where = False, "the driver's reject path"
         if store is not None:
             try:
-                store.keep(message, reason)
+                store.keep(message, reason, priority=received.priority)
                 kept, where = True, "the failed-message store"
             except DriverError as exc:
                 # Not released: it would come back and take a worker down again.
