@@ -679,3 +679,19 @@ def test_a_retry_goes_back_to_the_priority_the_message_failed_on(dashboard: Dash
     assert done.status_code == 303
     ready = {row.priority: row.ready for row in dashboard.queue_stats() or [] if row.ready}
     assert ready == {300: 1}
+
+
+def test_the_overview_counts_workers_apart_from_schedulers_and_what_runs_and_what_failed(
+    dashboard: Dashboard,
+) -> None:
+    assert dashboard.registry is not None
+    heartbeat(dashboard, in_flight=[{"type": "job", "id": "a", "since": time.time()}] * 3)
+    heartbeat(dashboard, kind="scheduler")
+    a_failed_message(dashboard)
+    a_failed_message(dashboard)
+
+    page = client_of(dashboard).get("/").text
+
+    assert 'id="live-workers">1<' in page and "and 1 scheduler" in page
+    assert 'id="running-now">3<' in page
+    assert 'id="failed-kept">2<' in page

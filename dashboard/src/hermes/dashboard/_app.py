@@ -254,11 +254,17 @@ def create_app(
 
     def overview(request: Request) -> dict[str, Any]:
         rows = dashboard.queue_stats()
-        workers = dashboard.workers()
+        records = dashboard.workers()
         rate, handled, failed = dashboard.failure_rate()
+        workers = None if records is None else [r for r in records if r.get("kind") != "scheduler"]
         return {
             "rows": rows,
             "workers": workers,
+            "schedulers": None if records is None else len(records) - len(workers or []),
+            "running": None
+            if workers is None
+            else sum(len(_jobs(r.get("in_flight"))) for r in workers),
+            "kept": dashboard.failed_count(),
             "chart": chart(list(dashboard.history)),
             "rate": rate,
             "handled": handled,

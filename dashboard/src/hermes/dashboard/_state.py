@@ -328,6 +328,15 @@ class Dashboard:
             if self._stop.wait(self.sample_interval_s):
                 return
 
+    def failed_count(self) -> int | None:
+        """How many messages the failed store holds, where its broker can count them cheaply."""
+        if self.failed is None or not isinstance(self.failed.driver, SupportsStats):
+            return None
+        with self.failed.driver.translating("counting the failed-message store"):
+            rows = self.failed.driver.queue_stats()
+        counts = [row.ready for row in rows]
+        return None if any(c is None for c in counts) else sum(c or 0 for c in counts)
+
     def failure_rate(self) -> tuple[float | None, int, int]:
         """Failures per handled-or-failed over the history (workers that restarted aside)."""
         if len(self.history) < 2:
