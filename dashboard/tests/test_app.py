@@ -695,3 +695,17 @@ def test_the_overview_counts_workers_apart_from_schedulers_and_what_runs_and_wha
     assert 'id="live-workers">1<' in page and "and 1 scheduler" in page
     assert 'id="running-now">3<' in page
     assert 'id="failed-kept">2<' in page
+
+
+def test_a_fresh_dashboard_s_chart_spans_its_samples_not_an_empty_hour() -> None:
+    from hermes.dashboard._chart import LEFT, WIDTH, chart
+    from hermes.dashboard._state import Sample
+
+    now = 1_000_000.0
+    fresh = chart([Sample(now - 120, {100: 4}, 0, 0), Sample(now, {100: 6}, 0, 0)], now)
+    first_x = float(fresh.lines[0].points.split()[0].split(",")[0])
+    assert fresh.span_min == 5  # five minutes at least
+    assert first_x < LEFT + (WIDTH - LEFT) * 0.7  # not squeezed against the right edge
+
+    old = chart([Sample(now - 7200, {100: 1}, 0, 0), Sample(now, {100: 2}, 0, 0)], now)
+    assert old.span_min == 60

@@ -19,6 +19,8 @@ LEFT = 48
 BOTTOM = 20
 #: Line colours, one per priority, in the order of the legend (CSS classes).
 SERIES = 6
+#: The shortest span the chart shows: a fresh dashboard's first minutes fill it.
+MIN_SPAN_S = 300.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,18 +40,24 @@ class Chart:
     left: int = LEFT
     bottom: int = BOTTOM
     samples: int = 0
+    #: How far back the left edge is, in minutes.
+    span_min: int = int(HISTORY_S // 60)
 
 
 def chart(history: Sequence[Sample], now: float | None = None) -> Chart:
-    """Waiting messages per priority over the last hour; unknown counts leave gaps out."""
+    """Waiting messages per priority since the first sample, over the last hour at most
+    (5 minutes at least): a fresh dashboard's samples span the chart, not its right edge.
+    Unknown counts leave gaps out."""
     now = time.time() if now is None else now
+    sampled = now - history[0].at if history else 0.0
+    span = min(HISTORY_S, max(MIN_SPAN_S, sampled))
     priorities = sorted({p for s in history for p in s.waiting}, reverse=True)
     known = [v for s in history for v in s.waiting.values() if v is not None]
     top: int = max([*known, 1])
     plot_w, plot_h = WIDTH - LEFT, HEIGHT - BOTTOM
 
     def x(at: float) -> float:
-        return float(LEFT + plot_w * max(0.0, 1 - (now - at) / HISTORY_S))
+        return float(LEFT + plot_w * max(0.0, 1 - (now - at) / span))
 
     def y(value: int) -> float:
         return float(plot_h - plot_h * value / top)
@@ -60,4 +68,4 @@ def chart(history: Sequence[Sample], now: float | None = None) -> Chart:
         points = " ".join(f"{x(at):.1f},{y(v):.1f}" for at, v in values if v is not None)
         latest = next((v for _, v in reversed(values) if v is not None), None)
         lines.append(Line(priority, points, latest, f"series-{n % SERIES}"))
-    return Chart(lines, top, samples=len(history))
+    return Chart(lines, top, samples=len(history), span_min=round(span / 60))
