@@ -64,6 +64,14 @@ def run_in_thread(dispatcher: Dispatcher) -> threading.Thread:
     return thread
 
 
+def release_abandoned(stuck: threading.Event, before: set[threading.Thread]) -> None:
+    """Let the handlers a run abandoned finish, and wait for their threads to end: they log
+    as they end, which must not outlive the test's log capture."""
+    stuck.set()
+    for thread in set(threading.enumerate()) - before:
+        thread.join(DEADLINE_S)
+
+
 def queued(driver: MemoryDriver) -> int:
     broker = driver._broker
     with broker.condition:
@@ -214,6 +222,7 @@ def test_the_consumer_is_closed_only_after_a_receive_in_progress_has_returned(
             return True
 
     driver.send(Message("job"))
+    before = set(threading.enumerate())
     dispatcher = Dispatcher(driver, concurrency=2, grace_s=0)
     dispatcher.register_handler("job", Stuck())
     consumers = driver.consumers
@@ -231,7 +240,7 @@ def test_the_consumer_is_closed_only_after_a_receive_in_progress_has_returned(
         assert not consumer.closed_while_receiving, "closed while a thread was in receive()"
         assert any("still running after the 0 s grace" in r.getMessage() for r in caplog.records)
     finally:
-        stuck.set()
+        release_abandoned(stuck, before)
 
 
 def test_counts_are_exact_when_many_handlers_finish_at_once(driver: MemoryDriver) -> None:
@@ -322,6 +331,7 @@ def test_a_handler_still_running_after_the_grace_period_is_not_acknowledged(
             stuck.wait(DEADLINE_S)
             return True
 
+    before = set(threading.enumerate())
     dispatcher = Dispatcher(driver, shutdown=StopWhen(running.is_set), concurrency=2, grace_s=0.2)
     dispatcher.register_handler("job", Stuck())
     try:
@@ -333,7 +343,7 @@ def test_a_handler_still_running_after_the_grace_period_is_not_acknowledged(
             lambda: driver.consumer(()).receive(0) is not None, "the message is handed out again"
         )
     finally:
-        stuck.set()
+        release_abandoned(stuck, before)
 
 
 def test_a_callback_that_raises_under_concurrency_stops_the_run_and_is_released(
