@@ -6,8 +6,9 @@ A redis-server of the run's own (no persistence, a free port) is filled with
 10,000 waiting messages of 1 MB each (``--quick``: 200) and a failed-message
 store with 1,000 (``--quick``: 50); a real ``hermes dashboard`` serves them.
 The run then reads every page of Queues and of Failed, following "Next page"
-from the first to the last, and posts a 50 MB body. Rules, each a row of the
-table:
+from the first to the last, and posts a 50 MB body; then headless Chromium
+(Debian's, through Selenium) opens Queues and clicks "Next page" to the last.
+Rules, each a row of the table:
 
 * every page answers 200, and none is larger than 1 MB of HTML (previews of
   2 KB per payload, not the payloads);
@@ -15,7 +16,9 @@ table:
   (the sets do not change meanwhile, so once each);
 * the dashboard process's peak memory (``VmHWM``) stays under 400 MB: a page
   reads 8 MB of bodies at most, whatever the broker holds;
-* the 50 MB POST is refused with 413 before it is read whole.
+* the 50 MB POST is refused with 413 before it is read whole;
+* in Chromium, "Next page" reaches the last page and the rows shown add up
+  to every waiting message.
 
 The full run writes ``torture/results/dashboard-bounds.md``. Exit 1 when a rule
 is broken. Times are reported, never judged.
@@ -27,6 +30,7 @@ import argparse
 import contextlib
 import html
 import http.client
+import os
 import re
 import shutil
 import socket
@@ -143,6 +147,34 @@ def big_post(port: int) -> tuple[int, float]:
     return status, time.perf_counter() - started
 
 
+def click_through(port: int) -> tuple[int, int]:
+    """Headless Chromium on Queues, clicking "Next page" until there is none: (pages, rows)."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+
+    chromium, chromedriver = services.ensure_chromium()
+    os.environ["SE_OFFLINE"] = "true"  # Debian's browser and driver, nothing downloaded
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage"):
+        options.add_argument(argument)
+    browser = webdriver.Chrome(service=Service(chromedriver), options=options)
+    browser.set_page_load_timeout(120)
+    try:
+        browser.get(f"http://127.0.0.1:{port}/queues")
+        pages = rows = 0
+        while True:
+            pages += 1
+            rows += len(browser.find_elements(By.CSS_SELECTOR, "table.messages tbody tr"))
+            following = browser.find_elements(By.ID, "next-page")
+            if not following or pages > 100_000:
+                return pages, rows
+            following[0].click()
+    finally:
+        browser.quit()
+
+
 def peak_rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
@@ -173,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
                 failed_walk = walk(port, "/failed")
                 overview = get(port, "/")
                 post_status, post_s = big_post(port)
+                clicked_pages, clicked_rows = click_through(port)
                 rss = peak_rss_mb(proc.pid)
             finally:
                 proc.terminate()
@@ -204,6 +237,11 @@ def main(argv: list[str] | None = None) -> int:
             "a 50 MB POST is refused with 413",
             f"{post_status} in {post_s:.2f} s",
             post_status == 413,
+        ),
+        (
+            'Chromium: "Next page" reaches the last page, every message shown',
+            f"{clicked_pages:,} pages, {clicked_rows:,} rows for {waiting:,} waiting",
+            clicked_pages == queues.pages and clicked_rows == waiting,
         ),
     ]
     held = all(ok for _, _, ok in rows)
