@@ -7,7 +7,8 @@ job through its record: :meth:`~hermes.core.jobs.Jobs.cancel` sets
 running jobs, blocked in the store's wait (Redis pub/sub, a condition in
 memory; one record at a time on a store that cannot wait on several), never
 polling faster than the store's own wait does. A job is looked at once it
-has run :data:`WATCH_AFTER_S`: a job that ends sooner costs the store nothing
+has run :data:`WATCH_AFTER_S` (or when the wait in progress ends, at most
+:data:`WATCH_ROUND_S` later): a job that ends sooner costs the store nothing
 here (a cancel that reaches it then comes too late to stop anything, and
 stays noted in its record), and the first look reads the record, so a cancel
 made before it is heard.
