@@ -773,3 +773,16 @@ def test_a_worker_reads_a_record_once_per_job_and_never_watches_a_job_that_ends_
     # The start reads what the emitter wrote; the finish expects what the start wrote.
     assert sorted(reads) == sorted(f"job:{m.id}" for m in messages)
     assert {record(Jobs(store), m).state for m in messages} == {JobState.SUCCEEDED}
+
+
+def test_a_jobs_object_remembers_no_ended_record_however_many_results_it_wrote(
+    jobs: Jobs,
+) -> None:
+    for n in range(20):
+        message = Message("job", {"n": n})
+        jobs.emitted(message, 100)
+        assert jobs.start(message, 100).run
+        jobs.finish(
+            message, "succeeded", state=JobState.SUCCEEDED, result="x" * 10_000, has_result=True
+        )
+    assert jobs._written == {}  # results can be large: ended records are not kept

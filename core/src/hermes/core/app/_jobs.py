@@ -22,9 +22,9 @@ running workers sweep: an attempt whose worker's heartbeat has expired ends
 
 Every change is a compare-and-set on the record's bytes, retried on a
 conflict, so a cancel and a worker's start never both win. A :class:`Jobs`
-remembers the bytes it last wrote for a few thousand jobs and offers them as
-the expected bytes of its next change to the same job (a worker's finish
-after its start), and a new record expects none: a change reads the store
+remembers the bytes it last wrote for a few thousand jobs not yet ended and
+offers them as the expected bytes of its next change to the same job (a
+worker's finish after its start), and a new record expects none: a change reads the store
 first only when that guess fails, so a worker's job costs three round trips
 to the store (read and write at the start, write at the end), not four.
 """
@@ -68,6 +68,8 @@ MAX_ATTEMPTS_KEPT = 50
 _MAX_ROUNDS = 100
 #: Jobs whose last written record a :class:`Jobs` remembers, to change it without a read.
 _WRITTEN_KEPT = 4096
+#: The largest record remembered (a failed attempt's traceback fits; results are final).
+_WRITTEN_MAX_BYTES = 64 * 1024
 
 
 class JobState(enum.StrEnum):
@@ -443,6 +445,9 @@ class Jobs:
         )
 
     def _remember(self, job_id: str, body: bytes, record: JobRecord) -> None:
+        # A final record is rarely changed again, and a result may be large: neither is kept.
+        if record.state.final or len(body) > _WRITTEN_MAX_BYTES:
+            return
         with self._written_lock:
             self._written[job_id] = (body, record)
             if len(self._written) > _WRITTEN_KEPT:
