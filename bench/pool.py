@@ -94,7 +94,8 @@ def peer_row(env: Env, redis_url: str, n: int, system: str) -> float:
                 argv += ["--processes", "2", "--threads", "1"]
             else:
                 argv = [sys.executable, "-m", "celery", "-A", "bench.peer_celery", "worker"]
-                argv += ["-Q", queue, "--loglevel=WARNING", "--pool=prefork", "--concurrency=2"]
+                argv += ["-Q", queue, "-n", f"{queue}@%h", "--loglevel=WARNING"]
+                argv += ["--pool=prefork", "--concurrency=2"]
                 argv += list(_NO_CHATTER)
             with worker(argv, worker_env, log) as proc:
                 return rate(wait_tally(tally, n, proc, 600))

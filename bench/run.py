@@ -960,7 +960,9 @@ def bench_peer(
                 run.add(broker, setting.name, "emit", rate_, "msgs/s", "one by one")
             if system == "celery":
                 argv = [sys.executable, "-m", "celery", "-A", "bench.peer_celery", "worker"]
-                argv += ["-Q", queue, "--loglevel=WARNING", *setting.argv]
+                # A node name of the run's own: two runs' workers on one RabbitMQ would
+                # otherwise both claim the exclusive celery@HOST.celery.pidbox queue.
+                argv += ["-Q", queue, "-n", f"{queue}@%h", "--loglevel=WARNING", *setting.argv]
             elif system == "dramatiq":
                 argv = [sys.executable, "-m", "dramatiq", "bench.peer_dramatiq"]
                 argv += ["--processes", "1", *setting.argv]

@@ -86,6 +86,7 @@ def argv_for(system: str, url: str, python: str) -> list[str]:
         return [*argv, "--processes", "1", "--threads", str(THREADS)]
     return [
         python, "-m", "celery", "-A", "bench.peer_celery", "worker",
+        "-n", f"bench-{uuid.uuid4().hex[:8]}@%h",  # not celery@HOST: another run may hold it
         "--loglevel=WARNING", "--pool=threads", f"--concurrency={THREADS}",
         "--without-mingle", "--without-gossip", "--without-heartbeat",
     ]  # fmt: skip
