@@ -15,6 +15,14 @@ Recycle run: ``--max-jobs-per-child 100`` over 2,000 messages (``--quick``:
 10 over 200) on file://: about 20 replacements, lost 0, none handled twice
 (no child is killed, so an at-least-once driver has no reason to repeat one).
 
+Restart run: ``hermes worker --processes 4 --concurrency 2`` on a redis-server
+of its own (at least once, appendfsync always), 2,000 messages (``--quick``:
+400) whose handler fails each first attempt, so every message sends a retry
+copy (backoff 0.2 s); Redis is restarted (down 1 s) while that burst of retry
+copies is being sent. Rules: lost 0, the pool runs on (no child exits 2, the
+mistake that stops a pool; a child whose copy could not be sent exits 1 and is
+replaced), and it stops with 0.
+
 Exit status 1 if a rule is broken. The full run writes torture/results/pool.md,
 a run with ``--only`` torture/results/pool-<its targets>.md.
 """
@@ -67,6 +75,24 @@ def record(message):
 HANDLERS = {"torture": record}
 """
 
+#: The restart run's handlers: each message fails its first attempt (a retry copy
+#: goes out, due 0.2 s later) and is recorded on its retry.
+RETRYING_JOBS = """
+import os
+
+from hermes.core import HandlerRegistry
+
+_fd = os.open(os.environ["POOL_SOAK_RECORD"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+HANDLERS = HandlerRegistry()
+
+
+@HANDLERS.handler("torture", max_retry=10, backoff=0.2)
+def record(message):
+    if message.retries == 0:
+        raise RuntimeError("the first attempt fails: a retry copy goes out")
+    os.write(_fd, f"{message.payload['n']}\\t{os.getpid()}\\n".encode())
+"""
+
 
 @dataclass
 class Outcome:
@@ -102,10 +128,19 @@ def children_of(pid: int) -> list[int]:
 
 
 class Pool:
-    def __init__(self, url: str, tmp: Path, work_ms: float, *options: str) -> None:
+    def __init__(
+        self,
+        url: str,
+        tmp: Path,
+        work_ms: float,
+        *options: str,
+        jobs: str = JOBS,
+        processes: int = PROCESSES,
+        concurrency: int = CONCURRENCY,
+    ) -> None:
         self.record = tmp / "record"
         self.log = tmp / "pool.log"
-        (tmp / "pool_soak_jobs.py").write_text(JOBS)
+        (tmp / "pool_soak_jobs.py").write_text(jobs)
         env = {
             **os.environ,
             "POOL_SOAK_RECORD": str(self.record),
@@ -114,7 +149,7 @@ class Pool:
         with self.log.open("wb") as log:
             self.proc = subprocess.Popen(
                 [HERMES, "worker", "--url", url, "--handlers", "pool_soak_jobs:HANDLERS",
-                 "--processes", str(PROCESSES), "--concurrency", str(CONCURRENCY), *options],
+                 "--processes", str(processes), "--concurrency", str(concurrency), *options],
                 cwd=tmp,
                 env=env,
                 stdout=log,
@@ -278,6 +313,48 @@ def recycle_run(base_url: str, count: int, max_jobs: int) -> Outcome:
         )
 
 
+def restart_run(count: int) -> Outcome:
+    """A pool of 4 on a Redis of its own, restarted in the middle of a burst of retry copies."""
+    from torture.soak import private_redis
+
+    processes = 4
+    with (
+        private_redis() as (base, restart),
+        tempfile.TemporaryDirectory(prefix="hermes-pool-") as tmp,
+    ):
+        url = f"{base}?{services.REDIS_AT_LEAST_ONCE}"
+        emit(url, count)
+        pool = Pool(url, Path(tmp), 0, jobs=RETRYING_JOBS, processes=processes, concurrency=2)
+        # In the burst: some retries handled, most of the copies still to send.
+        deadline = time.monotonic() + 60
+        while len(handled(pool.record)) < count // 20 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        restart()
+        wait_for_drain(pool.record, set(range(count)), 30.0)
+        running = pool.proc.poll() is None
+        code = pool.stop()
+        output = pool.output()
+        counts = collections.Counter(handled(pool.record))
+        lost = len(set(range(count)) - set(counts))
+        duplicated = sum(1 for c in counts.values() if c > 1)
+        mistakes = "stopping the pool" in output or "exited with code 2" in output
+        ok = lost == 0 and running and not mistakes and code == 0
+        return Outcome(
+            f"redis-at-least-once + restart, --processes {processes}, retry burst",
+            count,
+            sum(counts.values()),
+            0,
+            summary_number(output, "died and were replaced"),
+            0,
+            pool.most,
+            lost,
+            duplicated,
+            code,
+            ok,
+            "" if ok else output[-3000:],
+        )
+
+
 def table(outcomes: list[Outcome]) -> str:
     lines = [
         "| run | sent | handled | kills | replaced after a death | recycled | most alive "
@@ -317,6 +394,12 @@ def main() -> int:
         with services.service_url(target) as url:
             outcomes.append(kill_run(target, url, count, kill_phase))
         print(table(outcomes[-1:]).splitlines()[-1], flush=True)
+    restarted = not only or "restart" in only
+    if restarted:
+        total = 400 if args.quick else 2_000
+        print(f"== --processes 4 on Redis, restarted amid {total:,} retry copies", flush=True)
+        outcomes.append(restart_run(total))
+        print(table(outcomes[-1:]).splitlines()[-1], flush=True)
     recycled = not only or "recycle" in only
     if recycled:
         total, max_jobs = (200, 10) if args.quick else (2_000, 100)
@@ -331,14 +414,21 @@ def main() -> int:
             print(f"\n{o.run}:\n{o.note}")
     if not args.quick:
         stamp = time.strftime("%Y-%m-%d %H:%M %Z")
+        runs = []
+        if any(o.kills or o.run in FULL_TARGETS for o in outcomes):
+            runs.append(
+                f"one `hermes worker --processes {PROCESSES} --concurrency {CONCURRENCY}`, "
+                f"{count:,} messages, a random child SIGKILLed every ~0.5 s for {kill_phase:g} s"
+            )
+        if restarted:
+            runs.append("a pool of 4 on a Redis restarted amid 2,000 retry copies")
+        if recycled:
+            runs.append("`--max-jobs-per-child 100` over 2,000 messages")
         intro = (
-            f"`python -m torture.pool_soak` ({stamp}, {os.cpu_count()} cores): one "
-            f"`hermes worker --processes {PROCESSES} --concurrency {CONCURRENCY}`, "
-            f"{count:,} messages, a random child SIGKILLed every ~0.5 s for "
-            f"{kill_phase:g} s"
-            + ("; then `--max-jobs-per-child 100` over 2,000 messages" if recycled else "")
-            + ". Rules: lost 0, never more than 2 children alive, every death answered by a "
-            "replacement; recycling handles none twice.\n\n"
+            f"`python -m torture.pool_soak{' --only ' + args.only if only else ''}` "
+            f"({stamp}, {os.cpu_count()} cores): " + "; ".join(runs) + ". Rules: lost 0, never "
+            "more than the pool's children alive, every death answered by a replacement, no "
+            "child's exit stopping the pool; recycling handles none twice.\n\n"
         )
         results = ROOT / "torture" / "results"
         results.mkdir(exist_ok=True)

@@ -641,3 +641,40 @@ def test_an_at_most_once_driver_does_not_count(client, namespace):
     with driver.consumer([]) as consumer:
         received = consumer.receive(1)
         assert received is not None and received.delivery_count is None
+
+
+def test_a_take_whose_reply_was_lost_loses_nothing(driver, client, namespace) -> None:
+    # The connection breaks after Redis ran a take: the worker never saw the body it
+    # claimed. A later take must not reuse its number, or it overwrites that body.
+    driver.send_batch([Message("job", {"n": n}) for n in range(3)])
+    consumer = driver.consumer([])
+    delivered = []
+
+    def take() -> Received | None:
+        received = consumer.receive(0)
+        if received is not None:
+            delivered.append(received.decoded().payload["n"])
+            consumer.ack(received)
+        return received
+
+    try:
+        assert take() is not None
+        real = consumer._execute
+
+        def reply_lost(command: Any, raw: bool) -> Any:
+            consumer._execute = real
+            real(command, raw)  # the take runs on the server...
+            raise redis.ConnectionError("Connection closed by server.")  # ...its reply is lost
+
+        consumer._execute = reply_lost
+        with pytest.raises(Exception, match="Connection closed"):
+            consumer.receive(0)
+        deadline = time.monotonic() + DEADLINE_S
+        while len(delivered) < 3 and time.monotonic() < deadline:
+            take()
+    finally:
+        consumer.close()
+
+    assert sorted(delivered) == [0, 1, 2]
+    assert client.scard(namespace) == 0
+    assert leases(client, namespace) == {}

@@ -834,6 +834,9 @@ class _LeasingConsumer(_RedisConsumer):
         self.claim: _scripts.PackedCall | None = None
         #: The number of the next take (a field of the held hash).
         self.next_number = 1
+        #: ``(set index, take number)`` a take may have used on the server before its
+        #: reply was lost (the connection broke): given back before the next take.
+        self.unsure: list[tuple[int, int]] = []
         #: Claimed by the last take and not handed out yet, next first.
         self.prefetched: collections.deque[Received] = collections.deque()
         #: ``[index, take number, digest, ...]`` acknowledged, not yet sent.
@@ -896,7 +899,8 @@ class _LeasingConsumer(_RedisConsumer):
         try:
             if self.claim is not None:
                 # Here, not in core's translation around close: what a failure
-                # costs depends on what was still to acknowledge.
+                # costs depends on what was still to acknowledge (and on what a
+                # take whose reply was lost may hold: its lease runs out).
                 with self.driver.translating("closing"):
                     self._give_back()
                     self._claim(b"")  # no take number: acknowledge, take nothing, leave
@@ -988,8 +992,21 @@ class _LeasingConsumer(_RedisConsumer):
     def _pop(self) -> Received | None:
         if self.prefetched:
             return self.prefetched.popleft()
+        if self.unsure:
+            self._give_back_unsure()
         first = self.next_number
-        reply = self._claim(b"%d" % first)
+        try:
+            reply = self._claim(b"%d" % first)
+        except BaseException:
+            # The take may have run and only its reply be lost: the server then holds
+            # bodies under these numbers, which this worker never saw. They are never
+            # used again (a later take would overwrite them, and the bodies be gone),
+            # and whatever they hold goes back to its set before the next take.
+            most = max(self.driver.prefetch, 1)
+            numbers = range(first, first + most)
+            self.unsure += [(i, n) for i in range(1, len(self.keys) + 1) for n in numbers]
+            self.next_number = first + most
+            raise
         if not reply:
             return None
         if type(reply) is bytes:  # one body from the first set, its first delivery
@@ -1016,6 +1033,8 @@ class _LeasingConsumer(_RedisConsumer):
 
     def _give_back(self) -> None:
         """Put back at once what was claimed and never handed out (the worker stops)."""
+        if self.unsure:
+            self._give_back_unsure()
         if not self.prefetched:
             return
         args: list[str | int | bytes] = [WAKE_LIST_CAP]
@@ -1025,6 +1044,22 @@ class _LeasingConsumer(_RedisConsumer):
         keys = [*self.keys, *self.held_keys, *(wake_key(k) for k in self.keys)]
         _scripts.GIVE_BACK(self._execute, keys, args)
         self.prefetched.clear()
+
+    def _give_back_unsure(self) -> None:
+        """Put back what a take whose reply was lost may hold; raises while Redis is away."""
+        args: list[str | int | bytes] = [WAKE_LIST_CAP]
+        for index, number in self.unsure:
+            args += (index, number)
+        keys = [*self.keys, *self.held_keys, *(wake_key(k) for k in self.keys)]
+        back = _scripts.GIVE_BACK(self._execute, keys, args)
+        self.unsure = []
+        if back:
+            logger.warning(
+                "%r: put back %d message(s) taken by a call whose reply was lost; they are "
+                "delivered again",
+                self.driver,
+                back,
+            )
 
     def _move_due(self) -> int:
         moved, first, recovered = _scripts.MOVE_DUE_AND_RECOVER(
