@@ -183,6 +183,13 @@ def handled(record: Path) -> list[int]:
     return [int(line.split("\t", 1)[0]) for line in record.read_text().splitlines() if line]
 
 
+def tally(record: Path, count: int) -> tuple[collections.Counter[int], int, int]:
+    """Handles per message number, how many of 0..count-1 were never handled, how many twice."""
+    counts = collections.Counter(handled(record))
+    lost = len(set(range(count)) - set(counts))
+    return counts, lost, sum(1 for c in counts.values() if c > 1)
+
+
 def summary_number(output: str, words: str) -> int:
     match = re.search(rf"(\d+) {words}", output)
     return int(match.group(1)) if match else 0
@@ -250,9 +257,7 @@ def kill_run(target: str, base_url: str, count: int, kill_phase_s: float) -> Out
         alive_at_end = len(pool.children())
         code = pool.stop()
         output = pool.output()
-        counts = collections.Counter(handled(pool.record))
-        lost = len(set(range(count)) - set(counts))
-        duplicated = sum(1 for c in counts.values() if c > 1)
+        counts, lost, duplicated = tally(pool.record, count)
         replaced = summary_number(output, "died and were replaced")
         ok = (
             lost == 0
@@ -285,9 +290,7 @@ def recycle_run(base_url: str, count: int, max_jobs: int) -> Outcome:
         wait_for_drain(pool.record, set(range(count)), 10.0)
         code = pool.stop()
         output = pool.output()
-        counts = collections.Counter(handled(pool.record))
-        lost = len(set(range(count)) - set(counts))
-        duplicated = sum(1 for c in counts.values() if c > 1)
+        counts, lost, duplicated = tally(pool.record, count)
         recycled = summary_number(output, "replaced at their limit")
         expected = count // max_jobs
         ok = (
@@ -334,9 +337,7 @@ def restart_run(count: int) -> Outcome:
         running = pool.proc.poll() is None
         code = pool.stop()
         output = pool.output()
-        counts = collections.Counter(handled(pool.record))
-        lost = len(set(range(count)) - set(counts))
-        duplicated = sum(1 for c in counts.values() if c > 1)
+        counts, lost, duplicated = tally(pool.record, count)
         mistakes = "stopping the pool" in output or "exited with code 2" in output
         ok = lost == 0 and running and not mistakes and code == 0
         return Outcome(
