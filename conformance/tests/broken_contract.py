@@ -290,6 +290,23 @@ class PurgesEveryPrioritysSchedule(_Broken):
         return removed
 
 
+class PurgesTheDefaultScheduleWithAnother(_Broken):
+    """purge(priority) of a priority other than the default also deletes the default
+    priority's delayed messages (one schedule for all, emptied whichever is purged)."""
+
+    scheme = "purge-default-delayed"
+
+    def purge(self, priority: int | None = None) -> int:
+        removed = super().purge(priority)
+        if priority is not None and priority != DEFAULT_PRIORITY:
+            broker = self._broker
+            with broker.condition:
+                kept = [entry for entry in broker.scheduled if entry[2] != DEFAULT_PRIORITY]
+                broker.scheduled = kept
+                heapq.heapify(broker.scheduled)
+        return removed
+
+
 class PurgesInFlight(_Broken):
     """purge(priority) also deletes the messages running handlers hold: released, they
     are gone."""
@@ -589,6 +606,7 @@ VARIANTS: list[type[_Broken]] = [
     AcksWhatItHeldOnReconnect,
     KeepsHeldOnDrop,
     PurgesEveryPrioritysSchedule,
+    PurgesTheDefaultScheduleWithAnother,
     PurgesInFlight,
     TurnsFairUnderLoad,
     FetchesTheScheduleAhead,

@@ -80,6 +80,9 @@ ANY_THREAD = "test_the_consumer_works_whichever_handler_thread_receives"
 POISON_PAST_LEASE = "test_a_rejected_body_does_not_come_back_after_its_lease_runs_out"
 DROPPED = "test_a_message_whose_connection_dropped_before_its_settle_is_delivered_again"
 PURGE_ONE = "test_purge_of_one_priority_leaves_other_priorities_and_the_messages_in_handlers"
+PURGE_HIGH = (
+    "test_purge_of_a_higher_priority_leaves_the_default_priority_s_messages_scheduled_ones_too"
+)
 WARM = "test_a_worker_that_has_run_a_while_beside_another_still_honours_priority_and_delay"
 THOUSANDS = "test_thousands_waiting_and_scheduled_all_arrive_once_highest_priority_first"
 RECORDS_CAS = "test_a_put_writes_only_over_the_bytes_it_expects_and_a_get_returns_them_exactly"
@@ -159,6 +162,7 @@ BROKEN = {
     "loses-held-on-drop://x": ([DROPPED], "it was lost"),
     "purge-all-delayed://x": ([PURGE_ONE], "a scheduled one of priority 200"),
     "purge-in-flight://x": ([PURGE_ONE], "the message in a handler, released"),
+    "purge-default-delayed://x": ([PURGE_HIGH], "of priority 100 never arrived: #"),
     "turns-fair://x": ([WARM], "no longer reads highest priority first"),
     "schedule-ahead://x": ([WARM], "before its execute_at"),
     "caps-queue://x": ([THOUSANDS], "never arrived"),
@@ -189,8 +193,9 @@ _NO_DROP = (
 #: only the kit's per-test bound (``--hermes-test-timeout``) can end it.
 BOUNDED = {"hangs-send://x": (HANDLED, 10.0)}
 
-#: The kit's new checks, failing without ``--hermes-strict``: a warning, not a failure.
-PROVISIONAL = "releases-on-close://x"
+#: A driver failing checks new in this release, run with the old ``--hermes-strict``
+#: flag as well: the flag is accepted and changes nothing (every run fails the same).
+NEW_CHECKS = "releases-on-close://x"
 
 #: URL -> (a kit test to run, what its teardown error says): close() or teardown() hangs.
 HANGS = {
@@ -295,8 +300,7 @@ def _kit_tests() -> dict[str, KitTest]:
         for node in ast.parse(path.read_text()).body:
             if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
                 marks = [ast.unparse(decorator) for decorator in node.decorator_list]
-                provisional = any("hermes_provisional" in mark for mark in marks)
-                tests[node.name] = KitTest(f"hermes.conformance.{path.stem}", not provisional)
+                tests[node.name] = KitTest(f"hermes.conformance.{path.stem}", True)
     return tests
 
 
@@ -305,10 +309,9 @@ def _kit_args(
     *args: str,
     modules: Sequence[str] = ("hermes.conformance",),
     plugins: Sequence[str] = ("broken_drivers", "broken_contract"),
-    strict: bool = True,
 ) -> list[str]:
-    """The kit's arguments; strict: the kit's new checks are required (a broken driver
-    must fail them, not be warned about them)."""
+    """The kit's arguments, as conformance/README.md runs it: no option makes a check
+    required, each is."""
     loaded = [arg for plugin in plugins for arg in ("--hermes-plugin", plugin)]
     return [
         "--pyargs",
@@ -316,7 +319,6 @@ def _kit_args(
         "--hermes-url",
         url,
         *loaded,
-        *(["--hermes-strict"] if strict else []),
         *args,
     ]
 
@@ -352,11 +354,11 @@ def _controls() -> dict[tuple[str, float], set[str]]:
     return controls
 
 
-def _only(url: str, tests: Sequence[str], *args: str, strict: bool = True) -> list[str]:
+def _only(url: str, tests: Sequence[str], *args: str) -> list[str]:
     """The kit on ``url``, running just ``tests`` (their modules only: it starts faster)."""
     kit = _kit_tests()
     modules = sorted({kit[name].module for name in tests})
-    return _kit_args(url, "-k", " or ".join(tests), *args, modules=modules, strict=strict)
+    return _kit_args(url, "-k", " or ".join(tests), *args, modules=modules)
 
 
 #: The sound memory driver the controls run on: memory with a drop_connection() that,
@@ -399,9 +401,9 @@ def verdicts(
         for url, (test, bound_s) in BOUNDED.items():
             timeout = ["--hermes-test-timeout", str(bound_s)]
             runs[url] = pool.submit(kit_runner.run, *_only(url, [test], *timeout), scale=0.3)
-        must_fail, _ = BROKEN[PROVISIONAL]
-        runs["provisional"] = pool.submit(
-            kit_runner.run, *_only(PROVISIONAL, must_fail, strict=False), scale=0.3
+        must_fail, _ = BROKEN[NEW_CHECKS]
+        runs["--hermes-strict"] = pool.submit(
+            kit_runner.run, *_only(NEW_CHECKS, must_fail, "--hermes-strict"), scale=0.3
         )
         for (inner, scale), tests in _controls().items():
             if inner == "file" and not _HAS_FILESYSTEM:
@@ -441,7 +443,7 @@ def test_the_kit_passes_on_the_memory_driver_and_says_what_it_could_not_verify(
         "an Exception escaping the callback: raised, delivered again verified; "
         "SIGKILL mid-handler not verified: driver is in-process" in run.output
     ), run.describe()
-    assert "54 verified, 9 not verified, 0 not applicable, 0 failed" in run.output
+    assert "55 verified, 9 not verified, 0 not applicable, 0 failed" in run.output
 
 
 def test_the_example_driver_of_the_kit_readme_passes_the_kit(
@@ -452,7 +454,7 @@ def test_the_example_driver_of_the_kit_readme_passes_the_kit(
     assert run.returncode == 0, run.describe()
     assert run.with_outcome("failed") + run.with_outcome("error") == [], run.describe()
     # It has no queue_stats(), purge(), drop_connection(), claim(), heartbeats or records.
-    skipped = {STATS, DROPPED, PURGE_ONE} | CLAIMS | HEARTBEATS | RECORDS
+    skipped = {STATS, DROPPED, PURGE_ONE, PURGE_HIGH} | CLAIMS | HEARTBEATS | RECORDS
     assert set(run.with_outcome("passed")) == set(_kit_tests()) - skipped, run.describe()
 
 
@@ -543,13 +545,14 @@ def test_a_driver_call_that_hangs_inside_a_test_fails_it_within_the_kits_own_bou
     assert run.duration_s < 60, f"the run took {run.duration_s:.0f} s\n{run.describe()}"
 
 
-def test_a_new_check_that_fails_is_a_warning_unless_the_run_is_strict(
+def test_checks_new_in_this_release_fail_the_run_with_the_old_strict_flag_as_without_it(
     verdicts: dict[str, Future[Any]],
 ) -> None:
-    must_fail, _ = BROKEN[PROVISIONAL]
-    run = verdicts["provisional"].result()
+    must_fail, _ = BROKEN[NEW_CHECKS]
+    plain = verdicts[NEW_CHECKS].result()
+    flagged = verdicts["--hermes-strict"].result()
 
-    assert run.returncode == 0, run.describe()
-    assert run.outcomes == dict.fromkeys(must_fail, "xfailed"), run.describe()
-    assert "provisional failure (warning)" in run.output, run.describe()
-    assert "WARNING: provisional checks failed" in run.output, run.describe()
+    for run in (plain, flagged):
+        assert run.returncode == 1, run.describe()
+        assert run.outcomes == dict.fromkeys(must_fail, "failed"), run.describe()
+        assert "warning" not in run.output.lower(), run.describe()

@@ -11,18 +11,16 @@ def test_something_else(tmp_path):
     assert tmp_path.exists()
 """
 
-PROVISIONAL_TESTS = """
+NEW_CHECK_TESTS = """
 import pytest
 
 
-@pytest.mark.hermes_check("retry", "a check new in this release")
-@pytest.mark.hermes_provisional(reason="new in 6.1")
+@pytest.mark.hermes_check("retry", "a check new in this release", new=True)
 def test_a_new_check_the_driver_does_not_pass_yet(hermes_kit):
     assert hermes_kit.capabilities.priorities is False
 
 
-@pytest.mark.hermes_check("retry", "a provisional check the driver passes")
-@pytest.mark.hermes_provisional(reason="new in 6.1")
+@pytest.mark.hermes_check("retry", "another new check the driver passes", new=True)
 def test_a_new_check_the_driver_passes(hermes_driver):
     assert hermes_driver.capabilities.priorities is True
 """
@@ -57,24 +55,23 @@ def test_the_plugin_leaves_an_unrelated_test_run_alone(kit_runner: Any) -> None:
     assert "warning" not in run.output.lower()
 
 
-def test_a_failing_provisional_test_is_a_warning_not_a_failure(kit_runner: Any) -> None:
+def test_a_new_check_the_driver_fails_fails_the_run_as_any_other(kit_runner: Any) -> None:
     run = kit_runner.run(
         "test_new_checks.py",
         "--hermes-url",
         "memory://selftest",
-        files={"test_new_checks.py": PROVISIONAL_TESTS},
+        files={"test_new_checks.py": NEW_CHECK_TESTS},
     )
 
-    assert run.returncode == 0, run.describe()
+    assert run.returncode == 1, run.describe()
     assert run.outcomes == {
-        "test_a_new_check_the_driver_does_not_pass_yet": "xfailed",
-        "test_a_new_check_the_driver_passes": "xpassed",
+        "test_a_new_check_the_driver_does_not_pass_yet": "failed",
+        "test_a_new_check_the_driver_passes": "passed",
     }, run.describe()
-    assert (
-        "retry: a check new in this release provisional failure (warning); "
-        "a provisional check the driver passes verified" in run.output
-    ), run.describe()
-    assert "WARNING: provisional checks failed" in run.output
+    assert "retry: a check new in this release failed (" in run.output, run.describe()
+    assert "another new check the driver passes verified" in run.output, run.describe()
+    assert "2 checks: 1 verified, 0 not verified, 0 not applicable, 1 failed" in run.output
+    assert "warning" not in run.output.lower(), run.describe()
 
 
 def test_python_m_hermes_conformance_runs_the_kit_on_a_url(kit_runner: Any) -> None:
@@ -172,7 +169,6 @@ def _dropped_row(*options: str) -> tuple[str, ...]:
         "hermes.conformance.test_settles",
         "--hermes-url",
         "memory://selftest",
-        "--hermes-strict",
         "-k",
         "connection_dropped",
         *options,

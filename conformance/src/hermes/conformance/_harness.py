@@ -919,7 +919,6 @@ class Outcome:
 
     row: str
     check: str
-    #: ``not run``, ``verified``, ``not verified: …``, ``n/a: …``, ``failed…``,
-    #: ``provisional failure (warning)``
+    #: ``not run``, ``verified``, ``not verified: …``, ``n/a: …``, ``failed…``
     status: str = "not run"
     figures: list[str] = field(default_factory=list)

@@ -9,10 +9,9 @@ test run is touched (the plugin only adds its option, its two markers and its
   capabilities once (the ``hermes_target`` fixture);
 * gives every test a :class:`~hermes.conformance._harness.Kit` on a namespace
   of its own (``hermes_kit``) and a driver object on it (``hermes_driver``);
-* turns a failing new test -- ``@pytest.mark.hermes_check(row, check, new=True)``
-  or ``@pytest.mark.hermes_provisional`` -- into a warning (an xfail that is
-  not strict) unless ``--hermes-strict``: new kit tests start that way for one
-  release, so a kit upgrade does not turn a third party's build red overnight;
+* fails the run on any check a driver fails: there is one mode, and every
+  check the kit runs is required. A check that cannot apply to a driver says
+  "not applicable" from what the driver declares; none is a warning;
 * bounds every kit test (``--hermes-test-timeout``, scaled): a test stuck in
   a driver call fails naming the line, instead of hanging until an outer timeout;
 * ends the run with a summary of which capability rows were verified, not
@@ -80,8 +79,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         dest="hermes_strict",
         action="store_true",
         default=False,
-        help="treat the kit's new checks as required: their failures fail the run "
-        "(without it they are warnings for one release)",
+        help="accepted so that older command lines still run; every check is required "
+        "whether or not it is given",
     )
     group.addoption(
         "--hermes-test-timeout",
@@ -114,12 +113,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         "hermes_check(row, check, new=False): the capability row and check a conformance "
-        "test verifies; new=True: a failure is a warning unless --hermes-strict",
-    )
-    config.addinivalue_line(
-        "markers",
-        "hermes_provisional(reason): a new conformance test; its failure is a warning "
-        "for one release",
+        "test verifies; new=True: a check added in this release (required like the rest)",
     )
     url = config.getoption("hermes_url")
     if not url:
@@ -155,29 +149,9 @@ def _is_kit_item(item: pytest.Item) -> bool:
     return item.path.resolve().parent == _PACKAGE_DIR
 
 
-def _new_check_reason(item: pytest.Item) -> str | None:
-    """Why ``item``'s failure is only a warning this release, or None if it is required."""
-    provisional = item.get_closest_marker("hermes_provisional")
-    if provisional is not None:
-        return str(
-            provisional.kwargs.get("reason")
-            or (provisional.args[0] if provisional.args else "new test")
-        )
-    check = item.get_closest_marker("hermes_check")
-    if check is not None and check.kwargs.get("new"):
-        return "a check new in this release; required in the next"
-    return None
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     with_url = _session_key in config.stash
-    strict = config.getoption("hermes_strict")
     for item in items:
-        reason = _new_check_reason(item)
-        if reason is not None and not strict:
-            item.add_marker(
-                pytest.mark.xfail(strict=False, reason=f"provisional (a warning only): {reason}")
-            )
         if not with_url and _is_kit_item(item):
             item.add_marker(pytest.mark.skip(reason=_NO_URL))
 
@@ -257,12 +231,7 @@ class KitSession:
                     outcome.figures.append(str(value))
         if outcome.status not in ("not run", "verified"):
             return  # the first phase that did not pass decides
-        if hasattr(report, "wasxfail"):
-            if report.skipped:
-                outcome.status = "provisional failure (warning)"
-            elif report.when == "call":
-                outcome.status = "verified"
-        elif report.failed:
+        if report.failed:
             crash = getattr(getattr(report.longrepr, "reprcrash", None), "message", "")
             where = "" if report.when == "call" else f" in {report.when}"
             outcome.status = f"failed{where} ({cause(crash)})"
@@ -298,7 +267,7 @@ class KitSession:
         for outcome in self.outcomes.values():
             rows.setdefault(outcome.row, []).append(outcome)
         counts = dict.fromkeys(
-            ("verified", "not verified", "n/a", "failed", "provisional", "not run"), 0
+            ("verified", "not verified", "n/a", "failed", "not run"), 0
         )
         for row, outcomes in rows.items():
             if not outcomes:
@@ -314,14 +283,9 @@ class KitSession:
         write(
             f"{sum(counts.values())} checks: {counts['verified']} verified, "
             f"{counts['not verified']} not verified, {counts['n/a']} not applicable, "
-            f"{counts['failed']} failed, {counts['provisional']} provisional warnings"
+            f"{counts['failed']} failed"
             + (f", {counts['not run']} not run" if counts["not run"] else "")
         )
-        if counts["provisional"]:
-            write(
-                "WARNING: provisional checks failed; they become required in the next release",
-                yellow=True,
-            )
         scale = _harness.time_scale()
         if scale != 1.0:
             write(f"deadlines scaled by {TIME_SCALE_ENV}={scale:g}")

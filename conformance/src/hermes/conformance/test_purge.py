@@ -140,3 +140,68 @@ def _files_delayed_under_default(driver: object, delayed: int) -> bool:
         and default.scheduled == delayed
         and high.scheduled is None
     )
+
+
+@pytest.mark.hermes_check(
+    "queue stats", "purge(a higher priority) leaves the default's, scheduled ones too", new=True
+)
+def test_purge_of_a_higher_priority_leaves_the_default_priority_s_messages_scheduled_ones_too(
+    hermes_kit: Kit,
+) -> None:
+    """The other direction: a driver may file every delayed message under one schedule
+    (the default priority's), and purging another priority must not empty it."""
+    caps = hermes_kit.capabilities
+    driver = hermes_kit.driver()
+    if not isinstance(driver, SupportsPurge):
+        pytest.skip("not verified: the driver has no purge()")
+    if not caps.priorities:
+        pytest.skip("n/a: driver declares priorities=False (purge() is checked separately)")
+    hermes_kit.setup_priority_queue("kit-high", _HIGH)
+    ledger = hermes_kit.ledger
+
+    due = time.time() + scaled(_DUE_S)
+    low = [hermes_kit.emit(hermes_kit.message(n)) for n in range(_READY)]
+    low += [hermes_kit.emit(hermes_kit.message(10 + n, execute_at=due)) for n in range(_LATER)]
+    high = [hermes_kit.emit(hermes_kit.message(20 + n), _HIGH) for n in range(_READY)]
+    high += [
+        hermes_kit.emit(hermes_kit.message(30 + n, execute_at=due), _HIGH) for n in range(_LATER)
+    ]
+    # With one schedule for every priority, the higher priority's delayed messages are
+    # the default priority's until they are due: purge(_HIGH) leaves them.
+    if _files_delayed_under_default(driver, _LATER * 2):
+        low, high = low + high[_READY:], high[:_READY]
+    refused: DriverError | None = None
+    try:
+        removed = driver.purge(_HIGH)
+    except DriverError as exc:
+        refused, removed = exc, -1
+    assert refused is not None or removed == len(high), (
+        f"purge({_HIGH}) deleted {removed} messages; {len(high)} were waiting there"
+    )
+
+    hermes_kit.worker()
+    kept = {m.id for m in low}
+    late_s = _DUE_S + DELAY_LATE_S if caps.delay is Delay.NATIVE else 0.0
+    assert wait_until(lambda: kept <= set(ledger.ids()), DELIVERY_S + late_s), (
+        f"after purge({_HIGH}) these of priority {DEFAULT_PRIORITY} never arrived: "
+        + ", ".join(
+            f"#{m.id} ({'scheduled' if m.execute_at is not None else 'ready'})"
+            for m in low
+            if m.id not in set(ledger.ids())
+        )
+    )
+    if refused is not None:
+        pytest.skip(
+            f"not verified: purge({_HIGH}) refused, so what it deletes was not checked "
+            f"(it kept priority {DEFAULT_PRIORITY}'s {len(low)}) - "
+            f"{type(refused).__name__}: {refused}"
+        )
+    purged = {m.id for m in high}
+    assert stays_false(lambda: purged & set(ledger.ids()), QUIET_S), (
+        f"purge({_HIGH}) said it deleted {removed}, yet "
+        f"{len(purged & set(ledger.ids()))} of them arrived"
+    )
+    hermes_kit.claim(
+        f"purge({_HIGH}) deleted its {len(high)}, kept priority {DEFAULT_PRIORITY}'s "
+        f"{len(low)}, scheduled ones included"
+    )
