@@ -22,7 +22,7 @@ import sqlite3
 import tempfile
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Mapping, Sequence
 from contextlib import closing
 from dataclasses import replace
@@ -431,6 +431,29 @@ class TrimsTheSchedule(_Broken):
                 heapq.heapify(broker.scheduled)
 
 
+class LooksAtTheFirstHundredScheduled(_Broken):
+    """Moves due messages from the first 100 of its schedule in the order they were
+    sent: one due soon, sent after 100 due later, waits until those are due."""
+
+    scheme = "schedule-first-hundred"
+
+    def __init__(self, name: str = "default") -> None:
+        super().__init__(name)
+        broker = self._broker
+
+        def move_due(now: float) -> None:
+            first = sorted(broker.scheduled, key=lambda entry: entry[1])[:100]
+            due = [entry for entry in first if entry[0] <= now]
+            for entry in due:
+                broker.scheduled.remove(entry)
+                broker.queues.setdefault(entry[2], deque()).append(entry[3])
+            heapq.heapify(broker.scheduled)
+            if not due and broker.scheduled and broker.scheduled[0][0] <= now:
+                time.sleep(0.05)  # its consumers would spin on the due head it ignores
+
+        broker.move_due = move_due  # type: ignore[method-assign]
+
+
 # Job records -----------------------------------------------------------------------
 
 
@@ -612,6 +635,7 @@ VARIANTS: list[type[_Broken]] = [
     FetchesTheScheduleAhead,
     DropsTheOldestPastFiveHundred,
     TrimsTheSchedule,
+    LooksAtTheFirstHundredScheduled,
     HangsInSend,
     RecordsNeverExpire,
     RecordsIgnoreExpect,

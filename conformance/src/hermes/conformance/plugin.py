@@ -266,9 +266,7 @@ class KitSession:
         rows: dict[str, list[_harness.Outcome]] = {row: [] for row in _ROWS}
         for outcome in self.outcomes.values():
             rows.setdefault(outcome.row, []).append(outcome)
-        counts = dict.fromkeys(
-            ("verified", "not verified", "n/a", "failed", "not run"), 0
-        )
+        counts = dict.fromkeys(("verified", "not verified", "n/a", "failed", "not run"), 0)
         for row, outcomes in rows.items():
             if not outcomes:
                 continue

@@ -30,7 +30,7 @@ from hermes.conformance._harness import (
     wait_for_progress,
     wait_until,
 )
-from hermes.core import Message
+from hermes.core import DEFAULT_PRIORITY, Message
 from hermes.core.driver import Delay
 
 #: How far in the future the kit schedules (unscaled seconds).
@@ -44,6 +44,8 @@ _EIGHT_S = 8.0
 #: Many messages, each due this long after it was sent (unscaled seconds).
 _MANY = 200
 _SHORT_S = 2.0
+#: A priority above the default, for the rows that use two.
+_HIGH = 200
 
 
 def _on_time(kit: Kit, message: Message) -> None:
@@ -263,4 +265,59 @@ def test_a_delay_of_a_minute_holds_while_200_short_ones_and_one_of_eight_seconds
     assert stays_false(lambda: ledger.has(minute.id), hold_left_s), (
         f"delay=NATIVE: a message due in {scaled(_MINUTE_S):.0f} s (scaled) arrived "
         f"{ledger.of(minute.id)[0].at - minute_sent:.1f} s after it was sent"
+    )
+
+
+#: Messages scheduled later than the one due soon, sent before it on each priority:
+#: more than any batch a driver might look at first (unscaled seconds ahead).
+_BEHIND = 150
+_BEHIND_AHEAD_S = 120.0
+
+
+@pytest.mark.hermes_check("delay", "due soon behind 150 due later, on every priority", new=True)
+def test_a_message_due_soon_is_on_time_behind_hundreds_due_later_on_every_priority(
+    hermes_kit: Kit,
+) -> None:
+    """Due is due however many were scheduled before it: a driver that looks at the
+    first hundred it was sent, or only at the default priority's schedule, fails."""
+    caps = hermes_kit.capabilities
+    if caps.delay is not Delay.NATIVE:
+        pytest.skip("n/a: driver declares delay=IGNORED (nothing is held back)")
+    priorities = [DEFAULT_PRIORITY]
+    if caps.priorities:
+        hermes_kit.setup_priority_queue("kit-high", _HIGH)
+        priorities.append(_HIGH)
+    ledger = hermes_kit.ledger
+    later_at = time.time() + scaled(_BEHIND_AHEAD_S)
+    for priority in priorities:
+        behind = [
+            hermes_kit.message(1000 * priority + n, execute_at=later_at) for n in range(_BEHIND)
+        ]
+        for start in range(0, _BEHIND, 50):
+            hermes_kit.sender.send_batch(behind[start : start + 50], priority)
+    due_at = time.time() + scaled(_SHORT_S)
+    soon = {
+        priority: hermes_kit.emit(hermes_kit.message(priority, execute_at=due_at), priority)
+        for priority in priorities
+    }
+    hermes_kit.worker()
+
+    assert wait_until(
+        lambda: all(ledger.has(m.id) for m in soon.values()), _SHORT_S + DELAY_LATE_S
+    ), "delay=NATIVE: " + ", ".join(
+        f"the message of priority {p} due in {scaled(_SHORT_S):.1f} s behind {_BEHIND} "
+        f"due in {scaled(_BEHIND_AHEAD_S):.0f} s did not arrive within "
+        f"{scaled(DELAY_LATE_S):.1f} s after that (scaled)"
+        for p, m in soon.items()
+        if not ledger.has(m.id)
+    )
+    for message in soon.values():
+        _on_time(hermes_kit, message)
+    early = [
+        e.message.id for e in ledger.entries() if e.message.id not in {m.id for m in soon.values()}
+    ]
+    assert not early, f"{len(early)} messages due in {scaled(_BEHIND_AHEAD_S):.0f} s arrived early"
+    hermes_kit.claim(
+        f"due soon behind {_BEHIND} due later, on {len(priorities)} "
+        f"priorit{'ies' if len(priorities) > 1 else 'y'}: on time"
     )
