@@ -867,6 +867,23 @@ class SharesItsSocketAcrossFork(_Wrapper):
             )
 
 
+class RecoversOnlyAtStart(_Wrapper):
+    """Declares its inner driver's redelivery timeout, yet recovers a dead worker's
+    messages only when a consumer starts (over file://: a recovery interval of an hour).
+    A worker already running never gets them."""
+
+    bug = "recovers-at-start"
+
+    @classmethod
+    def build(cls, inner: Driver, url: str) -> _Wrapper:
+        declared = inner.capabilities
+        inner.close()
+        separator = "&" if "?" in url else "?"
+        wrapper = cls(connect(f"{url}{separator}recovery_interval_s=3600"))
+        wrapper.capabilities = declared
+        return wrapper
+
+
 _WRAPPERS: list[type[_Wrapper]] = [
     AcksWhenTaken,
     ReleaseDeletes,
@@ -875,6 +892,7 @@ _WRAPPERS: list[type[_Wrapper]] = [
     SlowShutdown,
     DeliversEachMessageTwice,
     SharesItsSocketAcrossFork,
+    RecoversOnlyAtStart,
 ]
 _INNER_SCHEMES = ("memory", "file")
 

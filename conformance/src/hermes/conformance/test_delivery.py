@@ -207,6 +207,56 @@ def test_a_message_whose_worker_was_sigkilled_mid_handler_follows_the_declared_d
         )
 
 
+#: Sent once the fresh worker runs, so that it handles one while the blocked worker
+#: lives: more than a driver pushing messages ahead to a busy consumer holds back.
+_SENTINELS = 20
+
+
+@pytest.mark.hermes_check(
+    "delivery", "SIGKILL mid-handler, recovered by a running worker", new=True
+)
+def test_a_sigkilled_worker_s_message_is_delivered_again_to_a_worker_already_running(
+    hermes_kit: Kit,
+) -> None:
+    """The worker that gets the message again was running before the death: a driver
+    that recovers a dead peer's messages only when a consumer starts fails."""
+    hermes_kit.require_cross_process()
+    caps = hermes_kit.capabilities
+    if caps.delivery is not Delivery.AT_LEAST_ONCE:
+        pytest.skip("n/a: driver declares AT_MOST_ONCE (the message is not delivered again)")
+    if not caps.competing_consumers:
+        pytest.skip("n/a: driver declares competing_consumers=False (one worker at a time)")
+    message = hermes_kit.emit(hermes_kit.message(1))
+    blocked = hermes_kit.spawn_worker(block=True)
+
+    def delivered_to(pid: int, message_id: str | None = None) -> bool:
+        return any(
+            r.pid == pid and (message_id is None or r.id == message_id)
+            for r in hermes_kit.records()
+        )
+
+    assert wait_until(lambda: delivered_to(blocked.pid, message.id), WORKER_START_S + DELIVERY_S), (
+        f"the blocking worker never started the handler\n{hermes_kit.process_output()}"
+    )
+    running = hermes_kit.spawn_worker()
+    for n in range(_SENTINELS):
+        hermes_kit.emit(hermes_kit.message(100 + n))
+    assert wait_until(lambda: delivered_to(running.pid), WORKER_START_S + DELIVERY_S), (
+        f"the second worker handled none of {_SENTINELS} messages while the first was "
+        f"blocked\n{hermes_kit.process_output()}"
+    )
+    blocked.kill()
+
+    bound = caps.redelivery_timeout_s + DELIVERY_S
+    assert wait_until(lambda: delivered_to(running.pid, message.id), bound), (
+        f"AT_LEAST_ONCE: the message of a worker SIGKILLed mid-handler never reached the "
+        f"worker already running beside it within {bound} s (unscaled; "
+        f"redelivery_timeout_s={caps.redelivery_timeout_s:g}): a dead peer's messages must "
+        f"be recovered while workers run, not only when one starts\n{hermes_kit.process_output()}"
+    )
+    hermes_kit.claim("SIGKILL mid-handler: delivered again to a worker already running")
+
+
 @pytest.mark.hermes_check("delivery", "a handled message is never delivered again")
 def test_a_handled_message_is_never_delivered_again(hermes_kit: Kit) -> None:
     caps = hermes_kit.capabilities
