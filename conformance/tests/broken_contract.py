@@ -275,6 +275,59 @@ class KeepsHeldOnDrop(_Broken):
         """A broker with leases keeps what the connection held until the lease ends."""
 
 
+class _TakesAhead(_Relay):
+    """Takes up to five waiting messages at once and hands them out one by one."""
+
+    def __init__(self, inner: Consumer, *, give_back: bool) -> None:
+        super().__init__(inner)
+        self.give_back = give_back
+        self.ahead: list[Received] = []
+
+    def receive(self, timeout_s: float) -> Received | None:
+        if not self.ahead:
+            first = self.inner.receive(timeout_s)
+            if first is None:
+                return None
+            self.ahead.append(first)
+            while len(self.ahead) < 5 and (more := self.inner.receive(0)) is not None:
+                self.ahead.append(more)
+        return self.ahead.pop(0)
+
+    def close(self) -> None:
+        if self.give_back:
+            while self.ahead:  # the last taken goes back first: the queue keeps its order
+                self.inner.release(self.ahead.pop())
+        self.inner.close()
+
+
+class KeepsWhatItTookAheadOnClose(_Broken):
+    """Takes five messages ahead of its handlers (an 8 s lease); close() leaves those it
+    never handed out to their lease, so the next worker waits 8 s for them."""
+
+    scheme = "keeps-ahead"
+
+    def __init__(self, name: str = "default") -> None:
+        super().__init__(name, redelivery_timeout_s=8.0)
+
+    def consumer(self, priorities: Sequence[int], *, concurrency: int = 1) -> Consumer:
+        inner = super().consumer(priorities, concurrency=concurrency)
+        return _TakesAhead(inner, give_back=False)
+
+
+class GivesBackWhatItTookAhead(_Broken):
+    """Sound: takes five ahead (an 8 s lease) and gives back at close those it never
+    handed out. The control of ``keeps-ahead``."""
+
+    scheme = "gives-back-ahead"
+
+    def __init__(self, name: str = "default") -> None:
+        super().__init__(name, redelivery_timeout_s=8.0)
+
+    def consumer(self, priorities: Sequence[int], *, concurrency: int = 1) -> Consumer:
+        inner = super().consumer(priorities, concurrency=concurrency)
+        return _TakesAhead(inner, give_back=True)
+
+
 # Purge ---------------------------------------------------------------------------
 
 
@@ -629,6 +682,8 @@ VARIANTS: list[type[_Broken]] = [
     AcksWhatItHeldOnReconnect,
     KeepsHeldOnDrop,
     PurgesEveryPrioritysSchedule,
+    KeepsWhatItTookAheadOnClose,
+    GivesBackWhatItTookAhead,
     PurgesTheDefaultScheduleWithAnother,
     PurgesInFlight,
     TurnsFairUnderLoad,

@@ -19,7 +19,7 @@ import select
 import tempfile
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -884,6 +884,46 @@ class RecoversOnlyAtStart(_Wrapper):
         return wrapper
 
 
+#: (driver repr, body) -> deliveries this process saw: gone when the process dies.
+_counted_here: Counter[tuple[str, str | bytes]] = Counter()
+
+
+class _CountsInProcess(_Relay):
+    def __init__(self, inner: Consumer, key: str) -> None:
+        super().__init__(inner)
+        self.key = key
+
+    def receive(self, timeout_s: float) -> Received | None:
+        received = self.inner.receive(timeout_s)
+        if received is not None:
+            _counted_here[self.key, received.body] += 1
+            received.delivery_count = _counted_here[self.key, received.body]
+        return received
+
+    def ack(self, received: Received) -> None:
+        _counted_here.pop((self.key, received.body), None)
+        self.inner.ack(received)
+
+
+class CountsDeliveriesInTheProcess(_Wrapper):
+    """Counts deliveries in the worker process's memory: releases are counted, but a
+    worker that dies takes its counts with it, and a message that kills every worker
+    it reaches is never set aside."""
+
+    bug = "counts-in-process"
+
+    def __init__(self, inner: Driver, url: str) -> None:
+        super().__init__(inner)
+        self.key = url
+
+    @classmethod
+    def build(cls, inner: Driver, url: str) -> _Wrapper:
+        return cls(inner, url)
+
+    def consumer(self, priorities: Sequence[int], *, concurrency: int = 1) -> Consumer:
+        return _CountsInProcess(self.inner.consumer(priorities, concurrency=concurrency), self.key)
+
+
 _WRAPPERS: list[type[_Wrapper]] = [
     AcksWhenTaken,
     ReleaseDeletes,
@@ -893,6 +933,7 @@ _WRAPPERS: list[type[_Wrapper]] = [
     DeliversEachMessageTwice,
     SharesItsSocketAcrossFork,
     RecoversOnlyAtStart,
+    CountsDeliveriesInTheProcess,
 ]
 _INNER_SCHEMES = ("memory", "file")
 

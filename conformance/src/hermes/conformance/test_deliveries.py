@@ -19,10 +19,17 @@ import threading
 
 import pytest
 
-from hermes.conformance._harness import DELIVERY_S, QUIET_S, Kit, stays_false, wait_until
+from hermes.conformance._harness import (
+    DELIVERY_S,
+    QUIET_S,
+    WORKER_START_S,
+    Kit,
+    stays_false,
+    wait_until,
+)
 from hermes.conformance._worker import JOB
 from hermes.core import Message, Worker
-from hermes.core.driver import Consumer, Received
+from hermes.core.driver import Consumer, Delivery, Received
 
 #: The ``max_deliveries`` the kit runs a worker with.
 LIMIT = 2
@@ -137,3 +144,72 @@ def test_a_worker_sets_aside_what_was_delivered_more_than_max_deliveries(hermes_
     finally:
         done.set()
         thread.join(DELIVERY_S)
+
+
+@pytest.mark.hermes_check("deliveries", "counts survive SIGKILLed workers", new=True)
+def test_a_message_that_kills_its_workers_is_set_aside_after_max_deliveries(
+    hermes_kit: Kit,
+) -> None:
+    """The count lives with the message, not in a worker: a message whose handler kills
+    its worker process every time (a poison pill) is set aside once it has killed
+    ``LIMIT`` of them, however many processes that took."""
+    hermes_kit.require_cross_process()
+    caps = hermes_kit.capabilities
+    if not caps.counts_deliveries:
+        pytest.skip("n/a: driver declares counts_deliveries=False (max_deliveries is inert)")
+    if caps.delivery is not Delivery.AT_LEAST_ONCE:
+        pytest.skip("n/a: driver declares AT_MOST_ONCE (a killed worker's message is gone)")
+    killer = hermes_kit.emit(hermes_kit.message(1))
+    bound = WORKER_START_S + caps.redelivery_timeout_s + DELIVERY_S
+    for death in range(1, LIMIT + 1):
+        blocked = hermes_kit.spawn_worker(block=True)
+        taken = wait_until(
+            lambda pid=blocked.pid: any(
+                r.id == killer.id and r.pid == pid for r in hermes_kit.records()
+            ),
+            bound,
+        )
+        assert taken, (
+            f"delivery {death} of message {killer.id} never reached a fresh worker within "
+            f"{bound} s (scaled)\n{hermes_kit.process_output()}"
+        )
+        blocked.kill()
+    fine = hermes_kit.emit(hermes_kit.message(2))
+    handled: list[str] = []
+
+    def handle(message: Message) -> bool:
+        handled.append(message.id)
+        return True
+
+    done = threading.Event()
+    worker = Worker(
+        hermes_kit.driver(),
+        {JOB: handle},
+        max_deliveries=LIMIT,
+        handle_signals=False,
+        stop_when=done.is_set,
+    )
+    thread = threading.Thread(target=worker.run, name="kit-deliveries", daemon=True)
+    thread.start()
+    try:
+        settled = wait_until(
+            lambda: fine.id in handled and (worker.stats.set_aside or killer.id in handled),
+            caps.redelivery_timeout_s + DELIVERY_S,
+        )
+        assert settled, (
+            f"within {caps.redelivery_timeout_s + DELIVERY_S:g} s (scaled): handled {handled}, "
+            f"set aside {worker.stats.set_aside}; expected {fine.id} handled and {killer.id} "
+            "set aside"
+        )
+        assert killer.id not in handled, (
+            f"message {killer.id} killed {LIMIT} worker processes mid-handler, yet a worker "
+            f"with max_deliveries={LIMIT} ran its handler again: its delivery count did not "
+            "survive the workers it killed"
+        )
+        assert stays_false(lambda: killer.id in handled, QUIET_S), (
+            f"message {killer.id} came back after it was set aside"
+        )
+    finally:
+        done.set()
+        thread.join(DELIVERY_S)
+    hermes_kit.claim(f"set aside after killing {LIMIT} worker processes (max_deliveries={LIMIT})")

@@ -13,6 +13,7 @@ other, and leaves the rest to the next worker: none lost, none handled twice.
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -24,6 +25,7 @@ from hermes.conformance._harness import (
     WORKER_START_S,
     Kit,
     TotalQueue,
+    scaled,
     stays_false,
     wait_for_progress,
     wait_quiet,
@@ -31,6 +33,7 @@ from hermes.conformance._harness import (
 )
 from hermes.conformance._worker import JOB
 from hermes.core import Message, SharedFileShutdown
+from hermes.core.driver import Delivery
 
 _MAX_ITEMS = 3
 _SENT = 5
@@ -68,6 +71,62 @@ def test_a_worker_with_max_items_returns_after_that_many_messages(hermes_kit: Ki
     check = TotalQueue.of(sent, ledger.ids())
     assert (check.lost, check.duplicated, check.unexpected) == (set(), {}, set()), (
         f"around a worker with max items: {check.summary()}"
+    )
+
+
+#: Waiting behind the one message a worker with max items 1 handles: more than a
+#: consumer that takes ahead of its handlers holds (a Redis prefetch of 5).
+_AHEAD = 12
+#: A lease shorter than this cannot tell a give-back from a lease that ran out.
+_LEASE_TO_TELL_S = 4.0
+
+
+@pytest.mark.hermes_check("max items", "what a stopped worker took ahead", new=True)
+def test_what_a_stopped_worker_took_ahead_goes_to_the_next_at_once_not_after_its_lease(
+    hermes_kit: Kit,
+) -> None:
+    """A consumer may take messages ahead of its handlers; closing it gives back those
+    it never handed out, so the next worker gets them before their lease runs out."""
+    caps = hermes_kit.capabilities
+    if caps.delivery is not Delivery.AT_LEAST_ONCE:
+        pytest.skip("n/a: driver declares AT_MOST_ONCE (the max items row checks what is left)")
+    lease_s = caps.redelivery_timeout_s
+    if 0 < lease_s < _LEASE_TO_TELL_S:
+        pytest.skip(
+            f"not verified: redelivery_timeout_s={lease_s:g} is shorter than "
+            f"{_LEASE_TO_TELL_S:g} s, too short to tell a give-back from a lease that ran out"
+        )
+    ledger = hermes_kit.ledger
+    sent = [hermes_kit.emit(hermes_kit.message(n)).id for n in range(_AHEAD + 1)]
+    limited = hermes_kit.worker(max_items=1)
+    assert limited.join(DELIVERY_S + SHUTDOWN_S), (
+        f"a worker with max items 1 did not return; it handled {len(ledger)} messages"
+    )
+    limited.check()
+    stopped_at = time.monotonic()
+
+    hermes_kit.worker()
+    # redelivery_timeout_s=0: the broker gives back what a closed connection held.
+    within_s = lease_s * 0.75 if lease_s else scaled(DELIVERY_S)
+    arrived = wait_until(lambda: ledger.distinct() >= len(sent), within_s, scale=False)
+    took_s = time.monotonic() - stopped_at
+    assert arrived, (
+        f"{len(sent) - ledger.distinct()} of the {_AHEAD} messages a worker with max items 1 "
+        f"left were not delivered to the next worker within {within_s:g} s of its stop "
+        f"(redelivery_timeout_s={lease_s:g}): close() must give back what the consumer "
+        "took ahead and never handed out, not leave it to its lease"
+    )
+    check = TotalQueue.of(sent, ledger.ids())
+    assert (check.lost, check.duplicated, check.unexpected) == (set(), {}, set()), (
+        f"around a worker with max items 1: {check.summary()}"
+    )
+    hermes_kit.claim(
+        f"the {_AHEAD} left arrived {took_s:.1f} s after the stop, "
+        + (
+            f"within three quarters of the {lease_s:g} s lease"
+            if lease_s
+            else "the broker gave them back"
+        )
     )
 
 
