@@ -15,6 +15,7 @@ visibility timeout to run out.
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import pytest
@@ -146,6 +147,11 @@ def test_a_worker_sets_aside_what_was_delivered_more_than_max_deliveries(hermes_
         thread.join(DELIVERY_S)
 
 
+def _taken_by(kit: Kit, message_id: str, pid: int) -> bool:
+    """Whether the worker process ``pid`` has recorded taking ``message_id``."""
+    return any(r.id == message_id and r.pid == pid for r in kit.records())
+
+
 @pytest.mark.hermes_check("deliveries", "counts survive SIGKILLed workers", new=True)
 def test_a_message_that_kills_its_workers_is_set_aside_after_max_deliveries(
     hermes_kit: Kit,
@@ -163,12 +169,7 @@ def test_a_message_that_kills_its_workers_is_set_aside_after_max_deliveries(
     bound = WORKER_START_S + caps.redelivery_timeout_s + DELIVERY_S
     for death in range(1, LIMIT + 1):
         blocked = hermes_kit.spawn_worker(block=True)
-        taken = wait_until(
-            lambda pid=blocked.pid: any(
-                r.id == killer.id and r.pid == pid for r in hermes_kit.records()
-            ),
-            bound,
-        )
+        taken = wait_until(functools.partial(_taken_by, hermes_kit, killer.id, blocked.pid), bound)
         assert taken, (
             f"delivery {death} of message {killer.id} never reached a fresh worker within "
             f"{bound} s (scaled)\n{hermes_kit.process_output()}"
