@@ -43,6 +43,7 @@ def test_a_home_directory_is_expanded(monkeypatch, tmp_path):
 def test_url_options_reach_the_driver(tmp_path):
     driver = connect(f"file://{tmp_path}?fsync=false&poll_interval_s=0.05&recovery_interval_s=2")
     assert (driver.fsync, driver.poll_interval_s, driver.recovery_interval_s) == (False, 0.05, 2.0)
+    assert driver.capabilities.wake_up_s == 0.05  # an idle worker polls that often
     assert driver.capabilities.redelivery_timeout_s == 2.0
 
 

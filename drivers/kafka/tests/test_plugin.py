@@ -45,7 +45,7 @@ def test_a_url_gives_brokers_topic_group_and_hermes_options() -> None:
 def test_dotted_options_go_to_the_client_that_understands_them() -> None:
     driver = kafka(
         f"kafka://{NOWHERE}/jobs?session.timeout.ms=6000&linger.ms=2&acks=1"
-        "&client.id=web&socket.timeout.ms=5000"
+        "&client.id=web&socket.timeout.ms=5000&fetch.wait.max.ms=100"
     )
 
     assert driver.consumer_config["session.timeout.ms"] == "6000"
@@ -59,6 +59,8 @@ def test_dotted_options_go_to_the_client_that_understands_them() -> None:
         assert config["socket.timeout.ms"] == "5000"
     # session.timeout.ms=6000: a dead member's records move within 2 x 6 s + 2 s.
     assert driver.capabilities.redelivery_timeout_s == pytest.approx(14.0)
+    # fetch.wait.max.ms=100: an idle worker's fetch may wait that long.
+    assert driver.capabilities.wake_up_s == pytest.approx(0.1)
 
 
 def test_hermes_defaults_are_durable_and_commit_manually() -> None:
@@ -69,6 +71,7 @@ def test_hermes_defaults_are_durable_and_commit_manually() -> None:
     assert driver.consumer_config["auto.offset.reset"] == "earliest"
     assert driver.consumer_config["group.id"] == "hermes"
     assert driver.commit_every == 1
+    assert driver.capabilities.wake_up_s == pytest.approx(0.5)  # librdkafka's fetch wait
 
 
 def test_an_alias_of_a_default_setting_replaces_the_default() -> None:

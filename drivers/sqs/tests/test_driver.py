@@ -118,6 +118,7 @@ def test_capabilities_declare_at_least_once_and_the_visibility_timeout(
         max_message_bytes=256 * 1024,
         redelivery_timeout_s=7.0,
         counts_deliveries=True,  # ApproximateReceiveCount
+        wake_up_s=0.0,  # long polling
     )
     assert make_driver(sqs_url + "&delay=true").capabilities.delay is Delay.NATIVE
 

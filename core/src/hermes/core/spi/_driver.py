@@ -80,6 +80,10 @@ class Capabilities:
     #: set aside a message that keeps taking its worker down. False: it is
     #: None, and the Worker cannot tell a redelivery from a first delivery.
     counts_deliveries: bool = False
+    #: Seconds an idle worker may take to see a message sent to it: about 0 for
+    #: a broker that pushes or answers a blocking wait, the poll interval for
+    #: one that is polled. The conformance kit holds the driver to it.
+    wake_up_s: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -159,6 +159,7 @@ class MemoryDriver(Driver):
         max_message_bytes=16 * 1024 * 1024,
         counts_deliveries=True,
         redelivery_timeout_s=REDELIVERY_TIMEOUT_S,
+        wake_up_s=0.0,
     )
 
     def __init__(

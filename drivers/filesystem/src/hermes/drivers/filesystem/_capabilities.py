@@ -18,4 +18,6 @@ CAPABILITIES = Capabilities(
     max_message_bytes=16 * 1024 * 1024,
     redelivery_timeout_s=1.0,
     counts_deliveries=True,
+    # An idle worker looks at new/ every poll_interval_s (the default here).
+    wake_up_s=0.02,
 )

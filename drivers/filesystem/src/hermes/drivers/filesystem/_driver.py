@@ -144,7 +144,9 @@ class FileSystemDriver(Driver):
         #: How often a worker looks for dead workers' claimed files.
         self.recovery_interval_s = recovery_interval_s
         self.capabilities = replace(
-            type(self).capabilities, redelivery_timeout_s=recovery_interval_s
+            type(self).capabilities,
+            redelivery_timeout_s=recovery_interval_s,
+            wake_up_s=poll_interval_s,
         )
         self._tmp_dir = os.path.join(self.path, "tmp")
         self._new_dir = os.path.join(self.path, "new")

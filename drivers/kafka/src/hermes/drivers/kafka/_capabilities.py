@@ -15,6 +15,9 @@ MAX_MESSAGE_BYTES = 900 * 1024
 
 #: librdkafka's default ``session.timeout.ms``.
 DEFAULT_SESSION_TIMEOUT_MS = 45_000
+#: librdkafka's default ``fetch.wait.max.ms``: a broker that answers a fetch only at
+#: its timeout (Tansu does) keeps an idle worker that long.
+DEFAULT_FETCH_WAIT_MS = 500
 
 #: Commit after the callback (at least once); ``execute_at`` and priorities are
 #: opt-in (``delay=true``, ``priority_topics=true``); one partition per worker.
@@ -27,4 +30,5 @@ CAPABILITIES = Capabilities(
     # A dead consumer's partitions move after its session times out; measured
     # at about twice the session timeout on a real broker.
     redelivery_timeout_s=2 * DEFAULT_SESSION_TIMEOUT_MS / 1000 + 2,
+    wake_up_s=DEFAULT_FETCH_WAIT_MS / 1000,
 )

@@ -36,6 +36,7 @@ from hermes.core.driver import (
 from hermes.drivers.kafka import _settings
 from hermes.drivers.kafka._capabilities import (
     CAPABILITIES,
+    DEFAULT_FETCH_WAIT_MS,
     DEFAULT_SESSION_TIMEOUT_MS,
 )
 from hermes.drivers.kafka._consumer import _KafkaConsumer, _Session
@@ -295,11 +296,13 @@ class KafkaDriver(Driver):
         self.send_timeout_s = float(timeout_ms or 300_000) / 1000 + 1.0
         self.admin_timeout_s = min(_ADMIN_TIMEOUT_S, self.send_timeout_s)
         session_ms = float(consumer.get("session.timeout.ms", DEFAULT_SESSION_TIMEOUT_MS))
+        fetch_wait_ms = float(consumer.get("fetch.wait.max.ms", DEFAULT_FETCH_WAIT_MS))
         self.capabilities = replace(
             type(self).capabilities,
             delay=Delay.NATIVE if delay else Delay.IGNORED,
             priorities=priority_topics,
             redelivery_timeout_s=2 * session_ms / 1000 + 2,
+            wake_up_s=fetch_wait_ms / 1000,
         )
 
     def _check_config(self) -> None:

@@ -25,4 +25,6 @@ CAPABILITIES = Capabilities(
     redelivery_timeout_s=LEASE_TIMEOUT_S + POLL_INTERVAL_S,
     # The attempts column, incremented by the claim.
     counts_deliveries=True,
+    # An idle worker LISTENs; a send NOTIFYs in its transaction.
+    wake_up_s=0.0,
 )

@@ -22,4 +22,6 @@ CAPABILITIES = Capabilities(
     # The broker requeues a dead consumer's unacknowledged messages as
     # soon as its connection closes.
     redelivery_timeout_s=0.0,
+    # The broker pushes messages to the consumer.
+    wake_up_s=0.0,
 )

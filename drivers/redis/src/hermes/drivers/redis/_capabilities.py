@@ -16,4 +16,6 @@ CAPABILITIES = Capabilities(
     priorities=True,
     competing_consumers=True,
     max_message_bytes=16 * 1024 * 1024,
+    # An idle worker blocks on the server until a message arrives.
+    wake_up_s=0.0,
 )

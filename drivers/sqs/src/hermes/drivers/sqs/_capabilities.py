@@ -25,4 +25,6 @@ CAPABILITIES = Capabilities(
     # ApproximateReceiveCount: it also counts receipts no handler saw (a
     # prefetched message given back, a delayed one hidden again).
     counts_deliveries=True,
+    # An idle worker long-polls: SQS answers as soon as a message arrives.
+    wake_up_s=0.0,
 )
