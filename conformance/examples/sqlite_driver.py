@@ -48,6 +48,7 @@ class SqliteDriver(Driver):
         priorities=True,
         competing_consumers=True,
         redelivery_timeout_s=LEASE_S,
+        wake_up_s=POLL_S,
     )
     # Core turns these into Hermes errors around every call it makes.
     client_errors = (sqlite3.Error,)

@@ -171,6 +171,82 @@ class DropsDeferredAcksOnClose(_Broken):
         return _DefersAcks(super().consumer(priorities, concurrency=concurrency))
 
 
+class _BatchesAcks(_Relay):
+    """Sends acks four at a time; close() forgets a batch not yet full."""
+
+    def __init__(self, inner: Consumer) -> None:
+        super().__init__(inner)
+        self.pending: list[Received] = []
+        self.lock = threading.Lock()
+
+    def ack(self, received: Received) -> None:
+        with self.lock:
+            self.pending.append(received)
+            if len(self.pending) < 4:
+                return
+            batch, self.pending = self.pending, []
+        for each in batch:
+            self.inner.ack(each)
+
+
+class DropsBatchedAcksOnClose(_Broken):
+    """From concurrency 4 up its prefetch allows batching: acks go out four at a time,
+    and close() drops a batch not yet full. Serial and concurrency-2 runs are sound."""
+
+    scheme = "batched-acks"
+
+    def consumer(self, priorities: Sequence[int], *, concurrency: int = 1) -> Consumer:
+        inner = super().consumer(priorities, concurrency=concurrency)
+        return _BatchesAcks(inner) if concurrency >= 4 else inner
+
+
+class _AcksCumulatively(_Relay):
+    """An ack covers every message taken before it too (``multiple=True``)."""
+
+    def __init__(self, inner: Consumer) -> None:
+        super().__init__(inner)
+        self.taken: list[Received] = []
+        self.lock = threading.Lock()
+
+    def receive(self, timeout_s: float) -> Received | None:
+        received = self.inner.receive(timeout_s)
+        if received is not None:
+            with self.lock:
+                self.taken.append(received)
+        return received
+
+    def ack(self, received: Received) -> None:
+        with self.lock:
+            if received not in self.taken:
+                return  # covered by an earlier cumulative ack
+            upto = self.taken.index(received) + 1
+            covered, self.taken = self.taken[:upto], self.taken[upto:]
+        for each in covered:
+            self.inner.ack(each)
+
+    def release(self, received: Received) -> None:
+        with self.lock:
+            if received in self.taken:
+                self.taken.remove(received)
+        self.inner.release(received)
+
+    def reject(self, received: Received, reason: str) -> None:
+        with self.lock:
+            if received in self.taken:
+                self.taken.remove(received)
+        self.inner.reject(received, reason)
+
+
+class AcksCumulatively(_Broken):
+    """Acknowledges like AMQP's ``multiple=True``: an ack also covers every message taken
+    before it, a handler still running on one of them included."""
+
+    scheme = "acks-multiple"
+
+    def consumer(self, priorities: Sequence[int], *, concurrency: int = 1) -> Consumer:
+        return _AcksCumulatively(super().consumer(priorities, concurrency=concurrency))
+
+
 class _ReleaseOffThreadAcks(_Relay):
     def __init__(self, inner: Consumer) -> None:
         super().__init__(inner)
@@ -326,6 +402,31 @@ class GivesBackWhatItTookAhead(_Broken):
     def consumer(self, priorities: Sequence[int], *, concurrency: int = 1) -> Consumer:
         inner = super().consumer(priorities, concurrency=concurrency)
         return _TakesAhead(inner, give_back=True)
+
+
+class _Polls(_Relay):
+    """Looks for a message once a second instead of waiting on the broker."""
+
+    def receive(self, timeout_s: float) -> Received | None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            received = self.inner.receive(0)
+            if received is not None:
+                return received
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            time.sleep(min(1.0, left))
+
+
+class PollsWhileDeclaringAPush(_Broken):
+    """Declares wake_up_s=0 (as a broker that pushes) but an idle worker looks for new
+    messages once a second."""
+
+    scheme = "polls-each-second"
+
+    def consumer(self, priorities: Sequence[int], *, concurrency: int = 1) -> Consumer:
+        return _Polls(super().consumer(priorities, concurrency=concurrency))
 
 
 # Purge ---------------------------------------------------------------------------
@@ -519,6 +620,40 @@ class _BrokenRecords(_Broken):
             broker.records_changed.notify_all()
 
 
+#: One reply on the simulated connection: a length, then the bytes, padded.
+_FRAME = 512
+
+
+class RecordsShareTheirConnectionAcrossFork(_BrokenRecords):
+    """Opens its connection on first use and keeps it: forked children read their
+    replies on the parent's, and a reply can go to another process than asked."""
+
+    scheme = "records-shared-socket"
+
+    def __init__(self, name: str = "default") -> None:
+        super().__init__(name)
+        self._socket: tuple[int, int] | None = None
+        self._lock = threading.Lock()  # guards the connection within a process
+        self._lock_pid = os.getpid()
+
+    def record_get(self, key: str) -> bytes | None:
+        value = super().record_get(key)
+        if self._socket is None:
+            self._socket = os.pipe()
+        if self._lock_pid != os.getpid():
+            self._lock, self._lock_pid = threading.Lock(), os.getpid()
+        read_fd, write_fd = self._socket
+        payload = b"\xff" if value is None else value
+        frame = len(payload).to_bytes(4, "big") + payload.ljust(_FRAME - 4, b"\0")
+        with self._lock:
+            os.write(write_fd, frame)  # the server's reply comes back on the stream ...
+            time.sleep(0.002)  # ... one round trip later
+            reply = os.read(read_fd, _FRAME)
+        size = int.from_bytes(reply[:4], "big")
+        body = reply[4 : 4 + size]
+        return None if body == b"\xff" else body
+
+
 class RecordsNeverExpire(_BrokenRecords):
     """Keeps every record for a day, whatever ttl it is written with."""
 
@@ -676,12 +811,15 @@ VARIANTS: list[type[_Broken]] = [
     DefinesItsOwnSend,
     ReadsNumbersAsDoubles,
     DropsDeferredAcksOnClose,
+    DropsBatchedAcksOnClose,
+    AcksCumulatively,
     ReleaseFromHandlerThreadAcks,
     ReceivesOnOneThread,
     RejectLeavesPoisonHeld,
     AcksWhatItHeldOnReconnect,
     KeepsHeldOnDrop,
     PurgesEveryPrioritysSchedule,
+    PollsWhileDeclaringAPush,
     KeepsWhatItTookAheadOnClose,
     GivesBackWhatItTookAhead,
     PurgesTheDefaultScheduleWithAnother,
@@ -692,6 +830,7 @@ VARIANTS: list[type[_Broken]] = [
     TrimsTheSchedule,
     LooksAtTheFirstHundredScheduled,
     HangsInSend,
+    RecordsShareTheirConnectionAcrossFork,
     RecordsNeverExpire,
     RecordsIgnoreExpect,
     RecordsCompareThenWrite,

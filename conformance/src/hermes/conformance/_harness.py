@@ -764,12 +764,17 @@ class Kit:
         self,
         *,
         block: bool = False,
+        block_n: int | None = None,
         max_items: int = 0,
         shutdown_file: Path | None = None,
         concurrency: int = 1,
         grace_s: float | None = None,
     ) -> WorkerProcess:
-        """A worker process on this test's URL recording into :attr:`record_path`."""
+        """A worker process on this test's URL recording into :attr:`record_path`.
+
+        ``block``: every handler records, then sleeps until the process is killed;
+        ``block_n``: only the handler of the message whose payload ``n`` is that.
+        """
         argv = [
             sys.executable,
             "-m",
@@ -779,6 +784,8 @@ class Kit:
         ]
         if block:
             argv.append("--block")
+        if block_n is not None:
+            argv += ["--block-n", str(block_n)]
         if max_items:
             argv += ["--max-items", str(max_items)]
         if shutdown_file is not None:

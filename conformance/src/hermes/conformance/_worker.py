@@ -93,15 +93,16 @@ class _RecordFile:
 
 
 class _RecordingHandler:
-    def __init__(self, record: _RecordFile, block: bool) -> None:
+    def __init__(self, record: _RecordFile, block: bool, block_n: int | None = None) -> None:
         self.record = record
         self.block = block
+        self.block_n = block_n
 
     def handle(self, message: Message) -> bool:
         payload = message.payload
         n = payload.get("n", "-") if isinstance(payload, dict) else "-"
         self.record.write(message.id, n)
-        while self.block:  # the kit SIGKILLs us here
+        while self.block or (self.block_n is not None and n == self.block_n):  # killed here
             time.sleep(3600)
         return True
 
@@ -114,6 +115,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-items", type=int, default=0, help="return after N messages")
     parser.add_argument("--shutdown-file", help="stop when SharedFileShutdown(PATH) asks")
     parser.add_argument("--block", action="store_true", help="record, then sleep in the handler")
+    parser.add_argument(
+        "--block-n", type=int, help="sleep in the handler of the message whose payload n is this"
+    )
     parser.add_argument("--concurrency", type=int, default=1, help="handlers at once")
     parser.add_argument(
         "--grace", type=float, default=30.0, help="seconds handlers get to finish on a stop"
@@ -140,7 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         dispatcher = Dispatcher(
             driver, shutdown=shutdown, concurrency=args.concurrency, grace_s=args.grace
         )
-        dispatcher.register_handler(args.type, _RecordingHandler(record, args.block))
+        dispatcher.register_handler(args.type, _RecordingHandler(record, args.block, args.block_n))
         record.write("#ready")
         try:
             Worker(driver, dispatcher, max_items=args.max_items).run()

@@ -261,7 +261,7 @@ class KitSession:
                 f"priorities={caps.priorities} competing_consumers={caps.competing_consumers} "
                 f"cross_process={caps.cross_process} max_message_bytes={caps.max_message_bytes} "
                 f"redelivery_timeout_s={caps.redelivery_timeout_s:g} "
-                f"counts_deliveries={caps.counts_deliveries}"
+                f"counts_deliveries={caps.counts_deliveries} wake_up_s={caps.wake_up_s:g}"
             )
         rows: dict[str, list[_harness.Outcome]] = {row: [] for row in _ROWS}
         for outcome in self.outcomes.values():
@@ -315,6 +315,7 @@ def cause(crash: str, limit: int = CAUSE_CHARS) -> str:
 _ROWS = (
     "round trip",
     "delivery",
+    "wake-up",
     "deliveries",
     "delay",
     "priorities",
@@ -341,6 +342,7 @@ def _row_label(row: str, target: _harness.Target | None) -> str:
         "priorities": "yes" if caps.priorities else "no",
         "competing consumers": "yes" if caps.competing_consumers else "no",
         "round trip": f"(max_message_bytes={caps.max_message_bytes})",
+        "wake-up": f"(wake_up_s={caps.wake_up_s:g})",
     }.get(row)
     return f"{row} {declared}" if declared else row
 

@@ -35,7 +35,7 @@ from hermes.conformance._harness import (
 )
 from hermes.conformance._worker import JOB
 from hermes.core import Emitter, Message, Worker
-from hermes.core.driver import Driver
+from hermes.core.driver import Driver, SupportsRecords
 
 _THREADS = 8
 _PER_THREAD = 100
@@ -317,3 +317,90 @@ def test_children_forked_from_a_used_driver_send_at_once_with_the_parent(hermes_
         assert wait_until(lambda: mine <= set(ledger.ids()), DELIVERY_S), (
             f"the parent lost {len(mine - set(ledger.ids()))} of the {len(mine)} it sent"
         )
+
+
+#: Reads each process makes of its own record while the others read theirs.
+_READS = 60
+
+
+def _reads_own_record(driver: SupportsRecords, who: int) -> list[str]:
+    """Write a record of this process's own, read it back ``_READS`` times, each after a
+    new write; what came back that was not what this process had just written."""
+    key = f"kit-fork-{who}"
+    wrong = []
+    stored: bytes | None = driver.record_get(key)
+    for n in range(_READS):
+        body = f'{{"process":{who},"write":{n}}}'.encode()
+        if not driver.record_put(key, body, 60.0, stored):
+            wrong.append(f"write {n} refused: the record was not what this process last read")
+        stored = driver.record_get(key)
+        if stored != body:
+            wrong.append(f"read {n}: {stored!r}, not {body!r}")
+    return wrong
+
+
+def _reading_child(driver: SupportsRecords, who: int, go_fd: int, fd: int) -> NoReturn:
+    """Wait for the go, read this child's own record; report on ``fd``; never return."""
+    code = 1
+    result: dict[str, Any] = {}
+    try:
+        os.read(go_fd, 1)
+        result = {"wrong": _reads_own_record(driver, who)}
+        code = 0
+    except BaseException:
+        result = {"error": traceback.format_exc()[-30_000:]}
+    finally:
+        try:
+            os.write(fd, json.dumps(result).encode())
+        finally:
+            os._exit(code)
+
+
+@pytest.mark.hermes_check("fork", "children and the parent each get their own replies", new=True)
+def test_children_forked_from_a_used_driver_each_read_back_what_they_wrote_at_once(
+    hermes_kit: Kit,
+) -> None:
+    """Sends pass when replies cross (every send's reply looks alike); a read of a
+    record of one's own does not: a child reading on the parent's connection gets
+    another process's bytes."""
+    if not hasattr(os, "fork"):
+        pytest.skip("not verified: os.fork() is not available on this platform")
+    driver = hermes_kit.driver()
+    if not isinstance(driver, SupportsRecords):
+        pytest.skip(
+            "not verified: the driver has no record_get()/record_put(), the kit's call "
+            "whose reply tells processes apart"
+        )
+    _reads_own_record(driver, 0)  # the parent has used the driver: its connections exist
+    go_read, go_write = os.pipe()
+    children: list[tuple[int, int]] = []
+    for who in range(1, _CHILDREN + 1):
+        read_fd, write_fd = os.pipe()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+ warns when threads exist
+            pid = os.fork()
+        if pid == 0:
+            os.close(read_fd)
+            _reading_child(driver, who, go_read, write_fd)
+        os.close(write_fd)
+        children.append((pid, read_fd))
+    os.close(go_read)
+    os.write(go_write, b"x" * _CHILDREN)
+    os.close(go_write)
+    wrong = {"the parent": _reads_own_record(driver, 0)}
+    for who, (pid, read_fd) in enumerate(children, 1):
+        code, result = _child_result(pid, read_fd, DELIVERY_S)
+        assert "error" not in result, f"in forked child {who}:\n{result['error']}"
+        assert code == 0, f"forked child {who} did not finish in time (exit code {code})"
+        wrong[f"child {who}"] = result["wrong"]
+    crossed = {who: w for who, w in wrong.items() if w}
+    assert not crossed, (
+        f"{sum(len(w) for w in crossed.values())} wrong replies in {(_CHILDREN + 1) * _READS} "
+        f"rounds of writing and reading a record of the process's own, while {_CHILDREN} "
+        "forked children and the parent did so at once (replies crossed between processes "
+        "sharing a connection): " + "; ".join(f"{who}: {w[0]}" for who, w in crossed.items())
+    )
+    hermes_kit.claim(
+        f"{_CHILDREN} children and the parent, {_READS} reads each of their own record: "
+        "each got its own"
+    )

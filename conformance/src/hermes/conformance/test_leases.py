@@ -173,3 +173,83 @@ def test_a_handler_outliving_the_grace_period_keeps_its_message_until_its_worker
             "a handler outliving the grace period: delivered again once its worker is gone "
             "(redelivery_timeout_s=0: at once)"
         )
+
+
+#: Messages that finish while the first one's handler still runs: enough for a driver
+#: whose prefetch follows the concurrency to send several batches of acks.
+_OVERTAKING = 12
+
+
+class _BlocksOn:
+    """Blocks in the handler of one message until let go; handles every other at once."""
+
+    def __init__(self, message_id: str) -> None:
+        self.message_id = message_id
+        self.started = threading.Event()
+        self.let_go = threading.Event()
+
+    def handle(self, message: Message) -> bool:
+        if message.id == self.message_id and not self.started.is_set():
+            self.started.set()
+            self.let_go.wait(scaled(DELIVERY_S + STOP_S) + 60)
+        return True
+
+
+@pytest.mark.hermes_check(
+    "leases", "a running handler's message outlives the acks of those that overtook it", new=True
+)
+def test_a_message_whose_handler_runs_on_while_later_ones_are_acked_comes_back_after_a_death(
+    hermes_kit: Kit,
+) -> None:
+    """An acknowledgement covers the message it names and no other: a driver that acks
+    cumulatively (``multiple=True`` up to the last finished) takes with it the message
+    whose handler still runs, and a death then loses that message."""
+    require_at_least_once(hermes_kit)
+    caps = hermes_kit.capabilities
+    ledger = hermes_kit.ledger
+    first = hermes_kit.emit(hermes_kit.message(0))
+    others = [hermes_kit.emit(hermes_kit.message(n)).id for n in range(1, _OVERTAKING + 1)]
+
+    if caps.cross_process:
+        process = hermes_kit.spawn_worker(block_n=0, concurrency=4)
+
+        def handled_there() -> set[str]:
+            return {r.id for r in hermes_kit.records() if r.pid == process.pid}
+
+        assert wait_until(
+            lambda: {first.id, *others} <= handled_there(), WORKER_START_S + DELIVERY_S
+        ), (
+            f"the worker process did not start message {first.id} and handle the "
+            f"{_OVERTAKING} after it\n{hermes_kit.process_output()}"
+        )
+        time.sleep(scaled(QUIET_S))  # acks batched behind the handlers go out meanwhile
+        process.kill()
+        what = "after its worker process was SIGKILLed"
+    else:
+        blocker = _BlocksOn(first.id)
+        worker = hermes_kit.worker(handlers={JOB: [blocker]}, concurrency=4, grace_s=_GRACE_S)
+        assert wait_until(
+            lambda: blocker.started.is_set() and set(others) <= set(ledger.ids()), DELIVERY_S
+        ), f"message {first.id} did not start, or the {_OVERTAKING} after it were not handled"
+        time.sleep(scaled(QUIET_S))
+        try:
+            worker.stop()  # returns after the grace period: the handler still runs
+        finally:
+            blocker.let_go.set()  # core settles nothing after close()
+        worker.driver.close()  # as the dying process's connections would be
+        what = "after its worker stopped past its grace period and closed its driver"
+
+    other = hermes_kit.worker()
+    bound_s = caps.redelivery_timeout_s + scaled(DELIVERY_S)
+    assert wait_until(
+        lambda: other.name in {e.worker for e in ledger.of(first.id)}, bound_s, scale=False
+    ), (
+        f"AT_LEAST_ONCE: message {first.id}, whose handler still ran while the "
+        f"{_OVERTAKING} after it were handled and acknowledged, was not delivered again "
+        f"within {bound_s:.1f} s {what}: an acknowledgement must not cover a message whose "
+        "handler has not finished"
+    )
+    hermes_kit.claim(
+        f"a handler running while {_OVERTAKING} later messages were acknowledged: its "
+        "message came back after the death"
+    )

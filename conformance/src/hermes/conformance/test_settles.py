@@ -2,8 +2,9 @@
 
 An acknowledgement made just before the worker stops reaches the broker
 (a consumer that defers acks, or hands them to the client's thread, flushes
-them in ``close()``): runs of a few messages each, serial and concurrent,
-leave no duplicate behind. A release made from a handler thread that no
+them in ``close()``): runs of a few messages each, serial and concurrent (up
+to 8 at once, where a driver whose prefetch follows the concurrency batches
+its acks), leave no duplicate behind. A release made from a handler thread that no
 longer receives (another one took the consumer over while it ran) is a
 release: the message comes back. A body set aside as poison stays set aside after
 its lease would have run out. And a message whose broker connection dropped
@@ -39,8 +40,11 @@ from hermes.conformance.test_leases import require_at_least_once
 from hermes.core import Message
 from hermes.core.driver import Delivery, Driver
 
-_RUNS = 4
 _PER_RUN = 3
+#: The concurrency of each run: serial, overtaken handlers, then enough at once that
+#: a driver whose prefetch follows the concurrency batches its acknowledgements.
+_CONCURRENCY = (1, 1, 2, 2, 8)
+_RUNS = len(_CONCURRENCY)
 _POISON = b"not a hermes message (the conformance kit's poison)"
 #: What core logs for a body it sets aside.
 _POISON_LOG = "which is not a Hermes message"
@@ -57,11 +61,12 @@ def test_every_acknowledgement_reaches_the_broker_however_often_the_worker_stops
         driver = hermes_kit.driver()
         # Serial runs, then concurrent ones whose handlers are overtaken: an ack
         # made off the receiving thread (handed to the client's own thread,
-        # say) must be flushed by close() too.
-        concurrent = run >= _RUNS // 2
+        # say) or held for a batch must be flushed by close() too.
+        concurrency = _CONCURRENCY[run]
+        concurrent = concurrency > 1
         worker = hermes_kit.worker(
             driver=driver,
-            concurrency=2 if concurrent else 1,
+            concurrency=concurrency,
             handlers={JOB: [Sleeps()]} if concurrent else None,
             max_items=_PER_RUN,
         )
