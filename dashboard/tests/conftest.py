@@ -8,6 +8,7 @@ for the tests that count and purge them.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import uuid
@@ -23,13 +24,13 @@ sys.path.insert(0, str(Path(__file__).parent))
 from dash_support import HERE, HERMES, Deployment, running, serve_dashboard
 
 
-@pytest.fixture(scope="session")
-def deployment(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
-    prefix = f"dash-{uuid.uuid4().hex[:8]}:"
+@contextlib.contextmanager
+def deploy(redis_url: str, prefix: str, work: Path, handlers: str) -> Iterator[Deployment]:
+    """A worker reading priority 100 and a dashboard also showing 50 and 60, on Redis keys
+    under ``prefix``; both run ``handlers`` (MODULE:OBJECT). Torn down afterwards."""
     url = f"{redis_url}?prefix={prefix}"
     failed_url = f"{redis_url}?prefix={prefix}failed:"
     results_url = f"{redis_url}?prefix={prefix}records:"
-    work = tmp_path_factory.mktemp("dashboard")
     env = {k: v for k, v in os.environ.items() if k not in ("HERMES_URL", "HERMES_DASHBOARD_AUTH")}
     env["DASH_TEST_DIR"] = str(work)
     env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")])
@@ -43,7 +44,7 @@ def deployment(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
         "--results-url",
         results_url,
         "--handlers",
-        "dash_jobs:handlers",
+        handlers,
         "--priority",
         "100",
         "--concurrency",
@@ -67,20 +68,37 @@ def deployment(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
             "--priority",
             "60",
             "--handlers",
-            "dash_jobs:handlers",
+            handlers,
             "--sample-interval",
             "1",
         ) as base,
     ):
         yield Deployment(url, failed_url, base, work, worker.pid)
     from hermes.core import connect
+    from hermes.core._cli._common import setup_priorities
 
     for each in (url, failed_url, results_url):
         with connect(each) as driver:
-            from hermes.core._cli._common import setup_priorities
-
             setup_priorities(driver, [50, 60])
             driver.teardown()  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="session")
+def deployment(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    prefix = f"dash-{uuid.uuid4().hex[:8]}:"
+    work = tmp_path_factory.mktemp("dashboard")
+    with deploy(redis_url, prefix, work, "dash_jobs:handlers") as deployment:
+        yield deployment
+
+
+@pytest.fixture(scope="session")
+def hostile(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    """A deployment whose values are as long as real ones get: a key prefix that makes
+    the broker URL 150 characters, and handlers of a 400-character type."""
+    prefix = f"dash-{uuid.uuid4().hex[:8]}-tenant-acme-corporation-eu-west-production-blue-" * 2
+    work = tmp_path_factory.mktemp("hostile")
+    with deploy(redis_url, prefix, work, "dash_jobs:hostile") as deployment:
+        yield deployment
 
 
 @pytest.fixture(scope="session")

@@ -55,3 +55,22 @@ def slow(message: Message) -> None:
 
 
 handlers.every(seconds=3600, type="ok", name="hourly-report")
+
+
+#: Handlers with values as long as real ones get, for the layout tests.
+hostile = HandlerRegistry()
+#: A 400-character type, with no space to break at.
+LONG_TYPE = ("billing." + "invoice-reconciliation-" * 18)[:399] + "x"
+
+
+@hostile.handler(LONG_TYPE)
+def long_and_failing(message: Message) -> None:
+    if message.payload.get("hold"):
+        deadline = time.monotonic() + 60
+        while not (HERE / "release").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return
+    raise RuntimeError("upstream refused: https://payments.example.com/v2/" + "A" * 300)
+
+
+hostile.every(seconds=3600, type=LONG_TYPE, name="nightly-" + "reconciliation-of-every-tenant-" * 4)

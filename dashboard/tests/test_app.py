@@ -12,7 +12,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
@@ -79,12 +79,12 @@ class Client:
     def post(
         self,
         path: str,
-        data: dict[str, str] | None = None,
+        data: Mapping[str, str | list[str]] | None = None,
         content: bytes | Iterable[bytes] = b"",
         **kwargs: Any,
     ) -> Response:
         if data is not None:
-            content = urlencode(data).encode()
+            content = urlencode(data, doseq=True).encode()
         return self.request("POST", path, body=content, **kwargs)
 
     def request(
@@ -453,7 +453,7 @@ def test_an_unexpected_error_is_a_500_with_the_security_headers(dashboard: Dashb
 
 
 def test_times_are_shown_in_utc_with_the_zone_named() -> None:
-    assert _when(0) == "1970-01-01 00:00:00 UTC"
+    assert _when(0) == '<time datetime="1970-01-01T00:00:00Z">1970-01-01 00:00:00 UTC</time>'
     assert "invalid" in str(_when(1e15))
     assert "invalid" in str(_when("2025-01-01"))
     assert "invalid" in str(_when(True))
@@ -643,23 +643,69 @@ def test_actions_on_a_later_page_find_their_message_on_that_page(dashboard: Dash
         return client.get(path + html.unescape(found.group(1))).text
 
     page = second_page("/queues")
-    key = re.search(r'name="key" value="([^"]+)"', page)
-    after = re.search(r'name="after" value="([^"]+)"', page)
-    assert key is not None and after is not None
-    form = {"csrf": csrf_of(page), "after": after.group(1), "key": key.group(1)}
-    done = client.post("/queues/delete", form)
+    link = re.search(r'<a class="danger delete" href="(/queues/delete\?[^"]+)"', page)
+    assert link is not None
+    confirm = client.get(html.unescape(link.group(1))).text
+    assert "Delete a waiting message?" in confirm and "It cannot be undone." in confirm
+    assert sum(row.ready or 0 for row in dashboard.queue_stats() or []) == 450, "asked only"
+    done = client.post("/queues/delete", confirmed_form(confirm))
     assert done.headers["location"] == "/queues?done=deleted&n=1"
     assert sum(row.ready or 0 for row in dashboard.queue_stats() or []) == 449
 
     page = second_page("/failed")
     (shown, *_) = re.findall(r'<tr data-id="([^"]+)"', page)
-    after = re.search(r'name="after" value="([^"]+)"', page)
-    assert after is not None and shown in {m.id for m in kept[500:]}
-    done = client.post(
-        "/failed/retry", {"csrf": csrf_of(page), "after": after.group(1), "id": shown}
-    )
-    assert done.headers["location"] == "/failed?done=retried&n=1"
+    assert shown in {m.id for m in kept[500:]}
+    link = re.search(r'id="retry-all" href="(/failed/retry\?[^"]+)"', page)
+    assert link is not None
+    confirm = client.get(html.unescape(link.group(1))).text
+    assert "Retry 200 failed messages?" in confirm and shown in confirm
+    done = client.post("/failed/retry", confirmed_form(confirm))
+    assert done.headers["location"] == "/failed?done=retried&n=200"
     assert shown not in stored_failed_ids(dashboard)
+    assert len(stored_failed_ids(dashboard)) == 500
+
+
+def confirmed_form(page: str) -> Mapping[str, str | list[str]]:
+    """The fields a confirmation page's button posts."""
+    found = re.search(
+        r'<form method="post" action="[^"]+" class="confirm">(.*?)</form>', page, re.S
+    )
+    assert found is not None, "no confirmation form on the page"
+    fields: dict[str, list[str]] = {}
+    for name, value in re.findall(
+        r'<input type="hidden" name="([^"]+)" value="([^"]*)">', found[1]
+    ):
+        fields.setdefault(name, []).append(html.unescape(value))
+    return fields
+
+
+def test_a_delete_on_the_failed_page_names_what_it_deletes_and_deletes_only_when_confirmed(
+    dashboard: Dashboard,
+) -> None:
+    kept = [a_failed_message(dashboard) for _ in range(3)]
+    client = client_of(dashboard)
+    page = client.get("/failed").text
+    one = re.search(rf'href="(/failed/delete\?id={kept[1].id}[^"]*)"', page)
+    every = re.search(r'id="delete-all" href="(/failed/delete\?[^"]+)"', page)
+    assert one is not None and every is not None
+
+    confirm = client.get(html.unescape(one.group(1))).text
+    assert "Delete 1 failed message?" in confirm and kept[1].id in confirm
+    assert kept[0].id not in confirm and "It cannot be undone." in confirm
+    assert 'href="/failed" id="confirm-cancel">Cancel</a>' in confirm
+    assert stored_failed_ids(dashboard) == {m.id for m in kept}, "the question deleted"
+    done = client.post("/failed/delete", confirmed_form(confirm))
+    assert done.headers["location"] == "/failed?done=dropped&n=1"
+    assert stored_failed_ids(dashboard) == {kept[0].id, kept[2].id}
+
+    confirm = client.get(html.unescape(every.group(1))).text
+    assert "Delete 2 failed messages?" in confirm
+    done = client.post("/failed/delete", confirmed_form(confirm))
+    assert done.headers["location"] == "/failed?done=dropped&n=2"
+    assert stored_failed_ids(dashboard) == set()
+
+    gone = client.get(html.unescape(one.group(1))).text
+    assert 'id="nothing-to-confirm"' in gone and "<form" not in gone.split("<main>")[1]
 
 
 def test_a_retry_goes_back_to_the_priority_the_message_failed_on(dashboard: Dashboard) -> None:

@@ -359,3 +359,82 @@ def test_records_with_times_in_the_wrong_unit_show_as_invalid_on_every_page(
     open_page(browser, base + "/")
     assert browser.find_element(By.ID, "live-workers").text == "1"
     invalid_cells("/periodic")
+
+
+def _page_width(browser: Any) -> tuple[int, int]:
+    """How wide the page is laid out, and how wide the window shows it."""
+    return (
+        int(browser.execute_script("return document.documentElement.scrollWidth")),
+        int(browser.execute_script("return document.documentElement.clientWidth")),
+    )
+
+
+def test_no_page_scrolls_sideways_with_a_400_character_type_and_a_long_broker_url(
+    browser: Any, hostile: Deployment
+) -> None:
+    from dash_jobs import LONG_TYPE
+
+    failing = hostile.emit(LONG_TYPE, {"order": 1, "note": "y" * 500})
+    held = hostile.emit(LONG_TYPE, {"hold": True})
+    hostile.emit(LONG_TYPE, {"waiting": "z" * 300}, priority=50)
+
+    def shown() -> bool:
+        """the failed job on the Failed page and the held one on the Workers page"""
+        failed = open_page(browser, hostile.base + "/failed")
+        workers = open_page(browser, hostile.base + "/workers")
+        return failing in failed and held in workers
+
+    eventually(shown)
+    assert len(hostile.url) >= 150 and len(LONG_TYPE) == 400
+    pages = ["/", "/queues", "/failed", "/jobs", f"/jobs/{failing}", "/workers", "/periodic"]
+    pages += [f"/failed/delete?id={failing}"]
+    too_wide = []
+    try:
+        for width in (1280, 390):
+            browser.set_window_size(width, 860)
+            for path in pages:
+                open_page(browser, hostile.base + path)
+                laid_out, window = _page_width(browser)
+                if laid_out > window:
+                    too_wide.append(f"{path} at {width} px: {laid_out} px wide in {window}")
+            if width == 1280:
+                nav = browser.find_element(By.CSS_SELECTOR, "header nav")
+                assert nav.size["height"] < 30, "the navigation wrapped onto two lines"
+    finally:
+        browser.set_window_size(1280, 860)
+        (hostile.work / "release").touch()
+    assert not too_wide, "; ".join(too_wide)
+    # Cut in lists, whole on hover; whole on the job's own page.
+    open_page(browser, hostile.base + "/jobs")
+    clipped = browser.find_element(By.CSS_SELECTOR, f'tr[data-id="{failing}"] td.type .clipped')
+    assert clipped.get_attribute("title") == LONG_TYPE and len(clipped.text) < 100
+    open_page(browser, hostile.base + f"/jobs/{failing}")
+    assert browser.find_element(By.CSS_SELECTOR, "td.type").text == LONG_TYPE
+
+
+def test_delete_all_on_the_failed_page_names_how_many_and_deletes_only_when_confirmed(
+    browser: Any, hostile: Deployment
+) -> None:
+    from dash_jobs import LONG_TYPE
+
+    failing = hostile.emit(LONG_TYPE, {"order": 2})
+
+    def listed() -> bool:
+        """the failed job on the Failed page"""
+        open_page(browser, hostile.base + "/failed")
+        return bool(browser.find_elements(By.CSS_SELECTOR, f'tr[data-id="{failing}"]'))
+
+    eventually(listed)
+    n = len(browser.find_elements(By.CSS_SELECTOR, "table.messages tbody tr"))
+    what = f"{n} failed message{'s' if n != 1 else ''}"
+    browser.find_element(By.ID, "delete-all").click()
+    eventually(lambda: f"Delete {what}?" in main_text(browser))
+    assert failing in main_text(browser) and "It cannot be undone." in main_text(browser)
+    browser.find_element(By.ID, "confirm-cancel").click()
+    eventually(lambda: browser.find_elements(By.CSS_SELECTOR, f'tr[data-id="{failing}"]'))
+
+    browser.find_element(By.ID, "delete-all").click()
+    eventually(lambda: browser.find_elements(By.ID, "confirm"))
+    browser.find_element(By.ID, "confirm").click()
+    eventually(lambda: f"Deleted {n} failed message(s)." in main_text(browser))
+    assert not browser.find_elements(By.CSS_SELECTOR, f'tr[data-id="{failing}"]')

@@ -15,6 +15,7 @@ they cannot read (a time in milliseconds, say) marked invalid.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import hmac
 import math
 import secrets
@@ -56,6 +57,8 @@ MAX_BODY_BYTES = 64 * 1024
 PREVIEW_BYTES = 2048
 #: How much of a failed message's traceback the Failed page shows: its innermost end.
 TRACEBACK_PREVIEW_BYTES = 4096
+#: How much of a type, a queue name or a URL a list shows before "…" (the whole on hover).
+CLIP_CHARS = 80
 #: The latest time taken for one: a larger number is not seconds since the epoch
 #: (milliseconds, most likely) and is shown as invalid.
 _LATEST_TIME = dt.datetime(3000, 1, 1, tzinfo=dt.UTC).timestamp()
@@ -89,13 +92,31 @@ def _invalid(value: Any) -> Markup:
 
 
 def _when(value: Any) -> str:
-    """A time in UTC, with the zone named: every page and every viewer read the same."""
+    """A time in UTC, with the zone named: every page and every viewer read the same.
+
+    In a ``<time>`` element, which the stylesheet keeps on one line.
+    """
     if value is None:
         return "unknown"
     at = _instant(value)
     if at is None:
         return _invalid(value)
-    return dt.datetime.fromtimestamp(at, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    moment = dt.datetime.fromtimestamp(at, dt.UTC)
+    return Markup('<time datetime="{}">{}</time>').format(
+        moment.strftime("%Y-%m-%dT%H:%M:%SZ"), moment.strftime("%Y-%m-%d %H:%M:%S UTC")
+    )
+
+
+def _clip(value: Any, chars: int = CLIP_CHARS) -> str:
+    """``value`` cut to its first ``chars`` characters in a list, the whole on hover.
+
+    A type, a queue or a URL of hundreds of characters would otherwise make
+    a table row as tall as the screen; the job page shows it whole.
+    """
+    text = str(value)
+    if len(text) <= chars:
+        return text
+    return Markup('<span class="clipped" title="{}">{}…</span>').format(text, text[:chars])
 
 
 def _ago(value: Any) -> str:
@@ -169,6 +190,7 @@ def _environment() -> jinja2.Environment:
     env.filters.update(
         query=lambda after: urlencode({"after": after}),
         when=_when,
+        clip=_clip,
         ago=_ago,
         count=_count,
         duration=duration,
@@ -287,6 +309,76 @@ def create_app(
         rows = [r for r in dashboard.queue_stats() or [] if r.priority == priority]
         return {"row": rows[0] if rows else None}
 
+    def _page_url(path: str, after: str | None) -> str:
+        return path + ("?" + urlencode({"after": after}) if after else "")
+
+    def confirm_failed(request: Request, *, delete: bool) -> dict[str, Any]:
+        """The failed messages a Delete or a Retry all would act on, named before it does:
+        ``id`` (repeated) for those, or ``all=1`` for every one on the page from ``after``."""
+        after = request.query_params.get("after") or None
+        wanted = set(request.query_params.getlist("id"))
+        every = request.query_params.get("all") == "1"
+        listed = dashboard.failed_messages(after)
+        chosen = [m for m in (listed or ([], None))[0] if every or m.id in wanted]
+        n = len(chosen)
+        what = f"{n} failed message{'s' if n != 1 else ''}"
+        return {
+            "title": f"Delete {what}?" if delete else f"Retry {what}?",
+            "question": (
+                f"This deletes the {what} below from the failed store "
+                f"{dashboard.shown_failed_url}. It cannot be undone."
+                if delete
+                else f"This sends the {what} below back to {dashboard.shown_url}, each to the "
+                "priority it failed on, with its retries reset, and removes them from the store."
+            ),
+            "items": [
+                {
+                    "type": m.type,
+                    "id": m.id,
+                    "where": "?" if m.retry_priority is None else m.retry_priority,
+                }
+                for m in chosen
+            ],
+            "where_label": "priority",
+            "gone": "None of those failed messages is on that page any more: retried, deleted, "
+            "or the page moved on.",
+            "action": "/failed/delete" if delete else "/failed/retry",
+            "after": after,
+            "fields": [("id", m.id) for m in chosen],
+            "button": f"Delete {what}" if delete else f"Retry {what}",
+            "button_class": "danger" if delete else "",
+            "back": _page_url("/failed", after),
+        }
+
+    def confirm_waiting(request: Request) -> dict[str, Any]:
+        """The waiting message a Delete on the Queues page would remove, named before it does."""
+        after = request.query_params.get("after") or None
+        key = request.query_params.get("key") or ""
+        listed = dashboard.waiting(after)
+        chosen = [w for w in (listed or ([], None))[0] if w.key == key]
+        return {
+            "title": "Delete a waiting message?",
+            "question": f"This deletes the message below from {dashboard.shown_url} before any "
+            "worker takes it. It cannot be undone.",
+            "items": [
+                {
+                    "type": "not a Hermes message" if w.message is None else w.message.type,
+                    "id": "" if w.message is None else w.message.id,
+                    "where": "scheduled" if w.scheduled else "ready",
+                }
+                for w in chosen
+            ],
+            "where_label": "state",
+            "gone": "That message is no longer waiting on that page: a worker took it, or it "
+            "was deleted.",
+            "action": "/queues/delete",
+            "after": after,
+            "fields": [("key", w.key) for w in chosen],
+            "button": "Delete this message",
+            "button_class": "danger",
+            "back": _page_url("/queues", after),
+        }
+
     def failed(request: Request) -> dict[str, Any]:
         after = request.query_params.get("after") or None
         listed = dashboard.failed_messages(after)
@@ -387,9 +479,20 @@ def create_app(
         Route("/queues", page("queues.html", queues)),
         Route("/queues/purge", page("purge.html", purge_form), methods=["GET"]),
         Route("/queues/purge", action(purge), methods=["POST"]),
+        Route("/queues/delete", page("confirm.html", confirm_waiting), methods=["GET"]),
         Route("/queues/delete", action(delete_waiting), methods=["POST"]),
         Route("/failed", page("failed.html", failed)),
+        Route(
+            "/failed/retry",
+            page("confirm.html", functools.partial(confirm_failed, delete=False)),
+            methods=["GET"],
+        ),
         Route("/failed/retry", action(retry), methods=["POST"]),
+        Route(
+            "/failed/delete",
+            page("confirm.html", functools.partial(confirm_failed, delete=True)),
+            methods=["GET"],
+        ),
         Route("/failed/delete", action(delete_failed), methods=["POST"]),
         Route("/jobs", jobs),
         Route("/jobs/cancel", action(cancel), methods=["POST"]),
