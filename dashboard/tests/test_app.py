@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import html
+import json
 import logging
 import re
 import time
@@ -24,7 +25,7 @@ from hermes.core import ExceptionRecord, FailedMessage, FailedStore, Message
 from hermes.core.driver import MemoryDriver
 from hermes.core.jobs import JobError, Jobs, JobState
 from hermes.core.spi._registry import driver_for_url
-from hermes.dashboard import Hosts, create_app
+from hermes.dashboard import Auth, Hosts, create_app
 from hermes.dashboard._app import (
     MAX_BODY_BYTES,
     SECURITY_HEADERS,
@@ -307,7 +308,6 @@ def test_large_payloads_are_shown_as_a_bounded_preview(dashboard: Dashboard) -> 
 
 
 def test_wrong_passwords_still_leave_the_right_one_working(dashboard: Dashboard) -> None:
-    from hermes.dashboard import Auth
 
     client = client_of(dashboard, auth=Auth("ops", "s3cret"))
     assert client.get("/", auth=("ops", "wrong")).status_code == 401
@@ -755,3 +755,67 @@ def test_a_fresh_dashboard_s_chart_spans_its_samples_not_an_empty_hour() -> None
 
     old = chart([Sample(now - 7200, {100: 1}, 0, 0), Sample(now, {100: 2}, 0, 0)], now)
     assert old.span_min == 60
+
+
+# The JSON API ---------------------------------------------------------------------
+
+
+def api(client: Client, path: str, status: int = 200) -> Any:
+    response = client.get(path)
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == "application/json"
+    return json.loads(response.content)
+
+
+def test_the_api_answers_with_what_the_pages_show(dashboard: Dashboard, with_records: Jobs) -> None:
+    dashboard.driver.send_batch([Message("job", {"n": n}) for n in range(3)])
+    kept = a_failed_message(dashboard)
+    given_up = a_given_up_job(with_records)
+    heartbeat(dashboard, in_flight=[{"type": "job", "id": "m-1", "since": time.time()}])
+    client = client_of(dashboard)
+
+    overview = api(client, "/api/overview")
+    assert overview["workers"] == 1 and overview["running"] == 1
+    assert overview["failed_kept"] == 1
+    (queue,) = overview["queues"]
+    assert queue["priority"] == 100 and queue["ready"] == 3
+
+    queues = api(client, "/api/queues")
+    shown = {json.loads(w["message"]["payload"]["preview"])["n"] for w in queues["waiting"]}
+    assert shown == {0, 1, 2}
+    assert queues["next"] is None
+
+    (failed,) = api(client, "/api/failed")["messages"]
+    assert failed["id"] == kept.id and failed["reason"]["preview"] == kept.failed_reason
+    assert failed["priority"] == kept.priority
+
+    (listed,) = api(client, "/api/jobs?state=given_up")["jobs"]
+    assert listed["id"] == given_up.id and listed["attempts"] == 1
+    assert api(client, "/api/jobs?state=running")["jobs"] == []
+    record = api(client, f"/api/jobs/{given_up.id}")
+    assert record["state"] == "given_up" and "card declined" in record["error"]["message"]
+    assert api(client, "/api/jobs/no-such-job", 404) == {"error": "not found"}
+    assert "no job state 'bogus'" in api(client, "/api/jobs?state=bogus", 400)["error"]
+
+    (worker,) = api(client, "/api/workers")["workers"]
+    assert worker["in_flight"][0]["id"] == "m-1"
+    assert api(client, "/api/periodic") == {"entries": None}  # started without --handlers
+
+
+def test_the_api_cuts_a_large_payload_to_a_preview_and_says_how_large_it_was(
+    dashboard: Dashboard,
+) -> None:
+    dashboard.driver.send(Message("big", {"blob": "x" * 100_000}))
+
+    (waiting,) = api(client_of(dashboard), "/api/queues")["waiting"]
+
+    payload = waiting["message"]["payload"]
+    assert payload["cut"] and payload["bytes"] > 100_000 and len(payload["preview"]) == 2048
+
+
+def test_the_api_needs_the_same_credentials_as_the_pages(dashboard: Dashboard) -> None:
+    client = client_of(dashboard, auth=Auth("ops", "s3cret"))
+
+    assert client.get("/api/overview").status_code == 401
+    assert client.get("/api/overview", auth=("ops", "wrong")).status_code == 401
+    assert client.get("/api/overview", auth=("ops", "s3cret")).status_code == 200

@@ -31,12 +31,19 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
+from starlette.responses import (
+    HTMLResponse,
+    JSONResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+)
 from starlette.routing import Route
 
 from hermes.core import HermesError
 from hermes.core._cli._workers import duration
 from hermes.core.jobs import JobState, UnknownJobError
+from hermes.dashboard import _api as api
 from hermes.dashboard._chart import chart
 from hermes.dashboard._guard import SECURITY_HEADERS, Auth, Guard, Hosts, Throttle
 from hermes.dashboard._state import (
@@ -63,6 +70,8 @@ CLIP_CHARS = 80
 #: (milliseconds, most likely) and is shown as invalid.
 _LATEST_TIME = dt.datetime(3000, 1, 1, tzinfo=dt.UTC).timestamp()
 
+#: The job states, as an unknown one's error lists them.
+_STATES = ", ".join(state.value for state in JobState)
 #: What a redirect after an action says, by code: the text never comes from the URL.
 DONE = {
     "deleted": "Deleted {n} waiting message(s).",
@@ -169,11 +178,6 @@ def _job_path(job_id: str) -> str:
     return "/jobs/" + quote(job_id, safe="")
 
 
-def _jobs(value: Any) -> list[dict[str, Any]]:
-    """A heartbeat's jobs in flight: the entries that are records, whatever else it holds."""
-    return [job for job in value if isinstance(job, dict)] if isinstance(value, list) else []
-
-
 def _count(value: int | None) -> str:
     return "?" if value is None else f"{value:,}"
 
@@ -197,7 +201,7 @@ def _environment() -> jinja2.Environment:
         payload=_payload,
         preview=_preview,
         traceback_tail=_traceback_tail,
-        jobs=_jobs,
+        jobs=api.in_flight,
         took=_took,
         job_path=_job_path,
     )
@@ -275,22 +279,17 @@ def create_app(
     # Pages ------------------------------------------------------------------
 
     def overview(request: Request) -> dict[str, Any]:
-        rows = dashboard.queue_stats()
-        records = dashboard.workers()
-        rate, handled, failed = dashboard.failure_rate()
-        workers = None if records is None else [r for r in records if r.get("kind") != "scheduler"]
+        figures = api.overview(dashboard)  # the same figures as /api/overview
         return {
-            "rows": rows,
-            "workers": workers,
-            "schedulers": None if records is None else len(records) - len(workers or []),
-            "running": None
-            if workers is None
-            else sum(len(_jobs(r.get("in_flight"))) for r in workers),
-            "kept": dashboard.failed_count(),
+            "rows": dashboard.queue_stats(),
+            "workers": figures["workers"],
+            "schedulers": figures["schedulers"],
+            "running": figures["running"],
+            "kept": figures["failed_kept"],
             "chart": chart(list(dashboard.history)),
-            "rate": rate,
-            "handled": handled,
-            "failed": failed,
+            "rate": figures["failure_rate"],
+            "handled": figures["handled"],
+            "failed": figures["failed"],
         }
 
     def queues(request: Request) -> dict[str, Any]:
@@ -471,6 +470,39 @@ def create_app(
             return _job_path(job_id)  # its page says there is no record
         return _job_path(job_id) + "?" + urlencode({"done": "cancelled"})
 
+    # The JSON API ------------------------------------------------------------
+
+    def answer(
+        build: Callable[[Request], dict[str, Any] | None],
+    ) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            try:
+                data = await run_in_threadpool(build, request)
+            except HermesError as exc:
+                return JSONResponse({"error": str(exc)}, status_code=503)
+            except ValueError as exc:  # a query parameter this API does not know
+                return JSONResponse({"error": str(exc)}, status_code=400)
+            if data is None:
+                return JSONResponse({"error": "not found"}, status_code=404)
+            return JSONResponse(data)
+
+        return endpoint
+
+    def api_jobs(request: Request) -> dict[str, Any]:
+        state_name = request.query_params.get("state") or ""
+        state = JobState(state_name) if state_name in JobState._value2member_map_ else None
+        if state_name and state is None:
+            raise ValueError(f"no job state {state_name!r}: one of {_STATES}")
+        type_ = (request.query_params.get("type") or "").strip() or None
+        return api.jobs(dashboard, state, type_)
+
+    def api_job(request: Request) -> dict[str, Any] | None:
+        record = dashboard.job(request.path_params["job_id"])
+        return None if record is None else api.job(record)
+
+    def after_of(request: Request) -> str | None:
+        return request.query_params.get("after") or None
+
     async def stylesheet(request: Request) -> Response:
         return Response(style, media_type="text/css")
 
@@ -499,6 +531,13 @@ def create_app(
         Route("/jobs/{job_id:path}", page("job.html", job)),
         Route("/workers", page("workers.html", workers)),
         Route("/periodic", page("periodic.html", periodic)),
+        Route("/api/overview", answer(lambda request: api.overview(dashboard))),
+        Route("/api/queues", answer(lambda request: api.queues(dashboard, after_of(request)))),
+        Route("/api/failed", answer(lambda request: api.failed(dashboard, after_of(request)))),
+        Route("/api/jobs", answer(api_jobs)),
+        Route("/api/jobs/{job_id:path}", answer(api_job)),
+        Route("/api/workers", answer(lambda request: api.workers(dashboard))),
+        Route("/api/periodic", answer(lambda request: api.periodic(dashboard))),
         Route("/static/style.css", stylesheet),
     ]
     guard = Middleware(Guard, hosts=hosts or Hosts(), auth=auth, throttle=Throttle())
