@@ -131,11 +131,17 @@ class Deployment:
     work: Path
     worker_pid: int
 
-    def emit(self, type_: str, payload: Any = None, priority: int = 100) -> str:
+    def emit(
+        self,
+        type_: str,
+        payload: Any = None,
+        priority: int = 100,
+        execute_at: float | None = None,
+    ) -> str:
         from hermes.core import Message, connect
         from hermes.core._cli._common import setup_priorities
 
-        message = Message(type_, payload)
+        message = Message(type_, payload, execute_at=execute_at)
         with connect(self.url) as driver:
             setup_priorities(driver, [priority])
             driver.send(message, priority)

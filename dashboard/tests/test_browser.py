@@ -438,3 +438,30 @@ def test_delete_all_on_the_failed_page_names_how_many_and_deletes_only_when_conf
     browser.find_element(By.ID, "confirm").click()
     eventually(lambda: f"Deleted {n} failed message(s)." in main_text(browser))
     assert not browser.find_elements(By.CSS_SELECTOR, f'tr[data-id="{failing}"]')
+
+
+def test_the_queues_page_lists_every_priority_and_the_schedule_and_deletes_a_scheduled_one(
+    browser: Any, deployment: Deployment
+) -> None:
+    later = deployment.emit("ok", {"later": True}, execute_at=time.time() + 3600)
+    low = deployment.emit("ok", {"low": True}, priority=60)
+
+    def listed() -> bool:
+        """both messages on the Queues page"""
+        text = open_page(browser, deployment.base + "/queues")
+        return later in text and low in text
+
+    eventually(listed)  # one page: the tests leave fewer than 200 waiting
+    rows = {
+        row.find_element(By.CSS_SELECTOR, "td.id").text: row
+        for row in browser.find_elements(By.CSS_SELECTOR, "table.messages tbody tr")
+    }
+    assert rows[low].find_element(By.CSS_SELECTOR, "td.priority").text == "60"
+    assert rows[later].find_element(By.CSS_SELECTOR, "td.priority").text == "100"
+    assert "UTC" in rows[later].find_elements(By.TAG_NAME, "td")[4].text  # its due time
+    rows[later].find_element(By.CSS_SELECTOR, "a.delete").click()
+    eventually(lambda: "Delete a waiting message?" in main_text(browser))
+    assert later in main_text(browser) and "scheduled" in main_text(browser)
+    browser.find_element(By.ID, "confirm").click()
+    eventually(lambda: "Deleted 1 waiting message(s)." in main_text(browser))
+    assert later not in main_text(browser) and low in main_text(browser)

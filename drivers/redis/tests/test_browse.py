@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -24,10 +25,38 @@ def test_the_browser_lists_every_member_and_removes_one_at_a_time(
     listed = list(browser.entries())
 
     assert sorted(body for _, body in listed) == sorted(bodies)
-    assert all(entry == body for entry, body in listed)
-    assert browser.remove(bodies[0]) is True
-    assert browser.remove(bodies[0]) is False
+    assert all(entry == (driver.key, body) for entry, body in listed)
+    assert browser.remove((driver.key, bodies[0])) is True
+    assert browser.remove((driver.key, bodies[0])) is False
     assert driver.client.scard(driver.key) == 1199
+
+
+def test_every_priority_s_set_is_listed_highest_first_then_the_schedule(
+    driver: RedisSetDriver,
+) -> None:
+    driver.setup_priority_queue(f"{driver.key}_priority_300", 300)
+    urgent = [Message("urgent", {"n": n}) for n in range(30)]
+    normal = [Message("normal", {"n": n}) for n in range(30)]
+    later = [Message("later", {"n": n}, execute_at=time.time() + 3600) for n in range(30)]
+    driver.send_batch(urgent, 300)
+    driver.send_batch([*normal, *later])
+    browser = SetBrowser(driver)
+
+    pages = [browser.page(None, 10, 1 << 20)]
+    while pages[-1].next is not None:
+        pages.append(browser.page(pages[-1].next, 10, 1 << 20))
+
+    shown = [
+        (MessageSerializer().unserialize(body).type, page.priorities[entry])
+        for page in pages
+        for entry, body in page.entries
+    ]
+    assert [t for t, _ in shown] == ["urgent"] * 30 + ["normal"] * 30 + ["later"] * 30
+    assert {(t, p) for t, p in shown} == {("urgent", 300), ("normal", 100), ("later", 100)}
+    scheduled = next(e for page in pages for e, _ in page.entries if e[0] == driver.schedule_key)
+    assert browser.remove(scheduled) is True and browser.remove(scheduled) is False
+    assert driver.client.zcard(driver.schedule_key) == 29
+    assert len(list(browser.entries())) == 89
 
 
 def test_pages_reach_every_member_reading_about_a_page_each(driver: RedisSetDriver) -> None:

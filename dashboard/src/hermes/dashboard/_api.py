@@ -140,6 +140,7 @@ def _message(message: Message) -> dict[str, Any]:
 def _waiting(waiting: Waiting) -> dict[str, Any]:
     return {
         "key": waiting.key,
+        "priority": waiting.priority,
         "scheduled": waiting.scheduled,
         "message": None if waiting.message is None else _message(waiting.message),
         "body": preview(waiting.body) if waiting.message is None else None,

@@ -67,6 +67,8 @@ class Waiting:
     message: Message | None
     body: str
     scheduled: bool
+    #: The priority it waits in (a scheduled one: where it goes when due); None: not said.
+    priority: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,7 +197,9 @@ class Dashboard:
             except SerializeError:
                 message = None
             due = message.execute_at if message is not None else None
-            shown.append(Waiting(entry_key(entry), message, text, bool(due and due > now)))
+            scheduled = bool(due and due > now)
+            priority = page.priorities.get(entry)
+            shown.append(Waiting(entry_key(entry), message, text, scheduled, priority))
         return shown, page.next
 
     def delete_waiting(self, key: str, after: str | None = None) -> bool:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
-from dataclasses import dataclass
+from collections.abc import Hashable, Iterable, Mapping
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -14,6 +14,9 @@ class BrowsePage:
     entries: list[tuple[Hashable, bytes | str]]
     #: The ``after`` of the next page; None on the last.
     next: str | None
+    #: The priority each entry waits in, where the browser lists several queues
+    #: (a scheduled message: the one it goes to when due); absent: not said.
+    priorities: Mapping[Hashable, int] = field(default_factory=dict)
 
 
 def page_of(

@@ -443,20 +443,26 @@ class _MemoryBrowser:
         self.broker = driver._broker
 
     def entries(self) -> Iterator[tuple[Hashable, str | bytes]]:
-        for body in self._bodies():
+        for _, body in self._bodies():
             yield id(body), body
 
-    def _bodies(self) -> list[str | bytes]:
+    def _bodies(self) -> list[tuple[int, str | bytes]]:
+        """``(priority, body)`` of each queued message, highest priority first, then the
+        scheduled ones in due order."""
         with self.broker.condition:
-            queued = [body for queue in self.broker.queues.values() for body in queue]
-            queued += [body for _, _, _, body in sorted(self.broker.scheduled)]
+            queues = sorted(self.broker.queues.items(), key=lambda item: -item[0])
+            queued = [(priority, body) for priority, queue in queues for body in queue]
+            queued += [(p, body) for _, _, p, body in sorted(self.broker.scheduled)]
         return queued
 
     def page(self, after: str | None, limit: int, max_bytes: int) -> BrowsePage:
         start = int(after) if after else 0
-        taken = page_of(((id(b), b) for b in self._bodies()[start:]), limit, max_bytes)
-        more = start + len(taken) < len(self._bodies())
-        return BrowsePage(taken, str(start + len(taken)) if more else None)
+        bodies = self._bodies()
+        priority: dict[Hashable, int] = {id(body): p for p, body in bodies}
+        taken = page_of(((id(b), b) for _, b in bodies[start:]), limit, max_bytes)
+        more = start + len(taken) < len(bodies)
+        shown = {entry: priority[entry] for entry, _ in taken}
+        return BrowsePage(taken, str(start + len(taken)) if more else None, shown)
 
     def remove(self, entry: Hashable) -> bool:
         broker = self.broker

@@ -42,7 +42,9 @@ class DirectoryBrowser:
         read = ((item.name, self._read(item)) for item in queued)
         taken = page_of(((n, b) for n, b in read if b is not None), limit, max_bytes)
         more = bool(taken) and str(taken[-1][0]) != queued[-1].name
-        return BrowsePage(taken, str(taken[-1][0]) if more else None)
+        priorities = {item.name: item.priority for item in queued}
+        shown: dict[Hashable, int] = {name: priorities[str(name)] for name, _ in taken}
+        return BrowsePage(taken, str(taken[-1][0]) if more else None, shown)
 
     def _queued(self) -> list[QueuedName]:
         with self.driver.translating("listing new/"):

@@ -625,10 +625,11 @@ class TableBrowser:
         taken: list[tuple[Hashable, bytes | str]] = [
             (row[0], bytes(bodies[row[0]])) for row in shown if row[0] in bodies
         ]
+        priorities = {row[0]: row[1] for row in shown if row[0] in bodies}
         if len(shown) == len(rows):  # nothing after the last row read
-            return BrowsePage(taken, None)
+            return BrowsePage(taken, None, priorities)
         last = shown[-1]
-        return BrowsePage(taken, f"{last[1]}|{last[2].isoformat()}|{last[0]}")
+        return BrowsePage(taken, f"{last[1]}|{last[2].isoformat()}|{last[0]}", priorities)
 
     def remove(self, entry: Hashable) -> bool:
         driver = self.driver

@@ -1,65 +1,103 @@
-"""Reading a Redis set without popping from it: what ``hermes failed`` needs."""
+"""Reading Redis sets without popping from them: the dashboard's Queues page and
+``hermes failed`` list and delete through this."""
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterator
 
-from hermes.core.driver import BrowsePage, Driver
+from hermes.core.driver import DEFAULT_PRIORITY, BrowsePage, Driver
 from hermes.drivers.redis._driver import RedisSetDriver
 
-#: Members fetched per ``SSCAN`` round trip.
+#: Members fetched per ``SSCAN``/``ZSCAN`` round trip.
 _SCAN_COUNT = 500
-#: Members asked of one ``SSCAN`` when paging: a page of large bodies reads few more than it shows.
+#: Members asked of one scan when paging: a page of large bodies reads few more than it shows.
 _PAGE_SCAN_COUNT = 10
 
 
 class SetBrowser:
-    """The members of a driver's default-priority set (``SSCAN``); deleting one is ``SREM``.
-
-    Messages in the schedule (``execute_at`` in the future) are not listed:
-    a failed-message store sends nothing there. A member a worker pops
-    between the listing and :meth:`remove` makes ``remove`` return False.
+    """What waits on a driver: each priority's set, highest priority first, then the
+    schedule (``SSCAN``, ``ZSCAN``). An entry is ``(key, member)``; deleting it is an
+    ``SREM`` or a ``ZREM``. A member a worker takes between the listing and
+    :meth:`remove` makes ``remove`` return False.
     """
 
     def __init__(self, driver: RedisSetDriver) -> None:
         self.driver = driver
 
+    def _segments(self) -> list[tuple[str, int, bool]]:
+        """``(key, priority, is the schedule)`` in listing order."""
+        queues = sorted(self.driver.queues().items(), reverse=True)
+        segments = [(key, priority, False) for priority, key in queues]
+        return [*segments, (self.driver.schedule_key, DEFAULT_PRIORITY, True)]
+
     def entries(self) -> Iterator[tuple[Hashable, bytes | str]]:
-        # A store calls this directly, outside core's translation.
-        with self.driver.translating(f"listing {self.driver.key!r}"):
-            # SSCAN may return a member twice while the set changes; list each once.
-            members = dict.fromkeys(
-                self.driver.client.sscan_iter(self.driver.key, count=_SCAN_COUNT)
-            )
-        for member in members:
-            yield member, member
+        for key, _, scheduled in self._segments():
+            # A store calls this directly, outside core's translation.
+            with self.driver.translating(f"listing {key!r}"):
+                client = self.driver.client
+                scan = (
+                    (member for member, _ in client.zscan_iter(key, count=_SCAN_COUNT))
+                    if scheduled
+                    else client.sscan_iter(key, count=_SCAN_COUNT)
+                )
+                # A scan may return a member twice while the key changes; list each once.
+                members = dict.fromkeys(scan)
+            for member in members:
+                yield (key, member), member
 
     def page(self, after: str | None, limit: int, max_bytes: int) -> BrowsePage:
-        """A page in ``SSCAN`` order, ``next`` the scan cursor to go on from.
+        """A page in listing order; ``next`` is ``SEGMENT:CURSOR``, where to go on from.
 
-        A page ends where an ``SSCAN`` batch does (batches are small: it may pass
+        A page ends where a scan batch does (batches are small: it may pass
         ``limit`` or ``max_bytes`` by a few members), since a batch asked again
-        after the set changed need not hold the same members.
+        after the key changed need not hold the same members.
         """
-        cursor = int(after) if after and after.isdigit() else 0
+        segments = self._segments()
+        index, cursor = _mark(after)
         taken: list[tuple[Hashable, bytes | str]] = []
+        priorities: dict[Hashable, int] = {}
         size = 0
-        with self.driver.translating(f"listing {self.driver.key!r}"):
-            while True:
-                following, members = self.driver.client.sscan(
-                    self.driver.key, cursor, count=_PAGE_SCAN_COUNT
-                )
-                taken += [(member, member) for member in members]
-                size += sum(len(member) for member in members)
-                cursor = int(following)
-                if cursor == 0:
-                    return BrowsePage(taken, None)
-                if len(taken) >= limit or size >= max_bytes:
-                    return BrowsePage(taken, str(cursor))
+        while index < len(segments):
+            key, priority, scheduled = segments[index]
+            with self.driver.translating(f"listing {key!r}"):
+                if scheduled:
+                    following, pairs = self.driver.client.zscan(key, cursor, count=_PAGE_SCAN_COUNT)
+                    members = [member for member, _ in pairs]
+                else:
+                    following, members = self.driver.client.sscan(
+                        key, cursor, count=_PAGE_SCAN_COUNT
+                    )
+            for member in members:
+                entry = (key, member)
+                taken.append((entry, member))
+                priorities[entry] = priority
+                size += len(member)
+            cursor = int(following)
+            if cursor == 0:
+                index += 1
+            if index == len(segments):
+                return BrowsePage(taken, None, priorities)
+            if len(taken) >= limit or size >= max_bytes:
+                return BrowsePage(taken, f"{index}:{cursor}", priorities)
+        return BrowsePage(taken, None, priorities)
 
     def remove(self, entry: Hashable) -> bool:
-        with self.driver.translating(f"deleting from {self.driver.key!r}"):
-            return bool(self.driver.client.srem(self.driver.key, entry))  # type: ignore[arg-type]
+        if not (isinstance(entry, tuple) and len(entry) == 2):
+            raise TypeError(f"not an entry this browser listed: {entry!r}")
+        key, member = entry
+        client = self.driver.client
+        with self.driver.translating(f"deleting from {key!r}"):
+            if key == self.driver.schedule_key:
+                return bool(client.zrem(key, member))
+            return bool(client.srem(key, member))
+
+
+def _mark(after: str | None) -> tuple[int, int]:
+    """``(segment, cursor)`` of a page's ``next``; the start for None or a token not ours."""
+    segment, _, cursor = (after or "").partition(":")
+    if segment.isdigit() and cursor.isdigit():
+        return int(segment), int(cursor)
+    return 0, 0
 
 
 def browse(driver: Driver) -> SetBrowser:

@@ -413,6 +413,10 @@ class RedisSetDriver(Driver):
         """The Redis key (prefix included) of the set that holds ``priority``."""
         return self._queue_key(priority)
 
+    def queues(self) -> dict[int, str]:
+        """Priority -> the Redis key of its set, for every priority set up on this driver."""
+        return dict(self._queues)
+
     def find_priority_queues(self) -> dict[int, str]:
         """Priority sets on the server named as the CLI names them, not set up here.
 
