@@ -184,9 +184,10 @@ BENCH_DEPS = [
 def bench(session: nox.Session) -> None:
     """Benchmarks: hermes worker vs raw clients vs Celery/RQ/Dramatiq; writes the docs' figures.
 
-    Then bench.pool (a CPU-bound job across processes) and bench.records (what
+    Then bench.pool (a CPU-bound job across processes), bench.records (what
     job records cost: throughput with and without them, ``result()`` wake
-    latency), each with ``--quick`` when the session has it.
+    latency) and bench.dashboard (the dashboard's pages over 10,000 waiting
+    messages), each with ``--quick`` when the session has it.
 
     ``-- --quick`` is a smoke run (small counts, no page written). The observer
     plugins are installed, for the rows that measure what each costs installed
@@ -197,6 +198,7 @@ def bench(session: nox.Session) -> None:
     quick = ["--quick"] if "--quick" in session.posargs else []
     session.run("python", "-m", "bench.pool", *quick)
     session.run("python", "-m", "bench.records", *quick)
+    session.run("python", "-m", "bench.dashboard", *quick)
 
 
 @nox.session(python="3.11")
