@@ -8,7 +8,6 @@ for the tests that count and purge them.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 import uuid
@@ -21,73 +20,19 @@ import pytest
 # The tests' helper module and the worker's handlers module, importable by name.
 sys.path.insert(0, str(Path(__file__).parent))
 
-from dash_support import HERE, HERMES, Deployment, running, serve_dashboard
+from dash_support import Deployment, deploy
 
 
-@contextlib.contextmanager
-def deploy(redis_url: str, prefix: str, work: Path, handlers: str) -> Iterator[Deployment]:
-    """A worker reading priority 100 and a dashboard also showing 50 and 60, on Redis keys
-    under ``prefix``; both run ``handlers`` (MODULE:OBJECT). Torn down afterwards."""
-    url = f"{redis_url}?prefix={prefix}"
-    failed_url = f"{redis_url}?prefix={prefix}failed:"
-    results_url = f"{redis_url}?prefix={prefix}records:"
-    env = {k: v for k, v in os.environ.items() if k not in ("HERMES_URL", "HERMES_DASHBOARD_AUTH")}
-    env["DASH_TEST_DIR"] = str(work)
-    env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")])
-    worker_args = [
-        HERMES,
-        "worker",
-        "--url",
-        url,
-        "--failed-url",
-        failed_url,
-        "--results-url",
-        results_url,
-        "--handlers",
-        handlers,
-        "--priority",
-        "100",
-        "--concurrency",
-        "2",
-        "--heartbeat-interval",
-        "1",
-    ]
-    with (
-        running(worker_args, HERE, env, work / "worker.log") as worker,
-        serve_dashboard(
-            url,
-            HERE,
-            env,
-            work / "dashboard.log",
-            "--failed-url",
-            failed_url,
-            "--results-url",
-            results_url,
-            "--priority",
-            "50",
-            "--priority",
-            "60",
-            "--handlers",
-            handlers,
-            "--sample-interval",
-            "1",
-        ) as base,
-    ):
-        yield Deployment(url, failed_url, base, work, worker.pid)
-    from hermes.core import connect
-    from hermes.core._cli._common import setup_priorities
-
-    for each in (url, failed_url, results_url):
-        with connect(each) as driver:
-            setup_priorities(driver, [50, 60])
-            driver.teardown()  # type: ignore[attr-defined]
+def redis_urls(redis_url: str, prefix: str) -> tuple[str, str, str]:
+    """The queue's, the failed store's and the records store's URLs under ``prefix``."""
+    return tuple(f"{redis_url}?prefix={prefix}{part}" for part in ("", "failed:", "records:"))  # type: ignore[return-value]
 
 
 @pytest.fixture(scope="session")
 def deployment(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     prefix = f"dash-{uuid.uuid4().hex[:8]}:"
     work = tmp_path_factory.mktemp("dashboard")
-    with deploy(redis_url, prefix, work, "dash_jobs:handlers") as deployment:
+    with deploy(*redis_urls(redis_url, prefix), work, "dash_jobs:handlers") as deployment:
         yield deployment
 
 
@@ -97,7 +42,7 @@ def hostile(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     the broker URL 150 characters, and handlers of a 400-character type."""
     prefix = f"dash-{uuid.uuid4().hex[:8]}-tenant-acme-corporation-eu-west-production-blue-" * 2
     work = tmp_path_factory.mktemp("hostile")
-    with deploy(redis_url, prefix, work, "dash_jobs:hostile") as deployment:
+    with deploy(*redis_urls(redis_url, prefix), work, "dash_jobs:hostile") as deployment:
         yield deployment
 
 

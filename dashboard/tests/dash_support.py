@@ -158,3 +158,50 @@ def screenshot(browser: Any, name: str) -> None:
     if SCREENSHOTS is not None:
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         browser.save_screenshot(str(SCREENSHOTS / f"{name}.png"))
+
+
+@contextlib.contextmanager
+def deploy(
+    url: str,
+    failed_url: str,
+    results_url: str,
+    work: Path,
+    handlers: str,
+    *,
+    worker_priority: int = 100,
+    shown: tuple[int, ...] = (50, 60),
+) -> Iterator[Deployment]:
+    """A ``hermes worker`` reading ``worker_priority`` and a ``hermes dashboard`` also
+    showing the priorities ``shown``, both running ``handlers`` (MODULE:OBJECT), with a
+    failed-message store and a records store; every queue torn down afterwards."""
+    env = {k: v for k, v in os.environ.items() if k not in ("HERMES_URL", "HERMES_DASHBOARD_AUTH")}
+    env["DASH_TEST_DIR"] = str(work)
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")])
+    stores = ["--failed-url", failed_url, "--results-url", results_url, "--handlers", handlers]
+    worker_args = [HERMES, "worker", "--url", url, *stores, "--priority", str(worker_priority)]
+    worker_args += ["--concurrency", "2", "--heartbeat-interval", "1"]
+    dashboard_priorities = [p for p in dict.fromkeys((worker_priority, *shown)) if p != 100]
+    extra = [arg for p in dashboard_priorities for arg in ("--priority", str(p))]
+    try:
+        with (
+            running(worker_args, HERE, env, work / "worker.log") as worker,
+            serve_dashboard(
+                url,
+                HERE,
+                env,
+                work / "dashboard.log",
+                *stores,
+                *extra,
+                "--sample-interval",
+                "1",
+            ) as base,
+        ):
+            yield Deployment(url, failed_url, base, work, worker.pid)
+    finally:
+        from hermes.core import connect
+        from hermes.core._cli._common import setup_priorities
+
+        for each in (url, failed_url, results_url):
+            with connect(each) as driver:
+                setup_priorities(driver, [worker_priority, *shown])
+                driver.teardown()  # type: ignore[attr-defined]

@@ -1,0 +1,147 @@
+"""The dashboard in Chromium over a real backlog, on Redis and on PostgreSQL.
+
+10,000 messages wait (half on priority 100, half on 300), 1,000 are
+scheduled a day ahead and 1,000 failed on priority 200, each with a job
+record; a ``hermes worker`` reads priority 200 only, so the backlog stays
+put while what is retried there is handled.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import hermes_test_services
+import pytest
+from dash_support import Deployment, deploy, eventually
+from selenium.webdriver.common.by import By
+
+from hermes.core import Emitter, FailedStore, Message, connect
+from hermes.core._cli._common import setup_priorities
+from hermes.core.driver import SupportsStats, isolated_url
+from hermes.core.jobs import Jobs
+
+WAITING = 10_000
+SCHEDULED = 1_000
+FAILED = 1_000
+#: Where the failed messages ran, and the only priority the worker reads.
+FAILED_PRIORITY = 200
+
+
+def fill(url: str, failed_url: str, results_url: str) -> list[str]:
+    """The backlog; the ids of every waiting and scheduled message."""
+    jobs = Jobs(results_url)
+    try:
+        with connect(url) as driver:
+            setup_priorities(driver, [300, FAILED_PRIORITY])
+            emitter = Emitter(driver, records=jobs)
+            waiting = [Message("ok", {"n": n, "pad": "x" * 200}) for n in range(WAITING)]
+            emitter.emit_batch(waiting[: WAITING // 2])
+            emitter.emit_batch(waiting[WAITING // 2 :], priority=300)
+            later = time.time() + 86_400
+            scheduled = [Message("ok", {"later": n}, execute_at=later) for n in range(SCHEDULED)]
+            emitter.emit_batch(scheduled)
+    finally:
+        jobs.close()
+    with FailedStore.connect(failed_url) as store:
+        for n in range(FAILED):
+            store.keep(Message("ok", {"failed": n}), "ok: gave up", priority=FAILED_PRIORITY)
+    return [m.id for m in waiting + scheduled]
+
+
+@pytest.fixture(scope="module", params=["redis", "postgres"])
+def backlog(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Deployment, list[str]]]:
+    with hermes_test_services.service_url(request.param) as service:
+        ns = f"dash-scale-{uuid.uuid4().hex[:8]}"
+        urls = [isolated_url(service, ns + part) for part in ("", "-failed", "-records")]
+        queued = fill(*urls)
+        work = tmp_path_factory.mktemp(f"scale-{request.param}")
+        with deploy(
+            *urls,
+            work,
+            "dash_jobs:handlers",
+            worker_priority=FAILED_PRIORITY,
+            shown=(100, 300),
+        ) as deployment:
+            yield deployment, queued
+
+
+def ids_on_page(browser: Any) -> list[str]:
+    """The ids of the page's listed messages, read in one script call."""
+    script = "return [...document.querySelectorAll('table.messages td.id')].map(e => e.textContent)"
+    return [str(i).strip() for i in browser.execute_script(script)]
+
+
+def _moved_on(browser: Any, left: str) -> bool:
+    """the next page to load"""
+    return bool(browser.current_url != left)
+
+
+def test_paging_reaches_every_waiting_and_scheduled_message(
+    browser: Any, backlog: tuple[Deployment, list[str]]
+) -> None:
+    deployment, queued = backlog
+    browser.get(deployment.base + "/queues")
+    seen: set[str] = set()
+    pages = 0
+    while True:
+        pages += 1
+        seen.update(ids_on_page(browser))
+        following = browser.find_elements(By.ID, "next-page")
+        if not following:
+            break
+        left = browser.current_url
+        following[0].click()
+        eventually(functools.partial(_moved_on, browser, left))
+        assert pages < 200, "the pages go round"
+    assert pages >= 40, f"{pages} pages of about 200: paging was not what was exercised"
+    assert set(queued) <= seen, f"{len(set(queued) - seen)} messages on no page"
+
+
+def test_the_search_finds_a_job_among_ten_thousand(
+    browser: Any, backlog: tuple[Deployment, list[str]]
+) -> None:
+    deployment, queued = backlog
+    wanted = queued[WAITING // 2 + 7]  # one on priority 300
+    browser.get(deployment.base + "/")
+    box = browser.find_element(By.CSS_SELECTOR, "header form.search input[name=id]")
+    box.send_keys(wanted)
+    box.submit()
+    eventually(lambda: browser.current_url.endswith(f"/jobs/{wanted}"))
+    state = browser.find_element(By.ID, "state").text
+    priority = browser.find_element(By.XPATH, "//th[text()='priority']/../td").text
+    assert (state, priority) == ("waiting", "300")
+
+
+def test_retry_all_of_a_failed_page_sends_its_500_back_to_their_priority_to_be_handled(
+    browser: Any, backlog: tuple[Deployment, list[str]]
+) -> None:
+    deployment, _ = backlog
+    browser.get(deployment.base + "/failed")
+    listed = set(ids_on_page(browser))
+    n = len(listed)  # a page of the 1,000: 500, a few more where a scan batch ends it
+    assert 500 <= n < 520
+    browser.find_element(By.ID, "retry-all").click()
+    eventually(
+        lambda: f"Retry {n} failed messages?" in browser.find_element(By.TAG_NAME, "main").text
+    )
+    browser.find_element(By.ID, "confirm").click()
+    eventually(lambda: f"Sent {n} failed message(s) back" in browser.page_source)
+
+    def handled() -> bool:
+        """the worker on priority 200 to handle the 500 retried messages"""
+        return listed <= set(deployment.handled_ids())
+
+    eventually(handled, 120)
+    with FailedStore.connect(deployment.failed_url) as store:
+        assert len(store.messages()) == FAILED - n
+    with connect(deployment.url) as driver:
+        setup_priorities(driver, [300, FAILED_PRIORITY])
+        assert isinstance(driver, SupportsStats)
+        rows = {row.priority: row.ready for row in driver.queue_stats()}
+    assert rows[100] == rows[300] == WAITING // 2, "a retry went to another priority"
