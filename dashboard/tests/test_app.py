@@ -819,3 +819,46 @@ def test_the_api_needs_the_same_credentials_as_the_pages(dashboard: Dashboard) -
     assert client.get("/api/overview").status_code == 401
     assert client.get("/api/overview", auth=("ops", "wrong")).status_code == 401
     assert client.get("/api/overview", auth=("ops", "s3cret")).status_code == 200
+
+
+def test_the_failed_page_filters_by_type_and_priority_and_acts_on_what_it_shows(
+    dashboard: Dashboard,
+) -> None:
+    dashboard.driver.setup_priority_queue("urgent", 300)
+    assert dashboard.failed is not None
+    mails = [dashboard.failed.keep(Message("mail", {}), "broke", priority=300) for _ in range(3)]
+    other = [dashboard.failed.keep(Message("mail", {}), "broke", priority=100)]
+    other += [dashboard.failed.keep(Message("report", {}), "broke", priority=300)]
+    client = client_of(dashboard)
+
+    page = client.get("/failed?type=mail&priority=300").text
+    assert set(re.findall(r'<tr data-id="([^"]+)"', page)) == {m.id for m in mails}
+    assert 'name="type" value="mail"' in page and 'name="priority" value="300"' in page
+    link = re.search(r'id="retry-all" href="(/failed/retry\?[^"]+)"', page)
+    assert link is not None
+    confirm = client.get(html.unescape(link.group(1))).text
+    assert "Retry 3 failed messages?" in confirm
+    done = client.post("/failed/retry", confirmed_form(confirm))
+    assert done.headers["location"] == "/failed?type=mail&priority=300&done=retried&n=3"
+    assert stored_failed_ids(dashboard) == {m.id for m in other}
+
+    empty = client.get("/failed?type=mail&priority=300").text
+    assert "No failed messages of that type and priority." in empty
+    assert [
+        m["type"] for m in json.loads(client.get("/api/failed?type=report").content)["messages"]
+    ] == ["report"]
+
+
+def test_a_filtered_failed_page_reads_further_pages_of_the_store_to_fill_itself(
+    dashboard: Dashboard,
+) -> None:
+    assert dashboard.failed is not None
+    for _ in range(700):
+        a_failed_message(dashboard)  # report.build: 500 on the store's first page, 200 after
+    rare = [dashboard.failed.keep(Message("rare", {}), "broke") for _ in range(3)]
+    client = client_of(dashboard)
+
+    page = client.get("/failed?type=rare").text
+
+    assert set(re.findall(r'<tr data-id="([^"]+)"', page)) == {m.id for m in rare}
+    assert 'id="next-page"' not in page  # the store's last page was read

@@ -17,7 +17,7 @@ from typing import Any
 
 from hermes.core import FailedMessage, Message
 from hermes.core.jobs import JobRecord, JobState
-from hermes.dashboard._state import JOBS_LIMIT, Dashboard, Waiting, payload_text
+from hermes.dashboard._state import JOBS_LIMIT, Dashboard, FailedFilter, Waiting, payload_text
 
 #: How much of a payload, a body, a reason or a message an answer carries.
 PREVIEW_BYTES = 2048
@@ -69,9 +69,10 @@ def queues(dashboard: Dashboard, after: str | None) -> dict[str, Any]:
     }
 
 
-def failed(dashboard: Dashboard, after: str | None) -> dict[str, Any]:
-    """A page of the failed-message store (null: no store, or one that cannot list)."""
-    listed = dashboard.failed_messages(after)
+def failed(dashboard: Dashboard, after: str | None, shown: FailedFilter) -> dict[str, Any]:
+    """A page of the failed-message store, of a type or a priority when ``shown`` says so
+    (null: no store, or one that cannot list)."""
+    listed = dashboard.failed_messages(after, shown)
     return {
         "messages": None if listed is None else [_failed(m) for m in listed[0]],
         "next": None if listed is None else listed[1],

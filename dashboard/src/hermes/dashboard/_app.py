@@ -20,7 +20,7 @@ import hmac
 import math
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs, quote, urlencode
@@ -51,6 +51,7 @@ from hermes.dashboard._state import (
     FAILED_LIMIT,
     JOBS_LIMIT,
     Dashboard,
+    FailedFilter,
     payload_text,
     worker_groups,
 )
@@ -192,7 +193,7 @@ def _environment() -> jinja2.Environment:
         lstrip_blocks=True,
     )
     env.filters.update(
-        query=lambda after: urlencode({"after": after}),
+        query=lambda after, extra=None: urlencode({**(extra or {}), "after": after}),
         when=_when,
         clip=_clip,
         ago=_ago,
@@ -228,6 +229,7 @@ def create_app(
             notice = DONE[done].format(
                 n=request.query_params.get("n", "0"), queue=request.query_params.get("queue", "")
             )
+        context.setdefault("filters", {})  # what a page's links keep (the Failed page's filter)
         html = env.get_template(name).render(
             d=dashboard,
             csrf=csrf_token,
@@ -308,8 +310,9 @@ def create_app(
         rows = [r for r in dashboard.queue_stats() or [] if r.priority == priority]
         return {"row": rows[0] if rows else None}
 
-    def _page_url(path: str, after: str | None) -> str:
-        return path + ("?" + urlencode({"after": after}) if after else "")
+    def _page_url(path: str, after: str | None, shown: FailedFilter | None = None) -> str:
+        query = {**(shown.query() if shown else {}), **({"after": after} if after else {})}
+        return path + ("?" + urlencode(query) if query else "")
 
     def confirm_failed(request: Request, *, delete: bool) -> dict[str, Any]:
         """The failed messages a Delete or a Retry all would act on, named before it does:
@@ -317,7 +320,8 @@ def create_app(
         after = request.query_params.get("after") or None
         wanted = set(request.query_params.getlist("id"))
         every = request.query_params.get("all") == "1"
-        listed = dashboard.failed_messages(after)
+        shown = _failed_filter(request.query_params)
+        listed = dashboard.failed_messages(after, shown)
         chosen = [m for m in (listed or ([], None))[0] if every or m.id in wanted]
         n = len(chosen)
         what = f"{n} failed message{'s' if n != 1 else ''}"
@@ -343,10 +347,10 @@ def create_app(
             "or the page moved on.",
             "action": "/failed/delete" if delete else "/failed/retry",
             "after": after,
-            "fields": [("id", m.id) for m in chosen],
+            "fields": [*shown.query().items(), *(("id", m.id) for m in chosen)],
             "button": f"Delete {what}" if delete else f"Retry {what}",
             "button_class": "danger" if delete else "",
-            "back": _page_url("/failed", after),
+            "back": _page_url("/failed", after, shown),
         }
 
     def confirm_waiting(request: Request) -> dict[str, Any]:
@@ -380,12 +384,15 @@ def create_app(
 
     def failed(request: Request) -> dict[str, Any]:
         after = request.query_params.get("after") or None
-        listed = dashboard.failed_messages(after)
+        shown = _failed_filter(request.query_params)
+        listed = dashboard.failed_messages(after, shown)
         return {
             "messages": None if listed is None else listed[0],
             "after": after,
             "next": None if listed is None else listed[1],
             "limit": FAILED_LIMIT,
+            "filters": shown.query(),
+            "shown": shown,
         }
 
     def job_list(request: Request) -> dict[str, Any]:
@@ -455,12 +462,14 @@ def create_app(
         )
 
     def retry(form: dict[str, list[str]]) -> str:
-        n = dashboard.retry(form.get("id") or [], _after(form))
-        return "/failed?" + urlencode({"done": "retried", "n": n})
+        shown = _failed_filter({k: v[0] for k, v in form.items() if v})
+        n = dashboard.retry(form.get("id") or [], _after(form), shown)
+        return "/failed?" + urlencode({**shown.query(), "done": "retried", "n": n})
 
     def delete_failed(form: dict[str, list[str]]) -> str:
-        n = dashboard.delete_failed(form.get("id") or [], _after(form))
-        return "/failed?" + urlencode({"done": "dropped", "n": n})
+        shown = _failed_filter({k: v[0] for k, v in form.items() if v})
+        n = dashboard.delete_failed(form.get("id") or [], _after(form), shown)
+        return "/failed?" + urlencode({**shown.query(), "done": "dropped", "n": n})
 
     def cancel(form: dict[str, list[str]]) -> str:
         job_id = (form.get("id") or [""])[0]
@@ -533,7 +542,14 @@ def create_app(
         Route("/periodic", page("periodic.html", periodic)),
         Route("/api/overview", answer(lambda request: api.overview(dashboard))),
         Route("/api/queues", answer(lambda request: api.queues(dashboard, after_of(request)))),
-        Route("/api/failed", answer(lambda request: api.failed(dashboard, after_of(request)))),
+        Route(
+            "/api/failed",
+            answer(
+                lambda request: api.failed(
+                    dashboard, after_of(request), _failed_filter(request.query_params)
+                )
+            ),
+        ),
         Route("/api/jobs", answer(api_jobs)),
         Route("/api/jobs/{job_id:path}", answer(api_job)),
         Route("/api/workers", answer(lambda request: api.workers(dashboard))),
@@ -562,6 +578,12 @@ def _priority(text: str | None) -> int | None:
         return int(text) if text is not None else None
     except ValueError:
         return None
+
+
+def _failed_filter(params: Mapping[str, str]) -> FailedFilter:
+    """The Failed page's filter from its query (or a form): a type, a priority, or none."""
+    type_ = (params.get("type") or "").strip() or None
+    return FailedFilter(type_, _priority(params.get("priority")))
 
 
 def _after(form: dict[str, list[str]]) -> str | None:

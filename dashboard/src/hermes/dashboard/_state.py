@@ -14,7 +14,7 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +41,8 @@ FAILED_LIMIT = 500
 #: The most message bodies one page of Queues or Failed reads, whatever their sizes: a
 #: page of large payloads lists fewer (at least one), and a link goes on to the next.
 PAGE_BYTES = 8 * 1024 * 1024
+#: Store pages a filtered Failed page reads at most to fill itself.
+FILTER_PAGES = 10
 #: Job records listed on the Jobs page at most.
 JOBS_LIMIT = 200
 #: How much history the overview's chart keeps.
@@ -128,6 +130,27 @@ def payload_text(payload: Any) -> str:
         return json.dumps(payload, indent=2, ensure_ascii=False, sort_keys=True)
     except (TypeError, ValueError):
         return repr(payload)
+
+
+@dataclass(frozen=True)
+class FailedFilter:
+    """What the Failed page shows of the store: a type, a priority, or both."""
+
+    type: str | None = None
+    priority: int | None = None
+
+    def __bool__(self) -> bool:
+        return self.type is not None or self.priority is not None
+
+    def matches(self, message: FailedMessage) -> bool:
+        if self.type is not None and message.type != self.type:
+            return False
+        return self.priority is None or message.retry_priority == self.priority
+
+    def query(self) -> dict[str, str]:
+        """As URL parameters (only those set)."""
+        given = {"type": self.type, "priority": self.priority}
+        return {key: str(value) for key, value in given.items() if value is not None}
 
 
 @dataclass
@@ -220,36 +243,77 @@ class Dashboard:
             return self.driver.purge(priority)
 
     def failed_messages(
-        self, after: str | None = None
+        self, after: str | None = None, filter: FailedFilter | None = None
     ) -> tuple[list[FailedMessage], str | None] | None:
         """A page of the failed store (its order; by failure time within the page), and the
-        next page's ``after``; None without a store that can list."""
+        next page's ``after``; None without a store that can list.
+
+        With a ``filter``, the messages it matches on the store pages read from ``after``
+        until they fill a page or :data:`FILTER_PAGES` pages were read.
+        """
         if self.failed is None or self.failed.browser is None:
             return None
-        messages, following = self.failed.page(after, FAILED_LIMIT, PAGE_BYTES)
+        messages: list[FailedMessage] = []
+        following: str | None = None
+        for _, listed, page_next in self._failed_pages(after, filter):
+            messages += listed
+            following = page_next
         messages.sort(key=lambda message: message.failed_at)
         return messages, following
 
-    def retry(self, ids: Iterable[str], after: str | None = None) -> int:
-        """Retry the failed messages ``ids`` listed on the page from ``after``, each to the
-        priority it failed on: a :class:`HermesError` names one this dashboard does not know
-        (it acts only on the queues it was started with)."""
+    def _failed_pages(
+        self, after: str | None, filter: FailedFilter | None
+    ) -> Iterator[tuple[str | None, list[FailedMessage], str | None]]:
+        """``(after, the messages shown from that store page, its next)`` for each store page
+        a Failed page reads: one without a filter, more with one."""
         assert self.failed is not None
-        page = (after, FAILED_LIMIT, PAGE_BYTES)
-        known, wanted = set(self.priorities()), set(ids)
-        listed, _ = self.failed.page(*page)
-        for message in listed:
-            if message.id in wanted and known and message.retry_priority not in known:
-                raise HermesError(
-                    f"failed message #{message.id} ran on priority {message.retry_priority}, "
-                    f"which this dashboard does not show: start it with --priority "
-                    f"{message.retry_priority} to send it back there; nothing was retried"
-                )
-        return len(self.failed.retry(self.driver, wanted, page=page))
+        shown = 0
+        for _ in range(FILTER_PAGES if filter else 1):
+            listed, following = self.failed.page(after, FAILED_LIMIT, PAGE_BYTES)
+            matched = [m for m in listed if filter is None or filter.matches(m)]
+            shown += len(matched)
+            yield after, matched, following
+            if following is None or shown >= FAILED_LIMIT:
+                return
+            after = following
 
-    def delete_failed(self, ids: Iterable[str], after: str | None = None) -> int:
+    def retry(
+        self, ids: Iterable[str], after: str | None = None, filter: FailedFilter | None = None
+    ) -> int:
+        """Retry the failed messages ``ids`` listed on the page from ``after`` (as ``filter``
+        chose it), each to the priority it failed on: a :class:`HermesError` names one this
+        dashboard does not know (it acts only on the queues it was started with)."""
         assert self.failed is not None
-        return self.failed.purge(set(ids), page=(after, FAILED_LIMIT, PAGE_BYTES))
+        known, wanted = set(self.priorities()), set(ids)
+        pages = list(self._failed_pages(after, filter))
+        for _, listed, _ in pages:
+            for message in listed:
+                if message.id in wanted and known and message.retry_priority not in known:
+                    raise HermesError(
+                        f"failed message #{message.id} ran on priority "
+                        f"{message.retry_priority}, which this dashboard does not show: start "
+                        f"it with --priority {message.retry_priority} to send it back there; "
+                        "nothing was retried"
+                    )
+        sent = 0
+        for start, listed, _ in pages:
+            here = wanted & {m.id for m in listed}
+            if here:
+                page = (start, FAILED_LIMIT, PAGE_BYTES)
+                sent += len(self.failed.retry(self.driver, here, page=page))
+        return sent
+
+    def delete_failed(
+        self, ids: Iterable[str], after: str | None = None, filter: FailedFilter | None = None
+    ) -> int:
+        assert self.failed is not None
+        wanted = set(ids)
+        deleted = 0
+        for start, listed, _ in list(self._failed_pages(after, filter)):
+            here = wanted & {m.id for m in listed}
+            if here:
+                deleted += self.failed.purge(here, page=(start, FAILED_LIMIT, PAGE_BYTES))
+        return deleted
 
     def job(self, job_id: str) -> JobRecord | None:
         """The record of ``job_id``; None when the store has none (or there is no store)."""
