@@ -561,14 +561,18 @@ def test_a_store_that_cannot_keep_records_is_refused_naming_those_that_can() -> 
         Jobs(NoRecords())
 
 
-def test_listing_filters_by_state_and_type(broker: MemoryDriver, jobs: Jobs) -> None:
+def test_listing_filters_by_state_type_and_priority(broker: MemoryDriver, jobs: Jobs) -> None:
+    broker.setup_priority_queue("urgent", 300)
     first = emit(broker, jobs, Message("a"))
     second = emit(broker, jobs, Message("b"))
+    third = emit(broker, jobs, Message("a"), priority=300)
     jobs.cancel(second.id)
 
-    assert {r.id for r in jobs.scan()} == {first.id, second.id}
+    assert {r.id for r in jobs.scan()} == {first.id, second.id, third.id}
     assert [r.id for r in jobs.scan(state="cancelled")] == [second.id]
-    assert [r.id for r in jobs.scan(type="a")] == [first.id]
+    assert {r.id for r in jobs.scan(type="a")} == {first.id, third.id}
+    assert [r.id for r in jobs.scan(priority=300)] == [third.id]
+    assert [r.id for r in jobs.scan(type="a", priority=100)] == [first.id]
 
 
 def _race_cancel_against_start() -> tuple[bool, JobRecord]:

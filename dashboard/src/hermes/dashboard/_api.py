@@ -79,9 +79,11 @@ def failed(dashboard: Dashboard, after: str | None, shown: FailedFilter) -> dict
     }
 
 
-def jobs(dashboard: Dashboard, state: JobState | None, type: str | None) -> dict[str, Any]:
+def jobs(
+    dashboard: Dashboard, state: JobState | None, type: str | None, priority: int | None
+) -> dict[str, Any]:
     """Up to ``JOBS_LIMIT`` job records, newest first (null: no records store)."""
-    records = dashboard.job_list(state, type)
+    records = dashboard.job_list(state, type, priority)
     return {
         "jobs": None if records is None else [_job_summary(r) for r in records],
         "limit": JOBS_LIMIT,

@@ -399,11 +399,13 @@ def create_app(
         state_name = request.query_params.get("state") or ""
         state = JobState(state_name) if state_name in JobState._value2member_map_ else None
         type_ = (request.query_params.get("type") or "").strip() or None
+        priority = _priority(request.query_params.get("priority"))
         return {
-            "records": dashboard.job_list(state, type_),
+            "records": dashboard.job_list(state, type_, priority),
             "states": list(JobState),
             "state": state,
             "type": type_ or "",
+            "priority": "" if priority is None else priority,
             "limit": JOBS_LIMIT,
         }
 
@@ -503,7 +505,7 @@ def create_app(
         if state_name and state is None:
             raise ValueError(f"no job state {state_name!r}: one of {_STATES}")
         type_ = (request.query_params.get("type") or "").strip() or None
-        return api.jobs(dashboard, state, type_)
+        return api.jobs(dashboard, state, type_, _priority(request.query_params.get("priority")))
 
     def api_job(request: Request) -> dict[str, Any] | None:
         record = dashboard.job(request.path_params["job_id"])

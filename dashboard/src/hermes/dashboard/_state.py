@@ -322,12 +322,17 @@ class Dashboard:
         return self.jobs.get(job_id)
 
     def job_list(
-        self, state: JobState | None, type: str | None, limit: int = JOBS_LIMIT
+        self,
+        state: JobState | None,
+        type: str | None,
+        priority: int | None = None,
+        limit: int = JOBS_LIMIT,
     ) -> list[JobRecord] | None:
-        """Up to ``limit`` records, newest first, of ``state`` and ``type`` when given."""
+        """Up to ``limit`` records, newest first, of ``state``, ``type`` and ``priority``
+        when given."""
         if self.jobs is None:
             return None
-        return self.jobs.scan(state=state, type=type, limit=limit)
+        return self.jobs.scan(state=state, type=type, priority=priority, limit=limit)
 
     def cancel(self, job_id: str) -> JobRecord:
         """Cancel ``job_id`` (:meth:`Jobs.cancel`): :class:`UnknownJobError` without a record."""

@@ -67,6 +67,7 @@ def add_parser(commands: Commands) -> None:
     )
     jobs.add_argument("--state", choices=[s.value for s in JobState], help="only this state")
     jobs.add_argument("--type", help="only jobs of this message type")
+    jobs.add_argument("--priority", type=int, help="only jobs emitted on this priority")
     jobs.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
     jobs.add_argument("--json", action="store_true", help="print one JSON record per line")
     add_results_url(jobs)
@@ -105,7 +106,9 @@ def run_jobs(args: argparse.Namespace) -> int:
         raise CliError(f"--limit must be at least 1, got {args.limit}")
     jobs = open_jobs(_url(args))
     try:
-        records = jobs.scan(state=args.state, type=args.type, limit=args.limit)
+        records = jobs.scan(
+            state=args.state, type=args.type, priority=args.priority, limit=args.limit
+        )
     finally:
         jobs.close()
     for record in records:

@@ -331,18 +331,28 @@ class Jobs:
         return JobHandle(self, job.id if isinstance(job, Message) else str(job))
 
     def scan(
-        self, *, state: JobState | str | None = None, type: str | None = None, limit: int = 100
+        self,
+        *,
+        state: JobState | str | None = None,
+        type: str | None = None,
+        priority: int | None = None,
+        limit: int = 100,
     ) -> list[JobRecord]:
         """Up to ``limit`` records, newest first where the store can tell, filtered."""
         wanted = JobState(state) if state is not None else None
+        filtered = wanted is not None or type is not None or priority is not None
         found: list[JobRecord] = []
         with self.driver.translating("listing job records"):
-            raw = self._store.record_scan(max(limit * 10, 1000) if wanted or type else limit)
+            raw = self._store.record_scan(max(limit * 10, 1000) if filtered else limit)
         for data in raw:
             record = self._decode(data, "?")
             if record is None:
                 continue
-            if (wanted is None or record.state is wanted) and (type is None or record.type == type):
+            if (
+                (wanted is None or record.state is wanted)
+                and (type is None or record.type == type)
+                and (priority is None or record.priority == priority)
+            ):
                 found.append(record)
                 if len(found) >= limit:
                     break
