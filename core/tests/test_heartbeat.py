@@ -19,8 +19,8 @@ import pytest
 
 from hermes.core import Emitter, Message, Worker
 from hermes.core._cli._workers import duration, table
-from hermes.core.driver import BrokerUnavailableError, MemoryDriver
-from hermes.core.heartbeat import HeartbeatPublisher, live_workers
+from hermes.core.driver import BrokerUnavailableError, MemoryDriver, NotSupportedError
+from hermes.core.heartbeat import HeartbeatPublisher, live_workers, request_stop
 
 HERMES = shutil.which("hermes", path=os.path.dirname(sys.executable))
 
@@ -235,3 +235,120 @@ def test_a_record_whose_start_is_not_a_number_is_listed_first_not_fatal(
     driver.beat({"id": "a", "started": "2025-01-01T10:00:00Z", "last_seen": now}, 60)
     driver.beat({"id": "c", "started": None, "last_seen": now}, 60)
     assert [r["id"] for r in live_workers(driver)] == ["a", "c", "b"]
+
+
+def test_a_stop_requested_on_the_registry_stops_the_worker_after_the_job_it_runs(
+    driver: MemoryDriver, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="hermes")
+    started, release = threading.Event(), threading.Event()
+    handled: list[str] = []
+
+    def slow(message: Message) -> None:
+        started.set()
+        release.wait(10)
+        handled.append(message.id)
+
+    Emitter(driver).emit(Message("slow", id="job-1"))
+    publisher = HeartbeatPublisher(driver, url="memory://x", interval_s=0.05)
+    worker = Worker(driver, {"slow": slow}, handle_signals=False, heartbeat=publisher)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    assert started.wait(10)
+
+    request_stop(driver, publisher.id, "from a test")
+
+    assert wait_for(lambda: any(r.get("stopping") for r in live_workers(driver)))
+    (record,) = live_workers(driver)
+    assert record["stopping"] == "from a test" and thread.is_alive()
+    Emitter(driver).emit(Message("slow", id="job-2"))  # taken by no one: the run is stopping
+    release.set()
+    thread.join(10)
+    assert not thread.is_alive()
+    assert handled == ["job-1"]
+    assert worker.stats.stopped_by == "stop requested from a test"
+    assert f"Heartbeat {publisher.id}: a stop was requested from a test" in caplog.text
+    assert live_workers(driver) == []
+
+
+def test_a_stop_cannot_be_requested_on_a_registry_that_keeps_no_records() -> None:
+    class HeartbeatsOnly:
+        def beat(self, record: Mapping[str, Any], ttl_s: float) -> None: ...
+        def forget(self, worker_id: str) -> None: ...
+        def heartbeats(self) -> list[dict[str, Any]]:
+            return []
+
+    with pytest.raises(NotSupportedError, match="keeps heartbeats but no records"):
+        request_stop(HeartbeatsOnly(), "web-1:1:abc", "from a test")
+
+
+def test_hermes_workers_stop_asks_a_live_worker_and_refuses_an_unknown_id(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "jobs.py").write_text("HANDLERS = {'job': lambda message: None}\n")
+    url = (tmp_path / "queue").as_uri()
+    assert HERMES is not None
+    args = [HERMES, "worker", "--url", url, "--handlers", "jobs:HANDLERS"]
+    worker = subprocess.Popen(
+        [*args, "--heartbeat-interval", "0.2"],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+
+        def live_ids() -> list[str]:
+            run = _hermes("workers", "--url", url, "--json", cwd=tmp_path)
+            return (
+                [r["id"] for r in json.loads(run.stdout)["workers"]] if run.returncode == 0 else []
+            )
+
+        assert wait_for(lambda: len(live_ids()) == 1, 30)
+        unknown = _hermes("workers", "--url", url, "--stop", "nobody:1:x", cwd=tmp_path)
+        assert unknown.returncode == 2 and len(unknown.stderr.splitlines()) == 1
+        assert "no live worker 'nobody:1:x'" in unknown.stderr
+        (worker_id,) = live_ids()
+        asked = _hermes("workers", "--url", url, "--stop", worker_id, cwd=tmp_path)
+        assert asked.returncode == 0, asked.stderr
+        assert f"Asked worker {worker_id}" in asked.stdout
+        assert worker.wait(30) == 0
+        assert worker.stderr is not None
+        said = worker.stderr.read()
+        assert "a stop was requested with hermes workers --stop" in said
+    finally:
+        worker.kill()
+        worker.wait()
+        if worker.stderr is not None:
+            worker.stderr.close()
+
+
+def test_a_pool_child_stopped_on_request_is_replaced_and_counted(tmp_path: Path) -> None:
+    (tmp_path / "jobs.py").write_text("HANDLERS = {'job': lambda message: None}\n")
+    url = (tmp_path / "queue").as_uri()
+    assert HERMES is not None
+    args = [HERMES, "worker", "--url", url, "--handlers", "jobs:HANDLERS", "--processes", "2"]
+    with (tmp_path / "pool.log").open("wb") as log:
+        pool = subprocess.Popen(
+            [*args, "--heartbeat-interval", "0.2"], cwd=tmp_path, stdout=log, stderr=log
+        )
+    try:
+
+        def children() -> dict[int, dict[str, Any]]:
+            run = _hermes("workers", "--url", url, "--json", cwd=tmp_path)
+            records = json.loads(run.stdout)["workers"] if run.returncode == 0 else []
+            return {r["slot"]: r for r in records}
+
+        assert wait_for(lambda: len(children()) == 2, 30)
+        first = children()[1]
+        asked = _hermes("workers", "--url", url, "--stop", first["id"], cwd=tmp_path)
+        assert asked.returncode == 0, asked.stderr
+        assert wait_for(lambda: children().get(1, first)["pid"] != first["pid"], 30)
+        pool.send_signal(signal.SIGTERM)
+        assert pool.wait(30) == 0
+        said = (tmp_path / "pool.log").read_text()
+        assert "stopped on a request (stop requested with hermes workers --stop)" in said
+        assert "3 worker processes started, 1 replaced on a stop request" in said, said[-2000:]
+    finally:
+        pool.kill()
+        pool.wait()

@@ -862,3 +862,28 @@ def test_a_filtered_failed_page_reads_further_pages_of_the_store_to_fill_itself(
 
     assert set(re.findall(r'<tr data-id="([^"]+)"', page)) == {m.id for m in rare}
     assert 'id="next-page"' not in page  # the store's last page was read
+
+
+def test_a_worker_is_stopped_from_the_workers_page_after_a_page_that_names_it(
+    dashboard: Dashboard,
+) -> None:
+    record = heartbeat(dashboard, id="web-1:4242:abc123")
+    heartbeat(dashboard, id="web-1:4343:def456", kind="scheduler")
+    client = client_of(dashboard)
+
+    page = client.get("/workers").text
+    links = re.findall(r'<a class="danger stop" href="(/workers/stop\?[^"]+)">Stop…</a>', page)
+    assert len(links) == 1, "a Stop for the worker, none for the scheduler"
+    confirm = client.get(html.unescape(links[0])).text
+    assert "Stop a worker?" in confirm and record["id"] in confirm and "web-1 pid 4242" in confirm
+    assert dashboard.registry is not None
+    assert dashboard.registry.record_get(f"hermes-stop:{record['id']}") is None  # asked only
+    done = client.post("/workers/stop", confirmed_form(confirm))
+    assert done.headers["location"] == "/workers?done=stopping"
+    request = dashboard.registry.record_get(f"hermes-stop:{record['id']}")
+    assert request is not None and json.loads(request)["by"] == "from the dashboard"
+
+    gone = client.get("/workers/stop?id=nobody").text
+    assert 'id="nothing-to-confirm"' in gone
+    refused = client.post("/workers/stop", {"csrf": csrf_of(confirm), "id": "nobody"})
+    assert refused.status_code == 404

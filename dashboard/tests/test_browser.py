@@ -465,3 +465,39 @@ def test_the_queues_page_lists_every_priority_and_the_schedule_and_deletes_a_sch
     browser.find_element(By.ID, "confirm").click()
     eventually(lambda: "Deleted 1 waiting message(s)." in main_text(browser))
     assert later not in main_text(browser) and low in main_text(browser)
+
+
+def test_a_worker_stopped_from_the_workers_page_exits(
+    browser: Any, deployment: Deployment, tmp_path: Path
+) -> None:
+    # A worker of its own, on a priority no other test uses: the session's worker runs on.
+    env = {k: v for k, v in os.environ.items() if k != "HERMES_URL"}
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")])
+    env["DASH_TEST_DIR"] = str(deployment.work)
+    args = [HERMES, "worker", "--url", deployment.url, "--handlers", "dash_jobs:handlers"]
+    args += ["--priority", "70", "--heartbeat-interval", "0.5"]
+    with (tmp_path / "worker.log").open("wb") as log:
+        worker = subprocess.Popen(args, cwd=HERE, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        row = f'tr[data-pid="{worker.pid}"]'
+
+        def listed() -> bool:
+            """the new worker on the Workers page"""
+            open_page(browser, deployment.base + "/workers")
+            return bool(browser.find_elements(By.CSS_SELECTOR, row))
+
+        eventually(listed)
+        browser.find_element(By.CSS_SELECTOR, f"{row} a.stop").click()
+        eventually(lambda: "Stop a worker?" in main_text(browser))
+        assert f"pid {worker.pid}" in main_text(browser)
+        browser.find_element(By.ID, "confirm").click()
+        eventually(lambda: "Stop requested" in main_text(browser))
+        assert worker.wait(30) == 0
+        said = (tmp_path / "worker.log").read_text()
+        assert "a stop was requested from the dashboard" in said, said[-2000:]
+        eventually(
+            lambda: not open_page(browser, deployment.base + "/workers").count(str(worker.pid))
+        )
+    finally:
+        worker.kill()
+        worker.wait()

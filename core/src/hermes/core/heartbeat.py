@@ -4,6 +4,9 @@
 :class:`~hermes.core.Worker` run from Python does with ``heartbeat=``::
 
     Worker(driver, handlers, heartbeat=HeartbeatPublisher(driver, url=url)).run()
+
+``request_stop(registry, worker_id, by)`` asks one of them to stop, as the
+dashboard's Stop and ``hermes workers --stop ID`` do.
 """
 
 from hermes.core.run._heartbeat import (
@@ -12,6 +15,7 @@ from hermes.core.run._heartbeat import (
     HeartbeatPublisher,
     live_workers,
     new_worker_id,
+    request_stop,
     scheduler_fields,
     worker_fields,
 )
@@ -22,6 +26,7 @@ __all__ = [
     "HeartbeatPublisher",
     "live_workers",
     "new_worker_id",
+    "request_stop",
     "scheduler_fields",
     "worker_fields",
 ]

@@ -81,6 +81,7 @@ DONE = {
     "retried": "Sent {n} failed message(s) back to the queue.",
     "dropped": "Deleted {n} failed message(s).",
     "cancelled": "Cancel sent. The state below says what it did.",
+    "stopping": "Stop requested: the worker stops within a heartbeat, after the jobs it runs.",
 }
 
 
@@ -382,6 +383,45 @@ def create_app(
             "back": _page_url("/queues", after),
         }
 
+    def confirm_stop(request: Request) -> dict[str, Any]:
+        """The worker a Stop on the Workers page would stop, named before it does."""
+        worker_id = request.query_params.get("id") or ""
+        found = [
+            r
+            for r in dashboard.workers() or []
+            if r.get("id") == worker_id and r.get("kind") == "worker"
+        ]
+        pooled = any(r.get("supervisor_pid") is not None for r in found)
+        return {
+            "title": "Restart a pool's worker?" if pooled else "Stop a worker?",
+            "question": (
+                "This asks the worker below to stop: it takes no more jobs, lets the ones it "
+                "runs finish (within its grace period) and exits. "
+                + (
+                    "Its pool's supervisor then starts another in its place."
+                    if pooled
+                    else "Nothing starts it again here: whatever runs it (systemd, Kubernetes) "
+                    "decides."
+                )
+            ),
+            "items": [
+                {
+                    "type": f"{r.get('host', '?')} pid {r.get('pid', '?')}",
+                    "id": r.get("id", "?"),
+                    "where": f"{len(api.in_flight(r.get('in_flight')))} job(s) running",
+                }
+                for r in found
+            ],
+            "where_label": "now",
+            "gone": "That worker is not live any more.",
+            "action": "/workers/stop",
+            "after": None,
+            "fields": [("id", worker_id)] if found else [],
+            "button": "Restart it" if pooled else "Stop it",
+            "button_class": "danger",
+            "back": "/workers",
+        }
+
     def failed(request: Request) -> dict[str, Any]:
         after = request.query_params.get("after") or None
         shown = _failed_filter(request.query_params)
@@ -473,6 +513,12 @@ def create_app(
         n = dashboard.delete_failed(form.get("id") or [], _after(form), shown)
         return "/failed?" + urlencode({**shown.query(), "done": "dropped", "n": n})
 
+    def stop_worker(form: dict[str, list[str]]) -> str:
+        if not dashboard.can_stop_workers():
+            raise KeyError("workers")
+        dashboard.stop_worker((form.get("id") or [""])[0])
+        return "/workers?" + urlencode({"done": "stopping"})
+
     def cancel(form: dict[str, list[str]]) -> str:
         job_id = (form.get("id") or [""])[0]
         try:
@@ -541,6 +587,8 @@ def create_app(
         Route("/jobs/cancel", action(cancel), methods=["POST"]),
         Route("/jobs/{job_id:path}", page("job.html", job)),
         Route("/workers", page("workers.html", workers)),
+        Route("/workers/stop", page("confirm.html", confirm_stop), methods=["GET"]),
+        Route("/workers/stop", action(stop_worker), methods=["POST"]),
         Route("/periodic", page("periodic.html", periodic)),
         Route("/api/overview", answer(lambda request: api.overview(dashboard))),
         Route("/api/queues", answer(lambda request: api.queues(dashboard, after_of(request)))),

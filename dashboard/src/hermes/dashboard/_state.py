@@ -26,9 +26,10 @@ from hermes.core.driver import (
     SerializeError,
     SupportsHeartbeats,
     SupportsPurge,
+    SupportsRecords,
     SupportsStats,
 )
-from hermes.core.heartbeat import live_workers
+from hermes.core.heartbeat import live_workers, request_stop
 from hermes.core.jobs import JobRecord, Jobs, JobState
 from hermes.core.schedule import Schedule
 
@@ -339,6 +340,19 @@ class Dashboard:
         if self.jobs is None:
             raise KeyError(job_id)
         return self.jobs.cancel(job_id)
+
+    def can_stop_workers(self) -> bool:
+        """Whether a worker can be asked to stop here: a registry that keeps records."""
+        return not self.read_only and isinstance(self.registry, SupportsRecords)
+
+    def stop_worker(self, worker_id: str) -> dict[str, Any]:
+        """Ask the live worker ``worker_id`` to stop; its record. KeyError: none is live."""
+        assert self.registry is not None
+        for record in self.workers() or []:
+            if record.get("id") == worker_id and record.get("kind") == "worker":
+                request_stop(self.registry, worker_id, "from the dashboard")
+                return record
+        raise KeyError(worker_id)
 
     def workers(self) -> list[dict[str, Any]] | None:
         if self.registry is None:

@@ -176,6 +176,8 @@ def summary(stats: PoolStats, elapsed_s: float) -> str:
         children.append(f"{stats.recycled} replaced at their limit")
     if stats.rolled:
         children.append(f"{stats.rolled} replaced by a rolling restart")
+    if stats.requested:
+        children.append(f"{stats.requested} replaced on a stop request")
     if stats.died:
         children.append(f"{stats.died} died and were replaced")
     return f"{text}; {', '.join(children)}"

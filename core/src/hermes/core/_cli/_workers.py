@@ -24,12 +24,14 @@ from hermes.core._cli._common import (
     env_default,
     seconds,
 )
+from hermes.core.model._errors import NotSupportedError
 from hermes.core.run._heartbeat import (
     HEARTBEAT_INTERVAL_S,
     INTERVAL_ENV,
     MISSED_BEATS,
     HeartbeatPublisher,
     live_workers,
+    request_stop,
 )
 from hermes.core.spi._driver import Driver, SupportsHeartbeats
 from hermes.core.spi._registry import connect
@@ -126,6 +128,12 @@ def add_parser(commands: Commands) -> None:
     workers.add_argument("--url", help=URL_HELP)
     workers.add_argument("--registry-url", metavar="URL", help=_REGISTRY_HELP)
     workers.add_argument("--json", action="store_true", help="the records as one JSON document")
+    workers.add_argument(
+        "--stop",
+        metavar="ID",
+        help="ask the live worker ID (its id in --json) to stop: it finishes the jobs it runs "
+        "and exits within a heartbeat (a pool's child is replaced by its supervisor)",
+    )
     add_verbosity(workers)
     workers.set_defaults(run=run)
 
@@ -242,6 +250,8 @@ def run(args: argparse.Namespace) -> int:
                 "--registry-url, the broker the workers were started with it"
             )
         records = live_workers(store)
+        if args.stop is not None:
+            return _stop(store, records, args.stop)
     now = time.time()
     if args.json:
         print(json.dumps({"at": now, "workers": records}), flush=True)
@@ -250,4 +260,21 @@ def run(args: argparse.Namespace) -> int:
         print(f"No live workers on {redact_url(url)}")
         return 0
     print(table(records, now), flush=True)
+    return 0
+
+
+def _stop(store: SupportsHeartbeats, records: Sequence[dict[str, Any]], worker_id: str) -> int:
+    found = [r for r in records if r.get("id") == worker_id and r.get("kind") == "worker"]
+    if not found:
+        raise CliError(f"no live worker {worker_id!r}: `hermes workers --json` lists their ids")
+    try:
+        request_stop(store, worker_id, "with hermes workers --stop")
+    except NotSupportedError as exc:
+        raise CliError(str(exc)) from None
+    record = found[0]
+    print(
+        f"Asked worker {worker_id} ({record.get('host', '?')} pid {record.get('pid', '?')}) to "
+        "stop: it finishes the jobs it runs and exits within a heartbeat",
+        flush=True,
+    )
     return 0

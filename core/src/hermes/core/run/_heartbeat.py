@@ -21,6 +21,14 @@ dashboard, another language -- sees the same keys)::
 A scheduler's record has ``"kind": "scheduler"`` and ``"entries"`` (name ->
 its next fire and the last tick this scheduler emitted) instead of the counts.
 
+A worker can be asked to stop from elsewhere (the dashboard's Workers page,
+``hermes workers --stop ID``): :func:`request_stop` leaves a request under
+the worker's id on the registry, which the worker's publisher reads after
+each beat; the worker then stops as on SIGTERM (the jobs in its handlers
+finish, within the grace period). This needs a registry that also keeps
+records (:class:`~hermes.core.driver.SupportsRecords`: Redis, PostgreSQL,
+the filesystem); on another, :func:`request_stop` says so.
+
 A child of a worker pool (``hermes worker --processes N``) also says which
 pool it belongs to: ``"supervisor_pid"``, the pid of the supervisor that
 forked it, and ``"slot"``, its place in the pool (1..N; a replacement takes
@@ -31,6 +39,7 @@ connects to a broker), so without these a pool reads as N unrelated workers.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import socket
@@ -39,8 +48,9 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from hermes.core.model._errors import NotSupportedError
 from hermes.core.spi import _entry_points
-from hermes.core.spi._driver import Driver, SupportsHeartbeats
+from hermes.core.spi._driver import Driver, SupportsHeartbeats, SupportsRecords
 from hermes.core.spi._url import redact_url
 
 if TYPE_CHECKING:
@@ -58,6 +68,37 @@ MISSED_BEATS = 3
 
 #: ``describe() -> dict``: the changing part of a record, read once per beat.
 Describe = Callable[[], dict[str, Any]]
+#: ``on_stop(reason)``: what a run does when a stop is requested for it.
+OnStop = Callable[[str], None]
+#: How long a stop request waits for its worker: one that has not read it by then is gone.
+STOP_REQUEST_TTL_S = 600.0
+
+
+def stop_key(worker_id: str) -> str:
+    """The record key a stop request for ``worker_id`` is kept under."""
+    return f"hermes-stop:{worker_id}"
+
+
+def request_stop(registry: SupportsHeartbeats, worker_id: str, by: str) -> None:
+    """Ask the run ``worker_id`` (a heartbeat record's id) to stop; ``by`` says who asked.
+
+    It stops within one heartbeat period. Raises :class:`NotSupportedError` when
+    ``registry`` keeps no records, where a request could not be left.
+    """
+    if not isinstance(registry, SupportsRecords):
+        raise NotSupportedError(
+            f"{registry!r} keeps heartbeats but no records: a worker on it cannot be asked "
+            "to stop (use a redis://, postgresql:// or file:// registry, or signal it)"
+        )
+    body = json.dumps({"by": by, "at": time.time()}).encode()
+    translating = (
+        registry.translating(f"asking worker {worker_id} to stop")
+        if isinstance(registry, Driver)
+        else contextlib.nullcontext()
+    )
+    with translating:
+        stored = registry.record_get(stop_key(worker_id))
+        registry.record_put(stop_key(worker_id), body, STOP_REQUEST_TTL_S, stored)
 
 
 def new_worker_id() -> str:
@@ -142,19 +183,23 @@ class HeartbeatPublisher:
         return True
 
     @contextlib.contextmanager
-    def running(self, describe: Describe) -> Iterator[HeartbeatPublisher]:
+    def running(
+        self, describe: Describe, on_stop: OnStop | None = None
+    ) -> Iterator[HeartbeatPublisher]:
         """Beat every period while the block runs; remove the record when it ends.
 
         The first beat is sent here, before the block starts: the run is listed
         before it takes its first job, and that beat (the first connection to
         the registry, for one) does not compete with the first jobs for the
-        interpreter.
+        interpreter. ``on_stop``: called once, from the publisher's thread, when
+        a stop is requested for this run (:func:`request_stop`); the record
+        then says ``"stopping"`` with who asked.
         """
         self._static["started"] = time.time()
         self._stop.clear()
         self.beat(describe)
         self._thread = threading.Thread(
-            target=self._run, args=(describe,), name="hermes-heartbeat", daemon=True
+            target=self._run, args=(describe, on_stop), name="hermes-heartbeat", daemon=True
         )
         self._thread.start()
         try:
@@ -176,9 +221,34 @@ class HeartbeatPublisher:
                 "Heartbeat %s not removed (it expires in %.0f s) - %s", self.id, self.ttl_s, exc
             )
 
-    def _run(self, describe: Describe) -> None:
+    def _run(self, describe: Describe, on_stop: OnStop | None) -> None:
+        asked = on_stop is not None and isinstance(self.registry, SupportsRecords)
         while not self._stop.wait(self.interval_s):
+            if asked and on_stop is not None:
+                by = self._stop_requested()
+                if by is not None:
+                    logger.info("Heartbeat %s: a stop was requested %s", self.id, by)
+                    self._static["stopping"] = by
+                    on_stop(f"stop requested {by}")
+                    asked = False  # once: the run is stopping
             self.beat(describe)
+
+    def _stop_requested(self) -> str | None:
+        """Who asked this run to stop, if anyone did; None also when the registry is away."""
+        assert isinstance(self.registry, SupportsRecords)
+        try:
+            with self._translating("reading a stop request"):
+                body = self.registry.record_get(stop_key(self.id))
+        except Exception as exc:  # the beat that follows says the registry is away
+            logger.debug("Heartbeat %s: stop request not read - %s", self.id, exc)
+            return None
+        if body is None:
+            return None
+        try:
+            by = json.loads(body).get("by")
+        except (ValueError, AttributeError):
+            by = None
+        return by if isinstance(by, str) and by else "by someone"
 
     def _translating(self, doing: str) -> contextlib.AbstractContextManager[None]:
         registry = self.registry

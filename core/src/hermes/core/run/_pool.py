@@ -357,6 +357,9 @@ class PoolStats:
     died: int = 0
     #: Children replaced by SIGHUP or --reload.
     rolled: int = 0
+    #: Children that stopped on a stop request (the dashboard's Restart, ``hermes workers
+    #: --stop``) and were replaced.
+    requested: int = 0
     #: Why the pool stopped: "SIGTERM", "SIGINT", "shutdown", "crash loop", ...
     stopped_by: str | None = None
     #: The one-line mistake that ended the pool with exit 2, if one did.
@@ -730,6 +733,10 @@ class Supervisor:
                 child.counts.get("started", 0),
                 how,
             )
+            return
+        if code == 0 and (child.finished or "").startswith("stop requested"):
+            self.stats.requested += 1
+            logger.info("%s stopped on a request (%s); replacing it", child.name, child.finished)
             return
         if code == 0 and child.finished == "shutdown":
             logger.log(NOTICE, "%s stopped for a shutdown request: stopping the pool", child.name)

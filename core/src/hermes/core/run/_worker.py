@@ -305,7 +305,8 @@ class Worker:
             )
         beating: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
         if self.heartbeat is not None:
-            beating = self.heartbeat.running(lambda: worker_fields(self))
+            # A stop requested on the registry (the dashboard's Stop) stops as stop() does.
+            beating = self.heartbeat.running(lambda: worker_fields(self), on_stop=self.stop)
             if self.dispatcher is not None:  # with job records: attempts name it, lost ones swept
                 beat = self.heartbeat
                 self.dispatcher.beats_on(beat.registry, beat.id, beat.interval_s)
