@@ -56,6 +56,21 @@ def _as_postgres(*argv: str) -> list[str]:
     return ["runuser", "-u", "postgres", "--", *argv]
 
 
+def _wait_until_ready(data: Path, port: int, process: subprocess.Popen[bytes]) -> None:
+    """Until the server answers a query: it listens before it has finished starting up
+    ("the database system is starting up"), longer on a busy machine."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with psycopg.connect(host=str(data), port=port, user="postgres") as conn:
+                conn.execute("SELECT 1")
+            return
+        except psycopg.OperationalError as exc:
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"the test's PostgreSQL server did not start: {exc}") from exc
+            time.sleep(0.1)
+
+
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
     import hermes_test_services
@@ -103,6 +118,7 @@ def server() -> Iterator[Server]:
     )
     try:
         hermes_test_services.wait_for_port(port, 60, "postgres", process)
+        _wait_until_ready(data, port, process)
         yield server
     finally:
         process.terminate()
