@@ -748,12 +748,12 @@ def test_a_fresh_dashboard_s_chart_spans_its_samples_not_an_empty_hour() -> None
     from hermes.dashboard._state import Sample
 
     now = 1_000_000.0
-    fresh = chart([Sample(now - 120, {100: 4}, 0, 0), Sample(now, {100: 6}, 0, 0)], now)
+    fresh = chart([Sample(now - 120, {100: 4}), Sample(now, {100: 6})], now)
     first_x = float(fresh.lines[0].points.split()[0].split(",")[0])
     assert fresh.span_min == 5  # five minutes at least
     assert first_x < LEFT + (WIDTH - LEFT) * 0.7  # not squeezed against the right edge
 
-    old = chart([Sample(now - 7200, {100: 1}, 0, 0), Sample(now, {100: 2}, 0, 0)], now)
+    old = chart([Sample(now - 7200, {100: 1}), Sample(now, {100: 2})], now)
     assert old.span_min == 60
 
 
@@ -887,3 +887,55 @@ def test_a_worker_is_stopped_from_the_workers_page_after_a_page_that_names_it(
     assert 'id="nothing-to-confirm"' in gone
     refused = client.post("/workers/stop", {"csrf": csrf_of(confirm), "id": "nobody"})
     assert refused.status_code == 404
+
+
+def test_jobs_per_minute_count_each_worker_from_its_last_sample_restarts_included() -> None:
+    from hermes.dashboard._chart import activity_chart
+    from hermes.dashboard._state import Minute, Sample, WorkerCounts, per_minute
+
+    t = 1_000_020.0  # 20 s into a minute
+    history = [
+        Sample(t, {}, {"a": WorkerCounts(t - 3600, 100, 5, 2), "old": WorkerCounts(t - 60, 7)}),
+        # "a" handled 10 more; "old" was replaced by "new" (started since: counts from 0);
+        # "late" was first seen now but started long ago: not counted yet.
+        Sample(
+            t + 30,
+            {},
+            {
+                "a": WorkerCounts(t - 3600, 110, 6, 2),
+                "new": WorkerCounts(t + 10, 3, 0, 1),
+                "late": WorkerCounts(t - 600, 500),
+            },
+        ),
+        Sample(
+            t + 60, {}, {"a": WorkerCounts(t - 3600, 111, 6, 4), "late": WorkerCounts(t - 600, 504)}
+        ),
+    ]
+
+    assert per_minute(history) == [
+        Minute(1_000_020.0, handled=13, failed=1, retried=1),
+        Minute(1_000_080.0, handled=5, failed=0, retried=2),
+    ]
+    drawn = activity_chart(history, now=t + 60)
+    assert [s.label for s in drawn.series] == ["handled", "failed", "retried"]
+    # The minute under way (from t + 60) is drawn; the legend says the last whole one.
+    assert [s.latest for s in drawn.series] == [13, 1, 1] and drawn.top == 13
+    assert len(drawn.series[0].points.split()) == 2
+
+
+def test_the_overview_shows_jobs_per_minute_from_the_heartbeats(dashboard: Dashboard) -> None:
+    record = heartbeat(dashboard, handled=10, failed=1, retried=0)
+    dashboard.sample()
+    heartbeat(
+        dashboard, id=record["id"], started=record["started"], handled=25, failed=3, retried=4
+    )
+    dashboard.sample()
+    client = client_of(dashboard)
+
+    page = client.get("/").text
+    assert '<span class="handled-per-minute">15</span>' in page
+    assert '<span class="failed-per-minute">2</span>' in page
+    assert '<span class="retried-per-minute">4</span>' in page
+    assert 'id="failure-rate">11.8 %<' in page  # 2 failed of 17
+    (minute,) = json.loads(client.get("/api/overview").content)["per_minute"]
+    assert (minute["handled"], minute["failed"], minute["retried"]) == (15, 2, 4)

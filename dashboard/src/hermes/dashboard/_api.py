@@ -17,7 +17,14 @@ from typing import Any
 
 from hermes.core import FailedMessage, Message
 from hermes.core.jobs import JobRecord, JobState
-from hermes.dashboard._state import JOBS_LIMIT, Dashboard, FailedFilter, Waiting, payload_text
+from hermes.dashboard._state import (
+    JOBS_LIMIT,
+    Dashboard,
+    FailedFilter,
+    Waiting,
+    payload_text,
+    per_minute,
+)
 
 #: How much of a payload, a body, a reason or a message an answer carries.
 PREVIEW_BYTES = 2048
@@ -56,6 +63,7 @@ def overview(dashboard: Dashboard) -> dict[str, Any]:
         "handled": handled,
         "failed": failed,
         "failed_kept": dashboard.failed_count(),
+        "per_minute": [dataclasses.asdict(m) for m in per_minute(list(dashboard.history))],
     }
 
 

@@ -44,7 +44,7 @@ from hermes.core import HermesError
 from hermes.core._cli._workers import duration
 from hermes.core.jobs import JobState, UnknownJobError
 from hermes.dashboard import _api as api
-from hermes.dashboard._chart import chart
+from hermes.dashboard._chart import activity_chart, chart
 from hermes.dashboard._guard import SECURITY_HEADERS, Auth, Guard, Hosts, Throttle
 from hermes.dashboard._state import (
     BROWSE_LIMIT,
@@ -290,6 +290,7 @@ def create_app(
             "running": figures["running"],
             "kept": figures["failed_kept"],
             "chart": chart(list(dashboard.history)),
+            "activity": activity_chart(list(dashboard.history)),
             "rate": figures["failure_rate"],
             "handled": figures["handled"],
             "failed": figures["failed"],

@@ -10,7 +10,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hermes.dashboard._state import HISTORY_S, Sample
+from hermes.dashboard._state import HISTORY_S, Minute, Sample, per_minute
 
 WIDTH = 640
 HEIGHT = 160
@@ -69,3 +69,60 @@ def chart(history: Sequence[Sample], now: float | None = None) -> Chart:
         latest = next((v for _, v in reversed(values) if v is not None), None)
         lines.append(Line(priority, points, latest, f"series-{n % SERIES}"))
     return Chart(lines, top, samples=len(history), span_min=round(span / 60))
+
+
+@dataclass(frozen=True, slots=True)
+class Series:
+    label: str
+    points: str
+    #: The last whole minute's count (the minute under way's while it is the only one).
+    latest: int
+    css: str
+
+
+@dataclass(frozen=True, slots=True)
+class ActivityChart:
+    """Handled, failed and retried per minute: one polyline each, over the same span."""
+
+    series: list[Series]
+    top: int
+    minutes: int
+    width: int = WIDTH
+    height: int = HEIGHT
+    left: int = LEFT
+    bottom: int = BOTTOM
+    span_min: int = int(HISTORY_S // 60)
+
+
+#: The activity chart's series: the Minute field, its label, its colour (CSS class).
+ACTIVITY = (
+    ("handled", "handled", "series-2"),
+    ("failed", "failed", "series-3"),
+    ("retried", "retried", "series-1"),
+)
+
+
+def activity_chart(history: Sequence[Sample], now: float | None = None) -> ActivityChart:
+    """Jobs handled, failed and retried per minute by the live workers, over the same span
+    as :func:`chart`; each minute's point at its middle."""
+    now = time.time() if now is None else now
+    minutes: list[Minute] = per_minute(history)
+    sampled = now - history[0].at if history else 0.0
+    span = min(HISTORY_S, max(MIN_SPAN_S, sampled))
+    top = max([1, *(getattr(m, field) for m in minutes for field, _, _ in ACTIVITY)])
+    plot_w, plot_h = WIDTH - LEFT, HEIGHT - BOTTOM
+
+    def x(at: float) -> float:
+        return float(LEFT + plot_w * min(1.0, max(0.0, 1 - (now - at) / span)))
+
+    def y(value: int) -> float:
+        return float(plot_h - plot_h * value / top)
+
+    whole = [m for m in minutes if m.at + 60 <= now] or minutes[-1:]
+    series = []
+    for field, label, css in ACTIVITY:
+        values = [(m.at + 30, getattr(m, field)) for m in minutes]
+        points = " ".join(f"{x(at):.1f},{y(v):.1f}" for at, v in values)
+        latest = getattr(whole[-1], field) if whole else 0
+        series.append(Series(label, points, latest, css))
+    return ActivityChart(series, top, len(minutes), span_min=round(span / 60))

@@ -52,14 +52,68 @@ HISTORY_S = 3600.0
 
 @dataclass(frozen=True, slots=True)
 class Sample:
-    """One look at the queues and the workers, for the chart."""
+    """One look at the queues and the workers, for the charts."""
 
     at: float
     #: priority -> ready + scheduled (None: the broker cannot say).
     waiting: dict[int, int | None]
-    #: Sums over the live workers' counts.
-    handled: int
-    failed: int
+    #: Each live worker's id -> its counts: when it started, handled, failed, retried.
+    counts: dict[str, WorkerCounts] = field(default_factory=dict)
+
+    @property
+    def handled(self) -> int:
+        return sum(c.handled for c in self.counts.values())
+
+    @property
+    def failed(self) -> int:
+        return sum(c.failed for c in self.counts.values())
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerCounts:
+    """What one worker's heartbeat counted when a sample was taken."""
+
+    started: float
+    handled: int = 0
+    failed: int = 0
+    retried: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Minute:
+    """The jobs the live workers ended in one minute, from the samples' differences."""
+
+    #: The minute's start (seconds since the epoch, a multiple of 60).
+    at: float
+    handled: int = 0
+    failed: int = 0
+    retried: int = 0
+
+
+def per_minute(history: Iterable[Sample]) -> list[Minute]:
+    """Handled, failed and retried per minute, oldest first, from one sample to the next.
+
+    Each worker counts from what it had at the sample before: a worker that
+    started since then counts from 0, one that stopped or restarted (a pool's
+    replacement has another id) takes nothing away, and one first seen that
+    had started earlier is not counted until its next sample.
+    """
+    minutes: dict[float, list[int]] = {}
+    before: Sample | None = None
+    for sample in history:
+        if before is not None:
+            bucket = minutes.setdefault(sample.at - sample.at % 60, [0, 0, 0])
+            for worker, now in sample.counts.items():
+                was = before.counts.get(worker)
+                if was is None:
+                    if now.started < before.at:
+                        continue
+                    was = WorkerCounts(now.started)
+                bucket[0] += max(0, now.handled - was.handled)
+                bucket[1] += max(0, now.failed - was.failed)
+                bucket[2] += max(0, now.retried - was.retried)
+        before = sample
+    return [Minute(at, *counts) for at, counts in sorted(minutes.items())]
 
 
 @dataclass(frozen=True, slots=True)
@@ -385,14 +439,17 @@ class Dashboard:
             parts = (row.ready, row.scheduled)
             unknown = all(p is None for p in parts)
             waiting[row.priority] = None if unknown else sum(p or 0 for p in parts)
-        self.history.append(
-            Sample(
-                time.time(),
-                waiting,
-                sum(_count_of(r.get("handled")) for r in workers),
-                sum(_count_of(r.get("failed")) for r in workers),
+        counts = {
+            str(r.get("id")): WorkerCounts(
+                float(_count_of(r.get("started"))),
+                _count_of(r.get("handled")),
+                _count_of(r.get("failed")),
+                _count_of(r.get("retried")),
             )
-        )
+            for r in workers
+            if r.get("kind") != "scheduler"
+        }
+        self.history.append(Sample(time.time(), waiting, counts))
         while self.history and self.history[0].at < time.time() - HISTORY_S:
             self.history.popleft()
 
@@ -425,12 +482,10 @@ class Dashboard:
         return None if any(c is None for c in counts) else sum(c or 0 for c in counts)
 
     def failure_rate(self) -> tuple[float | None, int, int]:
-        """Failures per handled-or-failed over the history (workers that restarted aside)."""
-        if len(self.history) < 2:
-            return None, 0, 0
-        first, last = self.history[0], self.history[-1]
-        handled = max(0, last.handled - first.handled)
-        failed = max(0, last.failed - first.failed)
+        """Failures per handled-or-failed over the history: the per-minute counts' sums."""
+        minutes = per_minute(list(self.history))
+        handled = sum(m.handled for m in minutes)
+        failed = sum(m.failed for m in minutes)
         total = handled + failed
         return (failed / total if total else None), handled, failed
 

@@ -15,7 +15,7 @@ dashboard, another language -- sees the same keys)::
     {"id": "web-1:4242:9f3a1c", "kind": "worker", "host": "web-1", "pid": 4242,
      "started": 1767225600.0, "last_seen": 1767225605.0, "interval_s": 5.0,
      "version": "6.0.0", "url": "redis://:***@redis:6379/0",
-     "priorities": [], "concurrency": 4, "handled": 10, "failed": 1,
+     "priorities": [], "concurrency": 4, "handled": 10, "failed": 1, "retried": 1,
      "in_flight": [{"type": "invoice.send", "id": "42", "since": 1767225604.2}]}
 
 A scheduler's record has ``"kind": "scheduler"`` and ``"entries"`` (name ->
@@ -264,14 +264,16 @@ def worker_fields(worker: Worker) -> dict[str, Any]:
     """What changes in a worker's record: its queues, counts and the jobs in its handlers now."""
     dispatcher = worker.dispatcher
     if dispatcher is not None:
-        handled, failed = dispatcher.stats.handled, dispatcher.stats.failed
+        stats = dispatcher.stats
+        handled, failed, retried = stats.handled, stats.failed, stats.retried
     else:  # a bare callback: what was acknowledged is what it handled
-        handled, failed = worker.stats.processed, 0
+        handled, failed, retried = worker.stats.processed, 0, 0
     return {
         "priorities": list(worker.priorities),
         "concurrency": worker.concurrency,
         "handled": handled,
         "failed": failed,
+        "retried": retried,
         "rejected": worker.stats.rejected,
         "in_flight": [
             {"type": type_, "id": id_, "since": since} for type_, id_, since in worker.in_flight()
