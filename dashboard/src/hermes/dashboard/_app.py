@@ -105,7 +105,8 @@ def _invalid(value: Any) -> Markup:
 def _when(value: Any) -> str:
     """A time in UTC, with the zone named: every page and every viewer read the same.
 
-    In a ``<time>`` element, which the stylesheet keeps on one line.
+    In a ``<time>`` element whose date and time the stylesheet keeps whole: a narrow
+    column breaks it between the two, never inside the date.
     """
     if value is None:
         return "unknown"
@@ -113,8 +114,10 @@ def _when(value: Any) -> str:
     if at is None:
         return _invalid(value)
     moment = dt.datetime.fromtimestamp(at, dt.UTC)
-    return Markup('<time datetime="{}">{}</time>').format(
-        moment.strftime("%Y-%m-%dT%H:%M:%SZ"), moment.strftime("%Y-%m-%d %H:%M:%S UTC")
+    return Markup('<time datetime="{}"><span>{}</span> <span>{}</span></time>').format(
+        moment.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        moment.strftime("%Y-%m-%d"),
+        moment.strftime("%H:%M:%S UTC"),
     )
 
 
