@@ -942,3 +942,19 @@ def test_the_overview_shows_jobs_per_minute_from_the_heartbeats(dashboard: Dashb
     assert 'id="failure-rate">11.8 %<' in page  # 2 failed of 17
     (minute,) = json.loads(client.get("/api/overview").content)["per_minute"]
     assert (minute["handled"], minute["failed"], minute["retried"]) == (15, 2, 4)
+
+
+def test_a_periodic_entry_s_fires_show_in_utc_and_in_its_own_timezone(dashboard: Dashboard) -> None:
+    from hermes.core.schedule import Schedule
+
+    schedule = Schedule()
+    schedule.cron("30 2 * * *", type="report.nightly", timezone="Europe/Bratislava")
+    schedule.every(seconds=60, type="ping")
+    dashboard.schedule = schedule
+
+    page = client_of(dashboard).get("/periodic").text
+
+    # 02:30 in Bratislava is 00:30 or 01:30 UTC, whatever the season.
+    assert re.search(r"<span>0[01]:30:00 UTC</span>", page), page[-3000:]
+    assert '<span class="muted local">02:30:00 Europe/Bratislava</span>' in page
+    assert page.count('class="muted local"') == 1  # the UTC entry shows UTC alone

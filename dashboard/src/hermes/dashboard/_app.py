@@ -121,6 +121,18 @@ def _when(value: Any) -> str:
     )
 
 
+def _local(value: Any, zone: dt.tzinfo) -> str:
+    """A time in an entry's own timezone, "02:30 Europe/Bratislava" (the date when it
+    differs from the UTC one); "" when ``value`` is not a time."""
+    at = _instant(value)
+    if at is None:
+        return ""
+    local = dt.datetime.fromtimestamp(at, zone)
+    same_day = local.date() == dt.datetime.fromtimestamp(at, dt.UTC).date()
+    shown = local.strftime("%H:%M:%S" if same_day else "%Y-%m-%d %H:%M:%S")
+    return f"{shown} {zone}"
+
+
 def _clip(value: Any, chars: int = CLIP_CHARS) -> str:
     """``value`` cut to its first ``chars`` characters in a list, the whole on hover.
 
@@ -200,6 +212,7 @@ def _environment() -> jinja2.Environment:
         query=lambda after, extra=None: urlencode({**(extra or {}), "after": after}),
         when=_when,
         clip=_clip,
+        local=_local,
         ago=_ago,
         count=_count,
         duration=duration,
