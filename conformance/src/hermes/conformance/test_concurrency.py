@@ -18,6 +18,7 @@ import threading
 import time
 import traceback
 import warnings
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 import pytest
@@ -107,11 +108,27 @@ class _Until:
         return True
 
 
-def _in_child(driver: Driver, message: Message, fd: int) -> NoReturn:
-    """Emit and consume ``message`` through ``driver``; report on ``fd``; never return."""
+def _report_and_exit(fd: int, work: Callable[[], dict[str, Any]]) -> NoReturn:
+    """In a forked child: run ``work``, write what it returned (or the traceback) to ``fd``
+    as JSON, and exit, 0 when it returned; never return."""
     code = 1
     result: dict[str, Any] = {}
     try:
+        result = work()
+        code = 0
+    except BaseException:
+        result = {"error": traceback.format_exc()[-30_000:]}
+    finally:
+        try:
+            os.write(fd, json.dumps(result).encode())
+        finally:
+            os._exit(code)
+
+
+def _in_child(driver: Driver, message: Message, fd: int) -> NoReturn:
+    """Emit and consume ``message`` through ``driver``; report on ``fd``; never return."""
+
+    def work() -> dict[str, Any]:
         Emitter(driver).emit(message)
         seen: list[str] = []
 
@@ -122,14 +139,9 @@ def _in_child(driver: Driver, message: Message, fd: int) -> NoReturn:
         stop = _Until(lambda: message.id in seen, DELIVERY_S)
         Worker(driver, callback, shutdown=stop, handle_signals=False).run()
         driver.close()
-        code, result = 0, {"seen": seen}
-    except BaseException:
-        result = {"error": traceback.format_exc()[-30_000:]}
-    finally:
-        try:
-            os.write(fd, json.dumps(result).encode())
-        finally:
-            os._exit(code)
+        return {"seen": seen}
+
+    _report_and_exit(fd, work)
 
 
 def _child_result(pid: int, fd: int, timeout_s: float) -> tuple[int | None, dict[str, Any]]:
@@ -220,9 +232,8 @@ def _sending_child(
     driver: Driver, messages: list[Message], go_fd: int, fd: int, consume: bool
 ) -> NoReturn:
     """Wait for the go, send ``messages`` through ``driver``; report on ``fd``; never return."""
-    code = 1
-    result: dict[str, Any] = {}
-    try:
+
+    def work() -> dict[str, Any]:
         os.read(go_fd, 1)
         errors = _send_all(driver, messages)
         seen: list[str] = []
@@ -236,14 +247,9 @@ def _sending_child(
             stop = _Until(lambda: wanted <= set(seen), DELIVERY_S)
             Worker(driver, callback, shutdown=stop, handle_signals=False).run()
         driver.close()
-        code, result = 0, {"errors": errors, "seen": seen}
-    except BaseException:
-        result = {"error": traceback.format_exc()[-30_000:]}
-    finally:
-        try:
-            os.write(fd, json.dumps(result).encode())
-        finally:
-            os._exit(code)
+        return {"errors": errors, "seen": seen}
+
+    _report_and_exit(fd, work)
 
 
 @pytest.mark.hermes_check("fork", "3 children and the parent send at once")
@@ -341,19 +347,12 @@ def _reads_own_record(driver: SupportsRecords, who: int) -> list[str]:
 
 def _reading_child(driver: SupportsRecords, who: int, go_fd: int, fd: int) -> NoReturn:
     """Wait for the go, read this child's own record; report on ``fd``; never return."""
-    code = 1
-    result: dict[str, Any] = {}
-    try:
+
+    def work() -> dict[str, Any]:
         os.read(go_fd, 1)
-        result = {"wrong": _reads_own_record(driver, who)}
-        code = 0
-    except BaseException:
-        result = {"error": traceback.format_exc()[-30_000:]}
-    finally:
-        try:
-            os.write(fd, json.dumps(result).encode())
-        finally:
-            os._exit(code)
+        return {"wrong": _reads_own_record(driver, who)}
+
+    _report_and_exit(fd, work)
 
 
 @pytest.mark.hermes_check("fork", "children and the parent each get their own replies", new=True)

@@ -15,8 +15,10 @@ visibility timeout to run out.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
+from collections.abc import Iterator
 
 import pytest
 
@@ -102,25 +104,7 @@ def test_a_worker_sets_aside_what_was_delivered_more_than_max_deliveries(hermes_
         finally:
             consumer.close()
     fine = hermes_kit.emit(hermes_kit.message(2))
-    handled: list[str] = []
-    lock = threading.Lock()
-
-    def handle(message: Message) -> bool:
-        with lock:
-            handled.append(message.id)
-        return True
-
-    done = threading.Event()
-    worker = Worker(
-        hermes_kit.driver(),
-        {JOB: handle},
-        max_deliveries=LIMIT,
-        handle_signals=False,
-        stop_when=done.is_set,
-    )
-    thread = threading.Thread(target=worker.run, name="kit-deliveries", daemon=True)
-    thread.start()
-    try:
+    with _limited_worker(hermes_kit) as (worker, handled):
         if counts:
             hermes_kit.claim(f"max_deliveries={LIMIT}: set aside on delivery {LIMIT + 1}")
             assert wait_until(lambda: fine.id in handled and worker.stats.set_aside, DELIVERY_S), (
@@ -142,9 +126,6 @@ def test_a_worker_sets_aside_what_was_delivered_more_than_max_deliveries(hermes_
             assert worker.stats.set_aside == 0, (
                 f"counts_deliveries=False, yet the worker set {worker.stats.set_aside} aside"
             )
-    finally:
-        done.set()
-        thread.join(DELIVERY_S)
 
 
 def _taken_by(kit: Kit, message_id: str, pid: int) -> bool:
@@ -176,23 +157,7 @@ def test_a_message_that_kills_its_workers_is_set_aside_after_max_deliveries(
         )
         blocked.kill()
     fine = hermes_kit.emit(hermes_kit.message(2))
-    handled: list[str] = []
-
-    def handle(message: Message) -> bool:
-        handled.append(message.id)
-        return True
-
-    done = threading.Event()
-    worker = Worker(
-        hermes_kit.driver(),
-        {JOB: handle},
-        max_deliveries=LIMIT,
-        handle_signals=False,
-        stop_when=done.is_set,
-    )
-    thread = threading.Thread(target=worker.run, name="kit-deliveries", daemon=True)
-    thread.start()
-    try:
+    with _limited_worker(hermes_kit) as (worker, handled):
         settled = wait_until(
             lambda: fine.id in handled and (worker.stats.set_aside or killer.id in handled),
             caps.redelivery_timeout_s + DELIVERY_S,
@@ -210,7 +175,33 @@ def test_a_message_that_kills_its_workers_is_set_aside_after_max_deliveries(
         assert stays_false(lambda: killer.id in handled, QUIET_S), (
             f"message {killer.id} came back after it was set aside"
         )
+    hermes_kit.claim(f"set aside after killing {LIMIT} worker processes (max_deliveries={LIMIT})")
+
+
+@contextlib.contextmanager
+def _limited_worker(kit: Kit) -> Iterator[tuple[Worker, list[str]]]:
+    """A worker with ``max_deliveries=LIMIT`` running on a thread for the block, and the
+    ids its handler was called with."""
+    handled: list[str] = []
+    lock = threading.Lock()
+
+    def handle(message: Message) -> bool:
+        with lock:
+            handled.append(message.id)
+        return True
+
+    done = threading.Event()
+    worker = Worker(
+        kit.driver(),
+        {JOB: handle},
+        max_deliveries=LIMIT,
+        handle_signals=False,
+        stop_when=done.is_set,
+    )
+    thread = threading.Thread(target=worker.run, name="kit-deliveries", daemon=True)
+    thread.start()
+    try:
+        yield worker, handled
     finally:
         done.set()
         thread.join(DELIVERY_S)
-    hermes_kit.claim(f"set aside after killing {LIMIT} worker processes (max_deliveries={LIMIT})")
