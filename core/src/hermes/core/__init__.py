@@ -20,6 +20,7 @@ from hermes.core.app._handler import (
     RetryMixin,
 )
 from hermes.core.app._invoke import TimeLimitExceeded
+from hermes.core.app._limits import Limit
 from hermes.core.model._errors import (
     BrokerRefusedError,
     BrokerUnavailableError,
@@ -57,6 +58,7 @@ __all__ = [
     "Handler",
     "HandlerRegistry",
     "HermesError",
+    "Limit",
     "Message",
     "NotSupportedError",
     "Outcome",

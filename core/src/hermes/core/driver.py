@@ -25,6 +25,7 @@ from hermes.core.model._errors import (
 )
 from hermes.core.model._message import Message
 from hermes.core.model._serializer import MessageSerializer, Serializer
+from hermes.core.spi import _limits as limit_state
 from hermes.core.spi._browse import BrowsePage, page_of
 from hermes.core.spi._consumer import IDLE_WAIT_S, Consumer, Received, current_received
 from hermes.core.spi._driver import (
@@ -47,6 +48,7 @@ from hermes.core.spi._driver import (
 )
 from hermes.core.spi._lazy import lazy_exports
 from hermes.core.spi._leases import Handover, LeaseKeeper
+from hermes.core.spi._limits import LimitRule, SupportsLimits, Take
 from hermes.core.spi._process import PerProcess
 from hermes.core.spi._registry import DriverPlugin, hookimpl, isolated_url, plugin_manager
 from hermes.core.spi._shutdown import SHUTDOWN_CHECK_INTERVAL_S
@@ -76,6 +78,7 @@ __all__ = [
     "DriverUrl",
     "Handover",
     "LeaseKeeper",
+    "LimitRule",
     "MemoryDriver",
     "Message",
     "MessageSerializer",
@@ -89,17 +92,20 @@ __all__ = [
     "Serializer",
     "SupportsClaim",
     "SupportsHeartbeats",
+    "SupportsLimits",
     "SupportsPurge",
     "SupportsRecordWatch",
     "SupportsRecords",
     "SupportsStats",
     "SupportsTeardown",
+    "Take",
     "UnknownPriorityError",
     "current_received",
     "error_text",
     "hookimpl",
     "isolated_url",
     "lazy_exports",
+    "limit_state",
     "outgoing",
     "page_of",
     "plugin_manager",

@@ -123,6 +123,15 @@ def hermes_message_retried(
 
 
 @hookspec
+def hermes_message_deferred(message: Message, key: str, wait_s: float) -> None:
+    """Called by the Dispatcher when ``message`` was over the limit of ``key``.
+
+    It was not run: a copy due in ``wait_s`` seconds was sent (no retry is
+    used up) and the message in hand is acknowledged.
+    """
+
+
+@hookspec
 def hermes_message_gave_up(
     message: Message,
     priority: int,

@@ -57,6 +57,8 @@ def summary(dispatcher: Dispatcher | DispatcherStats, elapsed_s: float) -> str:
         text += f", skipped {stats.skipped} (cancelled or expired before they started)"
     if stats.cancelled:
         text += f", cancelled {stats.cancelled} while running"
+    if stats.deferred:
+        text += f", deferred {stats.deferred} by their limit"
     if stats.stored or (isinstance(dispatcher, Dispatcher) and dispatcher.failed is not None):
         text += f" ({stats.stored} kept in the failed-message store)"
     return text

@@ -23,6 +23,7 @@ from hermes.core._cli._common import (
     setup_priorities,
 )
 from hermes.core._cli._jobs import open_jobs, results_url
+from hermes.core._cli._limits import apply_limits, describe_limits
 from hermes.core._cli._loading import FUNCTION_HINT, load_object, register_handlers
 from hermes.core._cli._report import counts, serve_metrics, summary
 from hermes.core._cli._workers import publisher_for, registry
@@ -116,6 +117,7 @@ def run(args: argparse.Namespace, child: ChildLink | None = None) -> int:
             shutdowns = child.since_pool_start(shutdowns)
         dispatcher = _dispatcher(args, driver, store, records, log_each_message=verbosity > 0)
         register_handlers(dispatcher, target, spec)
+        apply_limits(args, dispatcher)
         if args.metrics_port is not None and child is None:  # a pool's supervisor serves them
             serve_metrics(args.metrics_port, url, args.metrics_host)
         registered = _registered(dispatcher, target, spec)
@@ -127,6 +129,10 @@ def run(args: argparse.Namespace, child: ChildLink | None = None) -> int:
         # (A pool's child keeps the default: its supervisor expects it gone at once.)
         early = stack.enter_context(_signals_while_starting(child is None))
         _log_start(args, url, driver, registered, priorities, names, shutdowns, failed_url)
+        limiter = dispatcher.limiter()
+        for line in describe_limits(dispatcher):
+            assert limiter is not None
+            logger.info("Limit %s, fleet-wide in %r", line, limiter.driver)
         beats = stack.enter_context(registry(driver, args.registry_url))
         heartbeat = publisher_for(
             args,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import logging
@@ -24,7 +25,9 @@ from hermes.core._cli._common import (
     seconds,
     setup_priorities,
 )
+from hermes.core._cli._limits import LIMITS_URL_ENV, limits_table, limits_url, usage_of
 from hermes.core.spi._driver import Driver, QueueStats, SupportsStats
+from hermes.core.spi._limits import LimitUsage
 from hermes.core.spi._registry import connect
 from hermes.core.spi._url import redact_url
 
@@ -67,6 +70,11 @@ def add_parser(commands: Commands) -> None:
         help="refresh every SECONDS (in place on a terminal) until Ctrl-C",
     )
     stats.add_argument("--json", action="store_true", help="one JSON document per refresh")
+    stats.add_argument(
+        "--limits-url",
+        metavar="URL",
+        help=f"also show the limits kept in this store (default: ${LIMITS_URL_ENV}, else --url)",
+    )
     add_verbosity(stats)
     stats.set_defaults(run=run)
 
@@ -79,6 +87,11 @@ def _stats(driver: Driver, url: str) -> list[QueueStats]:
         )
     with driver.translating("counting its queues"):
         return driver.queue_stats()
+
+
+def _limits(driver: Driver) -> list[LimitUsage] | None:
+    with driver.translating("reading its limits"):
+        return usage_of(driver)
 
 
 def table(rows: Sequence[QueueStats]) -> str:
@@ -105,11 +118,15 @@ def run(args: argparse.Namespace) -> int:
     url: str = args.url or default_url()
     configure_logging(args.verbose - args.quiet, default_level=logging.WARNING)
     _, from_url = named_queues(url, [])
-    with connect(url) as driver:
+    with contextlib.ExitStack() as stack:
+        driver = stack.enter_context(connect(url))
+        store_url = limits_url(args)
+        limits_driver = stack.enter_context(connect(store_url)) if store_url else None
         setup_priorities(driver, args.priority, preset=from_url)
         while True:
             finds = add_found_queues(driver)
             rows = _stats(driver, url)
+            limits = _limits(limits_driver or driver)
             now = time.time()
             if args.json:
                 document = {
@@ -117,6 +134,9 @@ def run(args: argparse.Namespace) -> int:
                     "at": now,
                     "queues": [dataclasses.asdict(row) for row in rows],
                     "every_queue": finds,
+                    "limits": [
+                        {**dataclasses.asdict(u), "waiting": u.waiting} for u in limits or []
+                    ],
                 }
                 print(json.dumps(document), flush=True)
             else:
@@ -128,6 +148,8 @@ def run(args: argparse.Namespace) -> int:
                     print(f"{UNKNOWN}: this broker cannot say")
                 if not finds:
                     print(known_queues_note(driver))
+                if limits:
+                    print(limits_table(limits))
                 print(end="", flush=True)
             if not args.watch:
                 return 0

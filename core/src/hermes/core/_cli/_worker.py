@@ -17,6 +17,7 @@ from hermes.core._cli._common import (
     whole_number,
 )
 from hermes.core._cli._jobs import RESULTS_URL_ENV, add_results_url
+from hermes.core._cli._limits import add_limit_options
 from hermes.core._cli._workers import add_heartbeat_options
 from hermes.core.spi._driver import DEFAULT_PRIORITY
 
@@ -100,6 +101,7 @@ def add_parser(commands: Commands) -> None:
         f"can keep records: memory://, file://, redis://, postgresql:// (default: "
         f"${RESULTS_URL_ENV}; unset: no records)",
     )
+    add_limit_options(worker)
     add_verbosity(
         worker,
         more="-v a line as each message starts and ends, and debug lines; -vv also full tracebacks",

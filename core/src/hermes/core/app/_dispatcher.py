@@ -25,6 +25,7 @@ from hermes.core.app._handler import (
 )
 from hermes.core.app._invoke import EventLoopThread, TimeLimitExceeded, Watchdog
 from hermes.core.app._jobs import EXPIRES_HEADER, JobError, JobRecord, Jobs, JobState
+from hermes.core.app._limits import LIMIT_HEADER, Deferred, Limit, Limiter
 from hermes.core.app._retry import (
     Randomizer,
     RetryVerdict,
@@ -91,6 +92,8 @@ class DispatcherStats:
     skipped: int = 0
     #: Messages whose handler a cancel stopped while it ran.
     cancelled: int = 0
+    #: Messages over their type's limit, sent again for their turn (not run, not retried).
+    deferred: int = 0
 
 
 class Dispatcher:
@@ -148,6 +151,7 @@ class Dispatcher:
         failed: Driver | FailedStore | None = None,
         max_deliveries: int = 0,
         records: Jobs | Driver | str | None = None,
+        limit_store: Driver | str | None = None,
     ) -> None:
         if (
             isinstance(max_deliveries, bool)
@@ -187,6 +191,11 @@ class Dispatcher:
         #: Where each job's record is kept (state, attempts, result); None keeps none.
         self.records = _jobs(records) if records is not None else None
         self._watch: RecordWatch | None = None
+        #: Type -> its limit (see :meth:`limit`).
+        self.limits: dict[str, Limit] = {}
+        #: Where limits are kept: ``limit_store``, else this Dispatcher's driver.
+        self.limit_store = limit_store
+        self._limiter: Limiter | None = None
         #: (heartbeat id, registry) the new attempts name: see :meth:`beats_on`.
         self._beats: tuple[str, str] | None = None
         self.stats = DispatcherStats()
@@ -233,6 +242,7 @@ class Dispatcher:
         can_retry: CanRetry | None = None,
         backoff: Backoff | float | None = None,
         time_limit_s: float | None = None,
+        limit: Limit | None = None,
     ) -> Callable[[F], F]:
         """Decorator: register the function as a handler of ``type``; the function is unchanged.
 
@@ -244,8 +254,11 @@ class Dispatcher:
         ``backoff`` -- seconds, or a function of the retry number (1 for the first
         retry) returning seconds -- replaces :meth:`next_retry` for this handler.
         ``time_limit_s`` replaces the Dispatcher's :attr:`time_limit_s` for it (a
-        function's own ``time_limit_s`` attribute does too).
+        function's own ``time_limit_s`` attribute does too). ``limit`` sets the
+        type's :meth:`limit`.
         """
+        if limit is not None:
+            self.limit(type, limit)
 
         def register(function: F) -> F:
             handler = function_handler(
@@ -259,6 +272,38 @@ class Dispatcher:
             return function
 
         return register
+
+    def limit(self, type: str, limit: Limit | None) -> Dispatcher:
+        """Hold every job of ``type`` to ``limit`` across the fleet (None: no limit).
+
+        The limit's state is kept by ``limit_store`` (else this Dispatcher's
+        driver), which must keep limits (memory, filesystem, Redis,
+        PostgreSQL). A job over its limit is sent again for the time the store
+        says it may start and the message in hand is acknowledged: it is not
+        run, not retried, and no handler thread waits for it. Declaring a
+        limit again for a type replaces it.
+        """
+        if limit is None:
+            self.limits.pop(type, None)
+        elif not isinstance(limit, Limit):
+            raise ConfigurationError(f"limit of {type!r} must be a Limit, got {limit!r}")
+        else:
+            self.limits[type] = limit
+        return self
+
+    def limiter(self) -> Limiter | None:
+        """The Limiter of this Dispatcher's limits, made on first use; None without limits.
+
+        Raises :class:`ConfigurationError` when the store cannot keep limits or
+        the broker cannot hold a deferred job back.
+        """
+        if not self.limits:
+            return None
+        if self._limiter is None:
+            limiter = Limiter(self.limit_store if self.limit_store is not None else self.driver)
+            limiter.check_driver(self.driver)
+            self._limiter = limiter
+        return self._limiter
 
     def unregister_handler(self, type: str, handler: object) -> Dispatcher:
         """Remove ``handler`` from ``type``: a handler object by identity, a function by equality.
@@ -297,6 +342,9 @@ class Dispatcher:
         self._event_loop.close()
         if self._watch is not None:
             self._watch.close()
+        if self._limiter is not None:
+            self._limiter.close()
+            self._limiter = None
         self._beats = None
 
     def beats_on(self, registry: SupportsHeartbeats, heartbeat_id: str, interval_s: float) -> None:
@@ -331,6 +379,7 @@ class Dispatcher:
         A loop that was there before the runs (the application's own calls) is
         left running; :meth:`close` ends it.
         """
+        self.limiter()  # a store that cannot keep limits fails the start, not the first job
         with self._runs_lock:
             if not self._runs:
                 self._runs_own_loop = not self._event_loop.started
@@ -392,6 +441,23 @@ class Dispatcher:
         What the Worker calls per message. Plugins see ``started`` first and
         ``finished`` last, with the message's :class:`Outcome`, on every path.
         """
+        limit = self.limits.get(message.type) if self.limits else None
+        limiter = held = None
+        if limit is not None:
+            limiter = self.limiter()
+            assert limiter is not None
+            taken = limiter.take(limit, message)
+            if isinstance(taken, Deferred):
+                self._defer(message, priority, limit, taken)
+                return True  # acknowledged: its copy runs at its turn
+            held = taken
+        try:
+            return self._handle_message(message, priority)
+        finally:
+            if held is not None and limiter is not None:
+                limiter.release(held)
+
+    def _handle_message(self, message: Message, priority: int) -> bool:
         hooks = self._hooks
         expires = message.headers.get(EXPIRES_HEADER) if message.headers else None
         report = None
@@ -462,6 +528,32 @@ class Dispatcher:
                 "was cancelled" if skipped == "cancelled" else "expired before it started",
             )
         return skipped
+
+    def _defer(self, message: Message, priority: int, limit: Limit, deferred: Deferred) -> None:
+        """Send ``message`` again for when its limit lets it start; no retry is used up."""
+        headers = dict(message.headers or {})
+        if deferred.charged:
+            headers[LIMIT_HEADER] = str(message.retries)
+        due_at = time.time() + deferred.wait_s
+        copy = message.replace(execute_at=due_at, headers=headers)
+        with self.driver.translating(f"defer message #{message.id}"):
+            self.driver.send(copy, priority)
+        self._count("deferred")
+        self.logger.debug(
+            "Message #%s (%s) deferred %.3g s by its limit %s (%s)",
+            message.id,
+            message.type,
+            deferred.wait_s,
+            deferred.key,
+            limit.describe(),
+        )
+        if self._hooks.hermes_message_deferred.get_hookimpls():
+            notify(
+                self._hooks.hermes_message_deferred,
+                message=message,
+                key=deferred.key,
+                wait_s=deferred.wait_s,
+            )
 
     def _cancel_came(self, message: Message, outcome: Outcome, report: _Report | None) -> None:
         """The one line that says a cancel came while ``message`` ran, and how it ended."""

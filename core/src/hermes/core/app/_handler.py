@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
+from hermes.core.app._limits import Limit
 from hermes.core.model._errors import ConfigurationError, HandlerResultError
 from hermes.core.model._message import Message
 
@@ -380,6 +381,8 @@ class HandlerRegistry:
 
     def __init__(self) -> None:
         self._entries: list[tuple[str, Handler]] = []
+        #: Type -> the limit declared for it.
+        self.limits: dict[str, Limit] = {}
 
     def handler(
         self,
@@ -389,13 +392,17 @@ class HandlerRegistry:
         can_retry: CanRetry | None = None,
         backoff: Backoff | float | None = None,
         time_limit_s: float | None = None,
+        limit: Limit | None = None,
     ) -> Callable[[F], F]:
         """Decorator: collect the function as a handler of ``type``; the function is unchanged.
 
         ``max_retry`` and ``can_retry`` retry it as :class:`RetryableFunctionHandler`;
         ``backoff`` (seconds, or a function of the retry number) sets when;
-        ``time_limit_s`` replaces the worker's time limit for this function.
+        ``time_limit_s`` replaces the worker's time limit for this function;
+        ``limit`` holds the type to a :class:`~hermes.core.Limit` (see :meth:`limit`).
         """
+        if limit is not None:
+            self.limit(type, limit)
 
         def collect(function: F) -> F:
             handler = function_handler(
@@ -415,10 +422,19 @@ class HandlerRegistry:
         self._entries.append((type, as_handler(handler, type)))
         return self
 
+    def limit(self, type: str, limit: Limit) -> HandlerRegistry:
+        """Hold every job of ``type`` to ``limit`` fleet-wide (see ``Dispatcher.limit``)."""
+        if not isinstance(limit, Limit):
+            raise ConfigurationError(f"limit of {type!r} must be a Limit, got {limit!r}")
+        self.limits[type] = limit
+        return self
+
     def register(self, dispatcher: Dispatcher) -> Dispatcher:
-        """Register every collected handler on ``dispatcher``; returns the dispatcher."""
+        """Register every collected handler and limit on ``dispatcher``; returns the dispatcher."""
         for type, handler in self._entries:
             dispatcher.register_handler(type, handler)
+        for type, limit in self.limits.items():
+            dispatcher.limit(type, limit)
         return dispatcher
 
     def registered(self) -> dict[str, list[Handler]]:

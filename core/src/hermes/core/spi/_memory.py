@@ -13,6 +13,7 @@ from collections.abc import Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from hermes.core.spi import _limits as limits
 from hermes.core.spi._browse import BrowsePage, page_of
 from hermes.core.spi._consumer import Consumer, Received
 from hermes.core.spi._driver import (
@@ -85,6 +86,8 @@ class _Broker:
         self.heartbeats: dict[str, tuple[float, str]] = {}
         #: Job record key -> (when it expires, ``time.monotonic()``; its bytes).
         self.records: dict[str, tuple[float, bytes]] = {}
+        #: Limit key -> its state (see :mod:`hermes.core.spi._limits`).
+        self.limits: dict[str, limits.State] = {}
 
     def move_due(self, now: float) -> None:
         while self.scheduled and self.scheduled[0][0] <= now:
@@ -268,6 +271,32 @@ class MemoryDriver(Driver):
                 del beats[worker_id]
             texts = [text for _, text in beats.values()]
         return [json.loads(text) for text in texts]
+
+    def limit_take(
+        self, key: str, rule: limits.LimitRule, slot: str, charged: bool, lease_s: float
+    ) -> limits.Take:
+        """Decide one start under ``rule`` (see ``SupportsLimits``)."""
+        with self._broker.condition:
+            state = self._broker.limits.setdefault(key, limits.fresh())
+            return limits.take(state, rule, slot, charged, lease_s, time.time())
+
+    def limit_release(self, key: str, slot: str) -> None:
+        with self._broker.condition:
+            state = self._broker.limits.get(key)
+            if state is not None:
+                limits.release(state, slot, time.time())
+
+    def limit_renew(self, key: str, slot: str, lease_s: float) -> bool:
+        with self._broker.condition:
+            state = self._broker.limits.get(key)
+            return state is not None and limits.renew(state, slot, lease_s, time.time())
+
+    def limit_scan(self, limit: int) -> list[tuple[str, bytes]]:
+        now = time.time()
+        with self._broker.condition:
+            kept = {k: v for k, v in self._broker.limits.items() if limits.keep_for(v, now) > 0}
+            self._broker.limits = kept
+            return [(key, limits.encode(state)) for key, state in list(kept.items())[:limit]]
 
     def record_get(self, key: str) -> bytes | None:
         with self._broker.records_changed:

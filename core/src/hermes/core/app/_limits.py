@@ -1,0 +1,287 @@
+"""Rate and concurrency limits per message type, held across every worker of a fleet.
+
+A :class:`Limit` is declared next to a type's handlers; a :class:`Limiter`
+asks a store (:class:`~hermes.core.spi._limits.SupportsLimits`) before each
+job of a limited type whether it runs now. A job over its limit is not run,
+not busy-waited and not counted as a retry: the Dispatcher sends a copy due
+when the store says its turn comes and acknowledges the one it holds, so the
+worker's threads go on with other types at once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from hermes.core.model._errors import ConfigurationError
+from hermes.core.model._message import Message
+from hermes.core.spi._driver import Delay, Driver
+from hermes.core.spi._limits import (
+    DEFAULT_LEASE_S,
+    LimitRule,
+    LimitUsage,
+    SupportsLimits,
+    decode,
+    usage,
+)
+from hermes.core.spi._registry import connect
+
+logger = logging.getLogger("hermes")
+
+#: The header of a copy sent for its rate turn: the ``retries`` of the attempt
+#: it was charged for. That attempt, delivered again, is not charged twice; a
+#: retry copy (``retries + 1``) is.
+LIMIT_HEADER = "hermes-limit-charged"
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_RATE = re.compile(r"^\s*(\d+)\s*/\s*(\d*(?:\.\d+)?)\s*(s|m|h|d)\s*$")
+
+KeyFunction = Callable[[Message], object]
+
+
+def parse_rate(rate: str) -> float:
+    """Seconds between starts for a rate such as ``100/m``, ``10/s``, ``5/10s`` or ``1000/d``."""
+    found = _RATE.match(rate) if isinstance(rate, str) else None
+    if found is None:
+        raise ConfigurationError(
+            f"a rate is a count per period such as 100/m, 10/s, 5/10s or 1000/d, got {rate!r}"
+        )
+    count = int(found.group(1))
+    period = float(found.group(2) or 1) * _UNITS[found.group(3)]
+    if count < 1 or period <= 0:
+        raise ConfigurationError(f"a rate needs a count >= 1 and a period > 0, got {rate!r}")
+    return period / count
+
+
+@dataclass(frozen=True)
+class Limit:
+    """How many jobs of one type start: a ``rate`` and/or a ``concurrency``, optionally per key.
+
+    ``rate`` -- ``"100/m"``, ``"10/s"``, ``"5/10s"``: starts are spaced
+    evenly, one per period over count (``100/m``: one every 0.6 s), so no
+    window of the period holds more than the count; ``burst`` lets that many
+    start back to back first (then a window may hold ``count + burst - 1``).
+    ``concurrency`` -- jobs running at once, fleet-wide; a slot is leased, so
+    a worker that dies frees its slots within ``lease_s``. ``key`` -- a
+    payload field name, or a function of the message: each value has limits
+    of its own (``key="customer"``: at most 5 at once *per customer*). A
+    message without the field, or whose payload is not an object, counts
+    under the value ``null``.
+    """
+
+    rate: str | None = None
+    concurrency: int | None = None
+    key: str | KeyFunction | None = None
+    burst: int = 1
+    lease_s: float = DEFAULT_LEASE_S
+
+    def __post_init__(self) -> None:
+        if self.rate is None and self.concurrency is None:
+            raise ConfigurationError("a limit needs a rate, a concurrency or both")
+        if self.rate is not None:
+            parse_rate(self.rate)
+        for name, value in (("concurrency", self.concurrency), ("burst", self.burst)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ConfigurationError(f"a limit's {name} must be an int >= 1, got {value!r}")
+            if value is not None and value < 1:
+                raise ConfigurationError(f"a limit's {name} must be an int >= 1, got {value!r}")
+        if not (isinstance(self.lease_s, int | float) and self.lease_s >= 1):
+            raise ConfigurationError(f"a limit's lease_s must be >= 1 second, got {self.lease_s!r}")
+        if self.key is not None and not (isinstance(self.key, str) or callable(self.key)):
+            raise ConfigurationError(
+                f"a limit's key is a payload field name or a function of the message, "
+                f"got {self.key!r}"
+            )
+
+    @property
+    def rule(self) -> LimitRule:
+        interval_s = parse_rate(self.rate) if self.rate is not None else None
+        return LimitRule(interval_s, self.burst, self.concurrency)
+
+    def key_of(self, message: Message) -> str:
+        """The store key ``message`` counts under: its type, and its key's value if any."""
+        if self.key is None:
+            return message.type
+        if callable(self.key):
+            value = self.key(message)
+        else:
+            payload = message.payload
+            value = payload.get(self.key) if isinstance(payload, Mapping) else None
+        text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+        return f"{message.type}:{text}"
+
+    def describe(self) -> str:
+        parts = []
+        if self.rate is not None:
+            parts.append(self.rate + (f" (burst {self.burst})" if self.burst > 1 else ""))
+        if self.concurrency is not None:
+            parts.append(f"{self.concurrency} at once")
+        text = ", ".join(parts)
+        if self.key is not None:
+            name = self.key if isinstance(self.key, str) else getattr(self.key, "__name__", "key")
+            text += f" per {name}"
+        return text
+
+
+def parse_limit(text: str) -> tuple[str, Limit]:
+    """``TYPE:rate=100/m,concurrency=5,key=customer,burst=10`` as the CLI's ``--limit`` takes it."""
+    type_, sep, spec = text.rpartition(":") if "=" in text else ("", "", "")
+    if not sep or not type_ or not spec:
+        raise ConfigurationError(
+            f"--limit takes TYPE:rate=100/m,concurrency=5,key=FIELD, got {text!r}"
+        )
+    fields: dict[str, str] = {}
+    for part in spec.split(","):
+        name, eq, value = part.partition("=")
+        name = name.strip()
+        if not eq or name not in {"rate", "concurrency", "key", "burst", "lease"}:
+            raise ConfigurationError(
+                f"--limit {text!r}: {part.strip()!r} is not one of rate=, concurrency=, key=, "
+                "burst=, lease="
+            )
+        fields[name] = value.strip()
+    try:
+        limit = Limit(
+            rate=fields.get("rate"),
+            concurrency=int(fields["concurrency"]) if "concurrency" in fields else None,
+            key=fields.get("key"),
+            burst=int(fields.get("burst", "1")),
+            lease_s=float(fields.get("lease", DEFAULT_LEASE_S)),
+        )
+    except ValueError as exc:
+        raise ConfigurationError(f"--limit {text!r}: {exc}") from exc
+    return type_, limit
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """A job that runs under its limit: the slot it holds until :meth:`Limiter.release`."""
+
+    key: str
+    slot: str
+    lease_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Deferred:
+    """A job over its limit: try it again in ``wait_s`` seconds."""
+
+    key: str
+    wait_s: float
+    charged: bool
+
+
+class Limiter:
+    """Asks the store whether a job of a limited type starts now, and holds its slot.
+
+    Slots held are renewed from one thread every third of their lease, so a
+    job longer than its lease keeps its slot while its worker lives.
+    """
+
+    def __init__(self, store: Driver | str) -> None:
+        driver = connect(store) if isinstance(store, str) else store
+        if not isinstance(driver, SupportsLimits):
+            raise ConfigurationError(
+                f"{driver!r} cannot keep limits: name a store whose driver can "
+                "(memory://, file://, redis://, postgresql://)"
+            )
+        self.driver = driver
+        self.store: SupportsLimits = driver
+        self._owned = isinstance(store, str)
+        self._held: dict[str, Held] = {}
+        self._lock = threading.Lock()
+        self._renewing = threading.Event()
+        self._closed = threading.Event()
+        self._renewer: threading.Thread | None = None
+
+    def check_driver(self, driver: Driver) -> None:
+        """Refuse a broker that cannot hold a deferred copy back (it would come back at once)."""
+        if driver.capabilities.delay is Delay.IGNORED:
+            raise ConfigurationError(
+                f"limits defer a job by sending it again for later, and {driver!r} "
+                "delivers every message at once: use a broker that delays messages "
+                "(redis://, postgresql://, file://, sqs:// with delay)"
+            )
+
+    def take(self, limit: Limit, message: Message) -> Held | Deferred | None:
+        """Whether ``message`` runs now: Held (it does), Deferred (not yet), None (no slot kept)."""
+        key = limit.key_of(message)
+        charged = (
+            message.headers.get(LIMIT_HEADER) == str(message.retries) if message.headers else False
+        )
+        slot = uuid.uuid4().hex
+        with self.driver.translating(f"take a limit slot of {key!r}"):
+            answer = self.store.limit_take(key, limit.rule, slot, charged, limit.lease_s)
+        if answer.wait_s > 0:
+            return Deferred(key, answer.wait_s, answer.charged)
+        if limit.concurrency is None:
+            return None
+        held = Held(key, slot, limit.lease_s)
+        with self._lock:
+            self._held[slot] = held
+            if self._renewer is None:
+                self._renewer = threading.Thread(
+                    target=self._renew, name="hermes-limits", daemon=True
+                )
+                self._renewer.start()
+        return held
+
+    def release(self, held: Held) -> None:
+        """Free ``held``'s slot; a store that cannot be reached lets the lease free it."""
+        with self._lock:
+            self._held.pop(held.slot, None)
+        try:
+            with self.driver.translating(f"free a limit slot of {held.key!r}"):
+                self.store.limit_release(held.key, held.slot)
+        except Exception as exc:
+            logger.warning(
+                "Could not free a slot of limit %s (its lease frees it within %g s) - %s",
+                held.key,
+                held.lease_s,
+                exc,
+            )
+
+    def usage(self, limit: int = 1000) -> list[LimitUsage]:
+        """Every key the store keeps, as ``hermes stats`` shows them."""
+        now = time.time()
+        with self.driver.translating("read the limits"):
+            states = self.store.limit_scan(limit)
+        return sorted((usage(key, decode(raw), now) for key, raw in states), key=lambda u: u.key)
+
+    def _renew(self) -> None:
+        while not self._closed.is_set():
+            with self._lock:
+                held = list(self._held.values())
+            wait_s = min((h.lease_s for h in held), default=DEFAULT_LEASE_S) / 3
+            if self._closed.wait(wait_s):
+                return
+            for one in held:
+                with self._lock:
+                    if one.slot not in self._held:
+                        continue
+                try:
+                    with self.driver.translating(f"renew a limit slot of {one.key!r}"):
+                        kept = self.store.limit_renew(one.key, one.slot, one.lease_s)
+                except Exception as exc:
+                    logger.warning("Could not renew a slot of limit %s - %s", one.key, exc)
+                    continue
+                if not kept:
+                    logger.warning(
+                        "A slot of limit %s ran out before its job ended: another job of "
+                        "the key may start beside it",
+                        one.key,
+                    )
+
+    def close(self) -> None:
+        """Stop renewing; close the store's driver when this object connected it from a URL."""
+        self._closed.set()
+        if self._renewer is not None:
+            self._renewer.join(timeout=5)
+        if self._owned:
+            self.driver.close()
