@@ -621,6 +621,7 @@ def test_every_hook_states_its_contract_in_a_docstring() -> None:
         "hermes_message_succeeded",
         "hermes_message_failed",
         "hermes_message_retried",
+        "hermes_message_deferred",
         "hermes_message_finished",
         "hermes_worker_metrics",
         "hermes_message_gave_up",

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import threading
 import time
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -40,7 +40,10 @@ logger = logging.getLogger("hermes")
 LIMIT_HEADER = "hermes-limit-charged"
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_RATE = re.compile(r"^\s*(\d+)\s*/\s*(\d*(?:\.\d+)?)\s*(s|m|h|d)\s*$")
+_RATE = re.compile(
+    r"^\s*(\d+)\s*/\s*(\d*(?:\.\d+)?)\s*"
+    r"(s|sec|second|m|min|minute|h|hour|d|day)s?\s*$"
+)
 
 KeyFunction = Callable[[Message], object]
 
@@ -53,9 +56,11 @@ def parse_rate(rate: str) -> float:
             f"a rate is a count per period such as 100/m, 10/s, 5/10s or 1000/d, got {rate!r}"
         )
     count = int(found.group(1))
-    period = float(found.group(2) or 1) * _UNITS[found.group(3)]
+    period = float(found.group(2) or 1) * _UNITS[found.group(3)[0]]
     if count < 1 or period <= 0:
-        raise ConfigurationError(f"a rate needs a count >= 1 and a period > 0, got {rate!r}")
+        raise ConfigurationError(
+            f"a rate needs a count >= 1 and a period > 0, such as 100/m, got {rate!r}"
+        )
     return period / count
 
 
@@ -215,7 +220,7 @@ class Limiter:
         charged = (
             message.headers.get(LIMIT_HEADER) == str(message.retries) if message.headers else False
         )
-        slot = uuid.uuid4().hex
+        slot = os.urandom(12).hex()
         with self.driver.translating(f"take a limit slot of {key!r}"):
             answer = self.store.limit_take(key, limit.rule, slot, charged, limit.lease_s)
         if answer.wait_s > 0:

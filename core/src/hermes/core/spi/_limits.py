@@ -10,9 +10,9 @@ a store that implements :class:`SupportsLimits`:
   a job deferred for the rate is deferred once and runs at its turn.
 * ``slots``: the concurrency slots held now, each with when its lease ends and
   when it was taken. A slot whose lease ran out (its worker died) is free.
-* ``ctat`` and ``avg``: when a refused job should come back for a slot: the
-  jobs already waiting spread over the expected finishing of those running
-  (``avg`` is a moving mean of how long a slot is held).
+* ``ctat``, ``avg`` and ``n``: when a refused job should come back for a slot:
+  the jobs already waiting spread over the expected finishing of those running
+  (``avg`` is a moving mean of how long a slot is held, over ``n`` releases).
 
 Memory, the filesystem and PostgreSQL run :func:`take`, :func:`release` and
 :func:`renew` below inside their own lock or transaction; Redis runs the same
@@ -28,9 +28,11 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 #: A slot held this long without renewal is free again (its worker died).
 DEFAULT_LEASE_S = 30.0
-#: How long a slot is assumed to be held before any was released.
-FIRST_AVG_S = 1.0
-#: Weight of the newest hold time in ``avg``.
+#: How long a slot is assumed to be held before any was released: short, so
+#: that a guess too low costs a few early returns rather than idle slots.
+FIRST_AVG_S = 0.1
+#: Weight of the newest hold time in ``avg`` once ``1 / AVG_WEIGHT`` were seen;
+#: before that ``avg`` is the plain mean of those seen.
 AVG_WEIGHT = 0.2
 #: The shortest wait a refused job is given: a deferral never comes back at once.
 MIN_WAIT_S = 0.05
@@ -124,7 +126,7 @@ State = dict[str, Any]
 
 def fresh() -> State:
     """The state of a key nothing has used."""
-    return {"tat": 0.0, "ctat": 0.0, "avg": FIRST_AVG_S, "slots": {}, "rule": [0, 1, 0]}
+    return {"tat": 0.0, "ctat": 0.0, "avg": FIRST_AVG_S, "n": 0, "slots": {}, "rule": [0, 1, 0]}
 
 
 def decode(raw: bytes | str | None) -> State:
@@ -174,7 +176,10 @@ def release(state: State, slot: str, now: float) -> None:
     """Free ``slot`` and fold how long it was held into ``avg``."""
     held = state["slots"].pop(slot, None)
     if held is not None:
-        state["avg"] = (1 - AVG_WEIGHT) * state["avg"] + AVG_WEIGHT * max(now - held[1], 0.0)
+        seen = min(state.get("n", 0) + 1, round(1 / AVG_WEIGHT))
+        weight = 1 / seen if seen < 1 / AVG_WEIGHT else AVG_WEIGHT
+        state["avg"] = (1 - weight) * state["avg"] + weight * max(now - held[1], 0.0)
+        state["n"] = seen
 
 
 def renew(state: State, slot: str, lease_s: float, now: float) -> bool:
