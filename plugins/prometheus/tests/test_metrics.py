@@ -18,7 +18,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from hermes.core import Dispatcher as CoreDispatcher
-from hermes.core import Emitter, Message, RetryableHandler, RetryMixin, Worker, connect
+from hermes.core import Emitter, Limit, Message, RetryableHandler, RetryMixin, Worker, connect
 from hermes.core.compat import Dispatcher
 from hermes.core.driver import MemoryDriver
 from hermes.core.jobs import Jobs
@@ -71,6 +71,20 @@ def test_a_dispatcher_counts_each_outcome_per_type_and_times_each_handler() -> N
     assert value("hermes_handler_duration_seconds_count", type=kind) == 4
     assert value("hermes_handler_duration_seconds_sum", type=kind) >= 0.03  # three slept 10 ms
     assert value("hermes_messages_in_flight") == before_in_flight
+    driver.teardown()
+
+
+def test_a_job_over_its_limit_is_counted_as_deferred_not_as_received() -> None:
+    kind = f"limited-{os.getpid()}-{time.monotonic_ns()}"
+    driver = MemoryDriver(kind)
+    dispatcher = CoreDispatcher(driver).limit(kind, Limit(rate="1/h"))
+    dispatcher.register_handler(kind, lambda message: None)
+    with dispatcher.running():
+        for n in range(3):
+            dispatcher.handle_message(Message(kind, {"n": n}), 100)
+
+    assert value("hermes_messages_deferred_total", type=kind) == 2
+    assert value("hermes_messages_received_total", type=kind) == 1
     driver.teardown()
 
 

@@ -32,6 +32,11 @@ FAILED = Counter(
     ["type", "reason"],
 )
 RETRIED = Counter("hermes_messages_retried", "Retry copies sent.", ["type"])
+DEFERRED = Counter(
+    "hermes_messages_deferred",
+    "Jobs over their type's limit, sent again for their turn (not run, not retried).",
+    ["type"],
+)
 GAVE_UP = Counter(
     "hermes_messages_gave_up", "Messages Hermes stopped retrying.", ["type", "reason"]
 )

@@ -88,6 +88,12 @@ def hermes_message_retried(message: Message) -> None:
 
 
 @hookimpl
+def hermes_message_deferred(message: Message) -> None:
+    if (counted := metrics()) is not None:
+        counted.DEFERRED.labels(message.type).inc()
+
+
+@hookimpl
 def hermes_message_finished(message: Message) -> None:
     _marks.at = None
     if getattr(_marks, "counted", False) and (counted := metrics()) is not None:
