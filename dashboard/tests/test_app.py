@@ -24,6 +24,7 @@ from dash_support import eventually
 from hermes.core import ExceptionRecord, FailedMessage, FailedStore, Message
 from hermes.core.driver import MemoryDriver
 from hermes.core.jobs import JobError, Jobs, JobState
+from hermes.core.limits import Limit, Limiter
 from hermes.core.spi._registry import driver_for_url
 from hermes.dashboard import Auth, Hosts, create_app
 from hermes.dashboard._app import (
@@ -958,3 +959,31 @@ def test_a_periodic_entry_s_fires_show_in_utc_and_in_its_own_timezone(dashboard:
     assert re.search(r"<span>0[01]:30:00 UTC</span>", page), page[-3000:]
     assert '<span class="muted local">02:30:00 Europe/Bratislava</span>' in page
     assert page.count('class="muted local"') == 1  # the UTC entry shows UTC alone
+
+
+def test_the_queues_page_shows_each_limit_s_use_and_the_api_the_same(
+    dashboard: Dashboard,
+) -> None:
+    dashboard.limits_store = dashboard.driver
+    limiter = Limiter(dashboard.driver)
+    charge = Limit(concurrency=2, key="customer")
+    for _ in range(3):  # two run, the third is told to come back
+        limiter.take(charge, Message("charge", {"customer": "<c-7>"}))
+    limiter.take(Limit(rate="1/h"), Message("export", {}))
+    limiter.take(Limit(rate="1/h"), Message("export", {}))
+
+    page = client_of(dashboard).get("/queues").text
+    listed = api(client_of(dashboard), "/api/queues")["limits"]
+
+    assert "<h2>Limits</h2>" in page
+    assert "charge:&lt;c-7&gt;" in page and "<c-7>" not in page
+    assert [(u["key"], u["running"], u["waiting"]) for u in listed] == [
+        ("charge:<c-7>", 2, 1),
+        ("export", 0, 1),
+    ]
+    limiter.close()
+
+
+def test_a_dashboard_without_a_limits_store_has_no_limits_section(dashboard: Dashboard) -> None:
+    assert "<h2>Limits</h2>" not in client_of(dashboard).get("/queues").text
+    assert api(client_of(dashboard), "/api/queues")["limits"] is None

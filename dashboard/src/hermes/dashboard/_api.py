@@ -68,10 +68,15 @@ def overview(dashboard: Dashboard) -> dict[str, Any]:
 
 
 def queues(dashboard: Dashboard, after: str | None) -> dict[str, Any]:
-    """Each queue's counts, and a page of what waits (null: the broker cannot list it)."""
+    """Each queue's counts, each limit's use (null: no limits store), and a page of what
+    waits (null: the broker cannot list it)."""
     listed = dashboard.waiting(after)
+    limits = dashboard.limits()
     return {
         "queues": _queues(dashboard),
+        "limits": None
+        if limits is None
+        else [{**dataclasses.asdict(u), "waiting": u.waiting} for u in limits],
         "waiting": None if listed is None else [_waiting(w) for w in listed[0]],
         "next": None if listed is None else listed[1],
     }

@@ -317,6 +317,7 @@ def create_app(
         listed = dashboard.waiting(after)
         return {
             "rows": dashboard.queue_stats(),
+            "limits": dashboard.limits(),
             "waiting": None if listed is None else listed[0],
             "after": after,
             "next": None if listed is None else listed[1],

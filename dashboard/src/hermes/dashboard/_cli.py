@@ -20,8 +20,9 @@ from hermes.core._cli._common import (
     whole_number,
 )
 from hermes.core._cli._jobs import add_results_url, open_jobs, results_url
+from hermes.core._cli._limits import LIMITS_URL_ENV
 from hermes.core._cli._workers import REGISTRY_URL_ENV
-from hermes.core.driver import SupportsHeartbeats
+from hermes.core.driver import SupportsHeartbeats, SupportsLimits
 
 if TYPE_CHECKING:
     from hermes.dashboard._guard import Auth, Hosts
@@ -54,6 +55,12 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         parser,
         help="the job records store the workers write (their --results-url): a page per job, "
         "the Jobs list and cancel (default: $HERMES_RESULTS_URL)",
+    )
+    parser.add_argument(
+        "--limits-url",
+        metavar="URL",
+        help="the store the workers keep their limits in (their --limits-url): each limit's "
+        f"use on the Queues page (default: ${LIMITS_URL_ENV}, else --url when it keeps limits)",
     )
     parser.add_argument(
         "--registry-url",
@@ -200,6 +207,18 @@ def run(args: argparse.Namespace) -> int:
         if records_url:
             dashboard.jobs = open_jobs(records_url)
             dashboard.results_url = records_url
+        limits_url = args.limits_url or os.environ.get(LIMITS_URL_ENV) or None
+        if limits_url:
+            store = connect(limits_url)
+            if not isinstance(store, SupportsLimits):
+                store.close()
+                raise CliError(
+                    f"--limits-url {redact_url(limits_url)}: {type(store).__name__} keeps no "
+                    "limits; name a redis://, file:// or postgresql:// store"
+                )
+            dashboard.limits_store = store
+        elif isinstance(driver, SupportsLimits):
+            dashboard.limits_store = driver
         if registry_url:
             registry = connect(registry_url)
             if not isinstance(registry, SupportsHeartbeats):

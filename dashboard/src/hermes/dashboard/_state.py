@@ -31,6 +31,7 @@ from hermes.core.driver import (
 )
 from hermes.core.heartbeat import live_workers, request_stop
 from hermes.core.jobs import JobRecord, Jobs, JobState
+from hermes.core.limits import Limiter, LimitUsage, SupportsLimits
 from hermes.core.schedule import Schedule
 
 logger = logging.getLogger("hermes.dashboard")
@@ -222,6 +223,8 @@ class Dashboard:
     #: The job records store the workers write (their ``--results-url``).
     jobs: Jobs | None = None
     results_url: str | None = None
+    #: The store the workers keep their limits in (their ``--limits-url``).
+    limits_store: Driver | None = None
     read_only: bool = False
     sample_interval_s: float = 10.0
     history: deque[Sample] = field(default_factory=deque)
@@ -247,6 +250,14 @@ class Dashboard:
             return None
         with self.driver.translating("counting its queues"):
             return self.driver.queue_stats()
+
+    def limits(self) -> list[LimitUsage] | None:
+        """Each limit key the store keeps; None when there is no store that keeps limits."""
+        store = self.limits_store
+        if store is None or not isinstance(store, SupportsLimits):
+            return None
+        with store.translating("reading its limits"):
+            return Limiter(store).usage()
 
     def priorities(self) -> list[int]:
         """The priorities this dashboard may act on: the queues it was started with."""
@@ -504,3 +515,5 @@ class Dashboard:
         registry = self.registry
         if isinstance(registry, Driver) and registry is not self.driver:
             registry.close()
+        if self.limits_store is not None and self.limits_store is not self.driver:
+            self.limits_store.close()
