@@ -10,9 +10,10 @@ a store that implements :class:`SupportsLimits`:
   a job deferred for the rate is deferred once and runs at its turn.
 * ``slots``: the concurrency slots held now, each with when its lease ends and
   when it was taken. A slot whose lease ran out (its worker died) is free.
-* ``ctat``, ``avg`` and ``n``: when a refused job should come back for a slot:
-  the jobs already waiting spread over the expected finishing of those running
-  (``avg`` is a moving mean of how long a slot is held, over ``n`` releases).
+* ``ctat``, ``cstep``, ``avg`` and ``n``: when a refused job should come back
+  for a slot: the jobs already waiting spread ``cstep`` apart over the expected
+  finishing of those running (``avg`` is a moving mean of how long a slot is
+  held, over ``n`` releases; ``cstep`` the spacing it gave the last refused job).
 
 Memory, the filesystem and PostgreSQL run :func:`take`, :func:`release` and
 :func:`renew` below inside their own lock or transaction; Redis runs the same
@@ -157,8 +158,10 @@ def take(
     state["slots"] = slots
     state["rule"] = [rule.interval_s or 0, rule.burst, rule.concurrency or 0]
     if rule.concurrency is not None and len(slots) >= rule.concurrency:
-        due = max(state["ctat"], now) + state["avg"] / rule.concurrency
+        step = state["avg"] / rule.concurrency
+        due = max(state["ctat"], now) + step
         state["ctat"] = due
+        state["cstep"] = step
         return Take(max(due - now, MIN_WAIT_S), charged)
     if rule.interval_s is not None and not charged:
         tat = max(state["tat"], now) + rule.interval_s
@@ -205,6 +208,7 @@ def usage(key: str, state: State, now: float) -> LimitUsage:
     if interval_s:
         reserved = max(math.ceil((state["tat"] - now) / interval_s) - burst, 0)
     queued = 0
-    if concurrency and state["ctat"] > now:
-        queued = math.ceil((state["ctat"] - now) / (state["avg"] / concurrency))
+    step = state.get("cstep") or (state["avg"] / concurrency if concurrency else 0)
+    if step and state["ctat"] > now:
+        queued = math.ceil((state["ctat"] - now) / step)
     return LimitUsage(key, running, reserved, queued, state["avg"])

@@ -27,11 +27,13 @@ from hermes.core import (
 from hermes.core.driver import (
     Consumer,
     Driver,
+    LimitRule,
     Outgoing,
     QueueStats,
     Received,
+    Take,
 )
-from hermes.drivers.filesystem import _claim, _heartbeat, _records
+from hermes.drivers.filesystem import _claim, _heartbeat, _limits, _records
 from hermes.drivers.filesystem._capabilities import CAPABILITIES
 from hermes.drivers.filesystem._names import SCHEME, QueuedName, next_name, parse
 from hermes.drivers.filesystem._worker import LOCK_NAME, WorkerClaims, recover_dead_workers
@@ -74,6 +76,7 @@ class FileSystemDriver(Driver):
         claims/       claims of keys (see ``SupportsClaim``), one file each
         workers/      heartbeats of running workers, one JSON file each
         records/      job records (``SupportsRecords``), one file per job
+        limits/       fleet-wide limits (``SupportsLimits``), one JSON file per key
 
     :meth:`put` writes each body (serialized by core) to a file in ``tmp/``
     and renames it into ``new/`` (atomic;
@@ -416,6 +419,7 @@ class FileSystemDriver(Driver):
                 self._tmp_dir,
                 workers_dir,
                 os.path.join(self.path, _records.RECORDS_DIR),
+                os.path.join(self.path, _limits.LIMITS_DIR),
             ):
                 _remove_tree(path)
             try:
@@ -469,6 +473,24 @@ class FileSystemDriver(Driver):
     def record_scan(self, limit: int) -> list[bytes]:
         """Newest first by the files' mtimes; only as many files read as ``limit`` needs."""
         return _records.scan(self.path, limit)
+
+    # Limits: files in limits/, see ._limits and SupportsLimits --------------------
+
+    def limit_take(
+        self, key: str, rule: LimitRule, slot: str, charged: bool, lease_s: float
+    ) -> Take:
+        """Decided under a ``flock`` with ``time.time()``; the state is written by a rename."""
+        return _limits.take(self.path, key, rule, slot, charged, lease_s, fsync=self.fsync)
+
+    def limit_release(self, key: str, slot: str) -> None:
+        _limits.release(self.path, key, slot, fsync=self.fsync)
+
+    def limit_renew(self, key: str, slot: str, lease_s: float) -> bool:
+        return _limits.renew(self.path, key, slot, lease_s, fsync=self.fsync)
+
+    def limit_scan(self, limit: int) -> list[tuple[str, bytes]]:
+        """The keys whose state still holds a slot or promises a turn."""
+        return _limits.scan(self.path, limit)
 
 
 class _FileConsumer(Consumer):

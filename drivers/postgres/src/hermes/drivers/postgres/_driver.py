@@ -24,14 +24,16 @@ from hermes.core.driver import (
     Driver,
     DriverError,
     LeaseKeeper,
+    LimitRule,
     Message,
     Outgoing,
     PerProcess,
     QueueStats,
     Received,
+    Take,
     outgoing,
 )
-from hermes.drivers.postgres import _heartbeat, _records
+from hermes.drivers.postgres import _heartbeat, _limits, _records
 from hermes.drivers.postgres._capabilities import CAPABILITIES, LEASE_TIMEOUT_S, POLL_INTERVAL_S
 from hermes.drivers.postgres._errors import classify
 from hermes.drivers.postgres._schema import Names, Statements, create_sql, drop_sql
@@ -130,6 +132,7 @@ class PostgresDriver(Driver):
         self._checking_lock = threading.Lock()
         self._heartbeats = _heartbeat.Heartbeats(self)
         self._records = _records.Records(self)
+        self._limits = _limits.Limits(self)
         self._next_claim_sweep = 0.0
 
     # Connections ---------------------------------------------------------------
@@ -384,15 +387,17 @@ class PostgresDriver(Driver):
             return conn.execute(self.sql.purge, [self.queue, priorities]).rowcount
 
     def teardown(self) -> None:
-        """Drop both tables (every queue in them): the conformance kit's cleanup."""
+        """Drop the messages table and its side tables (workers, records, limits) (every queue in them): the conformance kit's cleanup."""
         with self.connection() as conn, conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [self.names.lock_key])
             conn.execute(drop_sql(self.names).encode())
             conn.execute(_heartbeat.drop_sql(self.names).encode())
             conn.execute(_records.drop_sql(self.names).encode())
+            conn.execute(_limits.drop_sql(self.names).encode())
         self._created = False
         self._heartbeats.created = False
         self._records.created = False
+        self._limits.created = False
 
     def beat(self, record: Mapping[str, Any], ttl_s: float) -> None:
         """Upsert a row of ``<table>_workers``; see ``SupportsHeartbeats``."""
@@ -418,6 +423,22 @@ class PostgresDriver(Driver):
 
     def record_scan(self, limit: int) -> list[bytes]:
         return self._records.scan(limit)
+
+    def limit_take(
+        self, key: str, rule: LimitRule, slot: str, charged: bool, lease_s: float
+    ) -> Take:
+        """Decide on the key's row of ``<table>_limits``, locked, by the server's clock."""
+        return self._limits.take(key, rule, slot, charged, lease_s)
+
+    def limit_release(self, key: str, slot: str) -> None:
+        self._limits.release(key, slot)
+
+    def limit_renew(self, key: str, slot: str, lease_s: float) -> bool:
+        return self._limits.renew(key, slot, lease_s)
+
+    def limit_scan(self, limit: int) -> list[tuple[str, bytes]]:
+        """The keys whose state still holds a slot or promises a turn."""
+        return self._limits.scan(limit)
 
     def close(self) -> None:
         self._records.close()
