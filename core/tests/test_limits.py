@@ -240,7 +240,8 @@ def test_a_job_over_its_rate_is_sent_for_its_turn_acknowledged_and_not_retried(
     ((copy, priority),) = sent
     assert (copy.id, copy.retries, priority) == (second.id, 0, 200)
     assert copy.execute_at == pytest.approx(before + 60, abs=1)
-    assert copy.headers[LIMIT_HEADER] == "0"
+    retries, _, turn = copy.headers[LIMIT_HEADER].partition("@")
+    assert retries == "0" and float(turn) == pytest.approx(copy.execute_at, abs=0.01)
     assert [(d[0], d[1]) for d in deferred] == [(second.id, "charge")]
     assert dispatcher.stats.deferred == 1 and dispatcher.stats.retried == 0
     # Its copy, delivered at its turn, runs although the rate's next turn is far away.
@@ -258,11 +259,31 @@ def test_a_retry_copy_of_a_job_that_waited_for_its_turn_is_charged_again(
     dispatcher.register_handler("charge", lambda m: ran.append(m.retries))
     with dispatcher.running():
         dispatcher.handle_message(Message("charge", {}), 100)  # uses the minute's turn
-        retry = Message("charge", {}, retries=1, headers={LIMIT_HEADER: "0"})
+        retry = Message("charge", {}, retries=1, headers={LIMIT_HEADER: f"0@{time.time()}"})
         dispatcher.handle_message(retry, 100)
 
     assert ran == [0]
     assert dispatcher.stats.deferred == 1
+
+
+def test_a_copy_delivered_a_period_after_its_turn_is_charged_again(
+    driver: MemoryDriver, caplog: pytest.LogCaptureFixture
+) -> None:
+    dispatcher = Dispatcher(driver)
+    dispatcher.limit("charge", Limit(rate="1/m"))
+    ran: list[str] = []
+    dispatcher.register_handler("charge", lambda m: ran.append(m.payload["n"]))
+    on_time = Message("charge", {"n": "on time"}, headers={LIMIT_HEADER: f"0@{time.time()}"})
+    late = Message("charge", {"n": "late"}, headers={LIMIT_HEADER: f"0@{time.time() - 61}"})
+    garbled = Message("charge", {"n": "garbled"}, headers={LIMIT_HEADER: "0@soon"})
+    with dispatcher.running():
+        dispatcher.handle_message(Message("charge", {"n": "first"}), 100)  # the minute's turn
+        for message in (on_time, late, garbled):
+            dispatcher.handle_message(message, 100)
+
+    assert ran == ["first", "on time"]
+    assert dispatcher.stats.deferred == 2
+    assert "unreadable hermes-limit-turn header '0@soon'" in caplog.text
 
 
 def test_a_slot_is_freed_when_its_handler_raises(driver: MemoryDriver) -> None:

@@ -532,8 +532,11 @@ class Dispatcher:
     def _defer(self, message: Message, priority: int, limit: Limit, deferred: Deferred) -> None:
         """Send ``message`` again for when its limit lets it start; no retry is used up."""
         headers = dict(message.headers or {})
-        if deferred.charged:
-            headers[LIMIT_HEADER] = str(message.retries)
+        header = deferred.header(message)
+        if header is None:
+            headers.pop(LIMIT_HEADER, None)
+        else:
+            headers[LIMIT_HEADER] = header
         due_at = time.time() + deferred.wait_s
         copy = message.replace(execute_at=due_at, headers=headers)
         with self.driver.translating(f"defer message #{message.id}"):

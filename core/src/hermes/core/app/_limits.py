@@ -34,10 +34,14 @@ from hermes.core.spi._registry import connect
 
 logger = logging.getLogger("hermes")
 
-#: The header of a copy sent for its rate turn: the ``retries`` of the attempt
-#: it was charged for. That attempt, delivered again, is not charged twice; a
-#: retry copy (``retries + 1``) is.
-LIMIT_HEADER = "hermes-limit-charged"
+#: The header of a copy sent for its rate turn: ``RETRIES@TURN``, the
+#: ``retries`` of the attempt the turn was charged for and the turn's time
+#: (seconds since the epoch). That attempt, delivered by its turn or up to one
+#: period of the rate after it, is not charged again; a retry copy
+#: (``retries + 1``), or a copy delivered later than that (the workers were
+#: stopped or far behind), is charged anew, so that jobs whose turns passed
+#: long ago do not all start at once.
+LIMIT_HEADER = "hermes-limit-turn"
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _RATE = re.compile(
@@ -50,6 +54,12 @@ KeyFunction = Callable[[Message], object]
 
 def parse_rate(rate: str) -> float:
     """Seconds between starts for a rate such as ``100/m``, ``10/s``, ``5/10s`` or ``1000/d``."""
+    count, period = _rate_parts(rate)
+    return period / count
+
+
+def _rate_parts(rate: str) -> tuple[int, float]:
+    """A rate's count and its period in seconds."""
     found = _RATE.match(rate) if isinstance(rate, str) else None
     if found is None:
         raise ConfigurationError(
@@ -61,7 +71,7 @@ def parse_rate(rate: str) -> float:
         raise ConfigurationError(
             f"a rate needs a count >= 1 and a period > 0, such as 100/m, got {rate!r}"
         )
-    return period / count
+    return count, period
 
 
 @dataclass(frozen=True)
@@ -69,9 +79,12 @@ class Limit:
     """How many jobs of one type start: a ``rate`` and/or a ``concurrency``, optionally per key.
 
     ``rate`` -- ``"100/m"``, ``"10/s"``, ``"5/10s"``: starts are spaced
-    evenly, one per period over count (``100/m``: one every 0.6 s), so no
-    window of the period holds more than the count; ``burst`` lets that many
-    start back to back first (then a window may hold ``count + burst - 1``).
+    evenly, one turn per period over count (``100/m``: one every 0.6 s), so
+    no window of the period holds more turns than the count; ``burst`` lets
+    that many start back to back first (then a window may hold ``count +
+    burst - 1``). A job deferred to its turn starts when it is delivered: at
+    its turn while the workers keep up (see :data:`LIMIT_HEADER` for one
+    delivered late).
     ``concurrency`` -- jobs running at once, fleet-wide; a slot is leased, so
     a worker that dies frees its slots within ``lease_s``. ``key`` -- a
     payload field name, or a function of the message: each value has limits
@@ -103,6 +116,11 @@ class Limit:
                 f"a limit's key is a payload field name or a function of the message, "
                 f"got {self.key!r}"
             )
+
+    @property
+    def late_s(self) -> float:
+        """How late after its turn a charged copy still runs on that charge: one period, >= 1 s."""
+        return max(_rate_parts(self.rate)[1], 1.0) if self.rate is not None else 0.0
 
     @property
     def rule(self) -> LimitRule:
@@ -180,6 +198,36 @@ class Deferred:
     key: str
     wait_s: float
     charged: bool
+    #: When the turn charged by this decision comes (seconds since the epoch);
+    #: None when this decision charged nothing new.
+    turn: float | None = None
+
+    def header(self, message: Message) -> str | None:
+        """The value of :data:`LIMIT_HEADER` the copy of ``message`` carries; None: none."""
+        if self.turn is not None:
+            return f"{message.retries}@{self.turn:.3f}"
+        if self.charged and message.headers:
+            return message.headers.get(LIMIT_HEADER)
+        return None
+
+
+def _charged(limit: Limit, message: Message) -> bool:
+    """Whether ``message`` carries a turn charged for this attempt that has not long passed."""
+    value = message.headers.get(LIMIT_HEADER) if message.headers else None
+    if value is None or limit.rate is None:
+        return False
+    retries, _, turn = value.partition("@")
+    try:
+        return retries == str(message.retries) and time.time() <= float(turn) + limit.late_s
+    except ValueError:
+        logger.warning(
+            "Message #%s (%s) has an unreadable %s header %r: its rate is charged again",
+            message.id,
+            message.type,
+            LIMIT_HEADER,
+            value,
+        )
+        return False
 
 
 class Limiter:
@@ -217,14 +265,13 @@ class Limiter:
     def take(self, limit: Limit, message: Message) -> Held | Deferred | None:
         """Whether ``message`` runs now: Held (it does), Deferred (not yet), None (no slot kept)."""
         key = limit.key_of(message)
-        charged = (
-            message.headers.get(LIMIT_HEADER) == str(message.retries) if message.headers else False
-        )
+        charged = _charged(limit, message)
         slot = os.urandom(12).hex()
         with self.driver.translating(f"take a limit slot of {key!r}"):
             answer = self.store.limit_take(key, limit.rule, slot, charged, limit.lease_s)
         if answer.wait_s > 0:
-            return Deferred(key, answer.wait_s, answer.charged)
+            turn = time.time() + answer.wait_s if answer.charged and not charged else None
+            return Deferred(key, answer.wait_s, answer.charged, turn)
         if limit.concurrency is None:
             return None
         held = Held(key, slot, limit.lease_s)
