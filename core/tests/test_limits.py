@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 import sys
@@ -26,7 +27,7 @@ from hermes.core import (
     connect,
     hookimpl,
 )
-from hermes.core.app._limits import LIMIT_HEADER, parse_limit, parse_rate
+from hermes.core.app._limits import LIMIT_HEADER, Deferred, Limiter, parse_limit, parse_rate
 from hermes.core.cli import main
 from hermes.core.driver import Delay, LimitRule, MemoryDriver, limit_state
 from hermes.core.spi._registry import plugin_manager
@@ -46,9 +47,45 @@ def test_a_rate_spaces_starts_and_reserves_each_refused_one_a_turn_of_its_own() 
     assert all(a.charged for a in answers)
     # The reserved jobs come back charged: each runs at its turn, whatever the rate says now.
     later = limit_state.take(state, rule, "s1", True, 30, now=100.5)
-    assert later == (0.0, True)
+    assert later == (0.0, True, ())
     # and the rate was not moved on by it: the next new job waits behind the reserved three.
     assert limit_state.take(state, rule, "s9", False, 30, now=100.5).wait_s == pytest.approx(1.5)
+
+
+def test_a_take_refused_for_the_rate_can_reserve_the_turns_after_its_own() -> None:
+    state = limit_state.fresh()
+    limit_state.take(state, LimitRule(interval_s=1.0), "a", False, 30, now=0.0)
+
+    answer = limit_state.take(state, LimitRule(interval_s=1.0, reserve=3), "b", False, 30, 0.0)
+
+    assert answer == (1.0, True, (2.0, 3.0))
+    assert limit_state.take(state, LimitRule(interval_s=1.0), "c", False, 30, 0.0).wait_s == 4.0
+
+
+def test_a_limiter_hands_out_the_turns_it_reserved_ahead_and_asks_less_often(
+    driver: MemoryDriver,
+) -> None:
+    asked: list[int] = []
+    real_take = driver.limit_take
+
+    def counted(key: str, rule: LimitRule, *args: Any) -> Any:
+        asked.append(rule.reserve)
+        return real_take(key, rule, *args)
+
+    driver.limit_take = counted  # type: ignore[method-assign]
+    limiter = Limiter(driver)
+    hourly = Limit(rate="1/h")
+    answers = [limiter.take(hourly, Message("export", {"n": n})) for n in range(8)]
+
+    assert answers[0] is None  # the hour's first turn: it runs
+    waits = [a.wait_s for a in answers[1:] if isinstance(a, Deferred)]
+    assert len(waits) == 7
+    assert all(b - a == pytest.approx(3600, abs=1) for a, b in itertools.pairwise(waits))
+    assert asked == [1, 1, 2, 4]  # 8 jobs, 4 questions: the turns reserved ahead went out
+    # A turn held ahead that passed unused is dropped, and reserving starts over.
+    limiter._turns["export"] = collections.deque([time.time() - 1])
+    assert isinstance(limiter.take(hourly, Message("export", {})), Deferred)
+    assert asked[-1] == 1
 
 
 def test_a_burst_lets_that_many_start_back_to_back_and_then_the_rate_applies() -> None:
@@ -436,7 +473,8 @@ def test_a_worker_says_its_limits_and_the_summary_counts_what_they_deferred(
         assert main(["stats", "--url", url]) == 0
         table = capsys.readouterr().out.splitlines()
         header = table.index("limit   running  waiting  mean run s")
-        assert table[header + 1].split() == ["charge", "0", "2", "0.1"]
+        # The second deferral reserved two turns: its own and one held ahead.
+        assert table[header + 1].split() == ["charge", "0", "3", "0.1"]
 
 
 @pytest.mark.parametrize(

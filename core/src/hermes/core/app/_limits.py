@@ -10,6 +10,8 @@ worker's threads go on with other types at once.
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import json
 import logging
 import os
@@ -24,6 +26,7 @@ from hermes.core.model._message import Message
 from hermes.core.spi._driver import Delay, Driver
 from hermes.core.spi._limits import (
     DEFAULT_LEASE_S,
+    MIN_WAIT_S,
     LimitRule,
     LimitUsage,
     SupportsLimits,
@@ -50,6 +53,11 @@ _RATE = re.compile(
 )
 
 KeyFunction = Callable[[Message], object]
+
+#: The most turns one take reserves for a process deferring many jobs of a key:
+#: a store call per that many deferrals, and at most that many turns lost when
+#: the process stops or its jobs of the key run out.
+MAX_RESERVE = 32
 
 
 def parse_rate(rate: str) -> float:
@@ -248,6 +256,11 @@ class Limiter:
         self.store: SupportsLimits = driver
         self._owned = isinstance(store, str)
         self._held: dict[str, Held] = {}
+        #: Key -> turns this process reserved ahead (``time.time()``), in order.
+        self._turns: dict[str, collections.deque[float]] = {}
+        #: Key -> turns the next take refused for the rate reserves: doubles while
+        #: this process keeps deferring jobs of the key and uses every turn.
+        self._reserve: dict[str, int] = {}
         self._lock = threading.Lock()
         self._renewing = threading.Event()
         self._closed = threading.Event()
@@ -266,11 +279,24 @@ class Limiter:
         """Whether ``message`` runs now: Held (it does), Deferred (not yet), None (no slot kept)."""
         key = limit.key_of(message)
         charged = _charged(limit, message)
+        rule = limit.rule
+        if not charged and rule.interval_s is not None:
+            turn = self._held_turn(key)
+            if turn is not None:
+                return Deferred(key, turn - time.time(), True, turn)
+            rule = dataclasses.replace(rule, reserve=self._reserve.get(key, 1))
         slot = os.urandom(12).hex()
         with self.driver.translating(f"take a limit slot of {key!r}"):
-            answer = self.store.limit_take(key, limit.rule, slot, charged, limit.lease_s)
+            answer = self.store.limit_take(key, rule, slot, charged, limit.lease_s)
         if answer.wait_s > 0:
-            turn = time.time() + answer.wait_s if answer.charged and not charged else None
+            now = time.time()
+            turn = now + answer.wait_s if answer.charged and not charged else None
+            if answer.more:
+                with self._lock:
+                    self._turns[key] = collections.deque(now + wait for wait in answer.more)
+            if turn is not None:
+                with self._lock:
+                    self._reserve[key] = min(2 * rule.reserve, MAX_RESERVE)
             return Deferred(key, answer.wait_s, answer.charged, turn)
         if limit.concurrency is None:
             return None
@@ -283,6 +309,25 @@ class Limiter:
                 )
                 self._renewer.start()
         return held
+
+    def _held_turn(self, key: str) -> float | None:
+        """The next turn of ``key`` this process reserved and has not handed out; None: none.
+
+        A turn that passed unused is dropped (the rate loses it, never gains),
+        and the next take reserves one turn at a time again.
+        """
+        with self._lock:
+            turns = self._turns.get(key)
+            now = time.time() + MIN_WAIT_S
+            while turns:
+                turn = turns.popleft()
+                if turn > now:
+                    if not turns:
+                        del self._turns[key]
+                    return turn
+                self._reserve.pop(key, None)
+            self._turns.pop(key, None)
+        return None
 
     def release(self, held: Held) -> None:
         """Free ``held``'s slot; a store that cannot be reached lets the lease free it."""

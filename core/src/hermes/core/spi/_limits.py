@@ -49,6 +49,10 @@ class LimitRule:
     burst: int = 1
     #: Jobs of the key running at once, fleet-wide; None: no such limit.
     concurrency: int | None = None
+    #: Turns a take refused for the rate reserves: its own and ``reserve - 1``
+    #: more (:attr:`Take.more`) that a worker holding several jobs of the key
+    #: hands out without asking again.
+    reserve: int = 1
 
 
 class Take(NamedTuple):
@@ -60,6 +64,8 @@ class Take(NamedTuple):
     #: The rate was charged for this job: now (it runs) or for its turn (it
     #: waits). A job tried again with ``charged=True`` is not charged twice.
     charged: bool
+    #: Seconds until each further turn reserved (``LimitRule.reserve``), in order.
+    more: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +75,8 @@ class LimitUsage:
     key: str
     #: Slots held now (jobs of the key running fleet-wide).
     running: int
-    #: Starts the rate has promised to jobs still waiting for their turn.
+    #: Turns of the rate still to come: jobs deferred to them, and turns
+    #: workers reserved ahead for more jobs of the key.
     reserved: int
     #: Jobs told to come back for a slot that is not yet expected free (an estimate).
     queued: int
@@ -78,7 +85,7 @@ class LimitUsage:
 
     @property
     def waiting(self) -> int:
-        """Jobs deferred by this limit and not yet started."""
+        """Jobs deferred by this limit and not yet started (turns held ahead included)."""
         return self.reserved + self.queued
 
 
@@ -168,7 +175,12 @@ def take(
         state["tat"] = tat
         turn = tat - rule.burst * rule.interval_s
         if turn > now:
-            return Take(max(turn - now, MIN_WAIT_S), True)
+            more = []
+            for _ in range(rule.reserve - 1):
+                tat += rule.interval_s
+                more.append(tat - rule.burst * rule.interval_s - now)
+            state["tat"] = tat
+            return Take(max(turn - now, MIN_WAIT_S), True, tuple(more))
         charged = True
     if rule.concurrency is not None:
         slots[slot] = [now + lease_s, now]
