@@ -35,11 +35,13 @@ from hermes.core.driver import (
     Delivery,
     Driver,
     LeaseKeeper,
+    LimitRule,
     Outgoing,
     QueueStats,
     Received,
+    Take,
 )
-from hermes.drivers.redis import _claim, _heartbeat, _records, _scripts
+from hermes.drivers.redis import _claim, _heartbeat, _limits, _records, _scripts
 from hermes.drivers.redis._capabilities import CAPABILITIES
 
 #: How often a busy worker moves due scheduled messages (an idle one does it every receive).
@@ -219,6 +221,11 @@ class RedisSetDriver(Driver):
       one compare-and-set script that also indexes it (``<key>_records``,
       newest first) and publishes the write, so a waiter subscribed to the
       record's channel wakes at once (see ``_records``).
+    * Fleet-wide limits (``--limits-url``, ``SupportsLimits``) in either mode:
+      ``<key>_limit:<limit key>`` holds a key's state, changed by one script
+      call per take, release or renewal on the server's clock, and the sorted
+      set ``<key>_limits`` lists the keys whose state still matters (see
+      ``_limits``).
 
     ``prefix`` is prepended to every key, like the ``prefix`` option of PHP's
     Predis: ``prefix="app:"`` puts the default set at ``app:hermes``.
@@ -558,13 +565,14 @@ class RedisSetDriver(Driver):
         return int(removed)
 
     def teardown(self) -> None:
-        """Delete every key this driver uses: sets, schedule, leases, lists, job records."""
+        """Delete every key this driver uses: sets, schedule, leases, lists, job records, limits."""
         keys = {self.schedule_key, _heartbeat.index_key(self.key)}
         for queue in self._queues.values():
             keys |= {queue, wake_key(queue), rejected_key(queue), deliveries_key(queue)}
         with self.translating("deleting its keys"):
             _scripts.DROP_LEASES(self._execute, sorted(self._queues.values()))
             keys.update(_records.keys(self._execute, self.key))
+            keys.update(_limits.keys(self.client, self.key))
             names = sorted(keys)
             for start in range(0, len(names), _scripts.MAX_SCRIPT_VALUES):
                 self.client.delete(*names[start : start + _scripts.MAX_SCRIPT_VALUES])
@@ -619,6 +627,28 @@ class RedisSetDriver(Driver):
     def record_scan(self, limit: int) -> list[bytes]:
         """Newest first, from the sorted set ``<key>_records``; expired records are skipped."""
         return _records.scan(self._execute, self.key, limit)
+
+    def limit_take(
+        self, key: str, rule: LimitRule, slot: str, charged: bool, lease_s: float
+    ) -> Take:
+        """One script call on ``<key>_limit:<limit key>``; see ``SupportsLimits``.
+
+        Sent once: a call whose reply was lost raises rather than being sent
+        again, since the second would charge the rate or hold a slot twice.
+        """
+        return _limits.take(self._execute_once, self.key, key, rule, slot, charged, lease_s)[0]
+
+    def limit_release(self, key: str, slot: str) -> None:
+        """One script call: ``slot`` is freed and its hold time folded into the mean."""
+        _limits.release(self._execute, self.key, key, slot)
+
+    def limit_renew(self, key: str, slot: str, lease_s: float) -> bool:
+        """One script call: ``slot``'s lease ends ``lease_s`` after the server's now."""
+        return _limits.renew(self._execute, self.key, key, slot, lease_s)[0]
+
+    def limit_scan(self, limit: int) -> list[tuple[str, bytes]]:
+        """From the sorted set ``<key>_limits``: keys whose state holds or promises a start."""
+        return _limits.scan(self._execute, self.key, limit)
 
     def __repr__(self) -> str:
         pool = self.client.connection_pool
