@@ -82,8 +82,11 @@ def test_a_limiter_hands_out_the_turns_it_reserved_ahead_and_asks_less_often(
     assert len(waits) == 7
     assert all(b - a == pytest.approx(3600, abs=1) for a, b in itertools.pairwise(waits))
     assert asked == [1, 1, 2, 4]  # 8 jobs, 4 questions: the turns reserved ahead went out
-    # A turn held ahead that passed unused is dropped, and reserving starts over.
+    # A turn held ahead that passed while its job was on its way: the job runs now.
     limiter._turns["export"] = collections.deque([time.time() - 1])
+    assert limiter.take(hourly, Message("export", {})) is None
+    # One that passed more than a period ago is dropped, and reserving starts over.
+    limiter._turns["export"] = collections.deque([time.time() - 3601])
     assert isinstance(limiter.take(hourly, Message("export", {})), Deferred)
     assert asked[-1] == 1
 

@@ -26,7 +26,6 @@ from hermes.core.model._message import Message
 from hermes.core.spi._driver import Delay, Driver
 from hermes.core.spi._limits import (
     DEFAULT_LEASE_S,
-    MIN_WAIT_S,
     LimitRule,
     LimitUsage,
     SupportsLimits,
@@ -281,10 +280,16 @@ class Limiter:
         charged = _charged(limit, message)
         rule = limit.rule
         if not charged and rule.interval_s is not None:
-            turn = self._held_turn(key)
+            turn = self._held_turn(key, limit.late_s)
             if turn is not None:
-                return Deferred(key, turn - time.time(), True, turn)
-            rule = dataclasses.replace(rule, reserve=self._reserve.get(key, 1))
+                wait_s = turn - time.time()
+                if wait_s > 0:
+                    return Deferred(key, wait_s, True, turn)
+                if rule.concurrency is None:
+                    return None  # its turn came while it was on its way: it runs now
+                charged = True  # runs now on that turn if a slot is free
+            else:
+                rule = dataclasses.replace(rule, reserve=self._reserve.get(key, 1))
         slot = os.urandom(12).hex()
         with self.driver.translating(f"take a limit slot of {key!r}"):
             answer = self.store.limit_take(key, rule, slot, charged, limit.lease_s)
@@ -310,18 +315,20 @@ class Limiter:
                 self._renewer.start()
         return held
 
-    def _held_turn(self, key: str) -> float | None:
+    def _held_turn(self, key: str, late_s: float) -> float | None:
         """The next turn of ``key`` this process reserved and has not handed out; None: none.
 
-        A turn that passed unused is dropped (the rate loses it, never gains),
-        and the next take reserves one turn at a time again.
+        A turn that passed less than ``late_s`` ago is still handed out (its
+        job runs at once); one that passed longer ago is dropped (the rate
+        loses it, never gains), and the next take reserves one turn at a time
+        again.
         """
         with self._lock:
             turns = self._turns.get(key)
-            now = time.time() + MIN_WAIT_S
+            oldest = time.time() - late_s
             while turns:
                 turn = turns.popleft()
-                if turn > now:
+                if turn >= oldest:
                     if not turns:
                         del self._turns[key]
                     return turn
