@@ -38,8 +38,8 @@ logger = logging.getLogger("hermes")
 
 #: The header of a copy sent for its rate turn: ``RETRIES@TURN``, the
 #: ``retries`` of the attempt the turn was charged for and the turn's time
-#: (seconds since the epoch). That attempt, delivered by its turn or up to one
-#: period of the rate after it, is not charged again; a retry copy
+#: (seconds since the epoch). That attempt, delivered by its turn or up to
+#: :attr:`Limit.late_s` after it, is not charged again; a retry copy
 #: (``retries + 1``), or a copy delivered later than that (the workers were
 #: stopped or far behind), is charged anew, so that jobs whose turns passed
 #: long ago do not all start at once.
@@ -56,7 +56,9 @@ KeyFunction = Callable[[Message], object]
 #: The most turns one take reserves for a process deferring many jobs of a key:
 #: a store call per that many deferrals, and at most that many turns lost when
 #: the process stops or its jobs of the key run out.
-MAX_RESERVE = 32
+MAX_RESERVE = 16
+#: The least time after its turn a deferred copy still runs on that turn.
+LATE_S = 60.0
 
 
 def parse_rate(rate: str) -> float:
@@ -126,8 +128,14 @@ class Limit:
 
     @property
     def late_s(self) -> float:
-        """How late after its turn a charged copy still runs on that charge: one period, >= 1 s."""
-        return max(_rate_parts(self.rate)[1], 1.0) if self.rate is not None else 0.0
+        """How late after its turn a charged copy still runs on that charge.
+
+        One period of the rate, and at least :data:`LATE_S`: workers that fall
+        behind for a while (a burst of other jobs) run the turns they missed
+        as they catch up, instead of losing them; after a longer stall the
+        copies are charged anew rather than all starting at once.
+        """
+        return max(_rate_parts(self.rate)[1], LATE_S) if self.rate is not None else 0.0
 
     @property
     def rule(self) -> LimitRule:
@@ -298,7 +306,11 @@ class Limiter:
             turn = now + answer.wait_s if answer.charged and not charged else None
             if answer.more:
                 with self._lock:
-                    self._turns[key] = collections.deque(now + wait for wait in answer.more)
+                    # Another thread may have reserved a block meanwhile: keep both.
+                    held = self._turns.get(key, ())
+                    self._turns[key] = collections.deque(
+                        sorted([*held, *(now + wait for wait in answer.more)])
+                    )
             if turn is not None:
                 with self._lock:
                     self._reserve[key] = min(2 * rule.reserve, MAX_RESERVE)
