@@ -287,6 +287,8 @@ class Limiter:
         key = limit.key_of(message)
         charged = _charged(limit, message)
         rule = limit.rule
+        if charged and rule.concurrency is None:
+            return None  # its turn was charged when it was deferred: nothing to ask
         if not charged and rule.interval_s is not None:
             turn = self._held_turn(key, limit.late_s)
             if turn is not None:
