@@ -309,9 +309,9 @@ class Limiter:
             if answer.more:
                 with self._lock:
                     # Another thread may have reserved a block meanwhile: keep both.
-                    held = self._turns.get(key, ())
+                    ahead = self._turns.get(key, ())
                     self._turns[key] = collections.deque(
-                        sorted([*held, *(now + wait for wait in answer.more)])
+                        sorted([*ahead, *(now + wait for wait in answer.more)])
                     )
             if turn is not None:
                 with self._lock:
