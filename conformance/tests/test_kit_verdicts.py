@@ -267,6 +267,19 @@ CLAIMS = {
     "test_one_of_four_processes_claiming_the_same_keys_at_once_wins_each",
     "test_a_claim_is_not_won_again_before_its_ttl_and_is_after_it",
 }
+#: The limits tests: every driver without ``SupportsLimits`` skips them.
+LIMITS_PROCESSES = "test_of_four_processes_taking_three_slots_at_once_three_run_in_all"
+LIMITS = {
+    "test_takes_racing_under_a_rate_get_one_start_and_turns_one_interval_apart",
+    "test_takes_racing_under_a_rate_with_a_burst_get_that_many_starts_at_once",
+    "test_takes_refused_under_a_rate_each_reserve_their_turns_one_interval_apart",
+    "test_of_sixteen_threads_taking_three_slots_at_once_three_run_and_a_release_lets_one_in",
+    LIMITS_PROCESSES,
+    "test_a_slot_not_renewed_is_held_until_its_lease_ends_and_free_after_it",
+    "test_a_renewed_slot_stays_held_and_renewing_a_slot_not_held_says_so",
+    "test_a_take_already_charged_runs_at_once_and_a_take_waiting_for_a_slot_is_not_charged",
+    "test_a_scan_lists_the_keys_in_use_with_their_states_and_forgets_those_that_say_nothing",
+}
 #: Tests a 1 s lease is too short for: not verified on memory.
 _LONG_LEASE_ONLY = {TAKEN_AHEAD}
 _IN_PROCESS_ONLY = {
@@ -274,6 +287,7 @@ _IN_PROCESS_ONLY = {
     COUNTS_SURVIVE,
     "test_one_of_four_processes_claiming_the_same_keys_at_once_wins_each",
     RECORDS_PROCESSES,
+    LIMITS_PROCESSES,
     SIGKILL,
     PROCESSES,
     MAX_ITEMS_PROCESS,
@@ -470,7 +484,7 @@ def test_the_kit_passes_on_the_memory_driver_and_says_what_it_could_not_verify(
         "an Exception escaping the callback: raised, delivered again verified; "
         "SIGKILL mid-handler not verified: driver is in-process" in run.output
     ), run.describe()
-    assert "59 verified, 12 not verified, 0 not applicable, 0 failed" in run.output
+    assert "67 verified, 13 not verified, 0 not applicable, 0 failed" in run.output
 
 
 def test_the_example_driver_of_the_kit_readme_passes_the_kit(
@@ -480,14 +494,15 @@ def test_the_example_driver_of_the_kit_readme_passes_the_kit(
 
     assert run.returncode == 0, run.describe()
     assert run.with_outcome("failed") + run.with_outcome("error") == [], run.describe()
-    # It has no queue_stats(), purge(), drop_connection(), claim(), heartbeats or records,
-    # does not count deliveries, and its 3 s lease is too short to tell a give-back at
+    # It has no queue_stats(), purge(), drop_connection(), claim(), heartbeats, records or
+    # limits, does not count deliveries, and its 3 s lease is too short to tell a give-back at
     # close from the lease.
     skipped = (
         {STATS, DROPPED, PURGE_ONE, PURGE_HIGH, COUNTS_SURVIVE, TAKEN_AHEAD, FORK_REPLIES}
         | CLAIMS
         | HEARTBEATS
         | RECORDS
+        | LIMITS
     )
     assert set(run.with_outcome("passed")) == set(_kit_tests()) - skipped, run.describe()
 
@@ -546,9 +561,10 @@ def test_what_a_broken_driver_must_fail_passes_on_the_sound_driver_at_the_same_s
 
 def test_every_required_kit_test_fails_on_some_broken_driver() -> None:
     caught = {test for must_fail, _ in BROKEN.values() for test in must_fail}
-    # The claim and heartbeat rows' broken drivers declare those protocols; their own
-    # self-tests (test_broken_claim.py, test_broken_heartbeat.py) run them.
-    caught |= CLAIMS | HEARTBEATS
+    # The claim, heartbeat and limits rows' broken drivers declare those protocols; their
+    # own self-tests (test_broken_claim.py, test_broken_heartbeat.py, test_broken_limits.py)
+    # run them.
+    caught |= CLAIMS | HEARTBEATS | LIMITS
     required = set(_kit_tests())
 
     assert required - caught == set(), "no broken driver makes these fail"
