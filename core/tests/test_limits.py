@@ -5,6 +5,9 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
+import os
+import shutil
+import subprocess
 import sys
 import textwrap
 import threading
@@ -501,3 +504,63 @@ def test_limit_mistakes_are_one_line_and_exit_2(
     assert code == 2
     assert says in err and "secret" not in err
     assert err.count("\n") == 1, err
+
+
+def test_a_slot_of_a_worker_killed_mid_job_is_free_again_once_its_lease_ends(
+    tmp_path: Path,
+) -> None:
+    """Two ``hermes worker`` processes on one file:// queue, one slot with a 2 s lease."""
+    hermes = shutil.which("hermes", path=str(Path(sys.executable).parent)) or "hermes"
+    (tmp_path / "slow_jobs.py").write_text(
+        textwrap.dedent(
+            """
+            import os, pathlib, time
+            from hermes.core import HandlerRegistry, Limit
+
+            handlers = HandlerRegistry()
+            marks = pathlib.Path(os.environ["MARKS"])
+
+            @handlers.handler("slow", limit=Limit(concurrency=1, lease_s=2))
+            def slow(message):
+                mark = marks / message.payload["name"]
+                if mark.exists():
+                    return  # delivered again after its worker died: done already
+                mark.write_text(str(os.getpid()))
+                if message.payload["name"] == "first":
+                    time.sleep(120)  # its worker is killed meanwhile
+            """
+        )
+    )
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    url = f"file://{tmp_path / 'queue'}"
+    with connect(url) as driver:
+        Emitter(driver).emit(Message("slow", {"name": "first"}))
+    env = {**os.environ, "MARKS": str(marks), "PYTHONPATH": str(tmp_path)}
+    argv = [hermes, "worker", "--url", url, "--handlers", "slow_jobs:handlers"]
+
+    def wait_for(done: Any, what: str) -> None:
+        deadline = time.monotonic() + 60
+        while not done():
+            assert time.monotonic() < deadline, what
+            time.sleep(0.05)
+
+    log = tmp_path / "first.log"
+    with open(log, "wb") as out:
+        first = subprocess.Popen([*argv, "--concurrency", "2", "-v"], env=env, stderr=out)
+    second = None
+    try:
+        wait_for((marks / "first").exists, "the first job never started")
+        with connect(url) as driver:
+            Emitter(driver).emit(Message("slow", {"name": "second"}))
+        wait_for(lambda: "(slow) deferred" in log.read_text(), "the second job was not deferred")
+        first.kill()  # SIGKILL: the first job's slot is never released
+        first.wait(30)
+        assert not (marks / "second").exists()  # the slot was held while its job ran
+        second = subprocess.Popen([*argv, "-q"], env=env)
+        wait_for((marks / "second").exists, "the dead worker's slot was never freed")
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait(30)
