@@ -387,7 +387,7 @@ class PostgresDriver(Driver):
             return conn.execute(self.sql.purge, [self.queue, priorities]).rowcount
 
     def teardown(self) -> None:
-        """Drop the messages table and its side tables (workers, records, limits) (every queue in them): the conformance kit's cleanup."""
+        """Drop the messages table and its side tables, every queue in them: the kit's cleanup."""
         with self.connection() as conn, conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [self.names.lock_key])
             conn.execute(drop_sql(self.names).encode())
