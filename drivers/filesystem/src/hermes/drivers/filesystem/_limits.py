@@ -24,7 +24,6 @@ that one process of the machine runs at most once a minute from a take.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
 import os
@@ -33,7 +32,7 @@ from collections.abc import Iterator
 
 from hermes.core.driver import LimitRule, Take, limit_state
 from hermes.drivers.filesystem._claim import key_file_name
-from hermes.drivers.filesystem._records import _locked, _open_lock, _write
+from hermes.drivers.filesystem._records import _locked, _write, sweep_now_and_then
 
 logger = logging.getLogger("hermes.drivers.filesystem")
 
@@ -41,8 +40,6 @@ logger = logging.getLogger("hermes.drivers.filesystem")
 LIMITS_DIR = "limits"
 #: Seconds a file is kept, unwritten, after its state stopped saying anything.
 KEEP_AFTER_S = 60.0
-#: How often (at most) one process of the machine sweeps such files out.
-SWEEP_INTERVAL_S = 60.0
 #: A file in ``.tmp/`` this old was left by a writer that died mid-write.
 TMP_MAX_AGE_S = 3600.0
 #: A state file larger than this is not one of ours.
@@ -220,21 +217,4 @@ def _remove_unused(directory: str, name: str) -> None:
 
 
 def _maybe_sweep(directory: str) -> None:
-    """Sweep if no process of the machine did in the last :data:`SWEEP_INTERVAL_S`."""
-    now = time.time()
-    if now - _last_sweep_check.get(directory, 0.0) < SWEEP_INTERVAL_S:
-        return
-    _last_sweep_check[directory] = now
-    # The sweep lock file's mtime is when the last sweep began.
-    fd = _open_lock(directory, "sweep")
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return  # another process is sweeping
-        if os.fstat(fd).st_mtime > now - SWEEP_INTERVAL_S:
-            return  # another process swept a moment ago
-        os.utime(fd)
-        sweep(os.path.dirname(directory))
-    finally:
-        os.close(fd)
+    sweep_now_and_then(directory, sweep, _last_sweep_check)

@@ -29,7 +29,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from hermes.drivers.filesystem._claim import key_file_name
 
@@ -240,11 +240,18 @@ def _open_lock(directory: str, lock_name: str) -> int:
 
 
 def _maybe_sweep(directory: str) -> None:
-    """Sweep if no process of the machine did in the last :data:`SWEEP_INTERVAL_S`."""
+    sweep_now_and_then(directory, sweep, _last_sweep_check)
+
+
+def sweep_now_and_then(
+    directory: str, sweep: Callable[[str], object], checked: dict[str, float]
+) -> None:
+    """``sweep`` the queue of ``directory`` if no process of the machine did in the last
+    :data:`SWEEP_INTERVAL_S` (``checked``: when this process last looked, per directory)."""
     now = time.time()
-    if now - _last_sweep_check.get(directory, 0.0) < SWEEP_INTERVAL_S:
+    if now - checked.get(directory, 0.0) < SWEEP_INTERVAL_S:
         return
-    _last_sweep_check[directory] = now
+    checked[directory] = now
     # The sweep lock file's mtime is when the last sweep began.
     fd = _open_lock(directory, "sweep")
     try:
