@@ -42,3 +42,16 @@ def test_a_results_url_whose_driver_cannot_keep_records_is_refused_without_its_p
     assert len(run.stderr.strip().splitlines()) == 1, run.stderr
     assert "--results-url" in run.stderr and "cannot keep job records" in run.stderr
     assert "redis://" in run.stderr and "s3cret" not in run.stderr
+
+
+@pytest.mark.parametrize(
+    ("option", "keeps"), [("--limits-url", "limits"), ("--registry-url", "heartbeats")]
+)
+def test_a_store_whose_driver_cannot_keep_what_it_is_named_for_is_refused(
+    option: str, keeps: str
+) -> None:
+    run = dashboard(option, "amqp://guest:s3cret@127.0.0.1:5672/")
+    assert run.returncode == 2, run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert f"{option} amqp://guest:***@" in run.stderr and f"keeps no {keeps}" in run.stderr
+    assert "s3cret" not in run.stderr

@@ -6,7 +6,7 @@ import argparse
 import logging
 import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from hermes.core import FailedStore, connect, redact_url
 from hermes.core._cli._common import (
@@ -22,7 +22,7 @@ from hermes.core._cli._common import (
 from hermes.core._cli._jobs import add_results_url, open_jobs, results_url
 from hermes.core._cli._limits import LIMITS_URL_ENV
 from hermes.core._cli._workers import REGISTRY_URL_ENV
-from hermes.core.driver import SupportsHeartbeats, SupportsLimits
+from hermes.core.driver import Driver, SupportsHeartbeats, SupportsLimits
 
 if TYPE_CHECKING:
     from hermes.dashboard._guard import Auth, Hosts
@@ -208,28 +208,11 @@ def run(args: argparse.Namespace) -> int:
             dashboard.jobs = open_jobs(records_url)
             dashboard.results_url = records_url
         limits_url = args.limits_url or os.environ.get(LIMITS_URL_ENV) or None
-        if limits_url:
-            store = connect(limits_url)
-            if not isinstance(store, SupportsLimits):
-                store.close()
-                raise CliError(
-                    f"--limits-url {redact_url(limits_url)}: {type(store).__name__} keeps no "
-                    "limits; name a redis://, file:// or postgresql:// store"
-                )
-            dashboard.limits_store = store
-        elif isinstance(driver, SupportsLimits):
-            dashboard.limits_store = driver
-        if registry_url:
-            registry = connect(registry_url)
-            if not isinstance(registry, SupportsHeartbeats):
-                registry.close()
-                raise CliError(
-                    f"--registry-url {redact_url(registry_url)}: {type(registry).__name__} "
-                    "keeps no heartbeats; name a redis://, file:// or postgresql:// broker"
-                )
-            dashboard.registry = registry
-        elif isinstance(driver, SupportsHeartbeats):
-            dashboard.registry = driver
+        dashboard.limits_store = _store(
+            driver, limits_url, SupportsLimits, "--limits-url", "limits"
+        )
+        registry = _store(driver, registry_url, SupportsHeartbeats, "--registry-url", "heartbeats")
+        dashboard.registry = cast("SupportsHeartbeats | None", registry)
         dashboard.sample_interval_s = args.sample_interval
         app = create_app(dashboard, hosts=hosts, auth=auth)
         dashboard.start_sampling()
@@ -237,6 +220,23 @@ def run(args: argparse.Namespace) -> int:
     finally:
         dashboard.close()
     return 0
+
+
+def _store(
+    driver: Driver, url: str | None, protocol: type, option: str, what: str
+) -> Driver | None:
+    """The driver ``option`` names when it keeps ``what`` (a one-line mistake when it does
+    not), else the dashboard's own ``driver`` when it does; None when neither."""
+    if url is None:
+        return driver if isinstance(driver, protocol) else None
+    store = connect(url)
+    if not isinstance(store, protocol):
+        store.close()
+        raise CliError(
+            f"{option} {redact_url(url)}: {type(store).__name__} keeps no {what}; "
+            "name a redis://, file:// or postgresql:// store"
+        )
+    return store
 
 
 def _serve(app: object, args: argparse.Namespace, dashboard: object, hosts: Hosts) -> None:
