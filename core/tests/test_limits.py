@@ -287,10 +287,16 @@ def test_a_job_over_its_rate_is_sent_for_its_turn_acknowledged_and_not_retried(
     assert retries == "0" and float(turn) == pytest.approx(copy.execute_at, abs=0.01)
     assert [(d[0], d[1]) for d in deferred] == [(second.id, "charge")]
     assert dispatcher.stats.deferred == 1 and dispatcher.stats.retried == 0
-    # Its copy, delivered at its turn, runs although the rate's next turn is far away.
+    # Its copy, delivered at its turn, runs although the rate's next turn is far away
+    # (the header says its turn is now, as it will be when the broker hands it out);
+    # delivered a minute early, as a broker that holds nothing back would, it is not.
+    early = copy.replace(headers={LIMIT_HEADER: f"0@{time.time() + 60}"})
+    at_turn = copy.replace(headers={LIMIT_HEADER: f"0@{time.time()}"})
     with dispatcher.running():
-        assert dispatcher.handle_message(copy, 200)
+        assert dispatcher.handle_message(early, 200)
+        assert dispatcher.handle_message(at_turn, 200)
     assert ran == [first.id, second.id]
+    assert dispatcher.stats.deferred == 2
 
 
 def test_a_retry_copy_of_a_job_that_waited_for_its_turn_is_charged_again(
@@ -564,3 +570,51 @@ def test_a_slot_of_a_worker_killed_mid_job_is_free_again_once_its_lease_ends(
             if proc is not None and proc.poll() is None:
                 proc.kill()
                 proc.wait(30)
+
+
+def test_an_emitter_given_the_limits_sends_each_job_charged_and_due_at_its_turn(
+    driver: MemoryDriver,
+) -> None:
+    handlers = HandlerRegistry()
+    handlers.limit("export", Limit(rate="1/h"))
+    sent: list[Message] = []
+    real_send = driver.send
+
+    def send(message: Message, priority: int = 100) -> None:
+        sent.append(message)
+        real_send(message, priority)
+
+    driver.send = send  # type: ignore[method-assign]
+    emitter = Emitter(driver, limits=handlers)
+    before = time.time()
+    for n in range(3):
+        emitter.emit(Message("export", {"n": n}))
+    emitter.emit(Message("other", {}))
+    emitter.emit(Message("export", {"n": "later"}, execute_at=before + 86400))
+
+    first, second, third, other, later = sent
+    assert first.execute_at is None and first.headers[LIMIT_HEADER].startswith("0@")  # now
+    assert second.execute_at == pytest.approx(before + 3600, abs=5)
+    assert third.execute_at == pytest.approx(before + 7200, abs=5)
+    assert second.headers[LIMIT_HEADER].startswith("0@")
+    assert other.execute_at is None and later.execute_at == before + 86400
+    assert LIMIT_HEADER not in later.headers  # due tomorrow: its worker decides then
+
+    # A worker with the same limit runs the first, and the others at their turns, once each.
+    dispatcher = handlers.register(Dispatcher(driver))
+    ran: list[Any] = []
+    dispatcher.register_handler("export", lambda m: ran.append(m.payload["n"]))
+    at_turn = second.replace(headers={LIMIT_HEADER: f"0@{time.time()}"})
+    with dispatcher.running():
+        dispatcher.handle_message(first, 100)
+        dispatcher.handle_message(at_turn, 100)
+    assert ran == [0, 1] and dispatcher.stats.deferred == 0
+
+
+def test_an_emitter_refuses_limits_its_broker_cannot_hold_back(driver: MemoryDriver) -> None:
+    immediate = MemoryDriver(driver.name)
+    immediate.capabilities = dataclasses.replace(driver.capabilities, delay=Delay.IGNORED)
+
+    with pytest.raises(ConfigurationError, match="delivers every message at once"):
+        Emitter(immediate, limits={"export": Limit(rate="1/s")})
+    Emitter(immediate, limits={"export": Limit(concurrency=2)})  # slots are the workers' alone

@@ -88,6 +88,7 @@ def test_every_step_equals_the_python_steps_at_the_scripts_own_now(
         LimitRule(interval_s=0.01),
         LimitRule(interval_s=0.6, burst=3),
         LimitRule(interval_s=0.05, reserve=4),
+        LimitRule(interval_s=0.02, burst=2, reserve=3),
         LimitRule(interval_s=0.02, burst=2, concurrency=2, reserve=3),
         LimitRule(interval_s=0.03, concurrency=1),
     ]

@@ -2,10 +2,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import overload
 
+from hermes.core.app._handler import HandlerRegistry
 from hermes.core.app._jobs import EXPIRES_HEADER, JobHandle, Jobs
+from hermes.core.app._limits import LIMIT_HEADER, Limit, Limiter
 from hermes.core.model._errors import ConfigurationError, NotSupportedError
 from hermes.core.model._message import Message
 from hermes.core.spi._driver import DEFAULT_PRIORITY, Driver, SupportsClaim, outgoing
@@ -21,6 +23,14 @@ class Emitter:
     Plugins implementing ``hermes_emit_call`` (tracing) run around each send
     and may add headers: the message sent is then a copy of the one given,
     with them.
+
+    ``limits`` -- the workers' limits (a :class:`HandlerRegistry` or a mapping
+    of type to :class:`~hermes.core.Limit`), kept in ``limit_store`` (else
+    this Emitter's broker): each job of a type with a rate is charged its
+    turn as it is emitted and sent due then, so no worker takes it before
+    and none defers it (a burst of emits is spread over the turns at once).
+    Optional: workers enforce their limits either way; a job that waits in its
+    queue more than a minute past its turn is charged again by its worker.
     """
 
     def __init__(
@@ -29,12 +39,23 @@ class Emitter:
         logger: logging.Logger | None = None,
         *,
         records: Jobs | Driver | str | None = None,
+        limits: Mapping[str, Limit] | HandlerRegistry | None = None,
+        limit_store: Driver | str | None = None,
     ) -> None:
         self.driver = driver
         self.logger = logger or logging.getLogger("hermes")
         self._hooks = plugin_manager().hook
         #: Where each emitted job's record is started (None: no records, the default).
         self.records = records if isinstance(records, Jobs) or records is None else Jobs(records)
+        #: Type -> its limit: a job of a type whose rate has no turn free now is
+        #: sent due at its turn (see :meth:`Limiter.reserve`). Empty: none.
+        self.limits: dict[str, Limit] = dict(
+            limits.limits if isinstance(limits, HandlerRegistry) else limits or {}
+        )
+        self._limiter: Limiter | None = None
+        if any(limit.rate is not None for limit in self.limits.values()):
+            self._limiter = Limiter(limit_store if limit_store is not None else driver)
+            self._limiter.check_driver(driver)
 
     def job(self, job: Message | str) -> JobHandle:
         """A handle on a job emitted here (the message, or its id): state, result, cancel.
@@ -104,6 +125,8 @@ class Emitter:
         """
         if expires_in is not None:
             message = expiring(message, expires_in)
+        if self._limiter is not None:
+            message = self._at_turn(message)
         if unique_for is None:
             if unique_key is not None:
                 raise ValueError("unique_key needs unique_for=seconds")
@@ -140,6 +163,21 @@ class Emitter:
         self._emitted(message, priority)
         return True
 
+    def _at_turn(self, message: Message) -> Message:
+        """``message`` charged for its rate's next turn and due then; else as it is."""
+        limit = self.limits.get(message.type)
+        now = time.time()
+        if limit is None or self._limiter is None or (message.execute_at or 0) > now:
+            return message  # not limited, or due later: its worker decides then
+        turn = self._limiter.reserve(limit, message)
+        if turn is None:
+            return message
+        header = turn.header(message)
+        assert header is not None  # a reserved turn is a charged one
+        headers = {**message.headers, LIMIT_HEADER: header}
+        due = now + turn.wait_s if turn.wait_s > 0 else message.execute_at
+        return message.replace(execute_at=due, headers=headers)
+
     def _send(self, message: Message, priority: int) -> Message:
         """``driver.send`` inside the plugins' emit calls; the message as sent (their headers)."""
         hook = self._hooks.hermes_emit_call
@@ -170,6 +208,8 @@ class Emitter:
 
     def emit_batch(self, messages: Sequence[Message], priority: int = DEFAULT_PRIORITY) -> Emitter:
         """``emit`` each of ``messages``, in one broker round trip where the driver can."""
+        if self._limiter is not None:
+            messages = [self._at_turn(message) for message in messages]
         hook = self._hooks.hermes_emit_call
         if not hook.get_hookimpls():
             self.driver.send_batch(messages, priority)

@@ -59,6 +59,9 @@ KeyFunction = Callable[[Message], object]
 MAX_RESERVE = 16
 #: The least time after its turn a deferred copy still runs on that turn.
 LATE_S = 60.0
+#: How early before its turn a copy still counts as charged: clocks of two
+#: hosts disagree; a copy earlier than that was not held back by its broker.
+EARLY_S = 1.0
 
 
 def parse_rate(rate: str) -> float:
@@ -233,7 +236,9 @@ def _charged(limit: Limit, message: Message) -> bool:
         return False
     retries, _, turn = value.partition("@")
     try:
-        return retries == str(message.retries) and time.time() <= float(turn) + limit.late_s
+        at = float(turn)
+        # Early by more than the clocks may disagree: its broker did not hold it back.
+        return retries == str(message.retries) and at - EARLY_S <= time.time() <= at + limit.late_s
     except ValueError:
         logger.warning(
             "Message #%s (%s) has an unreadable %s header %r: its rate is charged again",
@@ -301,22 +306,9 @@ class Limiter:
             else:
                 rule = dataclasses.replace(rule, reserve=self._reserve.get(key, 1))
         slot = os.urandom(12).hex()
-        with self.driver.translating(f"take a limit slot of {key!r}"):
-            answer = self.store.limit_take(key, rule, slot, charged, limit.lease_s)
-        if answer.wait_s > 0:
-            now = time.time()
-            turn = now + answer.wait_s if answer.charged and not charged else None
-            if answer.more:
-                with self._lock:
-                    # Another thread may have reserved a block meanwhile: keep both.
-                    ahead = self._turns.get(key, ())
-                    self._turns[key] = collections.deque(
-                        sorted([*ahead, *(now + wait for wait in answer.more)])
-                    )
-            if turn is not None:
-                with self._lock:
-                    self._reserve[key] = min(2 * rule.reserve, MAX_RESERVE)
-            return Deferred(key, answer.wait_s, answer.charged, turn)
+        answer = self._ask(key, rule, slot, charged, limit.lease_s)
+        if isinstance(answer, Deferred):
+            return answer
         if limit.concurrency is None:
             return None
         held = Held(key, slot, limit.lease_s)
@@ -328,6 +320,48 @@ class Limiter:
                 )
                 self._renewer.start()
         return held
+
+    def reserve(self, limit: Limit, message: Message) -> Deferred | None:
+        """Charge ``message``'s turn of its rate as it is emitted; None: no rate, or charged.
+
+        What an :class:`~hermes.core.Emitter` given the limits asks. The answer
+        is the turn (``wait_s`` 0 when it is now): the job is sent due then,
+        with the turn in its :data:`LIMIT_HEADER`, so no worker takes it before
+        and none asks the rate again (a job that waits in its queue more than
+        :attr:`Limit.late_s` past its turn is charged anew by its worker).
+        """
+        if limit.rate is None or _charged(limit, message):
+            return None
+        key = limit.key_of(message)
+        turn = self._held_turn(key, limit.late_s)
+        if turn is not None:
+            return Deferred(key, max(turn - time.time(), 0.0), True, turn)
+        rule = dataclasses.replace(limit.rule, concurrency=None, reserve=self._reserve.get(key, 1))
+        deferred = self._ask(key, rule, "", False, limit.lease_s)
+        return deferred or Deferred(key, 0.0, True, time.time())
+
+    def _ask(
+        self, key: str, rule: LimitRule, slot: str, charged: bool, lease_s: float
+    ) -> Deferred | None:
+        """The store's answer: Deferred, or None when the job may start now. Turns reserved
+        ahead are kept for the next jobs of ``key``."""
+        with self.driver.translating(f"take a limit slot of {key!r}"):
+            answer = self.store.limit_take(key, rule, slot, charged, lease_s)
+        if answer.wait_s <= 0:
+            return None
+        now = time.time()
+        turn = now + answer.wait_s if answer.charged and not charged else None
+        if answer.more:
+            with self._lock:
+                # Another thread may have reserved a block meanwhile: keep both.
+                ahead = self._turns.get(key, ())
+                self._turns[key] = collections.deque(
+                    sorted([*ahead, *(now + wait for wait in answer.more)])
+                )
+        if turn is not None:
+            with self._lock:
+                self._reserve[key] = min(2 * rule.reserve, MAX_RESERVE)
+        return Deferred(key, answer.wait_s, answer.charged, turn)
 
     def _held_turn(self, key: str, late_s: float) -> float | None:
         """The next turn of ``key`` this process reserved and has not handed out; None: none.

@@ -172,8 +172,8 @@ def take(
         return Take(max(due - now, MIN_WAIT_S), charged)
     if rule.interval_s is not None and not charged:
         tat = max(state["tat"], now) + rule.interval_s
-        state["tat"] = tat
         turn = tat - rule.burst * rule.interval_s
+        state["tat"] = tat
         if turn > now:
             more = []
             for _ in range(rule.reserve - 1):

@@ -128,9 +128,9 @@ local function decide()
     end
     if interval and not charged then
         local tat = math.max(state.tat, now) + interval
+        local turn = tat - burst * interval
         state.tat = tat
         charged = true
-        local turn = tat - burst * interval
         if turn > now then
             for _ = 2, reserve do
                 tat = tat + interval
