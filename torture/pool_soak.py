@@ -1,6 +1,6 @@
 """SIGKILL the children of a worker pool, and recycle them, on the at-least-once drivers.
 
-    python -m torture.pool_soak [--quick] [--only filesystem,redis-at-least-once,rabbitmq,...]
+    python -m torture.pool_soak [--quick] [--only filesystem,redis-at-least-once,limits,...]
 
 Kill runs: one ``hermes worker --processes 2 --concurrency 4`` (the real
 command: its supervisor forks the children), numbered messages on the
@@ -10,6 +10,11 @@ never handled), duplicated, unexpected. A sampler reads the supervisor's
 children from /proc every few milliseconds: never more than 2 alive. Every
 kill must be answered by a replacement: the supervisor's summary counts them,
 and 2 children run at the end.
+
+Limits run: the same kills on file:// (``--quick``) or Redis at least once,
+with the handler held to ``rate=200/s, concurrency=3`` (leases of 2 s) in the
+broker's own store: lost 0, and every message runs with ``retries`` 0 (a job
+deferred by its limit uses up no retry).
 
 Recycle run: ``--max-jobs-per-child 100`` over 2,000 messages (``--quick``:
 10 over 200) on file://: about 20 replacements, lost 0, none handled twice
@@ -73,6 +78,25 @@ def record(message):
 
 
 HANDLERS = {"torture": record}
+"""
+
+#: The limits run's handlers: JOBS's, held to a rate and to 3 at once (leases of 2 s, so a
+#: killed child's slots come back within the run), recording the retries each ran with.
+LIMITED_JOBS = """
+import os
+import time
+
+from hermes.core import HandlerRegistry, Limit
+
+_fd = os.open(os.environ["POOL_SOAK_RECORD"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+_work_s = float(os.environ["POOL_SOAK_WORK_MS"]) / 1000
+HANDLERS = HandlerRegistry()
+
+
+@HANDLERS.handler("torture", limit=Limit(rate="200/s", concurrency=3, lease_s=2))
+def record(message):
+    time.sleep(_work_s)
+    os.write(_fd, f"{message.payload['n']}\\t{os.getpid()}\\t{message.retries}\\n".encode())
 """
 
 #: The restart run's handlers: each message fails its first attempt (a retry copy
@@ -183,6 +207,14 @@ def handled(record: Path) -> list[int]:
     return [int(line.split("\t", 1)[0]) for line in record.read_text().splitlines() if line]
 
 
+def retried_runs(record: Path) -> int:
+    """Handler runs recorded with ``retries`` above 0 (LIMITED_JOBS writes a third field)."""
+    if not record.exists():
+        return 0
+    fields = (line.split("\t") for line in record.read_text().splitlines() if line)
+    return sum(1 for f in fields if len(f) > 2 and f[2] != "0")
+
+
 def tally(record: Path, count: int) -> tuple[collections.Counter[int], int, int]:
     """Handles per message number, how many of 0..count-1 were never handled, how many twice."""
     counts = collections.Counter(handled(record))
@@ -230,13 +262,19 @@ def emit(url: str, count: int) -> float:
         return driver.capabilities.redelivery_timeout_s or 5.0
 
 
-def kill_run(target: str, base_url: str, count: int, kill_phase_s: float) -> Outcome:
-    # Long enough per message that all 8 handler threads are still busy when the kills stop.
-    work_ms = 1000 * kill_phase_s * PROCESSES * CONCURRENCY / count * 1.2
+def kill_run(
+    target: str, base_url: str, count: int, kill_phase_s: float, *, limited: bool = False
+) -> Outcome:
+    """``limited``: the handler is held to a rate and 3 at once (LIMITED_JOBS), and every
+    message must also run with ``retries`` 0: deferrals use up no retry."""
+    # Long enough per message that all 8 handler threads are still busy when the kills stop
+    # (with limits, the 3 slots are: a job holds one about 8/3 as long).
+    slots = 3 if limited else PROCESSES * CONCURRENCY
+    work_ms = 1000 * kill_phase_s * slots / count * 1.2
     rng = random.Random(os.getpid())
     with namespace(base_url) as url, tempfile.TemporaryDirectory(prefix="hermes-pool-") as tmp:
         redelivery_s = emit(url, count)
-        pool = Pool(url, Path(tmp), work_ms)
+        pool = Pool(url, Path(tmp), work_ms, jobs=LIMITED_JOBS if limited else JOBS)
         deadline = time.monotonic() + 30
         while len(pool.children()) < PROCESSES and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -259,16 +297,18 @@ def kill_run(target: str, base_url: str, count: int, kill_phase_s: float) -> Out
         output = pool.output()
         counts, lost, duplicated = tally(pool.record, count)
         replaced = summary_number(output, "died and were replaced")
+        retried = retried_runs(pool.record)
         ok = (
             lost == 0
+            and retried == 0
             and pool.most <= PROCESSES
             and replaced == kills
             and alive_at_end == PROCESSES
             and code == 0
         )
-        note = "" if ok else output[-3000:]
+        note = "" if ok else f"{retried} runs with retries > 0\n{output[-3000:]}"
         return Outcome(
-            target,
+            f"{target} + limits" if limited else target,
             count,
             sum(counts.values()),
             kills,
@@ -394,6 +434,12 @@ def main() -> int:
         print(f"== {target}: SIGKILL a child every ~0.5 s for {kill_phase:g} s", flush=True)
         with services.service_url(target) as url:
             outcomes.append(kill_run(target, url, count, kill_phase))
+        print(table(outcomes[-1:]).splitlines()[-1], flush=True)
+    if not only or "limits" in only:
+        target = "filesystem" if args.quick else "redis-at-least-once"
+        print(f"== {target} with limits (rate 200/s, 3 at once): the same kills", flush=True)
+        with services.service_url(target) as url:
+            outcomes.append(kill_run(target, url, count, kill_phase, limited=True))
         print(table(outcomes[-1:]).splitlines()[-1], flush=True)
     restarted = not only or "restart" in only
     if restarted:
