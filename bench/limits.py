@@ -15,12 +15,22 @@ type, which this process reads at the end.
   B's rate as above. Each row starts from a warm pool: 200 jobs of a third
   type are handled before its backlog is emitted.
 
+* **Concurrency**: 1,000 jobs of 50 ms under ``--limit c:concurrency=5``;
+  each counts itself running while it runs (Redis INCR/DECR) and pushes the
+  count it saw as it started, and this process samples the count every 10 ms.
+* **Per key**: ``--limit t:rate=5/s,key=tenant``, 2,000 jobs of one tenant
+  emitted first and 100 of each of 9 quiet tenants behind them; each
+  tenant's rate over its own jobs.
+
 The pair runs with the limits store on Redis and on PostgreSQL (the queue on
-Redis both times), each twice: with B interleaved with A's backlog, and with B
-emitted once the worker took all of A's (each job of A deferred to its turn).
+Redis both times), three ways: B interleaved with A's backlog; B emitted once
+the worker took all of A's (each job of A deferred to its turn); and both
+interleaved, A's sent through an ``Emitter(..., limits=...)`` that charges each
+job its turn as it emits it.
 Every round runs every row; the targets are judged on the medians. The stated
 targets, reported beside the figures and never enforced: A at 50/s ± 5% over
-the window; B at least 0.9x its rate alone. A full run (``N`` 5,000, a 60 s
+the window; B at least 0.9x its rate alone; never more than 5 running under
+concurrency 5; every quiet tenant at 5/s - 5% or more. A full run (``N`` 5,000, a 60 s
 window, 3 rounds) writes ``bench/results/limits.md`` and ``limits.json``;
 ``--quick`` (500, 8 s) is a smoke run that proves every row can be measured.
 """
@@ -28,6 +38,7 @@ window, 3 rounds) writes ``bench/results/limits.md`` and ``limits.json``;
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -36,7 +47,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -46,7 +57,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 import redis
 import services
 
-from hermes.core import Emitter, Message, connect
+from hermes.core import Emitter, Limit, Message, connect
 from hermes.core.driver import Driver, SupportsStats, isolated_url
 
 #: The limit A is held to, and the bounds stated for it.
@@ -55,6 +66,16 @@ RATE_TOLERANCE = 0.05
 B_OVER_ALONE = 0.9
 PROCESSES = 4
 CONCURRENCY = 8
+#: How a row emits its backlogs (see :func:`_drain`), and what its table says.
+INTERLEAVED, AFTER, EMITTER = "interleaved", "after", "emitter"
+_WHEN = {
+    INTERLEAVED: "interleaved",
+    AFTER: "after the deferral",
+    EMITTER: "interleaved, A sent at its turns",
+}
+#: The concurrency row's limit, and the per-tenant rate of the tenants row.
+SLOTS = 5
+TENANT_RATE = 5.0
 #: Jobs the worker handles before a row's backlog is emitted: every process warm.
 WARM_UP = 200
 
@@ -64,8 +85,8 @@ class Row:
     """One run of the worker over one backlog."""
 
     store: str
-    #: B emitted once A's backlog was deferred (else interleaved with it).
-    b_after: bool
+    #: INTERLEAVED, AFTER or EMITTER (see :func:`_drain`).
+    how: str
     a_rate: float | None
     b_rate: float
     a_started: int
@@ -83,15 +104,19 @@ class Report:
     load: list[str] = field(default_factory=list)
     alone: list[float] = field(default_factory=list)
     rows: list[Row] = field(default_factory=list)
+    #: Store -> (most running a job saw as it started, most sampled, jobs run).
+    slots: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    #: Store -> tenant -> its jobs per second.
+    tenants: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def b_alone(self) -> float:
         return statistics.median(self.alone)
 
-    def medians(self) -> dict[tuple[str, bool], tuple[float, float]]:
-        """(store, B after) -> the median A and B rates of its rounds."""
-        groups: dict[tuple[str, bool], list[Row]] = {}
+    def medians(self) -> dict[tuple[str, str], tuple[float, float]]:
+        """(store, how) -> the median A and B rates of its rounds."""
+        groups: dict[tuple[str, str], list[Row]] = {}
         for row in self.rows:
-            groups.setdefault((row.store, row.b_after), []).append(row)
+            groups.setdefault((row.store, row.how), []).append(row)
         return {
             group: (
                 statistics.median(r.a_rate or 0.0 for r in rows),
@@ -103,8 +128,8 @@ class Report:
     def targets(self) -> list[tuple[str, str, str, bool]]:
         found = []
         low, high = RATE * (1 - RATE_TOLERANCE), RATE * (1 + RATE_TOLERANCE)
-        for (store, b_after), (a_rate, b_rate) in self.medians().items():
-            when = "after the deferral" if b_after else "interleaved"
+        for (store, how), (a_rate, b_rate) in self.medians().items():
+            when = _WHEN[how]
             found.append(
                 (
                     f"A's rate, B {when}, limits on {store}",
@@ -122,6 +147,15 @@ class Report:
                     ratio >= B_OVER_ALONE,
                 )
             )
+        for store, (seen, sampled, _) in self.slots.items():
+            most = max(seen, sampled)
+            what = f"most running at once under concurrency={SLOTS}, limits on {store}"
+            found.append((what, str(most), f"<= {SLOTS}", most <= SLOTS))
+        low_t = TENANT_RATE * (1 - RATE_TOLERANCE)
+        for store, rates in self.tenants.items():
+            quiet = min(r for t, r in rates.items() if t != "flood")
+            what = f"slowest quiet tenant beside a flooding one, limits on {store}"
+            found.append((what, f"{quiet:.2f}/s", f">= {low_t:g}/s", quiet >= low_t))
         return found
 
     def markdown(self) -> str:
@@ -145,6 +179,34 @@ class Report:
                 f"| A, then B {_when(row)} | {row.store} | {row.a_rate:.2f} | {row.b_rate:,.0f} | "
                 f"{row.a_started:,} | {row.b_started:,} | {row.deferred:,} |"
             )
+        if self.slots:
+            lines += [
+                "",
+                f"Concurrency: jobs of 50 ms under `--limit c:concurrency={SLOTS}`, the same "
+                "fleet; each job counts itself running (Redis INCR/DECR) and this process "
+                "samples the count every 10 ms.",
+                "",
+                "| limits store | jobs | most running as a job started | most sampled |",
+                "|---|---:|---:|---:|",
+            ]
+            for store, (seen, sampled, ran) in self.slots.items():
+                lines.append(f"| {store} | {ran:,} | {seen} | {sampled} |")
+        if self.tenants:
+            lines += [
+                "",
+                f"Per key: `--limit t:rate={TENANT_RATE:g}/s,key=tenant`; one tenant's backlog "
+                "emitted first, then each of 9 quiet tenants' behind it; each tenant's rate "
+                "over its own jobs.",
+                "",
+                "| limits store | flooding tenant | quiet tenants, slowest | fastest |",
+                "|---|---:|---:|---:|",
+            ]
+            for store, rates in self.tenants.items():
+                quiet = [r for t, r in rates.items() if t != "flood"]
+                lines.append(
+                    f"| {store} | {rates['flood']:.2f}/s | {min(quiet):.2f}/s | "
+                    f"{max(quiet):.2f}/s |"
+                )
         lines += ["", "| target | measured | bound | held |", "|---|---:|---|---|"]
         for what, measured, bound, held in self.targets():
             lines.append(f"| {what} | {measured} | {bound} | {'yes' if held else 'no'} |")
@@ -158,13 +220,65 @@ class Report:
             '"B interleaved": both backlogs emitted together, a0 b0 a1 b1 ..., so B '
             "shares the workers with the pass that defers each job of A once (a limit "
             'decision and a send each). "B after the deferral": B\'s backlog emitted '
-            "once the worker had taken all of A's, while A runs at its turns.",
+            "once the worker had taken all of A's, while A runs at its turns. \"A sent at "
+            "its turns\": both interleaved, A's through an `Emitter(..., limits=...)`, which "
+            "charges each job its turn as it emits it and sends it due then, so no worker "
+            "defers it.",
         ]
         return "\n".join(lines) + "\n"
 
 
 def _when(row: Row) -> str:
-    return "after the deferral" if row.b_after else "interleaved"
+    return _WHEN[row.how]
+
+
+@dataclass
+class Fleet:
+    """A running ``hermes worker`` pool on a queue of its own, warmed up."""
+
+    driver: Driver
+    emitter: Emitter
+    client: redis.Redis[bytes]
+    #: What every Redis key the handlers write starts with.
+    lists: str
+    proc: subprocess.Popen[bytes]
+    log: str = ""
+
+
+@contextlib.contextmanager
+def _fleet(redis_url: str, limit_args: list[str]) -> Iterator[Fleet]:
+    """``hermes worker --processes 4 --concurrency 8 LIMIT_ARGS`` on a fresh queue, once
+    every process handled warm-up jobs; its log is in ``fleet.log`` afterwards."""
+    tag = uuid.uuid4().hex[:8]
+    url = isolated_url(redis_url, f"bench-limits-{tag}")
+    driver = connect(url)
+    client = redis.Redis.from_url(redis_url)
+    fleet = None
+    try:
+        argv = [*worker_command(), "worker", "--url", url]
+        argv += ["--handlers", "bench.limits_jobs:handlers", "-q"]
+        argv += ["--processes", str(PROCESSES), "--concurrency", str(CONCURRENCY), *limit_args]
+        lists = f"bench-limits-{tag}"
+        env = {**os.environ, "BENCH_LIMITS_LISTS": lists, "BENCH_LIMITS_REDIS": redis_url}
+        env["PYTHONPATH"] = str(ROOT)
+        with tempfile.TemporaryDirectory() as tmp:
+            log = Path(tmp) / "worker.log"
+            with worker(argv, env, log) as proc:
+                fleet = Fleet(driver, Emitter(driver), client, lists, proc)
+                # Every process of the pool up and connected before the clock starts.
+                _emit(fleet.emitter, [Message("warm-up", {"i": i}) for i in range(WARM_UP)])
+                _wait_for(lambda: client.llen(f"{lists}:warm-up") >= WARM_UP, proc)
+                yield fleet
+                proc.terminate()
+                proc.wait(60)
+            fleet.log = log.read_text()
+    finally:
+        if fleet is not None:
+            keys = list(client.scan_iter(f"{fleet.lists}:*"))
+            if keys:
+                client.delete(*keys)
+        client.close()
+        purge_and_close(driver)
 
 
 def _drain(
@@ -173,65 +287,81 @@ def _drain(
     n_a: int,
     n_b: int,
     window_s: float,
-    b_after: bool = False,
+    how: str = INTERLEAVED,
 ) -> tuple[list[float], list[float], int]:
     """Start times of A's and B's jobs, and how many the worker deferred.
 
-    ``b_after``: B's backlog is emitted once the worker has taken every job of
-    A's (each deferred to its turn), not interleaved with it.
+    ``how``: INTERLEAVED, both backlogs emitted together (a0 b0 a1 b1 ...);
+    AFTER, B's emitted once the worker has taken every job of A's (each
+    deferred to its turn); EMITTER, interleaved through an Emitter given the
+    limit, which sends each job of A due at its turn.
     """
-    tag = uuid.uuid4().hex[:8]
-    url = isolated_url(redis_url, f"bench-limits-{tag}")
-    lists = f"bench-limits-{tag}"
-    driver = connect(url)
-    try:
-        emitter = Emitter(driver)
-        a_jobs = [Message("a", {"i": i}) for i in range(n_a)]
-        b_jobs = [Message("b", {"i": i}) for i in range(n_b)]
-        # Interleaved (a0 b0 a1 b1 ...), or A alone first.
-        first = a_jobs if b_after else sorted(a_jobs + b_jobs, key=lambda m: m.payload["i"])
-        argv = [*worker_command(), "worker", "--url", url]
-        argv += ["--handlers", "bench.limits_jobs:handlers", "-q"]
-        argv += ["--processes", str(PROCESSES), "--concurrency", str(CONCURRENCY)]
-        if limits_url is not None:
-            argv += ["--limit", "a:rate=50/s", "--limits-url", limits_url]
-        env = {**os.environ, "BENCH_LIMITS_LISTS": lists, "BENCH_LIMITS_REDIS": redis_url}
-        env["PYTHONPATH"] = str(ROOT)
-        client = redis.Redis.from_url(redis_url)
-        with tempfile.TemporaryDirectory() as tmp:
-            log = Path(tmp) / "worker.log"
-            with worker(argv, env, log) as proc:
-                # Every process of the pool up and connected before the clock starts.
-                _emit(emitter, [Message("warm-up", {"i": i}) for i in range(WARM_UP)])
-                _wait_for(lambda: client.llen(f"{lists}:warm-up") >= WARM_UP, proc)
-                _emit(emitter, first)
-                if b_after:
-                    _wait_taken(driver, proc)
-                    _emit(emitter, b_jobs)
-                deadline = time.monotonic() + window_s + 600
-                while time.monotonic() < deadline and proc.poll() is None:
-                    b_done = client.llen(f"{lists}:b") >= n_b
-                    starts = client.lrange(f"{lists}:a", 0, 0)
-                    a_done = n_a == 0 or (
-                        starts and time.time() > float(starts[0].split(b",")[0]) + window_s + 1
-                    )
-                    if b_done and a_done:
-                        break
-                    time.sleep(0.2)
-                proc.terminate()
-                proc.wait(60)
-            text = log.read_text()
-        deferred = 0
-        for line in text.splitlines():
-            if "deferred " in line and "by their limit" in line:
-                deferred += int(line.split("deferred ")[1].split()[0])
+    limit_args = ["--limit", "a:rate=50/s", "--limits-url", limits_url] if limits_url else []
+    a_jobs = [Message("a", {"i": i}) for i in range(n_a)]
+    b_jobs = [Message("b", {"i": i}) for i in range(n_b)]
+    b_after = how == AFTER
+    first = a_jobs if b_after else sorted(a_jobs + b_jobs, key=lambda m: m.payload["i"])
+    with _fleet(redis_url, limit_args) as fleet:
+        client, lists = fleet.client, fleet.lists
+        emitter = fleet.emitter
+        if how == EMITTER:
+            assert limits_url is not None
+            limits = {"a": Limit(rate=f"{RATE:g}/s")}
+            emitter = Emitter(fleet.driver, limits=limits, limit_store=limits_url)
+        _emit(emitter, first)
+        if b_after:
+            _wait_taken(fleet.driver, fleet.proc)
+            _emit(fleet.emitter, b_jobs)
+        deadline = time.monotonic() + window_s + 600
+        while time.monotonic() < deadline and fleet.proc.poll() is None:
+            b_done = client.llen(f"{lists}:b") >= n_b
+            starts = client.lrange(f"{lists}:a", 0, 0)
+            a_done = n_a == 0 or (
+                starts and time.time() > float(starts[0].split(b",")[0]) + window_s + 1
+            )
+            if b_done and a_done:
+                break
+            time.sleep(0.2)
         a = sorted(_started(client.lrange(f"{lists}:a", 0, -1)))
         b = sorted(float(t.split(b",")[0]) for t in client.lrange(f"{lists}:b", 0, -1))
-        client.delete(f"{lists}:a", f"{lists}:b", f"{lists}:warm-up")
-        client.close()
-        return a, b, deferred
-    finally:
-        purge_and_close(driver)
+    deferred = 0
+    for line in fleet.log.splitlines():
+        if "deferred " in line and "by their limit" in line:
+            deferred += int(line.split("deferred ")[1].split()[0])
+    return a, b, deferred
+
+
+def _concurrency(redis_url: str, limits_url: str, n: int) -> tuple[int, int, int]:
+    """``n`` jobs of 50 ms under ``concurrency=5``: the most running that a job saw as it
+    started, the most a sampler saw every 10 ms, and how many ran."""
+    args = ["--limit", f"c:concurrency={SLOTS}", "--limits-url", limits_url]
+    with _fleet(redis_url, args) as fleet:
+        client, lists = fleet.client, fleet.lists
+        _emit(fleet.emitter, [Message("c", {"i": i}) for i in range(n)])
+        sampled = [0]
+        deadline = time.monotonic() + 600
+        while client.llen(f"{lists}:c") < n and time.monotonic() < deadline:
+            sampled.append(int(client.get(f"{lists}:running") or 0))
+            time.sleep(0.01)
+        seen = [int(x) for x in client.lrange(f"{lists}:c", 0, -1)]
+    return max(seen, default=0), max(sampled), len(seen)
+
+
+def _tenants(redis_url: str, limits_url: str, flood: int, quiet: int) -> dict[str, float]:
+    """``rate=5/s,key=tenant``: ``flood`` jobs of one tenant emitted first, then ``quiet``
+    of each of 9 others; each tenant's rate over its own jobs."""
+    args = ["--limit", f"t:rate={TENANT_RATE:g}/s,key=tenant", "--limits-url", limits_url]
+    names = [f"quiet-{k}" for k in range(9)]
+    with _fleet(redis_url, args) as fleet:
+        client, lists = fleet.client, fleet.lists
+        _emit(fleet.emitter, [Message("t", {"tenant": "flood"}) for _ in range(flood)])
+        _emit(fleet.emitter, [Message("t", {"tenant": t}) for t in names for _ in range(quiet)])
+        _wait_for(lambda: all(client.llen(f"{lists}:t:{t}") >= quiet for t in names), fleet.proc)
+        starts = {
+            t: sorted(float(x) for x in client.lrange(f"{lists}:t:{t}", 0, -1))
+            for t in ["flood", *names]
+        }
+    return {t: _b_rate(s) for t, s in starts.items()}
 
 
 LATE: list[float] = []
@@ -293,14 +423,20 @@ def main(argv: list[str] | None = None) -> int:
         report.alone.append(_b_rate(b))
         print(f"B alone: {report.alone[-1]:,.0f}/s", flush=True)
         for store, limits_url in stores.items():
-            for b_after in (False, True):
+            for how in (INTERLEAVED, AFTER, EMITTER):
                 report.load.append(load_average())
-                a, b, deferred = _drain(redis_url, limits_url, n, n, window_s, b_after)
+                a, b, deferred = _drain(redis_url, limits_url, n, n, window_s, how)
                 in_window = [t for t in a if t < a[0] + window_s]
                 rate_ = len(in_window) / window_s
-                row = Row(store, b_after, rate_, _b_rate(b), len(a), len(b), deferred)
+                row = Row(store, how, rate_, _b_rate(b), len(a), len(b), deferred)
                 report.rows.append(row)
                 print(f"limits on {store}: {row}", flush=True)
+    jobs, flood, quiet = (100, 200, 10) if args.quick else (1000, 2000, 100)
+    for store, limits_url in stores.items():
+        report.slots[store] = _concurrency(redis_url, limits_url, jobs)
+        print(f"concurrency, limits on {store}: {report.slots[store]}", flush=True)
+        report.tenants[store] = _tenants(redis_url, limits_url, flood, quiet)
+        print(f"tenants, limits on {store}: {report.tenants[store]}", flush=True)
     text = report.markdown()
     print(text)
     if not args.quick:
