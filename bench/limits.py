@@ -32,7 +32,8 @@ targets, reported beside the figures and never enforced: A at 50/s ± 5% over
 the window; B at least 0.9x its rate alone; never more than 5 running under
 concurrency 5; every quiet tenant at 5/s - 5% or more. A full run (``N`` 5,000, a 60 s
 window, 3 rounds) writes ``bench/results/limits.md`` and ``limits.json``;
-``--quick`` (500, 8 s) is a smoke run that proves every row can be measured.
+``--quick`` (200 jobs, a 3 s window, a pool of 2 x 4) is a smoke run that proves
+every row can be measured.
 """
 
 from __future__ import annotations
@@ -404,11 +405,16 @@ def _b_rate(b: list[float]) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.limits", description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="500 jobs of each, an 8 s window")
+    parser.add_argument(
+        "--quick", action="store_true", help="200 jobs of each, a 3 s window, a pool of 2 x 4"
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     parser.add_argument("--rounds", type=int, help="rounds of every row (default 3; 1 quick)")
     args = parser.parse_args(argv)
-    n, window_s = (500, 8.0) if args.quick else (5000, 60.0)
+    n, window_s = (200, 3.0) if args.quick else (5000, 60.0)
+    if args.quick:  # a smoke run, beside the rest of CI: a smaller pool
+        global PROCESSES, CONCURRENCY
+        PROCESSES, CONCURRENCY = 2, 4
     redis_url = services.ensure_redis()
     stores = {
         "Redis": isolated_url(redis_url, f"bench-limits-store-{uuid.uuid4().hex[:8]}"),
@@ -431,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
                 row = Row(store, how, rate_, _b_rate(b), len(a), len(b), deferred)
                 report.rows.append(row)
                 print(f"limits on {store}: {row}", flush=True)
-    jobs, flood, quiet = (100, 200, 10) if args.quick else (1000, 2000, 100)
+    jobs, flood, quiet = (40, 60, 5) if args.quick else (1000, 2000, 100)
     for store, limits_url in stores.items():
         report.slots[store] = _concurrency(redis_url, limits_url, jobs)
         print(f"concurrency, limits on {store}: {report.slots[store]}", flush=True)
