@@ -32,6 +32,7 @@ from collections.abc import Iterator
 
 from hermes.core.driver import LimitRule, Take, limit_state
 from hermes.drivers.filesystem._claim import key_file_name
+from hermes.drivers.filesystem._records import _files as _record_files
 from hermes.drivers.filesystem._records import _locked, _write, sweep_now_and_then
 
 logger = logging.getLogger("hermes.drivers.filesystem")
@@ -153,19 +154,8 @@ def _body(key: str, state: limit_state.State) -> bytes:
 
 def _files(directory: str) -> Iterator[tuple[str, float]]:
     """``(name, mtime)`` of every state file."""
-    try:
-        entries = os.scandir(directory)
-    except FileNotFoundError:
-        return  # no limit was ever taken here
-    with entries:
-        for entry in entries:
-            if entry.name.startswith("."):
-                continue  # .tmp, .locks
-            try:
-                found = entry.stat(follow_symlinks=False)
-            except FileNotFoundError:
-                continue  # deleted meanwhile
-            yield entry.name, found.st_mtime
+    for mtime_ns, name in _record_files(directory):
+        yield name, mtime_ns / 1e9
 
 
 def _read(directory: str, name: str) -> tuple[str, limit_state.State] | None:
