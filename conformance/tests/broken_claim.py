@@ -60,7 +60,12 @@ BROKEN = {
 }
 
 
-def _plugin(scheme: str, cls: type[MemoryDriver]) -> DriverPlugin:
+def memory_plugin(scheme: str, cls: type[MemoryDriver]) -> DriverPlugin:
+    """The plugin of ``scheme``: a broken variant ``cls`` of the memory driver.
+
+    The broken stores of the heartbeat and limits rows register theirs with it too.
+    """
+
     def build(url: DriverUrl) -> MemoryDriver:
         return cls(f"{scheme}-{url.host or url.path or 'default'}")
 
@@ -68,7 +73,7 @@ def _plugin(scheme: str, cls: type[MemoryDriver]) -> DriverPlugin:
         name=scheme,
         schemes=(scheme,),
         factory=build,
-        capabilities=MemoryDriver.capabilities,
+        capabilities=cls.capabilities,
         isolate=lambda url, namespace: f"{scheme}://{namespace}",
         example_url=f"{scheme}://jobs",
     )
@@ -76,4 +81,4 @@ def _plugin(scheme: str, cls: type[MemoryDriver]) -> DriverPlugin:
 
 @hookimpl
 def hermes_drivers() -> list[DriverPlugin]:
-    return [_plugin(scheme, cls) for scheme, cls in BROKEN.items()]
+    return [memory_plugin(scheme, cls) for scheme, cls in BROKEN.items()]

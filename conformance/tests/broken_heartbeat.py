@@ -10,8 +10,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from broken_claim import memory_plugin
+
 from hermes.core import hookimpl
-from hermes.core.driver import DriverPlugin, DriverUrl
+from hermes.core.driver import DriverPlugin
 from hermes.core.spi._memory import MemoryDriver
 
 
@@ -30,23 +32,9 @@ class ForgetsEveryone(MemoryDriver):
             super().forget(str(record["id"]))
 
 
-def _plugin(scheme: str, cls: type[MemoryDriver]) -> DriverPlugin:
-    def build(url: DriverUrl) -> MemoryDriver:
-        return cls(f"{scheme}-{url.host or url.path or 'default'}")
-
-    return DriverPlugin(
-        name=scheme,
-        schemes=(scheme,),
-        factory=build,
-        capabilities=MemoryDriver.capabilities,
-        isolate=lambda url, namespace: f"{scheme}://{namespace}",
-        example_url=f"{scheme}://jobs",
-    )
-
-
 @hookimpl
 def hermes_drivers() -> list[DriverPlugin]:
     return [
-        _plugin("heartbeat-never-expires", NeverExpires),
-        _plugin("heartbeat-forgets-everyone", ForgetsEveryone),
+        memory_plugin("heartbeat-never-expires", NeverExpires),
+        memory_plugin("heartbeat-forgets-everyone", ForgetsEveryone),
     ]

@@ -18,8 +18,10 @@ from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from dataclasses import replace
 
+from broken_claim import memory_plugin
+
 from hermes.core import hookimpl
-from hermes.core.driver import DriverPlugin, DriverUrl, LimitRule, Take, limit_state
+from hermes.core.driver import DriverPlugin, LimitRule, Take, limit_state
 from hermes.core.spi._memory import MemoryDriver
 
 
@@ -316,25 +318,9 @@ VARIANTS: list[type[_Broken]] = [
 ]
 
 
-def _plugin(cls: type[_Broken]) -> DriverPlugin:
-    scheme = cls.scheme
-
-    def build(url: DriverUrl) -> MemoryDriver:
-        return cls(f"{scheme}-{url.host or url.path or 'default'}")
-
-    return DriverPlugin(
-        name=scheme,
-        schemes=(scheme,),
-        factory=build,
-        capabilities=cls.capabilities,
-        isolate=lambda url, namespace: f"{scheme}://{namespace}",
-        example_url=f"{scheme}://jobs",
-    )
-
-
 @hookimpl
 def hermes_drivers() -> list[DriverPlugin]:
-    return [_plugin(cls) for cls in VARIANTS]
+    return [memory_plugin(cls.scheme, cls) for cls in VARIANTS]
 
 
 def describe(scheme: str) -> str | None:
