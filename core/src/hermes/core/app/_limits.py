@@ -19,7 +19,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hermes.core.model._errors import ConfigurationError
 from hermes.core.model._message import Message
@@ -110,12 +110,13 @@ class Limit:
     key: str | KeyFunction | None = None
     burst: int = 1
     lease_s: float = DEFAULT_LEASE_S
+    _rule: LimitRule = field(init=False, repr=False, compare=False)
+    _late_s: float = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.rate is None and self.concurrency is None:
             raise ConfigurationError("a limit needs a rate, a concurrency or both")
-        if self.rate is not None:
-            parse_rate(self.rate)
+        count, period = _rate_parts(self.rate) if self.rate is not None else (0, 0.0)
         for name, value in (("concurrency", self.concurrency), ("burst", self.burst)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
                 raise ConfigurationError(f"a limit's {name} must be an int >= 1, got {value!r}")
@@ -128,6 +129,10 @@ class Limit:
                 f"a limit's key is a payload field name or a function of the message, "
                 f"got {self.key!r}"
             )
+        interval_s = period / count if self.rate is not None else None
+        rule = LimitRule(interval_s, self.burst, self.concurrency)
+        object.__setattr__(self, "_rule", rule)
+        object.__setattr__(self, "_late_s", max(period, LATE_S) if self.rate is not None else 0.0)
 
     @property
     def late_s(self) -> float:
@@ -138,12 +143,12 @@ class Limit:
         as they catch up, instead of losing them; after a longer stall the
         copies are charged anew rather than all starting at once.
         """
-        return max(_rate_parts(self.rate)[1], LATE_S) if self.rate is not None else 0.0
+        return self._late_s
 
     @property
     def rule(self) -> LimitRule:
-        interval_s = parse_rate(self.rate) if self.rate is not None else None
-        return LimitRule(interval_s, self.burst, self.concurrency)
+        """What the store is asked to hold this limit to (parsed once, not per job)."""
+        return self._rule
 
     def key_of(self, message: Message) -> str:
         """The store key ``message`` counts under: its type, and its key's value if any."""
