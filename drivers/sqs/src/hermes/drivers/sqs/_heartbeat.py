@@ -96,8 +96,10 @@ class Heartbeat:
     acknowledged, or it was not a Hermes message and there is no redrive
     policy), given back, hidden until due, or left for the redrive policy --
     whether it waits in the consumer's buffer or a handler runs it. While
-    held, the keeper's thread renews its visibility whenever less than half of
-    ``visibility_timeout_s`` is left, so neither a long handler nor the
+    held, the keeper's thread renews its visibility whenever less than two
+    thirds of ``visibility_timeout_s`` is left (a third of it gone), so a
+    renewal late by up to half the timeout -- a busy machine, a slow answer
+    -- still lands in time, and neither a long handler nor the
     messages buffered behind it are handed to a second worker. A worker that
     dies takes the thread with it, and SQS hands its messages out again once
     their visibility runs out.
@@ -135,7 +137,7 @@ class Heartbeat:
 
     def start(self) -> None:
         if self._enabled and self._keeper is None:
-            tick_s = min(1.0, self._visibility_timeout_s / 4)
+            tick_s = min(1.0, self._visibility_timeout_s / 6)
             self._keeper = LeaseKeeper(self._tick, tick_s, self._what, name="hermes-sqs-heartbeat")
             self._keeper.start()
 
@@ -208,7 +210,7 @@ class Heartbeat:
             due = [
                 item
                 for item in self._held
-                if item.visible_until - now < self._visibility_timeout_s / 2
+                if item.visible_until - now < self._visibility_timeout_s * 2 / 3
             ]
             if due:
                 self._change_visibility(
