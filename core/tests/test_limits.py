@@ -30,6 +30,7 @@ from hermes.core import (
     connect,
     hookimpl,
 )
+from hermes.core.app import _limits as limits_module
 from hermes.core.app._limits import LIMIT_HEADER, Deferred, Limiter, parse_limit, parse_rate
 from hermes.core.cli import main
 from hermes.core.driver import Delay, LimitRule, MemoryDriver, limit_state
@@ -66,8 +67,10 @@ def test_a_take_refused_for_the_rate_can_reserve_the_turns_after_its_own() -> No
 
 
 def test_a_limiter_hands_out_the_turns_it_reserved_ahead_and_asks_less_often(
-    driver: MemoryDriver,
+    driver: MemoryDriver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Blocks of an hourly rate's turns, here, to see them handed out one by one.
+    monkeypatch.setattr(limits_module, "MAX_BLOCK_S", 16 * 3600.0)
     asked: list[int] = []
     real_take = driver.limit_take
 
@@ -92,6 +95,15 @@ def test_a_limiter_hands_out_the_turns_it_reserved_ahead_and_asks_less_often(
     limiter._turns["export"] = collections.deque([time.time() - 3601])
     assert isinstance(limiter.take(hourly, Message("export", {})), Deferred)
     assert asked[-1] == 1
+
+
+@pytest.mark.parametrize(
+    ("rate", "block"), [("1/h", 1), ("5/s", 1), ("10/s", 2), ("50/s", 12), ("1000/s", 16)]
+)
+def test_a_reserved_block_spans_a_quarter_second_of_the_rate_at_most(rate: str, block: int) -> None:
+    # A slow rate's turn held ahead and never used would stand idle a long while:
+    # its keys reserve one turn at a time, so a short backlog loses none.
+    assert limits_module._max_block(Limit(rate=rate).rule) == block
 
 
 def test_a_burst_lets_that_many_start_back_to_back_and_then_the_rate_applies() -> None:
@@ -485,8 +497,8 @@ def test_a_worker_says_its_limits_and_the_summary_counts_what_they_deferred(
         assert main(["stats", "--url", url]) == 0
         table = capsys.readouterr().out.splitlines()
         header = table.index("limit   running  waiting  mean run s")
-        # The second deferral reserved two turns: its own and one held ahead.
-        assert table[header + 1].split() == ["charge", "0", "3", "0.1"]
+        # Each deferral reserved its own turn only: an hourly rate reserves no block.
+        assert table[header + 1].split() == ["charge", "0", "2", "0.1"]
 
 
 @pytest.mark.parametrize(

@@ -57,6 +57,11 @@ KeyFunction = Callable[[Message], object]
 #: a store call per that many deferrals, and at most that many turns lost when
 #: the process stops or its jobs of the key run out.
 MAX_RESERVE = 16
+#: The most time of the rate one reserved block spans: a slow rate (a tenant's
+#: ``5/s``) reserves one turn at a time, so a short backlog of its key leaves no
+#: turns unused behind it; a fast one (``50/s``) reserves up to :data:`MAX_RESERVE`,
+#: where a store call per job would cost more than the turns a block can lose.
+MAX_BLOCK_S = 0.25
 #: The least time after its turn a deferred copy still runs on that turn.
 LATE_S = 60.0
 #: How early before its turn a copy still counts as charged: clocks of two
@@ -255,6 +260,13 @@ def _charged(limit: Limit, message: Message) -> bool:
         return False
 
 
+def _max_block(rule: LimitRule) -> int:
+    """The most turns a take of ``rule`` reserves: :data:`MAX_BLOCK_S` of its rate, 1 to 16."""
+    if not rule.interval_s:
+        return 1
+    return max(1, min(MAX_RESERVE, int(MAX_BLOCK_S / rule.interval_s)))
+
+
 class Limiter:
     """Asks the store whether a job of a limited type starts now, and holds its slot.
 
@@ -365,7 +377,7 @@ class Limiter:
                 )
         if turn is not None:
             with self._lock:
-                self._reserve[key] = min(2 * rule.reserve, MAX_RESERVE)
+                self._reserve[key] = min(2 * rule.reserve, _max_block(rule))
         return Deferred(key, answer.wait_s, answer.charged, turn)
 
     def _held_turn(self, key: str, late_s: float) -> float | None:
