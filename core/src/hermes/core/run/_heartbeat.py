@@ -29,6 +29,13 @@ finish, within the grace period). This needs a registry that also keeps
 records (:class:`~hermes.core.driver.SupportsRecords`: Redis, PostgreSQL,
 the filesystem); on another, :func:`request_stop` says so.
 
+A priority can be paused fleet-wide (the dashboard's Queues page, ``hermes
+workers --pause PRIORITY``): :func:`pause` keeps the paused priorities in one
+record on the registry (:data:`PAUSED_KEY`), which each worker's publisher
+reads every :data:`PAUSE_POLL_S`; a worker then finishes what it runs and
+reads only the priorities not paused (none: it waits), and its record lists
+what it skips under ``"paused"``. :func:`resume` ends a pause the same way.
+
 A child of a worker pool (``hermes worker --processes N``) also says which
 pool it belongs to: ``"supervisor_pid"``, the pid of the supervisor that
 forked it, and ``"slot"``, its place in the pool (1..N; a replacement takes
@@ -48,7 +55,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from hermes.core.model._errors import NotSupportedError
+from hermes.core.model._errors import HermesError, NotSupportedError
 from hermes.core.spi import _entry_points
 from hermes.core.spi._driver import Driver, SupportsHeartbeats, SupportsRecords
 from hermes.core.spi._url import redact_url
@@ -70,6 +77,15 @@ MISSED_BEATS = 3
 Describe = Callable[[], dict[str, Any]]
 #: ``on_stop(reason)``: what a run does when a stop is requested for it.
 OnStop = Callable[[str], None]
+#: ``on_pause(paused)``: what a run does when the paused priorities change
+#: (priority -> who paused it and when).
+OnPause = Callable[[dict[int, dict[str, Any]]], None]
+#: The record key the fleet's paused priorities are kept under.
+PAUSED_KEY = "hermes-paused"
+#: How often a worker reads the paused priorities: a pause holds within about this.
+PAUSE_POLL_S = 1.0
+#: How long a pause is kept: until resumed, in practice.
+PAUSE_TTL_S = 366 * 86400.0
 #: How long a stop request waits for its worker: one that has not read it by then is gone.
 STOP_REQUEST_TTL_S = 600.0
 
@@ -91,14 +107,87 @@ def request_stop(registry: SupportsHeartbeats, worker_id: str, by: str) -> None:
             "to stop (use a redis://, postgresql:// or file:// registry, or signal it)"
         )
     body = json.dumps({"by": by, "at": time.time()}).encode()
-    translating = (
-        registry.translating(f"asking worker {worker_id} to stop")
-        if isinstance(registry, Driver)
-        else contextlib.nullcontext()
-    )
-    with translating:
+    with _translating_on(registry, f"asking worker {worker_id} to stop"):
         stored = registry.record_get(stop_key(worker_id))
         registry.record_put(stop_key(worker_id), body, STOP_REQUEST_TTL_S, stored)
+
+
+def _records(registry: SupportsHeartbeats, doing: str) -> SupportsRecords:
+    if not isinstance(registry, SupportsRecords):
+        raise NotSupportedError(
+            f"{registry!r} keeps heartbeats but no records: {doing} needs a registry "
+            "that keeps both (redis://, postgresql:// or file://)"
+        )
+    return registry
+
+
+def _translating_on(registry: object, doing: str) -> contextlib.AbstractContextManager[None]:
+    if isinstance(registry, Driver):
+        return registry.translating(doing)
+    return contextlib.nullcontext()
+
+
+def paused_priorities(registry: SupportsHeartbeats) -> dict[int, dict[str, Any]]:
+    """The priorities paused on ``registry``: priority -> ``{"by": ..., "at": ...}``.
+
+    A registry that keeps no records has none paused. A record another
+    program wrote badly reads as nothing paused, logged.
+    """
+    if not isinstance(registry, SupportsRecords):
+        return {}
+    with _translating_on(registry, "reading the paused priorities"):
+        body = registry.record_get(PAUSED_KEY)
+    return _decode_paused(body)
+
+
+def _decode_paused(body: bytes | None) -> dict[int, dict[str, Any]]:
+    if body is None:
+        return {}
+    try:
+        data = json.loads(body)
+        return {int(priority): dict(info) for priority, info in data.items()}
+    except (ValueError, TypeError, AttributeError) as exc:
+        logger.error("The paused priorities record %r is not readable - %s", PAUSED_KEY, exc)
+        return {}
+
+
+def pause(registry: SupportsHeartbeats, priority: int, by: str) -> bool:
+    """Pause ``priority`` for every worker on ``registry``; False if it already was.
+
+    Each worker finishes what it runs and stops taking from that priority
+    within :data:`PAUSE_POLL_S` or so. Raises :class:`NotSupportedError` when
+    the registry keeps no records.
+    """
+    return _change_paused(registry, priority, {"by": by, "at": time.time()})
+
+
+def resume(registry: SupportsHeartbeats, priority: int, by: str) -> bool:
+    """End the pause of ``priority``; False if it was not paused. ``by`` is for the log."""
+    resumed = _change_paused(registry, priority, None)
+    if resumed:
+        logger.info("Priority %d resumed %s", priority, by)
+    return resumed
+
+
+def _change_paused(
+    registry: SupportsHeartbeats, priority: int, info: dict[str, Any] | None
+) -> bool:
+    store = _records(registry, "pausing a priority" if info else "resuming a priority")
+    for _ in range(100):  # compare-and-set, again while another writer wins
+        with _translating_on(registry, "reading the paused priorities"):
+            body = store.record_get(PAUSED_KEY)
+        paused = _decode_paused(body)
+        if (priority in paused) == (info is not None):
+            return False
+        if info is None:
+            del paused[priority]
+        else:
+            paused[priority] = info
+        new = json.dumps({str(p): i for p, i in sorted(paused.items())}).encode()
+        with _translating_on(registry, "writing the paused priorities"):
+            if store.record_put(PAUSED_KEY, new, PAUSE_TTL_S, body):
+                return True
+    raise HermesError("the paused priorities kept changing under 100 writes; nothing was written")
 
 
 def new_worker_id() -> str:
@@ -184,7 +273,10 @@ class HeartbeatPublisher:
 
     @contextlib.contextmanager
     def running(
-        self, describe: Describe, on_stop: OnStop | None = None
+        self,
+        describe: Describe,
+        on_stop: OnStop | None = None,
+        on_pause: OnPause | None = None,
     ) -> Iterator[HeartbeatPublisher]:
         """Beat every period while the block runs; remove the record when it ends.
 
@@ -193,13 +285,22 @@ class HeartbeatPublisher:
         the registry, for one) does not compete with the first jobs for the
         interpreter. ``on_stop``: called once, from the publisher's thread, when
         a stop is requested for this run (:func:`request_stop`); the record
-        then says ``"stopping"`` with who asked.
+        then says ``"stopping"`` with who asked. ``on_pause``: called from the
+        publisher's thread with the paused priorities (:func:`pause`) once
+        before the block starts (when any are paused) and whenever they change.
         """
         self._static["started"] = time.time()
         self._stop.clear()
+        watching = on_pause is not None and isinstance(self.registry, SupportsRecords)
+        paused = self._paused() if watching else {}
+        if paused and on_pause is not None:
+            on_pause(paused)
         self.beat(describe)
         self._thread = threading.Thread(
-            target=self._run, args=(describe, on_stop), name="hermes-heartbeat", daemon=True
+            target=self._run,
+            args=(describe, on_stop, on_pause if watching else None, paused),
+            name="hermes-heartbeat",
+            daemon=True,
         )
         self._thread.start()
         try:
@@ -221,9 +322,25 @@ class HeartbeatPublisher:
                 "Heartbeat %s not removed (it expires in %.0f s) - %s", self.id, self.ttl_s, exc
             )
 
-    def _run(self, describe: Describe, on_stop: OnStop | None) -> None:
+    def _run(
+        self,
+        describe: Describe,
+        on_stop: OnStop | None,
+        on_pause: OnPause | None,
+        paused: dict[int, dict[str, Any]] | None,
+    ) -> None:
         asked = on_stop is not None and isinstance(self.registry, SupportsRecords)
-        while not self._stop.wait(self.interval_s):
+        step_s = min(self.interval_s, PAUSE_POLL_S) if on_pause is not None else self.interval_s
+        next_beat = time.monotonic() + self.interval_s
+        while not self._stop.wait(min(step_s, max(next_beat - time.monotonic(), 0.0))):
+            if on_pause is not None:
+                now_paused = self._paused()
+                if now_paused is not None and now_paused.keys() != (paused or {}).keys():
+                    paused = now_paused
+                    on_pause(now_paused)
+            if time.monotonic() < next_beat:
+                continue
+            next_beat = time.monotonic() + self.interval_s
             if asked and on_stop is not None:
                 by = self._stop_requested()
                 if by is not None:
@@ -232,6 +349,14 @@ class HeartbeatPublisher:
                     on_stop(f"stop requested {by}")
                     asked = False  # once: the run is stopping
             self.beat(describe)
+
+    def _paused(self) -> dict[int, dict[str, Any]] | None:
+        """The paused priorities; None when the registry cannot be read now (nothing changes)."""
+        try:
+            return paused_priorities(self.registry)
+        except Exception as exc:  # the beat that follows says the registry is away
+            logger.debug("Heartbeat %s: paused priorities not read - %s", self.id, exc)
+            return None
 
     def _stop_requested(self) -> str | None:
         """Who asked this run to stop, if anyone did; None also when the registry is away."""
@@ -251,10 +376,7 @@ class HeartbeatPublisher:
         return by if isinstance(by, str) and by else "by someone"
 
     def _translating(self, doing: str) -> contextlib.AbstractContextManager[None]:
-        registry = self.registry
-        if isinstance(registry, Driver):
-            return registry.translating(doing)
-        return contextlib.nullcontext()
+        return _translating_on(self.registry, doing)
 
     def __repr__(self) -> str:
         return f"<HeartbeatPublisher {self.id} on {self.registry!r} every {self.interval_s:g} s>"
@@ -270,6 +392,7 @@ def worker_fields(worker: Worker) -> dict[str, Any]:
         handled, failed, retried = worker.stats.processed, 0, 0
     return {
         "priorities": list(worker.priorities),
+        "paused": sorted(worker.paused),
         "concurrency": worker.concurrency,
         "handled": handled,
         "failed": failed,

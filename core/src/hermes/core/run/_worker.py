@@ -9,6 +9,7 @@ hands over, the poison log, reconnect backoff, and the handler threads.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import signal
 import threading
@@ -38,7 +39,7 @@ from hermes.core.spi._consumer import (
     _current,
     decode,
 )
-from hermes.core.spi._driver import translated
+from hermes.core.spi._driver import SupportsStats, translated
 from hermes.core.spi._registry import notify, plugin_manager
 from hermes.core.spi._shutdown import Shutdown
 
@@ -114,6 +115,11 @@ class StopConditions:
         self.started = 0
         #: Why the run stopped, once it has: "max items", "shutdown", "SIGTERM", ...
         self.reason: str | None = None
+        #: True when the run takes nothing more only to read other priorities
+        #: (:attr:`switch` held): the run goes on once the handlers in flight end.
+        self.switching = False
+        #: Asked last: True when the priorities read must change (a pause).
+        self.switch: Callable[[], bool] | None = None
 
     def request(self, reason: str) -> None:
         """Stop: a signal, :meth:`Worker.stop`, or a handler that raised out of the run."""
@@ -132,6 +138,11 @@ class StopConditions:
                 return True
         if self.extra is not None and self.extra():
             self.reason = "done"
+            return True
+        if self.switching:
+            return True
+        if self.switch is not None and self.switch():
+            self.switching = True
             return True
         return False
 
@@ -259,6 +270,12 @@ class Worker:
         self.stats = WorkerStats()
         self.heartbeat = heartbeat
         self._loop: _Loop | None = None
+        #: The priorities this run skips now because they are paused fleet-wide.
+        self.paused: frozenset[int] = frozenset()
+        #: Every priority paused on the registry, as its publisher last read them.
+        self._fleet_paused: frozenset[int] = frozenset()
+        #: Counts the changes of ``_fleet_paused``: the run compares it before each receive.
+        self._pause_version = 0
 
     def in_flight(self) -> list[tuple[str, str, float]]:
         """``(type, id, since)`` of each message in the handlers now; callable from any thread."""
@@ -304,9 +321,13 @@ class Worker:
                 self.max_deliveries,
             )
         beating: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
+        self._fleet_paused = self.paused = frozenset()  # the publisher says what is paused now
         if self.heartbeat is not None:
-            # A stop requested on the registry (the dashboard's Stop) stops as stop() does.
-            beating = self.heartbeat.running(lambda: worker_fields(self), on_stop=self.stop)
+            # A stop requested on the registry (the dashboard's Stop) stops as stop() does;
+            # a priority paused there is skipped (see _run_consumers).
+            beating = self.heartbeat.running(
+                lambda: worker_fields(self), on_stop=self.stop, on_pause=self._on_pause
+            )
             if self.dispatcher is not None:  # with job records: attempts name it, lost ones swept
                 beat = self.heartbeat
                 self.dispatcher.beats_on(beat.registry, beat.id, beat.interval_s)
@@ -316,12 +337,8 @@ class Worker:
         if self.dispatcher is not None:
             handling = self.dispatcher.running()
         try:
-            with handling, beating, self._signals(stop), self._consumer() as consumer:
-                loop = self._loop = _Loop(self, consumer, stop)
-                if self.concurrency > 1:
-                    _ConcurrentRun(loop, self.concurrency, self.grace_s).run()
-                else:
-                    loop.run_serial()
+            with handling, beating, self._signals(stop):
+                self._run_consumers(stop)
         except BrokerRefusedError:
             raise  # the caller's mistake, said in one line by whoever runs the worker
         except DriverError as exc:
@@ -335,10 +352,83 @@ class Worker:
             self.logger.log(NOTICE, "Exiting hermes dispatcher - shutdown")
         return stats
 
+    def _run_consumers(self, stop: StopConditions) -> None:
+        """Run a consumer of the priorities not paused; another whenever the pauses change.
+
+        Between two consumers the handlers in flight finish (the first one's
+        messages are settled on it); while every priority this worker reads
+        is paused, it takes nothing and waits for a resume or a stop.
+        """
+        while True:
+            version = self._pause_version
+            priorities = self._unpaused(self._fleet_paused)
+            stop.switch = functools.partial(self._pauses_changed, version)
+            if priorities is None:
+                self.logger.log(
+                    NOTICE,
+                    "Every priority this worker reads is paused (%s): taking nothing until "
+                    "one is resumed",
+                    ", ".join(str(p) for p in sorted(self.paused)),
+                )
+                while not stop.should_stop():
+                    time.sleep(0.1)
+            else:
+                with self._consumer(priorities) as consumer:
+                    loop = self._loop = _Loop(self, consumer, stop)
+                    if self.concurrency > 1:
+                        _ConcurrentRun(loop, self.concurrency, self.grace_s).run()
+                    else:
+                        loop.run_serial()
+            if not stop.switching or stop.reason is not None:
+                return
+            stop.switching = False
+
+    def _pauses_changed(self, since: int) -> bool:
+        return self._pause_version != since
+
+    def _on_pause(self, paused: Mapping[int, Mapping[str, Any]]) -> None:
+        """The publisher read new paused priorities: the run switches before its next receive."""
+        for priority, info in sorted(paused.items()):
+            if priority not in self._fleet_paused:
+                self.logger.info(
+                    "Priority %d paused %s: finishing what runs, then taking none of it",
+                    priority,
+                    info.get("by", "by someone"),
+                )
+        for priority in sorted(self._fleet_paused - paused.keys()):
+            self.logger.info("Priority %d resumed: taking it again", priority)
+        self._fleet_paused = frozenset(paused)
+        self._pause_version += 1
+
+    def _unpaused(self, paused: frozenset[int]) -> Sequence[int] | None:
+        """The priorities to read with ``paused`` skipped: () for every one, None for none."""
+        if not paused:
+            self.paused = frozenset()
+            return self.priorities
+        wanted = self.priorities or self._known_priorities()
+        if wanted is None:
+            self.logger.warning(
+                "%r does not list its priorities: this worker reads every one, and "
+                "cannot skip the paused ones (%s); start it with --priority",
+                self.driver,
+                ", ".join(str(p) for p in sorted(paused)),
+            )
+            self.paused = frozenset()
+            return self.priorities
+        self.paused = frozenset(wanted) & paused
+        left = [p for p in wanted if p not in paused]
+        return left or None
+
+    def _known_priorities(self) -> list[int] | None:
+        if not isinstance(self.driver, SupportsStats):
+            return None
+        with self.driver.translating("listing the priorities"):
+            return sorted({row.priority for row in self.driver.queue_stats()}, reverse=True)
+
     @contextlib.contextmanager
-    def _consumer(self) -> Iterator[Consumer]:
+    def _consumer(self, priorities: Sequence[int]) -> Iterator[Consumer]:
         with self.driver.translating("starting a consumer"):
-            consumer = self.driver.consumer(self.priorities, concurrency=self.concurrency)
+            consumer = self.driver.consumer(priorities, concurrency=self.concurrency)
         try:
             yield consumer
         finally:
@@ -945,9 +1035,17 @@ class _ConcurrentRun:
         A thread inside ``receive`` is waited for past the grace period (a
         receive is bounded): the consumer is closed after it returns.
         """
-        deadline = time.monotonic() + self.grace_s
+        stop = self.loop.stop
+        # Switching to other priorities waits for every handler, however long it
+        # runs, until a stop comes: then the grace period counts from there.
+        deadline = None if stop.switching else time.monotonic() + self.grace_s
         for thread in threads:
             while thread.is_alive():
+                if deadline is None:
+                    if stop.reason is None:
+                        thread.join(0.5)
+                        continue
+                    deadline = time.monotonic() + self.grace_s
                 left = deadline - time.monotonic()
                 if left <= 0 and not self.receiving:
                     self._abandon()
