@@ -1389,3 +1389,46 @@ def test_failed_retry_sends_each_message_back_to_the_priority_it_failed_on(
         driver.setup_priority_queue("urgent", 300)  # a worker of priority 300 reads there
         ready = {row.priority: row.ready for row in driver.queue_stats() if row.ready}
     assert ready == {300: 1, 100: 1}, (urgent.id, older.id)
+
+
+def test_hermes_workers_pause_holds_a_priority_back_from_a_running_worker_until_resume(
+    project: Path, queue_url: str
+) -> None:
+    args = ["--url", queue_url, "--handlers", "jobs:register", "--priority", "300"]
+    with running_hermes(
+        "worker", *args, "--priority", "100", "--heartbeat-interval", "0.2", cwd=project
+    ) as (worker, output):
+        paused = hermes("workers", "--url", queue_url, "--pause", "300", cwd=project)
+        assert paused.returncode == 0, paused.stderr
+        assert paused.stdout.startswith("Paused priority 300: each worker finishes")
+        again = hermes("workers", "--url", queue_url, "--pause", "300", cwd=project)
+        assert again.stdout.strip() == "Priority 300 was paused already"
+
+        def skipping() -> bool:
+            run = hermes("workers", "--url", queue_url, "--json", cwd=project)
+            workers = json.loads(run.stdout)["workers"] if run.returncode == 0 else []
+            return bool(workers) and workers[0]["paused"] == [300]
+
+        eventually(skipping, "the worker skips 300", WORKER_S, 0.1, output.read_text)
+        seed(queue_url, ("job", {"name": "high"}, 300), ("job", {"name": "default"}, 100))
+        eventually(lambda: names(project) == ["default"], "default handled", WORKER_S)
+        listed = hermes("workers", "--url", queue_url, cwd=project)
+        assert listed.stdout.startswith("Priority 300 paused with hermes workers --pause\n")
+        assert names(project) == ["default"]  # still: 300 waits while paused
+
+        resumed = hermes("workers", "--url", queue_url, "--resume", "300", cwd=project)
+        assert resumed.stdout.strip() == "Resumed priority 300: the workers take it again"
+        eventually(lambda: names(project) == ["default", "high"], "high handled", WORKER_S)
+        assert worker.poll() is None
+    log = output.read_text()
+    assert "Priority 300 paused with hermes workers --pause: finishing what runs" in log
+    assert "Priority 300 resumed: taking it again" in log
+
+
+def test_hermes_workers_pause_and_resume_at_once_is_a_one_line_error(
+    project: Path, queue_url: str
+) -> None:
+    both = hermes("workers", "--url", queue_url, "--pause", "300", "--resume", "300", cwd=project)
+    assert "--pause and --resume: give one of them" in assert_one_line_error(both)
+    word = hermes("workers", "--url", queue_url, "--pause", "high", cwd=project)
+    assert "--pause: invalid int value: 'high'" in assert_one_line_error(word)

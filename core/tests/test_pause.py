@@ -12,8 +12,8 @@ import pytest
 
 from hermes.core import Emitter, Message, Worker
 from hermes.core.driver import MemoryDriver, NotSupportedError
-from hermes.core.heartbeat import HeartbeatPublisher, live_workers
-from hermes.core.run._heartbeat import PAUSED_KEY, pause, paused_priorities, resume
+from hermes.core.heartbeat import HeartbeatPublisher, live_workers, pause, paused_priorities, resume
+from hermes.core.run._heartbeat import PAUSED_KEY
 
 HIGH = 300
 

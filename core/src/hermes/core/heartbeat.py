@@ -6,7 +6,10 @@
     Worker(driver, handlers, heartbeat=HeartbeatPublisher(driver, url=url)).run()
 
 ``request_stop(registry, worker_id, by)`` asks one of them to stop, as the
-dashboard's Stop and ``hermes workers --stop ID`` do.
+dashboard's Stop and ``hermes workers --stop ID`` do; ``pause(registry,
+priority, by)`` and ``resume(...)`` hold a priority back from every worker on
+the registry and let it go again, as the dashboard's Queues page and ``hermes
+workers --pause/--resume`` do (``paused_priorities(registry)`` says which).
 """
 
 from hermes.core.run._heartbeat import (
@@ -15,7 +18,10 @@ from hermes.core.run._heartbeat import (
     HeartbeatPublisher,
     live_workers,
     new_worker_id,
+    pause,
+    paused_priorities,
     request_stop,
+    resume,
     scheduler_fields,
     worker_fields,
 )
@@ -26,7 +32,10 @@ __all__ = [
     "HeartbeatPublisher",
     "live_workers",
     "new_worker_id",
+    "pause",
+    "paused_priorities",
     "request_stop",
+    "resume",
     "scheduler_fields",
     "worker_fields",
 ]

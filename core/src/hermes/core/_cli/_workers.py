@@ -31,7 +31,10 @@ from hermes.core.run._heartbeat import (
     MISSED_BEATS,
     HeartbeatPublisher,
     live_workers,
+    pause,
+    paused_priorities,
     request_stop,
+    resume,
 )
 from hermes.core.spi._driver import Driver, SupportsHeartbeats
 from hermes.core.spi._registry import connect
@@ -134,6 +137,14 @@ def add_parser(commands: Commands) -> None:
         help="ask the live worker ID (its id in --json) to stop: it finishes the jobs it runs "
         "and exits within a heartbeat (a pool's child is replaced by its supervisor)",
     )
+    workers.add_argument(
+        "--pause",
+        metavar="PRIORITY",
+        type=int,
+        help="pause PRIORITY for every worker on the registry: each finishes the jobs it runs "
+        "and takes no more of that priority, within about a second, until --resume",
+    )
+    workers.add_argument("--resume", metavar="PRIORITY", type=int, help="end the pause of PRIORITY")
     add_verbosity(workers)
     workers.set_defaults(run=run)
 
@@ -249,17 +260,48 @@ def run(args: argparse.Namespace) -> int:
                 f"{redact_url(url)}: {type(driver).__name__} keeps no heartbeats; give "
                 "--registry-url, the broker the workers were started with it"
             )
+        if args.pause is not None or args.resume is not None:
+            return _pause(store, args.pause, args.resume)
         records = live_workers(store)
         if args.stop is not None:
             return _stop(store, records, args.stop)
+        paused = paused_priorities(store)
     now = time.time()
     if args.json:
-        print(json.dumps({"at": now, "workers": records}), flush=True)
+        paused_json = {str(p): info for p, info in sorted(paused.items())}
+        print(json.dumps({"at": now, "workers": records, "paused": paused_json}), flush=True)
         return 0
+    if paused:
+        for priority, info in sorted(paused.items()):
+            print(f"Priority {priority} paused {info.get('by', '')}".rstrip(), flush=True)
     if not records:
         print(f"No live workers on {redact_url(url)}")
         return 0
     print(table(records, now), flush=True)
+    return 0
+
+
+def _pause(store: SupportsHeartbeats, priority: int | None, resumed: int | None) -> int:
+    if priority is not None and resumed is not None:
+        raise CliError("--pause and --resume: give one of them")
+    try:
+        if priority is not None:
+            if not pause(store, priority, "with hermes workers --pause"):
+                print(f"Priority {priority} was paused already", flush=True)
+                return 0
+            print(
+                f"Paused priority {priority}: each worker finishes the jobs it runs and takes "
+                "no more of it, within about a second, until hermes workers --resume",
+                flush=True,
+            )
+            return 0
+        assert resumed is not None
+        if not resume(store, resumed, "with hermes workers --resume"):
+            print(f"Priority {resumed} was not paused", flush=True)
+            return 0
+    except NotSupportedError as exc:
+        raise CliError(str(exc)) from None
+    print(f"Resumed priority {resumed}: the workers take it again", flush=True)
     return 0
 
 
