@@ -169,7 +169,7 @@ def deploy(
     handlers: str,
     *,
     worker_priority: int = 100,
-    shown: tuple[int, ...] = (50, 60),
+    shown: tuple[int, ...] = (50, 60, 80),
 ) -> Iterator[Deployment]:
     """A ``hermes worker`` reading ``worker_priority`` and a ``hermes dashboard`` also
     showing the priorities ``shown``, both running ``handlers`` (MODULE:OBJECT), with a

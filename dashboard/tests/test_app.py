@@ -987,3 +987,37 @@ def test_the_queues_page_shows_each_limit_s_use_and_the_api_the_same(
 def test_a_dashboard_without_a_limits_store_has_no_limits_section(dashboard: Dashboard) -> None:
     assert "<h2>Limits</h2>" not in client_of(dashboard).get("/queues").text
     assert api(client_of(dashboard), "/api/queues")["limits"] is None
+
+
+def test_a_priority_is_paused_and_resumed_from_the_queues_page_with_its_token_only(
+    dashboard: Dashboard,
+) -> None:
+    client = client_of(dashboard)
+    page = client.get("/queues").text
+    assert re.search(
+        r'name="priority" value="100"><input type="hidden" name="pause" value="1">', page
+    )
+    token = csrf_of(page)
+
+    refused = client.post("/queues/pause", {"priority": "100", "pause": "1"})
+    assert refused.status_code == 403
+    unknown = client.post("/queues/pause", {"csrf": token, "priority": "7", "pause": "1"})
+    assert unknown.status_code == 404
+    assert dashboard.paused() == {}
+
+    done = client.post("/queues/pause", {"csrf": token, "priority": "100", "pause": "1"})
+    assert done.headers["location"] == "/queues?done=paused&queue=100"
+    assert dashboard.paused()[100]["by"] == "from the dashboard"
+    shown = client.get(done.headers["location"]).text
+    assert "Paused priority 100" in shown and '<span class="paused">paused</span>' in shown
+    assert 'class="resume"' in shown
+    assert '<span class="paused">paused</span>' in client.get("/").text  # the overview too
+
+    client.post("/queues/pause", {"csrf": token, "priority": "100", "pause": "0"})
+    assert dashboard.paused() == {}
+
+    dashboard.read_only = True
+    page = client.get("/queues").text
+    assert 'action="/queues/pause"' not in page
+    read_only = client.post("/queues/pause", {"csrf": token, "priority": "100", "pause": "1"})
+    assert read_only.status_code in (403, 404) and dashboard.paused() == {}

@@ -138,8 +138,12 @@ def periodic(dashboard: Dashboard) -> dict[str, Any]:
 
 
 def _queues(dashboard: Dashboard) -> list[dict[str, Any]] | None:
+    """Each queue's counts, and ``paused``: who paused it and when (null: not paused)."""
     rows = dashboard.queue_stats()
-    return None if rows is None else [dataclasses.asdict(row) for row in rows]
+    if rows is None:
+        return None
+    paused = dashboard.paused()
+    return [{**dataclasses.asdict(row), "paused": paused.get(row.priority)} for row in rows]
 
 
 def _message(message: Message) -> dict[str, Any]:

@@ -82,6 +82,9 @@ DONE = {
     "dropped": "Deleted {n} failed message(s).",
     "cancelled": "Cancel sent. The state below says what it did.",
     "stopping": "Stop requested: the worker stops within a heartbeat, after the jobs it runs.",
+    "paused": "Paused priority {queue}: each worker finishes what it runs and takes no more "
+    "of it, within a few seconds, until it is resumed.",
+    "resumed": "Resumed priority {queue}: the workers take it again.",
 }
 
 
@@ -301,6 +304,7 @@ def create_app(
         figures = api.overview(dashboard)  # the same figures as /api/overview
         return {
             "rows": dashboard.queue_stats(),
+            "paused": dashboard.paused(),
             "workers": figures["workers"],
             "schedulers": figures["schedulers"],
             "running": figures["running"],
@@ -317,6 +321,7 @@ def create_app(
         listed = dashboard.waiting(after)
         return {
             "rows": dashboard.queue_stats(),
+            "paused": dashboard.paused(),
             "limits": dashboard.limits(),
             "waiting": None if listed is None else listed[0],
             "after": after,
@@ -537,6 +542,16 @@ def create_app(
         dashboard.stop_worker((form.get("id") or [""])[0])
         return "/workers?" + urlencode({"done": "stopping"})
 
+    def pause_queue(form: dict[str, list[str]]) -> str:
+        priority = _priority((form.get("priority") or [""])[0])
+        known = {r.priority for r in dashboard.queue_stats() or []}
+        if priority is None or priority not in known or not dashboard.can_pause():
+            raise KeyError(priority)
+        paused = (form.get("pause") or [""])[0] == "1"
+        dashboard.pause(priority, paused)
+        done = "paused" if paused else "resumed"
+        return "/queues?" + urlencode({"done": done, "queue": priority})
+
     def cancel(form: dict[str, list[str]]) -> str:
         job_id = (form.get("id") or [""])[0]
         try:
@@ -588,6 +603,7 @@ def create_app(
         Route("/queues/purge", action(purge), methods=["POST"]),
         Route("/queues/delete", page("confirm.html", confirm_waiting), methods=["GET"]),
         Route("/queues/delete", action(delete_waiting), methods=["POST"]),
+        Route("/queues/pause", action(pause_queue), methods=["POST"]),
         Route("/failed", page("failed.html", failed)),
         Route(
             "/failed/retry",

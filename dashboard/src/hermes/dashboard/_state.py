@@ -29,7 +29,13 @@ from hermes.core.driver import (
     SupportsRecords,
     SupportsStats,
 )
-from hermes.core.heartbeat import live_workers, request_stop
+from hermes.core.heartbeat import (
+    live_workers,
+    pause,
+    paused_priorities,
+    request_stop,
+    resume,
+)
 from hermes.core.jobs import JobRecord, Jobs, JobState
 from hermes.core.limits import Limiter, LimitUsage, SupportsLimits
 from hermes.core.schedule import Schedule
@@ -418,6 +424,23 @@ class Dashboard:
                 request_stop(self.registry, worker_id, "from the dashboard")
                 return record
         raise KeyError(worker_id)
+
+    def can_pause(self) -> bool:
+        """Whether a priority can be paused here: a registry that keeps records."""
+        return not self.read_only and isinstance(self.registry, SupportsRecords)
+
+    def paused(self) -> dict[int, dict[str, Any]]:
+        """The priorities paused on the registry: priority -> who paused it and when."""
+        if self.registry is None:
+            return {}
+        return paused_priorities(self.registry)
+
+    def pause(self, priority: int, paused: bool) -> bool:
+        """Pause ``priority`` fleet-wide (or resume it); False when it already was (was not)."""
+        assert self.registry is not None
+        if paused:
+            return pause(self.registry, priority, "from the dashboard")
+        return resume(self.registry, priority, "from the dashboard")
 
     def workers(self) -> list[dict[str, Any]] | None:
         if self.registry is None:
