@@ -205,3 +205,42 @@ def deploy(
             with connect(each) as driver:
                 setup_priorities(driver, [worker_priority, *shown])
                 driver.teardown()  # type: ignore[attr-defined]
+
+
+def pause_and_resume(browser: Any, deployment: Deployment, priority: int, worker_pid: int) -> None:
+    """Pause ``priority`` on the Queues page, see the worker ``worker_pid`` (which reads it)
+    say it skips it and a message sent there wait, then Resume and see that message handled."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+
+    def main_text() -> str:
+        try:
+            return str(browser.find_element(By.TAG_NAME, "main").text)
+        except (NoSuchElementException, StaleElementReferenceException):
+            return ""  # a click's navigation is replacing the page
+
+    row = f'tr[data-priority="{priority}"]'
+    browser.get(deployment.base + "/queues")
+    browser.find_element(By.CSS_SELECTOR, f"{row} button.pause").click()
+    eventually(lambda: f"Paused priority {priority}" in main_text())
+    assert browser.find_element(By.CSS_SELECTOR, f"{row} span.paused").text == "paused"
+
+    def skips() -> bool:
+        """the worker to say on the Workers page that it skips the paused priority"""
+        browser.get(deployment.base + "/workers")
+        cells = browser.find_elements(By.CSS_SELECTOR, f'tr[data-pid="{worker_pid}"] .skips')
+        return bool(cells) and cells[0].text == f"skips {priority} (paused)"
+
+    eventually(skips)
+    held = deployment.emit("ok", {"while": "paused"}, priority=priority)
+    time.sleep(1.5)  # three of the worker's polls of the pause
+    assert held not in deployment.handled_ids()
+    browser.get(deployment.base + "/queues")
+    ready = browser.find_element(By.CSS_SELECTOR, f"{row} td.ready").text
+    assert int(ready.replace(",", "")) >= 1
+    screenshot(browser, "queues-paused")
+
+    browser.find_element(By.CSS_SELECTOR, f"{row} button.resume").click()
+    eventually(lambda: f"Resumed priority {priority}" in main_text())
+    eventually(lambda: held in deployment.handled_ids())
+    assert not browser.find_elements(By.CSS_SELECTOR, f"{row} span.paused")

@@ -19,6 +19,7 @@ from dash_support import (
     Deployment,
     eventually,
     get,
+    pause_and_resume,
     post,
     screenshot,
     serve_dashboard,
@@ -514,36 +515,13 @@ def test_a_priority_paused_from_the_queues_page_is_not_taken_until_resumed(
     args += ["--priority", "80", "--heartbeat-interval", "0.5"]
     with (tmp_path / "worker.log").open("wb") as log:
         worker = subprocess.Popen(args, cwd=HERE, env=env, stdout=log, stderr=subprocess.STDOUT)
-    row = 'tr[data-priority="80"]'
     try:
         first = deployment.emit("ok", {"before": "pause"}, priority=80)
         eventually(lambda: first in deployment.handled_ids())
-
-        open_page(browser, deployment.base + "/queues")
-        browser.find_element(By.CSS_SELECTOR, f"{row} button.pause").click()
-        eventually(lambda: "Paused priority 80" in main_text(browser))
-        assert browser.find_element(By.CSS_SELECTOR, f"{row} span.paused").text == "paused"
-
-        def skips() -> bool:
-            """the worker says on the Workers page that it skips 80"""
-            open_page(browser, deployment.base + "/workers")
-            cells = browser.find_elements(By.CSS_SELECTOR, f'tr[data-pid="{worker.pid}"] .skips')
-            return bool(cells) and cells[0].text == "skips 80 (paused)"
-
-        eventually(skips)
-        held = deployment.emit("ok", {"while": "paused"}, priority=80)
-        time.sleep(1.5)  # three of the worker's polls of the pause
-        assert held not in deployment.handled_ids()
-        open_page(browser, deployment.base + "/queues")
-        assert cell(browser, 80, "ready") == "1"
-        screenshot(browser, "queues-paused")
-
-        browser.find_element(By.CSS_SELECTOR, f"{row} button.resume").click()
-        eventually(lambda: "Resumed priority 80" in main_text(browser))
-        eventually(lambda: held in deployment.handled_ids())
-        assert not browser.find_elements(By.CSS_SELECTOR, f"{row} span.paused")
+        pause_and_resume(browser, deployment, 80, worker.pid)
         said = (tmp_path / "worker.log").read_text()
         assert "Priority 80 paused from the dashboard" in said, said[-2000:]
+        assert "Priority 80 resumed: taking it again" in said, said[-2000:]
     finally:
         worker.kill()
         worker.wait()

@@ -16,7 +16,7 @@ from typing import Any
 
 import hermes_test_services
 import pytest
-from dash_support import Deployment, deploy, eventually
+from dash_support import Deployment, deploy, eventually, pause_and_resume
 from selenium.webdriver.common.by import By
 
 from hermes.core import Emitter, FailedStore, Message, connect
@@ -149,3 +149,10 @@ def test_retry_all_of_a_filtered_failed_page_sends_its_500_back_to_be_handled(
         assert isinstance(driver, SupportsStats)
         rows = {row.priority: row.ready for row in driver.queue_stats()}
     assert rows[100] == rows[300] == WAITING // 2, "a retry went to another priority"
+
+
+def test_the_priority_the_worker_reads_paused_from_the_queues_page_waits_until_resumed(
+    browser: Any, backlog: tuple[Deployment, list[str]]
+) -> None:
+    deployment, _ = backlog
+    pause_and_resume(browser, deployment, FAILED_PRIORITY, deployment.worker_pid)
