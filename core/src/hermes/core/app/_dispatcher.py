@@ -37,11 +37,15 @@ from hermes.core.app._retry import (
     retry_at,
 )
 from hermes.core.app._watch import RecordWatch, RunningJob, entering, leaving, watched_job
+from hermes.core.app._workflows import WORKFLOW_HEADER, Workflows, parent_of
 from hermes.core.model._errors import BrokerUnavailableError, ConfigurationError
 from hermes.core.model._message import Message
-from hermes.core.spi._driver import Delay, Delivery, Driver, SupportsHeartbeats
+from hermes.core.spi._driver import DEFAULT_PRIORITY, Delay, Delivery, Driver, SupportsHeartbeats
 from hermes.core.spi._registry import notify, plugin_manager, wrap_call
 from hermes.core.spi._shutdown import Shutdown
+
+#: When a workflow step's bookkeeping failed, its message comes back this much later.
+STEP_AGAIN_S = 5.0
 
 
 class Outcome(enum.Enum):
@@ -190,6 +194,8 @@ class Dispatcher:
         self.failed = _failed_store(failed, driver) if failed is not None else None
         #: Where each job's record is kept (state, attempts, result); None keeps none.
         self.records = _jobs(records) if records is not None else None
+        #: The bookkeeping of workflow steps, made on the first step that ends.
+        self._workflows: Workflows | None = None
         self._watch: RecordWatch | None = None
         #: Type -> its limit (see :meth:`limit`).
         self.limits: dict[str, Limit] = {}
@@ -367,7 +373,7 @@ class Dispatcher:
     def _records_watch(self, records: Jobs) -> RecordWatch:
         watch = self._watch
         if watch is None or watch.jobs is not records:
-            watch = self._watch = RecordWatch(records)
+            watch = self._watch = RecordWatch(records, on_lost=self._lost_step)
         return watch
 
     @contextlib.contextmanager
@@ -507,16 +513,31 @@ class Dispatcher:
         expires_at = _expiry(expires, message)
         if self.records is not None:
             beats = self._beats
+            token = message.headers.get(WORKFLOW_HEADER) if message.headers else None
             start = self.records.start(
                 message,
                 priority,
                 expires_at,
                 heartbeat=beats[0] if beats is not None else None,
                 registry=beats[1] if beats is not None else None,
+                token=token,
             )
             skipped = start.skipped
+            if skipped in ("ended", "duplicate"):
+                self._count("skipped")
+                self.logger.info(
+                    "Workflow step #%s (%s) %s: acknowledged without running a handler",
+                    message.id,
+                    message.type,
+                    "had ended already" if skipped == "ended" else "was started by another copy",
+                )
+                if skipped == "ended" and start.record is not None:
+                    self._step_ended(start.record, message, priority)
+                return skipped
             if skipped is not None and start.record is not None:
                 self._job_finished(start.record, message)
+                if token is not None:
+                    self._step_ended(start.record, message, priority)
         else:
             skipped = "expired" if expires_at is not None and time.time() > expires_at else None
         if skipped is not None:
@@ -614,6 +635,43 @@ class Dispatcher:
             return
         if record is not None:
             self._job_finished(record, message)
+            if record.state.final and message.headers and WORKFLOW_HEADER in message.headers:
+                self._step_ended(record, message, None)
+
+    def _lost_step(self, record: JobRecord) -> None:
+        """A job the sweep marked lost: if a workflow's step, count it as ended."""
+        if parent_of(record.id) is not None and self.records is not None:
+            if self._workflows is None:
+                self._workflows = Workflows(self.driver, self.records)
+            self._workflows.step_ended(record)
+
+    def _step_ended(self, record: JobRecord, message: Message, priority: int | None) -> None:
+        """Count a workflow step that ended and send what follows it; before its ack.
+
+        A store or broker that fails here would leave the workflow waiting for
+        this step: a copy of the message is sent for a few seconds later,
+        which finds the step ended and does this again.
+        """
+        assert self.records is not None
+        if self._workflows is None:
+            self._workflows = Workflows(self.driver, self.records)
+        try:
+            self._workflows.step_ended(record)
+        except Exception as exc:
+            again = time.time() + STEP_AGAIN_S
+            self.logger.error(
+                "Workflow step #%s (%s) ended %s and its workflow could not count it - %s; "
+                "its message comes back in %g s to count it again",
+                message.id,
+                message.type,
+                record.state.value,
+                exc,
+                STEP_AGAIN_S,
+            )
+            at = record.priority if record.priority is not None else priority
+            copy = message.replace(execute_at=again)
+            with self.driver.translating(f"sending workflow step #{message.id} again"):
+                self.driver.send(copy, at if at is not None else DEFAULT_PRIORITY)
 
     def _run_handlers(
         self,

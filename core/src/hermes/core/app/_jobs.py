@@ -190,6 +190,9 @@ class JobRecord:
     forget_at: float | None = None
     #: Seconds the store keeps the record after each change.
     ttl_s: float = DEFAULT_TTL_S
+    #: A workflow step: the token of the copy of its message that first started
+    #: (each send of a step carries a fresh one), so a second copy never runs.
+    token: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The record as JSON values (what ``hermes job --json`` prints)."""
@@ -211,6 +214,8 @@ class JobRecord:
         }
         if self.has_result:
             data["result"] = self.result
+        if self.token is not None:
+            data["token"] = self.token
         return data
 
     @classmethod
@@ -232,6 +237,7 @@ class JobRecord:
             cancel_requested=bool(data.get("cancel_requested")),
             forget_at=data.get("forget_at"),
             ttl_s=float(data.get("ttl_s") or DEFAULT_TTL_S),
+            token=data.get("token"),
         )
 
 
@@ -281,7 +287,9 @@ class Start:
 
     #: Run the handlers (False: cancelled or expired; acknowledge without running).
     run: bool
-    #: ``cancelled`` or ``expired`` when not run.
+    #: ``cancelled`` or ``expired`` when not run; for a workflow step also
+    #: ``ended`` (its record is final: a copy delivered again after it ended)
+    #: and ``duplicate`` (another copy of the step started first).
     skipped: str | None = None
     #: The record after the decision.
     record: JobRecord | None = None
@@ -496,12 +504,15 @@ class Jobs:
         *,
         heartbeat: str | None = None,
         registry: str | None = None,
+        token: str | None = None,
     ) -> Start:
         """A worker took ``message``: run it, or skip it (cancelled, expired).
 
         A message that comes back after a cancel reached it while it ran (its
         worker died; the broker delivered it again) is not run: cancelled.
         ``heartbeat`` and ``registry`` go into the new attempt (see :class:`Attempt`).
+        ``token``: a workflow step's copy (see :attr:`JobRecord.token`); it runs
+        only while the step has not ended and no other copy started it.
         """
         now = time.time()
         decided: list[Start] = []
@@ -518,6 +529,12 @@ class Jobs:
                     expires_at=expires_at,
                     ttl_s=self.ttl_s,
                 )
+            if token is not None and record.state.final:
+                decided.append(Start(False, "ended", record))
+                return None
+            if token is not None and record.token not in (None, token):
+                decided.append(Start(False, "duplicate", record))
+                return None
             if record.state is JobState.CANCELLED:
                 decided.append(Start(False, "cancelled", record))
                 return None
@@ -533,6 +550,7 @@ class Jobs:
             decided.append(Start(True))
             return replace(
                 record,
+                token=token if token is not None else record.token,
                 state=JobState.RUNNING,
                 started_at=record.started_at if record.started_at is not None else now,
                 attempts=attempts,

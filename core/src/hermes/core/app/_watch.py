@@ -138,8 +138,10 @@ class RecordWatch:
     :meth:`close`; it can start again afterwards (a Worker run again).
     """
 
-    def __init__(self, jobs: Jobs) -> None:
+    def __init__(self, jobs: Jobs, on_lost: Callable[[JobRecord], None] | None = None) -> None:
         self.jobs = jobs
+        #: Called with each record the sweep marked lost (a workflow counts its step).
+        self.on_lost = on_lost
         self._lock = threading.Condition()
         self._running: dict[str, RunningJob] = {}
         # job id -> when it is first looked at (monotonic), in the order added.
@@ -311,6 +313,17 @@ class RecordWatch:
             )
             hooks = plugin_manager().hook
             notify(hooks.hermes_job_finished, record=record, message=None)
+            if self.on_lost is not None:
+                try:
+                    self.on_lost(record)
+                except Exception as exc:
+                    logger.error(
+                        "Job #%s (%s) was marked lost, and what follows it could not be "
+                        "decided - %s",
+                        record.id,
+                        record.type,
+                        exc,
+                    )
 
     def __repr__(self) -> str:
         return f"<RecordWatch of {len(self._running)} jobs on {self.jobs.driver!r}>"
