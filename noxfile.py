@@ -206,14 +206,15 @@ def bench(session: nox.Session) -> None:
 @nox.session(python="3.11")
 def torture(session: nox.Session) -> None:
     """SIGKILL soaks, broker restarts and hostile input on every driver, SIGKILLs of a worker
-    pool's children, job records under kills and cancels, the dashboard over large payloads
-    (``-- --quick`` for CI)."""
+    pool's children, job records under kills and cancels, workflows under kills, the dashboard
+    over large payloads (``-- --quick`` for CI)."""
     install_all(session, *TEST_DEPS)
     quick = "--quick" in session.posargs
     examples = "1000" if quick else "10000"
     session.run("python", "-m", "torture.soak", *session.posargs)
     session.run("python", "-m", "torture.pool_soak", *session.posargs)
     session.run("python", "-m", "torture.records_soak", *session.posargs)
+    session.run("python", "-m", "torture.workflow_soak", *session.posargs)
     session.run("python", "-m", "torture.dashboard_bounds", *session.posargs)
     session.run("pytest", "torture", env={"HERMES_TORTURE_EXAMPLES": examples})
 

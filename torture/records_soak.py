@@ -91,10 +91,21 @@ class Outcome:
 class Workers:
     """``hermes worker --results-url`` processes, any of which can be killed and replaced."""
 
-    def __init__(self, url: str, results_url: str, tmp: Path, work_ms: float, n: int) -> None:
+    def __init__(
+        self,
+        url: str,
+        results_url: str,
+        tmp: Path,
+        work_ms: float,
+        n: int,
+        *,
+        jobs: str = JOBS,
+        module: str = "records_soak_jobs",
+    ) -> None:
         self.url, self.results_url = url, results_url
         self.record, self.log = tmp / "record", tmp / "workers.log"
-        (tmp / "records_soak_jobs.py").write_text(JOBS)
+        (tmp / f"{module}.py").write_text(jobs)
+        self.handlers = f"{module}:HANDLERS"
         self.tmp = tmp
         self.env = {
             **os.environ,
@@ -107,7 +118,7 @@ class Workers:
     def spawn(self) -> subprocess.Popen[bytes]:
         with self.log.open("ab") as log:
             return subprocess.Popen(
-                [HERMES, "worker", "--url", self.url, "--handlers", "records_soak_jobs:HANDLERS",
+                [HERMES, "worker", "--url", self.url, "--handlers", self.handlers,
                  "--results-url", self.results_url],
                 cwd=self.tmp,
                 env=self.env,
