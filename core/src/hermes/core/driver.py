@@ -43,6 +43,7 @@ from hermes.core.spi._driver import (
     SupportsRecords,
     SupportsRecordWatch,
     SupportsStats,
+    SupportsTally,
     SupportsTeardown,
     outgoing,
 )
@@ -97,6 +98,7 @@ __all__ = [
     "SupportsRecordWatch",
     "SupportsRecords",
     "SupportsStats",
+    "SupportsTally",
     "SupportsTeardown",
     "Take",
     "UnknownPriorityError",

@@ -46,6 +46,7 @@ import dataclasses
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -54,7 +55,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from hermes.core.app._jobs import JobRecord, Jobs, JobState
 from hermes.core.model._errors import ConfigurationError, HermesError, JobTimeoutError
 from hermes.core.model._message import Message, _new_id
-from hermes.core.spi._driver import DEFAULT_PRIORITY
+from hermes.core.spi._driver import DEFAULT_PRIORITY, SupportsTally
 
 if TYPE_CHECKING:
     from hermes.core.spi._driver import Driver, SupportsRecords
@@ -69,6 +70,8 @@ ROOT_PREFIX = "wf-"
 FANOUT = 64
 #: Compare-and-set rounds before a change gives up.
 _MAX_ROUNDS = 200
+#: Nodes whose spec a process keeps, to count their members without reading them.
+_SPECS_KEPT = 4096
 
 OnFailure = Literal["stop", "continue"]
 
@@ -243,6 +246,10 @@ def _node_key(node_id: str) -> str:
     return f"workflow:{node_id}"
 
 
+def _tally_key(node_id: str) -> str:
+    return f"workflow-members:{node_id}"
+
+
 def parent_of(node_id: str) -> tuple[str, int] | None:
     """``(parent id, place)`` of a step; None for a root or an id that is not a step's."""
     if not node_id.startswith(ROOT_PREFIX) or "." not in node_id:
@@ -297,6 +304,9 @@ class Workflows:
         self.driver = driver
         self.jobs = jobs
         self._store: SupportsRecords = jobs._store
+        # Node id -> what the node is, for the nodes this process counted children of.
+        self._specs: dict[str, Node] = {}
+        self._specs_lock = threading.Lock()
 
     # Starting ------------------------------------------------------------------
 
@@ -408,28 +418,58 @@ class Workflows:
             node_id, outcome = parent_id, ended
 
     def _count(self, node_id: str, place: int, outcome: Outcome) -> Outcome | None:
-        """Add child ``place``'s ``outcome`` to ``node_id``; its own outcome once it ended."""
+        """Add child ``place``'s ``outcome`` to ``node_id``; its own outcome once it ended.
+
+        A group on a store with :class:`~hermes.core.driver.SupportsTally` is
+        counted there, one call per member, and its record is written only by
+        the members that find the count complete; otherwise each child's
+        outcome goes into the node's record by compare-and-set.
+        """
+        node = self._spec(node_id)
+        if node is None:
+            logger.error(
+                "Workflow node %s has no record (expired, or deleted): step %s.%d ended "
+                "%s and nothing follows it",
+                node_id,
+                node_id,
+                place,
+                outcome.get("state"),
+            )
+            return None
+        counted: dict[str, Outcome] | None = None
+        if isinstance(node, Group) and isinstance(self._store, SupportsTally):
+            key = _tally_key(node_id)
+            value = json.dumps(outcome, separators=(",", ":")).encode()
+            with self.driver.translating(f"counting the members of workflow node {node_id}"):
+                _, count = self._store.tally_add(key, str(place), value, self.jobs.ttl_s)
+                if count < len(node.members):
+                    return None
+                counted = {k: json.loads(v) for k, v in self._store.tally_read(key).items()}
+        return self._decide(node_id, node, place, outcome, counted)
+
+    def _decide(
+        self,
+        node_id: str,
+        node: Node,
+        place: int,
+        outcome: Outcome,
+        counted: dict[str, Outcome] | None,
+    ) -> Outcome | None:
+        """The compare-and-set on ``node_id``'s record that adds ``outcome`` and decides."""
         root = root_of(node_id)
         for _ in range(_MAX_ROUNDS):
             state, data = self._read(node_id)
             if state is None:
-                logger.error(
-                    "Workflow node %s has no record (expired, or deleted): step %s.%d ended "
-                    "%s and nothing follows it",
-                    node_id,
-                    node_id,
-                    place,
-                    outcome.get("state"),
-                )
                 return None
-            node = from_json(state.spec)
-            cancelled = self._cancelled(root, node_id, state)
-            changed = str(place) not in state.done
-            if changed:
-                state.done[str(place)] = outcome
+            changed = False
+            for key, each in [*(counted or {}).items(), (str(place), outcome)]:
+                if key not in state.done:
+                    state.done[key] = each
+                    changed = True
             following: int | None = None
             if state.state == "running":
-                if cancelled:
+                ended = isinstance(node, Chain) or len(state.done) == len(_children(node))
+                if ended and self._cancelled(root, node_id, state):
                     state.state = "cancelled"
                 elif isinstance(node, Group):
                     if len(state.done) == len(node.members):
@@ -456,6 +496,20 @@ class Workflows:
                 return None
             return self._outcome(node, state)
         raise _busy(node_id)
+
+    def _spec(self, node_id: str) -> Node | None:
+        """What ``node_id`` is (it never changes: kept for the next member of the same node)."""
+        node = self._specs.get(node_id)
+        if node is None:
+            state, _ = self._read(node_id)
+            if state is None:
+                return None
+            node = from_json(state.spec)
+            with self._specs_lock:
+                self._specs[node_id] = node
+                if len(self._specs) > _SPECS_KEPT:
+                    del self._specs[next(iter(self._specs))]
+        return node
 
     def _outcome(self, node: Node, state: _NodeState) -> Outcome:
         done = state.done

@@ -517,6 +517,38 @@ class SupportsRecordWatch(Protocol):
 
 
 @runtime_checkable
+class SupportsTally(Protocol):
+    """Optional: count the members of a set once each, atomically (a workflow's group ends).
+
+    Core counts a group's members here as they end (:mod:`hermes.core.app._workflows`);
+    a store without these methods is counted by compare-and-set on a record
+    (:class:`SupportsRecords`), which costs a read and a write per member and
+    retries when members end at once. The contract, which the conformance kit
+    checks on every driver that has these methods:
+
+    * :meth:`tally_add` adds ``member`` with ``value`` to the set under
+      ``key`` unless it is there already, atomically among any number of
+      processes and hosts, and returns whether this call added it and how many
+      members the set holds then. Of concurrent adds, the one that brings the
+      set to its last member sees that count (several may).
+    * Adding a member that is there changes nothing: its first value stays.
+    * :meth:`tally_read` returns every member and its value.
+    * A set is kept ``ttl_s`` seconds after its last add (the broker's expiry
+      precision, at most a second, aside). Keys live in the driver's
+      namespace, like records. Thread-safe and fork-safe like
+      :meth:`Driver.put`; broker failures raise like it.
+    """
+
+    def tally_add(self, key: str, member: str, value: bytes, ttl_s: float) -> tuple[bool, int]:
+        """Add ``member`` to ``key``'s set unless there; (added by this call, members now)."""
+        ...
+
+    def tally_read(self, key: str) -> dict[str, bytes]:
+        """Every member of ``key``'s set and its value (empty: no set)."""
+        ...
+
+
+@runtime_checkable
 class SupportsHeartbeats(Protocol):
     """Optional: keep the heartbeat records of running workers, each with an expiry.
 

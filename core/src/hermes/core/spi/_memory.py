@@ -88,6 +88,8 @@ class _Broker:
         self.records: dict[str, tuple[float, bytes]] = {}
         #: Limit key -> its state (see :mod:`hermes.core.spi._limits`).
         self.limits: dict[str, limits.State] = {}
+        #: key -> (expires at, monotonic; member -> value): the tallies of SupportsTally.
+        self.tallies: dict[str, tuple[float, dict[str, bytes]]] = {}
 
     def move_due(self, now: float) -> None:
         while self.scheduled and self.scheduled[0][0] <= now:
@@ -297,6 +299,32 @@ class MemoryDriver(Driver):
             kept = {k: v for k, v in self._broker.limits.items() if limits.keep_for(v, now) > 0}
             self._broker.limits = kept
             return [(key, limits.encode(state)) for key, state in list(kept.items())[:limit]]
+
+    def tally_add(self, key: str, member: str, value: bytes, ttl_s: float) -> tuple[bool, int]:
+        """Add ``member`` once (see ``SupportsTally``)."""
+        if not ttl_s > 0:
+            raise ValueError(f"a tally's ttl_s must be > 0, got {ttl_s!r}")
+        now = time.monotonic()
+        with self._broker.condition:
+            tallies = self._broker.tallies
+            kept = tallies.get(key)
+            if kept is None or kept[0] <= now:
+                kept = tallies[key] = (now, {})
+            members = kept[1]
+            added = member not in members
+            if added:
+                members[member] = bytes(value)
+            tallies[key] = (now + ttl_s, members)
+            if len(tallies) > _CLAIMS_BEFORE_SWEEP:
+                self._broker.tallies = {k: v for k, v in tallies.items() if v[0] > now}
+            return added, len(members)
+
+    def tally_read(self, key: str) -> dict[str, bytes]:
+        with self._broker.condition:
+            kept = self._broker.tallies.get(key)
+            if kept is None or kept[0] <= time.monotonic():
+                return {}
+            return dict(kept[1])
 
     def record_get(self, key: str) -> bytes | None:
         with self._broker.records_changed:
