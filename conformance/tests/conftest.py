@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import json
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -131,3 +134,15 @@ class KitRunner:
 @pytest.fixture(scope="session")
 def kit_runner(tmp_path_factory: pytest.TempPathFactory) -> KitRunner:
     return KitRunner(tmp_path_factory.mktemp("kit-runs"))
+
+
+@pytest.fixture(scope="session")
+def broken_module() -> Callable[[str], ModuleType]:
+    """A module of this directory by name (the broken stores), found as the kit's runs find it."""
+
+    def load(name: str) -> ModuleType:
+        if str(TESTS_DIR) not in sys.path:
+            sys.path.insert(0, str(TESTS_DIR))
+        return importlib.import_module(name)
+
+    return load

@@ -4,12 +4,9 @@ by processes, red on each broken store, for the reason named here."""
 from __future__ import annotations
 
 import ast
-import importlib
-import sys
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -66,14 +63,6 @@ def _row() -> set[str]:
     }
 
 
-def _load(name: str) -> ModuleType:
-    """A module of this directory, found as the kit's runs find it (on the path)."""
-    here = str(Path(__file__).parent)
-    if here not in sys.path:
-        sys.path.insert(0, here)
-    return importlib.import_module(name)
-
-
 @pytest.fixture(scope="module")
 def verdicts(kit_runner: Any) -> Iterator[dict[str, Future[Any]]]:
     """The limits row on every URL here, three runs at a time (it races threads on time)."""
@@ -106,9 +95,11 @@ def test_the_limits_row_passes_on_a_sound_store(verdicts: dict[str, Future[Any]]
 
 
 @pytest.mark.parametrize("url", list(BROKEN))
-def test_the_limits_row_fails_a_broken_store(verdicts: dict[str, Future[Any]], url: str) -> None:
+def test_the_limits_row_fails_a_broken_store(
+    verdicts: dict[str, Future[Any]], url: str, broken_module: Any
+) -> None:
     must_fail, says = BROKEN[url]
-    bug = _load("broken_limits").describe(url.split(":")[0])
+    bug = broken_module("broken_limits").describe(url.split(":")[0])
 
     run = verdicts[url].result()
 

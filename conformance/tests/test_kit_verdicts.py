@@ -280,6 +280,17 @@ LIMITS = {
     "test_a_take_already_charged_runs_at_once_and_a_take_waiting_for_a_slot_is_not_charged",
     "test_a_scan_lists_the_keys_in_use_with_their_states_and_forgets_those_that_say_nothing",
 }
+#: The tally tests: every driver without ``SupportsTally`` skips them.
+TALLY_PROCESSES = (
+    "test_members_added_by_processes_at_once_are_each_counted_once_and_one_sees_them_all"
+)
+TALLY = {
+    "test_a_member_added_twice_counts_once_and_keeps_its_first_value",
+    "test_members_added_by_threads_at_once_are_each_counted_once_and_one_sees_them_all",
+    "test_one_member_added_by_many_threads_at_once_is_added_once",
+    TALLY_PROCESSES,
+    "test_a_set_is_kept_for_its_ttl_and_gone_after_it_and_no_namespace_sees_another_s",
+}
 #: Tests a 1 s lease is too short for: not verified on memory.
 _LONG_LEASE_ONLY = {TAKEN_AHEAD}
 _IN_PROCESS_ONLY = {
@@ -288,6 +299,7 @@ _IN_PROCESS_ONLY = {
     "test_one_of_four_processes_claiming_the_same_keys_at_once_wins_each",
     RECORDS_PROCESSES,
     LIMITS_PROCESSES,
+    TALLY_PROCESSES,
     SIGKILL,
     PROCESSES,
     MAX_ITEMS_PROCESS,
@@ -484,7 +496,7 @@ def test_the_kit_passes_on_the_memory_driver_and_says_what_it_could_not_verify(
         "an Exception escaping the callback: raised, delivered again verified; "
         "SIGKILL mid-handler not verified: driver is in-process" in run.output
     ), run.describe()
-    assert "67 verified, 13 not verified, 0 not applicable, 0 failed" in run.output
+    assert "71 verified, 14 not verified, 0 not applicable, 0 failed" in run.output
 
 
 def test_the_example_driver_of_the_kit_readme_passes_the_kit(
@@ -494,15 +506,16 @@ def test_the_example_driver_of_the_kit_readme_passes_the_kit(
 
     assert run.returncode == 0, run.describe()
     assert run.with_outcome("failed") + run.with_outcome("error") == [], run.describe()
-    # It has no queue_stats(), purge(), drop_connection(), claim(), heartbeats, records or
-    # limits, does not count deliveries, and its 3 s lease is too short to tell a give-back at
-    # close from the lease.
+    # It has no queue_stats(), purge(), drop_connection(), claim(), heartbeats, records,
+    # limits or tallies, does not count deliveries, and its 3 s lease is too short to tell a
+    # give-back at close from the lease.
     skipped = (
         {STATS, DROPPED, PURGE_ONE, PURGE_HIGH, COUNTS_SURVIVE, TAKEN_AHEAD, FORK_REPLIES}
         | CLAIMS
         | HEARTBEATS
         | RECORDS
         | LIMITS
+        | TALLY
     )
     assert set(run.with_outcome("passed")) == set(_kit_tests()) - skipped, run.describe()
 

@@ -1,0 +1,84 @@
+"""The kit's tally row has teeth: green on the memory driver and on a sound store shared
+by processes, red on each broken tally, for the reason named here."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+TWICE = "test_a_member_added_twice_counts_once_and_keeps_its_first_value"
+THREADS = "test_members_added_by_threads_at_once_are_each_counted_once_and_one_sees_them_all"
+ONE = "test_one_member_added_by_many_threads_at_once_is_added_once"
+PROCESSES = "test_members_added_by_processes_at_once_are_each_counted_once_and_one_sees_them_all"
+TTL = "test_a_set_is_kept_for_its_ttl_and_gone_after_it_and_no_namespace_sees_another_s"
+ROW = {TWICE, THREADS, ONE, PROCESSES, TTL}
+
+#: URL -> (the tests of the row that must fail, and only they; text the output shows).
+BROKEN = {
+    "tally-not-atomic://q": ([THREADS, ONE], "at once:"),
+    "tally-last-value-wins://q": ([TWICE], "a member's first value stays"),
+    "tally-always-added://q": ([TWICE, ONE], "not (False, 1)"),
+    "tally-never-expires://q": ([TTL], "still read"),
+    "tally-shared-namespace://q": ([TTL], "another namespace"),
+    "tally-in-process://q": ([PROCESSES], "processes at once"),
+}
+
+#: The sound stores, and the tests each cannot run.
+SOUND = {
+    "memory://tally": {PROCESSES: "not verified: driver is in-process"},
+    "tally-in-sqlite://control": {},
+}
+
+
+@pytest.fixture(scope="module")
+def verdicts(kit_runner: Any) -> Iterator[dict[str, Future[Any]]]:
+    """The tally row on every URL here, three runs at a time (it races threads)."""
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        runs = {
+            url: pool.submit(
+                kit_runner.run,
+                "--pyargs",
+                "hermes.conformance.test_tally",
+                "--hermes-url",
+                url,
+                "--hermes-plugin",
+                "broken_tally",
+            )
+            for url in [*SOUND, *BROKEN]
+        }
+        yield runs
+        for future in runs.values():
+            future.cancel()
+
+
+@pytest.mark.parametrize("url", list(SOUND))
+def test_the_tally_row_passes_on_a_sound_store(verdicts: dict[str, Future[Any]], url: str) -> None:
+    run = verdicts[url].result()
+    skipped = SOUND[url]
+
+    assert run.returncode == 0, run.describe()
+    assert set(run.with_outcome("passed")) == ROW - set(skipped), run.describe()
+    assert {name: run.reasons[name] for name in run.with_outcome("skipped")} == skipped
+
+
+@pytest.mark.parametrize("url", list(BROKEN))
+def test_the_tally_row_fails_a_broken_store(
+    verdicts: dict[str, Future[Any]], url: str, broken_module: Any
+) -> None:
+    must_fail, says = BROKEN[url]
+    bug = broken_module("broken_tally").describe(url.split(":")[0])
+
+    run = verdicts[url].result()
+
+    assert run.returncode == 1, f"bug: {bug}\n{run.describe()}"
+    assert run.with_outcome("failed") == sorted(must_fail), f"bug: {bug}\n{run.describe()}"
+    assert says in run.output, f"bug: {bug}; expected {says!r}\n{run.describe()}"
+
+
+def test_every_test_of_the_tally_row_fails_on_some_broken_store() -> None:
+    caught = {test for must_fail, _ in BROKEN.values() for test in must_fail}
+
+    assert caught == ROW, f"no broken store makes {sorted(ROW - caught)} fail"
