@@ -41,7 +41,7 @@ from hermes.core.driver import (
     Received,
     Take,
 )
-from hermes.drivers.redis import _claim, _heartbeat, _limits, _records, _scripts
+from hermes.drivers.redis import _claim, _heartbeat, _limits, _records, _scripts, _tally
 from hermes.drivers.redis._capabilities import CAPABILITIES
 
 #: How often a busy worker moves due scheduled messages (an idle one does it every receive).
@@ -226,6 +226,10 @@ class RedisSetDriver(Driver):
       call per take, release or renewal on the server's clock, and the sorted
       set ``<key>_limits`` lists the keys whose state still matters (see
       ``_limits``).
+    * Tallies (``SupportsTally``: a workflow group's members, counted once
+      each): the hash ``<key>_tally:<tally key>`` of member -> value, added
+      to by one script call (``HSETNX``, ``HLEN``, ``PEXPIRE``; see
+      ``_tally``).
 
     ``prefix`` is prepended to every key, like the ``prefix`` option of PHP's
     Predis: ``prefix="app:"`` puts the default set at ``app:hermes``.
@@ -565,7 +569,10 @@ class RedisSetDriver(Driver):
         return int(removed)
 
     def teardown(self) -> None:
-        """Delete every key this driver uses: sets, schedule, leases, lists, job records, limits."""
+        """Delete every key this driver uses: sets, schedule, leases, lists, job records, limits.
+
+        Tallies too (found by ``SCAN``, like limit states no longer indexed).
+        """
         keys = {self.schedule_key, _heartbeat.index_key(self.key)}
         for queue in self._queues.values():
             keys |= {queue, wake_key(queue), rejected_key(queue), deliveries_key(queue)}
@@ -573,6 +580,7 @@ class RedisSetDriver(Driver):
             _scripts.DROP_LEASES(self._execute, sorted(self._queues.values()))
             keys.update(_records.keys(self._execute, self.key))
             keys.update(_limits.keys(self.client, self.key))
+            keys.update(_tally.keys(self.client, self.key))
             names = sorted(keys)
             for start in range(0, len(names), _scripts.MAX_SCRIPT_VALUES):
                 self.client.delete(*names[start : start + _scripts.MAX_SCRIPT_VALUES])
@@ -649,6 +657,19 @@ class RedisSetDriver(Driver):
     def limit_scan(self, limit: int) -> list[tuple[str, bytes]]:
         """From the sorted set ``<key>_limits``: keys whose state holds or promises a start."""
         return _limits.scan(self._execute, self.key, limit)
+
+    def tally_add(self, key: str, member: str, value: bytes, ttl_s: float) -> tuple[bool, int]:
+        """One script call on ``<key>_tally:<key>``; see ``SupportsTally``.
+
+        Sent once: a call whose reply was lost raises rather than being sent
+        again, since the second would find the member its first call added
+        and say it did not add it.
+        """
+        return _tally.add(self._execute_once, self.key, key, member, value, ttl_s)
+
+    def tally_read(self, key: str) -> dict[str, bytes]:
+        """``HGETALL <key>_tally:<key>``: every member and the value it was added with."""
+        return _tally.read(self._execute, self.key, key)
 
     def __repr__(self) -> str:
         pool = self.client.connection_pool

@@ -547,6 +547,21 @@ return reply
 )
 
 
+#: Add a member to a tally unless it is there, and say how many it holds.
+#:
+#: KEYS: the tally (a hash of member -> value). ARGV: the member, its value,
+#: how long the tally is kept after this add, in ms.
+#: Returns ``{1 if this call added the member else 0, members now}``.
+TALLY_ADD = LuaScript(
+    """
+local added = redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2])
+local count = redis.call('HLEN', KEYS[1])
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return {added, count}
+"""
+)
+
+
 def _bulk(value: bytes) -> bytes:
     return b"$%d\r\n%s\r\n" % (len(value), value)
 
