@@ -229,3 +229,34 @@ def test_a_job_cancelled_while_it_runs_is_counted_in_the_worker_s_summary(
     finally:
         jobs.close()
         sys.modules.pop(module, None)
+
+
+def test_hermes_job_shows_a_workflow_s_tree_and_a_step_its_workflow(
+    capsys: pytest.CaptureFixture[str], names: tuple[str, str], handlers: str
+) -> None:
+    from hermes.core import connect
+    from hermes.core.workflows import Workflows, chain, group, job
+
+    queue, records = names
+    driver = connect(queue)
+    flow = chain(group(job("total", {"items": [1]}), job("boom")), job("total", {"items": [2]}))
+    handle = Workflows(driver, Jobs(records)).start(flow)
+    argv = ["worker", "--url", queue, "--handlers", handlers, "--max-items", "2", "-q"]
+    assert main([*argv, "--results-url", records]) == 0
+    capsys.readouterr()
+
+    assert main(["job", handle.id, "--results-url", records]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [
+        f"chain  {handle.id}  failed",
+        f"  group  {handle.id}.0  failed",
+        f"    job    {handle.id}.0.0  (total)  succeeded",
+        f"    job    {handle.id}.0.1  (boom)  given_up",
+        f"  job    {handle.id}.1  not sent",
+    ]
+    assert main(["job", handle.id, "--results-url", records, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["children"][0]["kind"] == "group"
+    assert main(["job", f"{handle.id}.0.1", "--results-url", records]) == 0
+    step = capsys.readouterr().out
+    assert "RuntimeError: card declined" in step
+    assert f"workflow   step 1 of {handle.id}.0 (hermes job {handle.id})" in step

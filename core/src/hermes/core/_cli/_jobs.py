@@ -6,10 +6,11 @@ import argparse
 import json
 import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hermes.core._cli._common import CliError, clock, one_line
 from hermes.core.app._jobs import JobRecord, Jobs, JobState
+from hermes.core.app._workflows import Workflows, parent_of, root_of
 from hermes.core.model._errors import UnknownJobError
 from hermes.core.spi._url import redact_url
 
@@ -53,7 +54,8 @@ def add_parser(commands: Commands) -> None:
     job = commands.add_parser(
         "job",
         help="show a job's record",
-        description="Show the record of one job: its state, attempts, error and result.",
+        description="Show the record of one job: its state, attempts, error and result; for a "
+        "workflow's id (wf-...), its tree: each chain, group and job with its state.",
     )
     job.add_argument("id", help="the job's id (the message id that hermes emit printed)")
     job.add_argument("--json", action="store_true", help="print the record as JSON")
@@ -89,16 +91,35 @@ def add_parser(commands: Commands) -> None:
 def run_job(args: argparse.Namespace) -> int:
     jobs = open_jobs(_url(args))
     try:
-        record = jobs.get(args.id)
+        flows = Workflows(jobs.driver, jobs)
+        tree = flows.tree(args.id) if flows.is_node(args.id) else None
+        record = jobs.get(args.id) if tree is None else None
     finally:
         jobs.close()
+    if tree is not None:
+        print(json.dumps(tree, indent=2) if args.json else "\n".join(tree_lines(tree)))
+        return 0
     if record is None:
         raise CliError(_unknown(args.id, jobs))
     if args.json:
         print(json.dumps(record.to_json(), indent=2, sort_keys=True))
     else:
         print(describe(record))
+        parent = parent_of(record.id)
+        if parent is not None:
+            print(f"  workflow   step {parent[1]} of {parent[0]} (hermes job {root_of(record.id)})")
     return 0
+
+
+def tree_lines(node: dict[str, Any], depth: int = 0) -> list[str]:
+    """A workflow's tree, one node a line, its children indented under it."""
+    what = f"{node['kind']:<5}  {node['id']}"
+    if node["kind"] == "job" and node.get("type"):
+        what += f"  ({node['type']})"
+    lines = [f"{'  ' * depth}{what}  {node['state']}"]
+    for child in node.get("children", ()):
+        lines += tree_lines(child, depth + 1)
+    return lines
 
 
 def run_jobs(args: argparse.Namespace) -> int:

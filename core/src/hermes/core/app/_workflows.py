@@ -562,6 +562,10 @@ class Workflows:
 
     # Reading ---------------------------------------------------------------------------
 
+    def is_node(self, node_id: str) -> bool:
+        """Whether ``node_id`` is a chain or a group of a workflow this store keeps."""
+        return node_id.startswith(ROOT_PREFIX) and self._read(node_id)[0] is not None
+
     def tree(self, node_id: str) -> dict[str, Any]:
         """The node and everything under it: kind, id, state, and children or the job's record."""
         state, _ = self._read(node_id)
