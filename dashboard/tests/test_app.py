@@ -1021,3 +1021,30 @@ def test_a_priority_is_paused_and_resumed_from_the_queues_page_with_its_token_on
     assert 'action="/queues/pause"' not in page
     read_only = client.post("/queues/pause", {"csrf": token, "priority": "100", "pause": "1"})
     assert read_only.status_code in (403, 404) and dashboard.paused() == {}
+
+
+def test_a_workflow_s_page_shows_its_tree_with_a_link_to_each_step(dashboard: Dashboard) -> None:
+    from hermes.core import Dispatcher, Worker
+    from hermes.core.workflows import Workflows, chain, group, job
+
+    driver = dashboard.driver
+    dashboard.jobs = Jobs(driver)
+    handle = Workflows(driver, dashboard.jobs).start(
+        chain(group(job("a"), job("b")), job("<b>c</b>"))
+    )
+    dispatcher = Dispatcher(driver, records=dashboard.jobs)
+    dispatcher.register_handler("a", lambda m: None)
+    dispatcher.register_handler("b", lambda m: False)  # refused: the chain stops
+    Worker(driver, dispatcher, max_items=2, handle_signals=False).run()
+    client = client_of(dashboard)
+
+    page = client.get(f"/jobs/{handle.id}").text
+    assert '<span class="state state-failed" id="state">failed</span>' in page
+    links = re.findall(r'<a class="id" href="/jobs/([^"]+)">', page)
+    assert links == [handle.id, f"{handle.id}.0", f"{handle.id}.0.0", f"{handle.id}.0.1"]
+    assert "&lt;b&gt;c&lt;/b&gt;" not in page  # a step not sent shows no type it was never given
+    assert f'<span class="id">{handle.id}.1</span>' in page and "not sent" in page
+
+    step = client.get(f"/jobs/{handle.id}.0.1").text
+    assert f'A step of workflow <a class="id" href="/jobs/{handle.id}">' in step
+    assert 'id="state">given_up</span>' in step

@@ -43,6 +43,7 @@ from starlette.routing import Route
 from hermes.core import HermesError
 from hermes.core._cli._workers import duration
 from hermes.core.jobs import JobState, UnknownJobError
+from hermes.core.workflows import parent_of, root_of
 from hermes.dashboard import _api as api
 from hermes.dashboard._chart import activity_chart, chart
 from hermes.dashboard._guard import SECURITY_HEADERS, Auth, Guard, Hosts, Throttle
@@ -482,9 +483,17 @@ def create_app(
 
     def job(request: Request) -> dict[str, Any]:
         job_id = request.path_params["job_id"]
-        record = dashboard.job(job_id)
-        known = record is not None or dashboard.jobs is None
-        return {"job_id": job_id, "record": record, "status": 200 if known else 404}
+        tree = dashboard.workflow(job_id)
+        record = dashboard.job(job_id) if tree is None else None
+        known = record is not None or tree is not None or dashboard.jobs is None
+        parent = parent_of(job_id) if record is not None else None
+        return {
+            "job_id": job_id,
+            "record": record,
+            "tree": tree,
+            "workflow": root_of(job_id) if parent is not None else None,
+            "status": 200 if known else 404,
+        }
 
     def workers(request: Request) -> dict[str, Any]:
         records = dashboard.workers()

@@ -39,6 +39,7 @@ from hermes.core.heartbeat import (
 from hermes.core.jobs import JobRecord, Jobs, JobState
 from hermes.core.limits import Limiter, LimitUsage, SupportsLimits
 from hermes.core.schedule import Schedule
+from hermes.core.workflows import ROOT_PREFIX, Workflows
 
 logger = logging.getLogger("hermes.dashboard")
 
@@ -392,6 +393,13 @@ class Dashboard:
         if self.jobs is None:
             return None
         return self.jobs.get(job_id)
+
+    def workflow(self, node_id: str) -> dict[str, Any] | None:
+        """The tree of the workflow node ``node_id`` (a chain or a group); None if it is none."""
+        if self.jobs is None or not node_id.startswith(ROOT_PREFIX):
+            return None
+        flows = Workflows(self.jobs.driver, self.jobs)
+        return flows.tree(node_id) if flows.is_node(node_id) else None
 
     def job_list(
         self,
