@@ -130,6 +130,7 @@ class Deployment:
     base: str
     work: Path
     worker_pid: int
+    results_url: str = ""
 
     def emit(
         self,
@@ -196,7 +197,7 @@ def deploy(
                 "1",
             ) as base,
         ):
-            yield Deployment(url, failed_url, base, work, worker.pid)
+            yield Deployment(url, failed_url, base, work, worker.pid, results_url)
     finally:
         from hermes.core import connect
         from hermes.core._cli._common import setup_priorities

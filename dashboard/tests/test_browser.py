@@ -525,3 +525,28 @@ def test_a_priority_paused_from_the_queues_page_is_not_taken_until_resumed(
     finally:
         worker.kill()
         worker.wait()
+
+
+def test_a_workflow_s_page_shows_its_tree_and_leads_to_each_step(
+    browser: Any, deployment: Deployment
+) -> None:
+    from hermes.core import connect
+    from hermes.core.jobs import Jobs
+    from hermes.core.workflows import Workflows, chain, group, job
+
+    with connect(deployment.url) as driver:
+        jobs = Jobs(deployment.results_url)
+        flow = chain(group(job("ok", {"n": n}) for n in range(3)), job("ok", {"last": True}))
+        handle = Workflows(driver, jobs).start(flow)
+        eventually(lambda: handle.state == "succeeded")
+        jobs.close()
+
+    open_page(browser, f"{deployment.base}/jobs/{handle.id}")
+    assert browser.find_element(By.ID, "state").text == "succeeded"
+    steps = browser.find_elements(By.CSS_SELECTOR, "#workflow-tree li.node-job")
+    assert [s.find_element(By.CSS_SELECTOR, ".state").text for s in steps] == ["succeeded"] * 4
+    screenshot(browser, "workflow")
+    steps[1].find_element(By.CSS_SELECTOR, "a.id").click()
+    eventually(lambda: f"Job {handle.id}.0.1" in main_text(browser))
+    browser.find_element(By.CSS_SELECTOR, "#in-workflow a").click()
+    eventually(lambda: f"Workflow {handle.id}" in main_text(browser))
