@@ -33,7 +33,7 @@ from hermes.core.driver import (
     Take,
     outgoing,
 )
-from hermes.drivers.postgres import _heartbeat, _limits, _records
+from hermes.drivers.postgres import _heartbeat, _limits, _records, _tally
 from hermes.drivers.postgres._capabilities import CAPABILITIES, LEASE_TIMEOUT_S, POLL_INTERVAL_S
 from hermes.drivers.postgres._errors import classify
 from hermes.drivers.postgres._schema import Names, Statements, create_sql, drop_sql
@@ -133,6 +133,7 @@ class PostgresDriver(Driver):
         self._heartbeats = _heartbeat.Heartbeats(self)
         self._records = _records.Records(self)
         self._limits = _limits.Limits(self)
+        self._tally = _tally.Tally(self)
         self._next_claim_sweep = 0.0
 
     # Connections ---------------------------------------------------------------
@@ -394,10 +395,12 @@ class PostgresDriver(Driver):
             conn.execute(_heartbeat.drop_sql(self.names).encode())
             conn.execute(_records.drop_sql(self.names).encode())
             conn.execute(_limits.drop_sql(self.names).encode())
+            conn.execute(_tally.drop_sql(self.names).encode())
         self._created = False
         self._heartbeats.created = False
         self._records.created = False
         self._limits.created = False
+        self._tally.created = False
 
     def beat(self, record: Mapping[str, Any], ttl_s: float) -> None:
         """Upsert a row of ``<table>_workers``; see ``SupportsHeartbeats``."""
@@ -439,6 +442,14 @@ class PostgresDriver(Driver):
     def limit_scan(self, limit: int) -> list[tuple[str, bytes]]:
         """The keys whose state still holds a slot or promises a turn."""
         return self._limits.scan(limit)
+
+    def tally_add(self, key: str, member: str, value: bytes, ttl_s: float) -> tuple[bool, int]:
+        """Insert the member and count it on the key's head row, locked; see ``SupportsTally``."""
+        return self._tally.add(key, member, value, ttl_s)
+
+    def tally_read(self, key: str) -> dict[str, bytes]:
+        """The members of the key's live set, in one snapshot."""
+        return self._tally.read(key)
 
     def close(self) -> None:
         self._records.close()
