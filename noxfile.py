@@ -187,8 +187,9 @@ def bench(session: nox.Session) -> None:
     Then bench.pool (a CPU-bound job across processes), bench.records (what
     job records cost: throughput with and without them, ``result()`` wake
     latency), bench.dashboard (the dashboard's pages over 10,000 waiting
-    messages) and bench.limits (a type held to 50/s beside an unlimited one),
-    each with ``--quick`` when the session has it.
+    messages), bench.limits (a type held to 50/s beside an unlimited one) and
+    bench.workflows (a group's members against plain jobs, a long chain), each
+    with ``--quick`` when the session has it.
 
     ``-- --quick`` is a smoke run (small counts, no page written). The observer
     plugins are installed, for the rows that measure what each costs installed
@@ -201,6 +202,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "-m", "bench.records", *quick)
     session.run("python", "-m", "bench.dashboard", *quick)
     session.run("python", "-m", "bench.limits", *quick)
+    session.run("python", "-m", "bench.workflows", *quick)
 
 
 @nox.session(python="3.11")
