@@ -33,7 +33,7 @@ from hermes.core.driver import (
     Received,
     Take,
 )
-from hermes.drivers.filesystem import _claim, _heartbeat, _limits, _records
+from hermes.drivers.filesystem import _claim, _heartbeat, _limits, _records, _tallies
 from hermes.drivers.filesystem._capabilities import CAPABILITIES
 from hermes.drivers.filesystem._names import SCHEME, QueuedName, next_name, parse
 from hermes.drivers.filesystem._worker import LOCK_NAME, WorkerClaims, recover_dead_workers
@@ -77,6 +77,7 @@ class FileSystemDriver(Driver):
         workers/      heartbeats of running workers, one JSON file each
         records/      job records (``SupportsRecords``), one file per job
         limits/       fleet-wide limits (``SupportsLimits``), one JSON file per key
+        tallies/      tallies (``SupportsTally``), a directory per key, a file per member
 
     :meth:`put` writes each body (serialized by core) to a file in ``tmp/``
     and renames it into ``new/`` (atomic;
@@ -420,6 +421,7 @@ class FileSystemDriver(Driver):
                 workers_dir,
                 os.path.join(self.path, _records.RECORDS_DIR),
                 os.path.join(self.path, _limits.LIMITS_DIR),
+                os.path.join(self.path, _tallies.TALLIES_DIR),
             ):
                 _remove_tree(path)
             try:
@@ -491,6 +493,15 @@ class FileSystemDriver(Driver):
     def limit_scan(self, limit: int) -> list[tuple[str, bytes]]:
         """The keys whose state still holds a slot or promises a turn."""
         return _limits.scan(self.path, limit)
+
+    # Tallies: directories in tallies/, see ._tallies and SupportsTally -----------
+
+    def tally_add(self, key: str, member: str, value: bytes, ttl_s: float) -> tuple[bool, int]:
+        """A member file hard-linked into the key's directory, then counted by a listing."""
+        return _tallies.add(self.path, key, member, value, ttl_s, fsync=self.fsync)
+
+    def tally_read(self, key: str) -> dict[str, bytes]:
+        return _tallies.read(self.path, key)
 
 
 class _FileConsumer(Consumer):

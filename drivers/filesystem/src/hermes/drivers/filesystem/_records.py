@@ -218,12 +218,12 @@ def _write(directory: str, name: str, body: bytes, fsync: bool) -> None:
 
 
 @contextlib.contextmanager
-def _locked(directory: str, name: str) -> Iterator[None]:
-    """Hold the lock of the stripe of record file ``name``."""
+def _locked(directory: str, name: str, *, shared: bool = False) -> Iterator[None]:
+    """Hold the lock of the stripe of record file ``name`` (``shared``: with other sharers)."""
     stripe = int.from_bytes(hashlib.sha256(name.encode()).digest()[:4]) % LOCK_STRIPES
     fd = _open_lock(directory, f"{stripe:02d}")
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
         yield
     finally:
         os.close(fd)  # drops the lock
