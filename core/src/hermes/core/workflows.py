@@ -26,6 +26,7 @@ default ``on_failure="stop"`` it runs only if every one succeeded.
 
 from hermes.core.app._workflows import (
     FANOUT,
+    ROOT_PREFIX,
     WORKFLOW_HEADER,
     Chain,
     Group,
@@ -36,10 +37,13 @@ from hermes.core.app._workflows import (
     group,
     job,
     outcome_of,
+    parent_of,
+    root_of,
 )
 
 __all__ = [
     "FANOUT",
+    "ROOT_PREFIX",
     "WORKFLOW_HEADER",
     "Chain",
     "Group",
@@ -50,4 +54,6 @@ __all__ = [
     "group",
     "job",
     "outcome_of",
+    "parent_of",
+    "root_of",
 ]
