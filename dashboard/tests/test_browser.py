@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import os
 import re
@@ -375,6 +376,11 @@ def test_no_page_scrolls_sideways_with_a_400_character_type_and_a_long_broker_ur
 ) -> None:
     from dash_jobs import LONG_TYPE
 
+    from hermes.core import connect
+    from hermes.core.heartbeat import pause, resume
+    from hermes.core.jobs import Jobs
+    from hermes.core.workflows import Workflows, chain, group, job
+
     failing = hostile.emit(LONG_TYPE, {"order": 1, "note": "y" * 500})
     held = hostile.emit(LONG_TYPE, {"hold": True})
     hostile.emit(LONG_TYPE, {"waiting": "z" * 300}, priority=50)
@@ -387,8 +393,14 @@ def test_no_page_scrolls_sideways_with_a_400_character_type_and_a_long_broker_ur
 
     eventually(shown)
     assert len(hostile.url) >= 150 and len(LONG_TYPE) == 400
+    # A workflow of steps of that type (they fail: its tree says so), and a paused queue.
+    with connect(hostile.url) as driver, contextlib.closing(Jobs(hostile.results_url)) as jobs:
+        steps = group(job(LONG_TYPE, {"order": n}) for n in (3, 4))
+        flow = Workflows(driver, jobs).start(chain(steps, job(LONG_TYPE, {"order": 5})))
+        eventually(lambda: flow.state == "failed")
+        pause(driver, 50, "from the test " + "with a long name " * 10)
     pages = ["/", "/queues", "/failed", "/jobs", f"/jobs/{failing}", "/workers", "/periodic"]
-    pages += [f"/failed/delete?id={failing}"]
+    pages += [f"/failed/delete?id={failing}", f"/jobs/{flow.id}"]
     too_wide = []
     try:
         for width in (1280, 390):
@@ -404,6 +416,8 @@ def test_no_page_scrolls_sideways_with_a_400_character_type_and_a_long_broker_ur
     finally:
         browser.set_window_size(1280, 860)
         (hostile.work / "release").touch()
+        with connect(hostile.url) as driver:
+            resume(driver, 50, "by the test")
     assert not too_wide, "; ".join(too_wide)
     # Cut in lists, whole on hover; whole on the job's own page.
     open_page(browser, hostile.base + "/jobs")
