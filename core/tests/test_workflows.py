@@ -91,7 +91,7 @@ class Fleet:
 
 
 def ended(handle: WorkflowHandle) -> str:
-    return handle.wait(timeout=DEADLINE_S, poll_s=0.02)
+    return handle.wait(timeout=DEADLINE_S)
 
 
 def test_a_chain_runs_its_steps_in_order_each_receiving_the_previous_result(

@@ -649,17 +649,25 @@ class WorkflowHandle:
             raise HermesError(f"no workflow {self.id}")
         return self.workflows._outcome(from_json(state.spec), state)["result"]
 
-    def wait(self, timeout: float | None = None, poll_s: float = 0.05) -> str:
-        """Block until the workflow ended; its state. :class:`JobTimeoutError` at ``timeout``."""
+    def wait(self, timeout: float | None = None) -> str:
+        """Block until the workflow ended; its state. :class:`JobTimeoutError` at ``timeout``.
+
+        The store wakes the wait when the workflow's record changes (pub/sub,
+        LISTEN/NOTIFY, a condition), as :meth:`JobHandle.result` waits.
+        """
+        flows = self.workflows
         deadline = None if timeout is None else time.monotonic() + timeout
+        state, data = flows._read(self.id)
         while True:
-            state = self.state
-            if state not in (None, "running"):
-                assert state is not None
-                return state
-            if deadline is not None and time.monotonic() >= deadline:
-                raise JobTimeoutError(f"workflow {self.id} is still {state} after {timeout:g} s")
-            time.sleep(poll_s)
+            if state is not None and state.state != "running":
+                return state.state
+            left = 60.0 if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                now = "not started" if state is None else state.state
+                raise JobTimeoutError(f"workflow {self.id} is still {now} after {timeout:g} s")
+            with flows.driver.translating(f"waiting on workflow {self.id}"):
+                data = flows._store.record_wait(_node_key(self.id), data, min(left, 60.0))
+            state = None if data is None else _NodeState.from_bytes(data)
 
     def cancel(self) -> None:
         self.workflows.cancel(self.id)
