@@ -187,15 +187,17 @@ def _tmp_dir(directory: str) -> str:
     return os.path.join(directory, ".tmp")
 
 
-def _write(directory: str, name: str, body: bytes, fsync: bool) -> None:
+def write_tmp(directory: str, body: bytes, fsync: bool) -> str:
+    """A new file in ``directory/.tmp`` holding all of ``body`` (flushed with ``fsync``);
+    its path. Nothing is left behind when a write fails."""
     tmp_dir = _tmp_dir(directory)
-    tmp = os.path.join(tmp_dir, uuid.uuid4().hex)
+    path = os.path.join(tmp_dir, uuid.uuid4().hex)
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
     try:
-        fd = os.open(tmp, flags, 0o666)
+        fd = os.open(path, flags, 0o666)
     except FileNotFoundError:
         os.makedirs(tmp_dir, exist_ok=True)
-        fd = os.open(tmp, flags, 0o666)
+        fd = os.open(path, flags, 0o666)
     try:
         try:
             view = memoryview(body)
@@ -205,6 +207,16 @@ def _write(directory: str, name: str, body: bytes, fsync: bool) -> None:
                 os.fsync(fd)
         finally:
             os.close(fd)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        raise
+    return path
+
+
+def _write(directory: str, name: str, body: bytes, fsync: bool) -> None:
+    tmp = write_tmp(directory, body, fsync)
+    try:
         os.rename(tmp, os.path.join(directory, name))
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

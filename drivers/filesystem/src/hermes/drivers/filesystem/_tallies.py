@@ -36,12 +36,16 @@ import errno
 import logging
 import os
 import time
-import uuid
 from urllib.parse import quote, unquote_to_bytes
 
 from hermes.drivers.filesystem._claim import key_file_name
 from hermes.drivers.filesystem._records import _files as _record_files
-from hermes.drivers.filesystem._records import _fsync_dir, _locked, sweep_now_and_then
+from hermes.drivers.filesystem._records import (
+    _fsync_dir,
+    _locked,
+    sweep_now_and_then,
+    write_tmp,
+)
 
 logger = logging.getLogger("hermes.drivers.filesystem")
 
@@ -77,7 +81,7 @@ def add(
     set_dir = os.path.join(directory, name)
     member_name = key_file_name(member)
     body = quote(member, safe="").encode() + b"\n" + bytes(value)
-    prepared = _write_tmp(directory, body, fsync)
+    prepared = write_tmp(directory, body, fsync)
     try:
         answer: tuple[bool, int] | None = None
         with _locked(directory, name, shared=True):
@@ -190,7 +194,7 @@ def _alive(set_dir: str) -> bool:
 
 def _write_expiry(directory: str, set_dir: str, deadline: float, fsync: bool) -> None:
     """Replace the set's ``.expires`` by a rename; the set's directory is made if new."""
-    expires = _write_tmp(directory, repr(deadline).encode(), fsync)
+    expires = write_tmp(directory, repr(deadline).encode(), fsync)
     try:
         try:
             os.rename(expires, os.path.join(set_dir, EXPIRES))
@@ -266,32 +270,3 @@ def _read_member(path: str) -> tuple[str, bytes] | None:
     except UnicodeDecodeError:
         return None
     return member, value
-
-
-# Files -----------------------------------------------------------------------
-
-
-def _write_tmp(directory: str, body: bytes, fsync: bool) -> str:
-    """A new file in ``directory/.tmp`` holding ``body``; its path."""
-    tmp_dir = os.path.join(directory, ".tmp")
-    path = os.path.join(tmp_dir, uuid.uuid4().hex)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
-    try:
-        fd = os.open(path, flags, 0o666)
-    except FileNotFoundError:
-        os.makedirs(tmp_dir, exist_ok=True)
-        fd = os.open(path, flags, 0o666)
-    try:
-        try:
-            view = memoryview(body)
-            while view:
-                view = view[os.write(fd, view) :]
-            if fsync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-        raise
-    return path
