@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 
 from hermes.core import hookimpl
 from hermes.core.driver import DriverPlugin, DriverUrl
@@ -60,10 +61,28 @@ BROKEN = {
 }
 
 
+class BrokenMemory(MemoryDriver):
+    """A memory driver with one bug, named by its URL scheme (the limits and tally rows')."""
+
+    #: The URL scheme, which names the bug.
+    scheme = ""
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.scheme}://{self.name}>"
+
+
+def describe_variant(variants: Sequence[type[BrokenMemory]], scheme: str) -> str | None:
+    """The bug ``scheme`` names among ``variants`` (its class docstring), or None."""
+    for cls in variants:
+        if cls.scheme == scheme:
+            return " ".join((cls.__doc__ or "").split())
+    return None
+
+
 def memory_plugin(scheme: str, cls: type[MemoryDriver]) -> DriverPlugin:
     """The plugin of ``scheme``: a broken variant ``cls`` of the memory driver.
 
-    The broken stores of the heartbeat and limits rows register theirs with it too.
+    The broken stores of the heartbeat, limits and tally rows register theirs with it too.
     """
 
     def build(url: DriverUrl) -> MemoryDriver:

@@ -18,22 +18,14 @@ from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from dataclasses import replace
 
-from broken_claim import memory_plugin
+from broken_claim import BrokenMemory, describe_variant, memory_plugin
 
 from hermes.core import hookimpl
 from hermes.core.driver import DriverPlugin, LimitRule, Take, limit_state
 from hermes.core.spi._memory import MemoryDriver
 
 
-class _Broken(MemoryDriver):
-    #: The URL scheme, which names the bug.
-    scheme = ""
-
-    def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.scheme}://{self.name}>"
-
-
-class TakesWithoutALock(_Broken):
+class TakesWithoutALock(BrokenMemory):
     """Reads a key's state, decides, and writes it back a round trip later, with no
     lock or transaction around the three: takers racing all read the same state, and
     more start than the limit allows."""
@@ -54,7 +46,7 @@ class TakesWithoutALock(_Broken):
         return answer
 
 
-class LeasesNeverRunOut(_Broken):
+class LeasesNeverRunOut(BrokenMemory):
     """Holds every slot for a day, whatever lease it is taken or renewed with: a dead
     worker's slot is never free again."""
 
@@ -69,7 +61,7 @@ class LeasesNeverRunOut(_Broken):
         return super().limit_renew(key, slot, 86400.0)
 
 
-class RenewDoesNothing(_Broken):
+class RenewDoesNothing(BrokenMemory):
     """``limit_renew`` says whether the slot is held and leaves its lease as it was: a
     job longer than its lease loses its slot while it runs."""
 
@@ -82,7 +74,7 @@ class RenewDoesNothing(_Broken):
             return held is not None and held[0] > time.time()
 
 
-class ChargesTwice(_Broken):
+class ChargesTwice(BrokenMemory):
     """Ignores ``charged``: a job that comes back at its reserved turn is charged again,
     and waits another interval."""
 
@@ -94,7 +86,7 @@ class ChargesTwice(_Broken):
         return super().limit_take(key, rule, slot, False, lease_s)
 
 
-class NoReservation(_Broken):
+class NoReservation(BrokenMemory):
     """A take refused for the rate is told when the next turn comes but reserves
     nothing: every job refused at once is given the same turn, and they all come back
     together."""
@@ -113,7 +105,7 @@ class NoReservation(_Broken):
             return answer
 
 
-class ListsTurnsItDidNotReserve(_Broken):
+class ListsTurnsItDidNotReserve(BrokenMemory):
     """Answers a take refused for the rate with the further turns ``reserve`` asks for, but
     moves the rate on by one turn only: the turns it listed are given again to the next
     takers, and the rate runs over."""
@@ -130,7 +122,7 @@ class ListsTurnsItDidNotReserve(_Broken):
         return answer
 
 
-class ChargesSlotWaiters(_Broken):
+class ChargesSlotWaiters(BrokenMemory):
     """Charges the rate before it looks at the slots: a job that waits for a slot uses
     up a turn, and the rate runs slower than it says whenever the slots are full."""
 
@@ -150,7 +142,7 @@ class ChargesSlotWaiters(_Broken):
             return limit_state.take(state, rule, slot, charged, lease_s, now)
 
 
-class ExpiresByTheRate(_Broken):
+class ExpiresByTheRate(BrokenMemory):
     """Keeps a key only until its rate's next turn, as a store whose expiry is set from
     that alone would: a key with slots held and no turn to come is forgotten at once,
     and its slots with it."""
@@ -182,7 +174,7 @@ class ExpiresByTheRate(_Broken):
         return super().limit_scan(limit)
 
 
-class ScanNeverForgets(_Broken):
+class ScanNeverForgets(BrokenMemory):
     """``limit_scan`` lists every key ever used, those that say nothing any more too:
     the keys of a fleet pile up for ever."""
 
@@ -199,7 +191,7 @@ _shared: dict[str, limit_state.State] = {}
 _shared_lock = threading.Lock()
 
 
-class SharedNamespace(_Broken):
+class SharedNamespace(BrokenMemory):
     """Keeps limit keys outside its namespace: two namespaces on one broker share every
     key of the same name, its slots and its rate."""
 
@@ -229,7 +221,7 @@ class SharedNamespace(_Broken):
             return [(key, limit_state.encode(state)) for key, state in live[:limit]]
 
 
-class LimitsInProcess(_Broken):
+class LimitsInProcess(BrokenMemory):
     """Declares itself cross-process but keeps limits in the process (a dict): every
     process has its own slots, and each lets the whole limit run."""
 
@@ -237,7 +229,7 @@ class LimitsInProcess(_Broken):
     capabilities = replace(MemoryDriver.capabilities, cross_process=True)
 
 
-class LimitsInSqlite(_Broken):
+class LimitsInSqlite(BrokenMemory):
     """Sound: limits in an SQLite file that every process opens, each change in one
     transaction (the control for the limits row's processes; its messages stay in the
     process)."""
@@ -302,7 +294,7 @@ class LimitsInSqlite(_Broken):
             db.execute("DELETE FROM limits")
 
 
-VARIANTS: list[type[_Broken]] = [
+VARIANTS: list[type[BrokenMemory]] = [
     TakesWithoutALock,
     LeasesNeverRunOut,
     RenewDoesNothing,
@@ -325,7 +317,4 @@ def hermes_drivers() -> list[DriverPlugin]:
 
 def describe(scheme: str) -> str | None:
     """The bug a scheme names (the class docstring), or None if it is not one of these."""
-    for cls in VARIANTS:
-        if cls.scheme == scheme:
-            return " ".join((cls.__doc__ or "").split())
-    return None
+    return describe_variant(VARIANTS, scheme)

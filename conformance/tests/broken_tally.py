@@ -17,22 +17,14 @@ from contextlib import closing
 from dataclasses import replace
 from typing import ClassVar
 
-from broken_claim import memory_plugin
+from broken_claim import BrokenMemory, describe_variant, memory_plugin
 
 from hermes.core import hookimpl
 from hermes.core.driver import DriverPlugin
 from hermes.core.spi._memory import MemoryDriver
 
 
-class _Broken(MemoryDriver):
-    #: The URL scheme, which names the bug.
-    scheme = ""
-
-    def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.scheme}://{self.name}>"
-
-
-class CountsWithoutALock(_Broken):
+class CountsWithoutALock(BrokenMemory):
     """Reads the set, adds the member, and writes the set back a moment later, with no
     lock around the three: adders racing all read the same set, members are lost, and
     no call sees the full count (a group that never ends)."""
@@ -53,7 +45,7 @@ class CountsWithoutALock(_Broken):
         return added, len(members)
 
 
-class LastValueWins(_Broken):
+class LastValueWins(BrokenMemory):
     """A member added again replaces its value (and says it was not added)."""
 
     scheme = "tally-last-value-wins"
@@ -65,7 +57,7 @@ class LastValueWins(_Broken):
         return added, count
 
 
-class SaysAddedEveryTime(_Broken):
+class SaysAddedEveryTime(BrokenMemory):
     """Every add says it added the member, so every copy of a group's member would
     decide as if it were the first."""
 
@@ -76,7 +68,7 @@ class SaysAddedEveryTime(_Broken):
         return True, count
 
 
-class NeverExpires(_Broken):
+class NeverExpires(BrokenMemory):
     """Keeps every set for a day, whatever ttl it is added with."""
 
     scheme = "tally-never-expires"
@@ -85,7 +77,7 @@ class NeverExpires(_Broken):
         return super().tally_add(key, member, value, 86400.0)
 
 
-class SharedNamespace(_Broken):
+class SharedNamespace(BrokenMemory):
     """Keeps every namespace's sets in one place: a key of one namespace is the same
     set in every other."""
 
@@ -103,7 +95,7 @@ class SharedNamespace(_Broken):
             return super().tally_read(key)
 
 
-class TallyInProcess(_Broken):
+class TallyInProcess(BrokenMemory):
     """Claims its tallies are shared by processes, and keeps them in the process: members
     added by other processes are never seen."""
 
@@ -111,7 +103,7 @@ class TallyInProcess(_Broken):
     capabilities = replace(MemoryDriver.capabilities, cross_process=True)
 
 
-class TallyInSqlite(_Broken):
+class TallyInSqlite(BrokenMemory):
     """Sound: tallies in an SQLite file that every process opens, each add in one
     transaction (the control for the tally row's processes)."""
 
@@ -152,7 +144,7 @@ class TallyInSqlite(_Broken):
             return {m: bytes(v) for m, v in db.execute(sql, (key, time.time())).fetchall()}
 
 
-VARIANTS: list[type[_Broken]] = [
+VARIANTS: list[type[BrokenMemory]] = [
     CountsWithoutALock,
     LastValueWins,
     SaysAddedEveryTime,
@@ -170,7 +162,4 @@ def hermes_drivers() -> list[DriverPlugin]:
 
 def describe(scheme: str) -> str | None:
     """The bug a scheme names (the class docstring), or None if it is not one of these."""
-    for cls in VARIANTS:
-        if cls.scheme == scheme:
-            return " ".join((cls.__doc__ or "").split())
-    return None
+    return describe_variant(VARIANTS, scheme)

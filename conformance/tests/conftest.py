@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import itertools
 import json
@@ -9,7 +10,8 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -146,3 +148,51 @@ def broken_module() -> Callable[[str], ModuleType]:
         return importlib.import_module(name)
 
     return load
+
+
+@dataclass
+class Row:
+    """One capability row of the kit run on sound and broken stores of a broken-store module.
+
+    ``sound``: URL -> the tests it cannot run, with the reason; ``broken``: URL ->
+    (the tests that must fail, and only they; text the output shows).
+    """
+
+    module: str
+    plugin: str
+    tests: set[str]
+    sound: dict[str, dict[str, str]]
+    broken: dict[str, tuple[list[str], str]]
+
+    @contextlib.contextmanager
+    def runs(self, kit_runner: KitRunner, workers: int = 3) -> Iterator[dict[str, Future[KitRun]]]:
+        """The row on every URL, ``workers`` runs at a time (each races threads)."""
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            runs = {
+                url: pool.submit(
+                    kit_runner.run,
+                    *("--pyargs", self.module, "--hermes-url", url, "--hermes-plugin", self.plugin),
+                )
+                for url in [*self.sound, *self.broken]
+            }
+            yield runs
+            for future in runs.values():
+                future.cancel()
+
+    def assert_passes(self, run: KitRun, url: str) -> None:
+        skipped = self.sound[url]
+        assert run.returncode == 0, run.describe()
+        assert set(run.with_outcome("passed")) == self.tests - set(skipped), run.describe()
+        assert {name: run.reasons[name] for name in run.with_outcome("skipped")} == skipped
+
+    def assert_fails(self, run: KitRun, url: str, bug: str | None) -> None:
+        must_fail, says = self.broken[url]
+        assert run.returncode == 1, f"bug: {bug}\n{run.describe()}"
+        assert run.with_outcome("failed") == sorted(must_fail), f"bug: {bug}\n{run.describe()}"
+        assert says in run.output, f"bug: {bug}; expected {says!r}\n{run.describe()}"
+
+
+@pytest.fixture(scope="session")
+def make_row() -> type[Row]:
+    """:class:`Row`, for the broken-store suites (their modules cannot import this one)."""
+    return Row

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -64,48 +64,29 @@ def _row() -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def verdicts(kit_runner: Any) -> Iterator[dict[str, Future[Any]]]:
-    """The limits row on every URL here, three runs at a time (it races threads on time)."""
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        runs = {
-            url: pool.submit(
-                kit_runner.run,
-                "--pyargs",
-                _MODULE,
-                "--hermes-url",
-                url,
-                "--hermes-plugin",
-                "broken_limits",
-            )
-            for url in [*SOUND, *BROKEN]
-        }
+def row(make_row: Any) -> Any:
+    return make_row(_MODULE, "broken_limits", _row(), SOUND, BROKEN)
+
+
+@pytest.fixture(scope="module")
+def verdicts(row: Any, kit_runner: Any) -> Iterator[dict[str, Future[Any]]]:
+    with row.runs(kit_runner) as runs:
         yield runs
-        for future in runs.values():
-            future.cancel()
 
 
 @pytest.mark.parametrize("url", list(SOUND))
-def test_the_limits_row_passes_on_a_sound_store(verdicts: dict[str, Future[Any]], url: str) -> None:
-    run = verdicts[url].result()
-    skipped = SOUND[url]
-
-    assert run.returncode == 0, run.describe()
-    assert set(run.with_outcome("passed")) == _row() - set(skipped), run.describe()
-    assert {name: run.reasons[name] for name in run.with_outcome("skipped")} == skipped
+def test_the_limits_row_passes_on_a_sound_store(
+    row: Any, verdicts: dict[str, Future[Any]], url: str
+) -> None:
+    row.assert_passes(verdicts[url].result(), url)
 
 
 @pytest.mark.parametrize("url", list(BROKEN))
 def test_the_limits_row_fails_a_broken_store(
-    verdicts: dict[str, Future[Any]], url: str, broken_module: Any
+    row: Any, verdicts: dict[str, Future[Any]], url: str, broken_module: Any
 ) -> None:
-    must_fail, says = BROKEN[url]
     bug = broken_module("broken_limits").describe(url.split(":")[0])
-
-    run = verdicts[url].result()
-
-    assert run.returncode == 1, f"bug: {bug}\n{run.describe()}"
-    assert run.with_outcome("failed") == sorted(must_fail), f"bug: {bug}\n{run.describe()}"
-    assert says in run.output, f"bug: {bug}; expected {says!r}\n{run.describe()}"
+    row.assert_fails(verdicts[url].result(), url, bug)
 
 
 def test_every_test_of_the_limits_row_fails_on_some_broken_store() -> None:

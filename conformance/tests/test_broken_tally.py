@@ -4,7 +4,7 @@ by processes, red on each broken tally, for the reason named here."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any
 
 import pytest
@@ -34,48 +34,29 @@ SOUND = {
 
 
 @pytest.fixture(scope="module")
-def verdicts(kit_runner: Any) -> Iterator[dict[str, Future[Any]]]:
-    """The tally row on every URL here, three runs at a time (it races threads)."""
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        runs = {
-            url: pool.submit(
-                kit_runner.run,
-                "--pyargs",
-                "hermes.conformance.test_tally",
-                "--hermes-url",
-                url,
-                "--hermes-plugin",
-                "broken_tally",
-            )
-            for url in [*SOUND, *BROKEN]
-        }
+def row(make_row: Any) -> Any:
+    return make_row("hermes.conformance.test_tally", "broken_tally", ROW, SOUND, BROKEN)
+
+
+@pytest.fixture(scope="module")
+def verdicts(row: Any, kit_runner: Any) -> Iterator[dict[str, Future[Any]]]:
+    with row.runs(kit_runner) as runs:
         yield runs
-        for future in runs.values():
-            future.cancel()
 
 
 @pytest.mark.parametrize("url", list(SOUND))
-def test_the_tally_row_passes_on_a_sound_store(verdicts: dict[str, Future[Any]], url: str) -> None:
-    run = verdicts[url].result()
-    skipped = SOUND[url]
-
-    assert run.returncode == 0, run.describe()
-    assert set(run.with_outcome("passed")) == ROW - set(skipped), run.describe()
-    assert {name: run.reasons[name] for name in run.with_outcome("skipped")} == skipped
+def test_the_tally_row_passes_on_a_sound_store(
+    row: Any, verdicts: dict[str, Future[Any]], url: str
+) -> None:
+    row.assert_passes(verdicts[url].result(), url)
 
 
 @pytest.mark.parametrize("url", list(BROKEN))
 def test_the_tally_row_fails_a_broken_store(
-    verdicts: dict[str, Future[Any]], url: str, broken_module: Any
+    row: Any, verdicts: dict[str, Future[Any]], url: str, broken_module: Any
 ) -> None:
-    must_fail, says = BROKEN[url]
     bug = broken_module("broken_tally").describe(url.split(":")[0])
-
-    run = verdicts[url].result()
-
-    assert run.returncode == 1, f"bug: {bug}\n{run.describe()}"
-    assert run.with_outcome("failed") == sorted(must_fail), f"bug: {bug}\n{run.describe()}"
-    assert says in run.output, f"bug: {bug}; expected {says!r}\n{run.describe()}"
+    row.assert_fails(verdicts[url].result(), url, bug)
 
 
 def test_every_test_of_the_tally_row_fails_on_some_broken_store() -> None:
