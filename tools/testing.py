@@ -17,12 +17,14 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
 #: How long a test polls for something that should take milliseconds.
 DEADLINE_S = 10.0
+
+T = TypeVar("T")
 
 
 def eventually(
@@ -87,6 +89,38 @@ class StopWhen:
 
 #: Long enough for a refusal that takes milliseconds, on a slow shared machine.
 REFUSAL_S = 30.0
+
+
+def concurrently(
+    count: int, call: Callable[[int], T], timeout_s: float = 3 * DEADLINE_S
+) -> tuple[list[T], float]:
+    """``call(i)`` on ``count`` threads released at once (a barrier); every answer, in the
+    order they came, and the seconds from the first start to the last join. Fails on the
+    first exception a call raised."""
+    barrier = threading.Barrier(count)
+    answers: list[T] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def run(index: int) -> None:
+        try:
+            barrier.wait()
+            answer = call(index)
+            with lock:
+                answers.append(answer)
+        except BaseException as exc:  # reported below, on the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+    started = time.monotonic()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout_s)
+    took = time.monotonic() - started
+    assert errors == [], f"a concurrent call raised {errors[0]!r}"
+    assert len(answers) == count, f"{count - len(answers)} of {count} calls never returned"
+    return answers, took
 
 
 def refused_send(url: str, *names: str, kind: type[Exception] | None = None) -> str:

@@ -6,15 +6,13 @@ import itertools
 import json
 import multiprocessing
 import os
-import threading
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hermes_test_support import DEADLINE_S, eventually
+from hermes_test_support import DEADLINE_S, concurrently, eventually
 
 from hermes.core.driver import LimitRule, SupportsLimits, Take, limit_state
 from hermes.drivers.filesystem import FileSystemDriver, _limits
@@ -28,34 +26,6 @@ def store(tmp_path: Path) -> FileSystemDriver:
 def limit_files(store: FileSystemDriver) -> list[str]:
     directory = Path(store.path) / "limits"
     return sorted(p.name for p in directory.iterdir() if not p.name.startswith("."))
-
-
-def _concurrently(count: int, call: Callable[[int], Take]) -> tuple[list[Take], float]:
-    """``call(i)`` on ``count`` threads released at once; the answers and the seconds it took."""
-    barrier = threading.Barrier(count)
-    answers: list[Take] = []
-    errors: list[BaseException] = []
-    lock = threading.Lock()
-
-    def run(index: int) -> None:
-        try:
-            barrier.wait()
-            answer = call(index)
-            with lock:
-                answers.append(answer)
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
-    started = time.monotonic()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(DEADLINE_S * 3)
-    took = time.monotonic() - started
-    assert errors == []
-    assert len(answers) == count
-    return answers, took
 
 
 def _state(store: FileSystemDriver, key: str) -> limit_state.State | None:
@@ -83,7 +53,7 @@ def test_ten_concurrent_takes_get_one_start_and_turns_half_a_second_apart(
 ) -> None:
     rule = LimitRule(interval_s=0.5, burst=1)
 
-    answers, took = _concurrently(10, lambda i: store.limit_take("rate", rule, _slot(), False, 30))
+    answers, took = concurrently(10, lambda i: store.limit_take("rate", rule, _slot(), False, 30))
 
     waits = sorted(answer.wait_s for answer in answers)
     assert all(answer.charged for answer in answers)
@@ -102,7 +72,7 @@ def test_three_slots_among_sixteen_threads_go_to_exactly_three(tmp_path: Path) -
     stores = [FileSystemDriver(tmp_path / "store", fsync=False) for _ in range(2)]
     rule = LimitRule(concurrency=3)
 
-    answers, _ = _concurrently(
+    answers, _ = concurrently(
         16, lambda i: stores[i % 2].limit_take("slots", rule, f"slot-{i}", False, 30)
     )
 

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
 import pytest
-from hermes_test_support import DEADLINE_S, eventually
+from hermes_test_support import concurrently, eventually
 
 from hermes.core.driver import SupportsTally
 from hermes.drivers.filesystem import FileSystemDriver, _records, _tallies
@@ -29,32 +27,6 @@ def tally_dirs(store: FileSystemDriver) -> list[str]:
     if not directory.exists():
         return []
     return sorted(p.name for p in directory.iterdir() if not p.name.startswith("."))
-
-
-def _concurrently(count: int, call: Callable[[int], T]) -> list[T]:
-    """``call(i)`` on ``count`` threads released at once; every answer."""
-    barrier = threading.Barrier(count)
-    answers: list[T] = []
-    errors: list[BaseException] = []
-    lock = threading.Lock()
-
-    def run(index: int) -> None:
-        try:
-            barrier.wait()
-            answer = call(index)
-            with lock:
-                answers.append(answer)
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(DEADLINE_S * 3)
-    assert errors == []
-    assert len(answers) == count
-    return answers
 
 
 def test_the_driver_keeps_tallies(store: FileSystemDriver) -> None:
@@ -104,7 +76,7 @@ def test_threads_adding_distinct_members_lose_none_and_the_last_sees_them_all(
     def add(index: int) -> list[tuple[bool, int]]:
         return [store.tally_add("group:threads", f"{index}.{n}", b"v", 60) for n in range(50)]
 
-    answers = [answer for run in _concurrently(8, add) for answer in run]
+    answers = [answer for run in concurrently(8, add)[0] for answer in run]
     assert len(answers) == 400
     assert sum(added for added, _ in answers) == 400
     assert max(count for _, count in answers) == 400
@@ -121,7 +93,7 @@ def test_in_every_group_whose_members_end_at_once_one_add_sees_them_all(
         def add(index: int, key: str = key) -> tuple[bool, int]:
             return store.tally_add(key, str(index), b"v", 60)
 
-        answers = _concurrently(8, add)
+        answers = concurrently(8, add)[0]
         assert sorted(answers)[-1] == (True, 8), f"{key}: no add saw every member: {answers}"
 
 
@@ -149,7 +121,7 @@ def test_four_processes_adding_members_lose_none_and_one_sees_them_all(
 def test_one_member_added_by_threads_at_once_is_added_by_exactly_one(
     store: FileSystemDriver,
 ) -> None:
-    answers = _concurrently(8, lambda i: store.tally_add("group:once", "0", b"%d" % i, 60))
+    answers = concurrently(8, lambda i: store.tally_add("group:once", "0", b"%d" % i, 60))[0]
     assert sorted(answers) == [(False, 1)] * 7 + [(True, 1)]
     assert list(store.tally_read("group:once")) == ["0"]
 

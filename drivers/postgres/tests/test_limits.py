@@ -3,43 +3,13 @@
 from __future__ import annotations
 
 import itertools
-import threading
 import time
 import uuid
-from collections.abc import Callable
 
-from hermes_test_support import DEADLINE_S, eventually
+from hermes_test_support import concurrently, eventually
 
 from hermes.core.driver import LimitRule, SupportsLimits, Take, limit_state
 from hermes.drivers.postgres import PostgresDriver
-
-
-def _concurrently(count: int, call: Callable[[int], Take]) -> tuple[list[Take], float]:
-    """``call(i)`` on ``count`` threads released at once; the answers and the seconds it took."""
-    barrier = threading.Barrier(count)
-    answers: list[Take] = []
-    errors: list[BaseException] = []
-    lock = threading.Lock()
-
-    def run(index: int) -> None:
-        try:
-            barrier.wait()
-            answer = call(index)
-            with lock:
-                answers.append(answer)
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
-    started = time.monotonic()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(DEADLINE_S * 3)
-    took = time.monotonic() - started
-    assert errors == []
-    assert len(answers) == count
-    return answers, took
 
 
 def _state(driver: PostgresDriver, key: str) -> limit_state.State | None:
@@ -59,7 +29,7 @@ def test_ten_concurrent_takes_get_one_start_and_turns_half_a_second_apart(make_d
     drivers = [make_driver(), make_driver()]  # two pools, as two processes
     rule = LimitRule(interval_s=0.5, burst=1)
 
-    answers, took = _concurrently(
+    answers, took = concurrently(
         10, lambda i: drivers[i % 2].limit_take("rate", rule, _slot(), False, 30)
     )
 
@@ -79,7 +49,7 @@ def test_three_slots_among_sixteen_threads_go_to_exactly_three(make_driver):
     drivers = [make_driver(), make_driver()]
     rule = LimitRule(concurrency=3)
 
-    answers, _ = _concurrently(
+    answers, _ = concurrently(
         16, lambda i: drivers[i % 2].limit_take("slots", rule, f"slot-{i}", False, 30)
     )
 

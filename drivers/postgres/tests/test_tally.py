@@ -2,42 +2,14 @@
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
 from typing import TypeVar
 
 import pytest
-from hermes_test_support import DEADLINE_S, eventually
+from hermes_test_support import concurrently, eventually
 
 from hermes.core.driver import SupportsTally
 
 T = TypeVar("T")
-
-
-def _concurrently(count: int, call: Callable[[int], T]) -> list[T]:
-    """``call(i)`` on ``count`` threads released at once; their answers."""
-    barrier = threading.Barrier(count)
-    answers: list[T] = []
-    errors: list[BaseException] = []
-    lock = threading.Lock()
-
-    def run(index: int) -> None:
-        try:
-            barrier.wait()
-            answer = call(index)
-            with lock:
-                answers.append(answer)
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(DEADLINE_S * 3)
-    assert errors == []
-    assert len(answers) == count
-    return answers
 
 
 def test_the_driver_keeps_tallies(driver):
@@ -64,7 +36,7 @@ def test_concurrent_adds_count_every_member_once_and_the_last_sees_them_all(make
             for j in range(per_thread)
         ]
 
-    answers = [answer for answers in _concurrently(threads_count, add_all) for answer in answers]
+    answers = [answer for answers in concurrently(threads_count, add_all)[0] for answer in answers]
 
     assert sum(added for added, _ in answers) == total
     assert any(count == total for _, count in answers)
@@ -80,9 +52,9 @@ def test_one_member_added_by_eight_threads_at_once_is_added_by_one(make_driver):
     drivers = [make_driver() for _ in range(8)]
     for round_ in range(5):
         key = f"same-{round_}"
-        answers = _concurrently(
+        answers = concurrently(
             8, lambda i, key=key: drivers[i].tally_add(key, "only", f"{i}".encode(), 60)
-        )
+        )[0]
         assert sorted(answers) == [(False, 1)] * 7 + [(True, 1)], answers
         value = drivers[0].tally_read(key)["only"]
         assert value in {f"{i}".encode() for i in range(8)}
