@@ -51,9 +51,9 @@ HERMES = str(Path(sys.executable).with_name("hermes"))
 KILL_WORKERS = 3
 CANCEL_WORKERS = 4
 
-#: The handlers the workers run: work a little (so kills land mid-handler), then
-#: append "<n>\t<pid>" with one write on an O_APPEND file, which survives a SIGKILL.
-JOBS = """
+#: What a handlers module of the soaks starts with: the O_APPEND file each line goes
+#: to (one write a line survives a SIGKILL), and how long each job works.
+JOBS_PREAMBLE = """
 import os
 import time
 
@@ -61,7 +61,13 @@ from hermes.core import Result
 
 _fd = os.open(os.environ["RECORDS_SOAK_FILE"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 _work_s = float(os.environ["RECORDS_SOAK_WORK_MS"]) / 1000
+"""
 
+#: The handlers the workers run: work a little (so kills land mid-handler), then
+#: append "<n>\t<pid>".
+JOBS = (
+    JOBS_PREAMBLE
+    + """
 
 def record(message):
     time.sleep(_work_s)
@@ -71,6 +77,7 @@ def record(message):
 
 HANDLERS = {"torture": record}
 """
+)
 
 
 @dataclass

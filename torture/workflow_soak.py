@@ -43,19 +43,13 @@ from hermes.core import connect  # noqa: E402
 from hermes.core.jobs import Jobs  # noqa: E402
 from hermes.core.workflows import Workflows, chain, group, job  # noqa: E402
 from torture.pool_soak import namespace  # noqa: E402
-from torture.records_soak import Workers  # noqa: E402
+from torture.records_soak import JOBS_PREAMBLE, Workers  # noqa: E402
 
 WORKERS = 4
 
-JOBS = """
-import os
-import time
-
-from hermes.core import Result
-
-_fd = os.open(os.environ["RECORDS_SOAK_FILE"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-_work_s = float(os.environ["RECORDS_SOAK_WORK_MS"]) / 1000
-
+JOBS = (
+    JOBS_PREAMBLE
+    + """
 
 def member(message):
     time.sleep(_work_s)
@@ -73,6 +67,7 @@ def callback(message):
 
 HANDLERS = {"member": member, "callback": callback}
 """
+)
 
 
 @dataclass
