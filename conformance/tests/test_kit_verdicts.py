@@ -574,10 +574,10 @@ def test_what_a_broken_driver_must_fail_passes_on_the_sound_driver_at_the_same_s
 
 def test_every_required_kit_test_fails_on_some_broken_driver() -> None:
     caught = {test for must_fail, _ in BROKEN.values() for test in must_fail}
-    # The claim, heartbeat and limits rows' broken drivers declare those protocols; their
-    # own self-tests (test_broken_claim.py, test_broken_heartbeat.py, test_broken_limits.py)
-    # run them.
-    caught |= CLAIMS | HEARTBEATS | LIMITS
+    # The claim, heartbeat, limits and tally rows' broken drivers declare those protocols;
+    # their own self-tests (test_broken_claim.py, test_broken_heartbeat.py,
+    # test_broken_limits.py, test_broken_tally.py) run them.
+    caught |= CLAIMS | HEARTBEATS | LIMITS | TALLY
     required = set(_kit_tests())
 
     assert required - caught == set(), "no broken driver makes these fail"

@@ -69,10 +69,12 @@ def _add(store: SupportsTally, key: str, member: str, value: bytes) -> tuple[boo
 def test_a_member_added_twice_counts_once_and_keeps_its_first_value(hermes_kit: Kit) -> None:
     store = _tally(hermes_kit.driver())
     key = "kit:twice"
-    assert _add(store, key, "a", b"first") == (True, 1)
+    first = _add(store, key, "a", b"first")
+    assert first == (True, 1), f"the first add to a new key answered {first}, not (True, 1)"
     again = _add(store, key, "a", b"second")
     assert again == (False, 1), f"the same member added again answered {again}, not (False, 1)"
-    assert _add(store, key, "b", b"other") == (True, 2)
+    other = _add(store, key, "b", b"other")
+    assert other == (True, 2), f"a second member added answered {other}, not (True, 2)"
     read = store.tally_read(key)
     assert read == {"a": b"first", "b": b"other"}, (
         f"tally_read gave {read!r}: a member's first value stays, whatever is added after"
@@ -216,7 +218,8 @@ def test_a_set_is_kept_for_its_ttl_and_gone_after_it_and_no_namespace_sees_anoth
     try:
         other = _tally(elsewhere)
         added_at = time.monotonic()
-        assert store.tally_add(key, "a", b"1", ttl) == (True, 1)
+        first = store.tally_add(key, "a", b"1", ttl)
+        assert first == (True, 1), f"the first add to a new key answered {first}, not (True, 1)"
         assert other.tally_read(key) == {}, "another namespace read this namespace's set"
         other.tally_add(key, "b", b"2", _KEPT_S)
         _expires(store, key, ttl, added_at)
