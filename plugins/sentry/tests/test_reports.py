@@ -221,7 +221,7 @@ sentry_sdk.init(dsn="https://key@sentry.invalid/1", transport=Recording())
 import hermes.plugins.sentry  # noqa: E402, F401
 
 logging.getLogger("hermes").error("the application's own line")
-sentry_sdk.flush()
+sentry_sdk.flush(timeout=30)  # returns once sent; the default 2 s is short on a busy machine
 print(len(events))
 """
 
