@@ -18,7 +18,7 @@ from hermes.core.run._heartbeat import PAUSED_KEY
 HIGH = 300
 
 
-def wait_for(predicate: Any, timeout_s: float = 10.0) -> bool:
+def wait_for(predicate: Any, timeout_s: float = 30.0) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if predicate():
