@@ -6,13 +6,12 @@ import itertools
 import json
 import math
 import random
-import threading
 import time
 from typing import Any
 
 import pytest
 import redis
-from hermes_test_support import DEADLINE_S, eventually
+from hermes_test_support import concurrently, eventually
 
 from hermes.core import BrokerUnavailableError, connect
 from hermes.core.driver import Delivery, LimitRule, SupportsLimits, Take, limit_state
@@ -22,28 +21,6 @@ from hermes.drivers.redis import RedisSetDriver, _limits
 def stored(client: redis.Redis[Any], driver: RedisSetDriver, key: str) -> bytes | None:
     value: bytes | None = client.get(_limits.state_key(driver.key, key))
     return value
-
-
-def together(count: int, call: Any) -> list[Any]:
-    """``call(i)`` for each i in ``range(count)``, from as many threads let go at once."""
-    barrier = threading.Barrier(count)
-    results: list[Any] = [None] * count
-    errors: list[BaseException] = []
-
-    def run(i: int) -> None:
-        barrier.wait()
-        try:
-            results[i] = call(i)
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(DEADLINE_S)
-    assert not errors, errors
-    return results
 
 
 def test_the_state_sits_beside_the_queue_key_under_the_prefix(
@@ -150,7 +127,7 @@ def test_ten_takes_at_once_get_one_start_and_turns_half_a_second_apart(
     def take(i: int) -> tuple[Take, float]:
         return _limits.take(driver._execute_once, driver.key, "mail", rule, f"s{i}", False, 30)
 
-    answers = together(10, take)
+    answers = concurrently(10, take)[0]
 
     assert all(answer.charged for answer, _ in answers), "every take is charged"
     assert sum(answer.wait_s == 0 for answer, _ in answers) == 1
@@ -164,7 +141,9 @@ def test_three_of_sixteen_threads_hold_a_slot_of_three(
 ) -> None:
     rule = LimitRule(concurrency=3)
 
-    answers = together(16, lambda i: driver.limit_take("import", rule, f"slot-{i}", False, 30))
+    answers, _ = concurrently(
+        16, lambda i: driver.limit_take("import", rule, f"slot-{i}", False, 30)
+    )
 
     started = [i for i, answer in enumerate(answers) if answer.wait_s == 0]
     assert len(started) == 3

@@ -2,38 +2,15 @@
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import pytest
 import redis
-from hermes_test_support import DEADLINE_S, eventually
+from hermes_test_support import concurrently, eventually
 
 from hermes.core import BrokerUnavailableError, connect
 from hermes.core.driver import Delivery, SupportsTally
 from hermes.drivers.redis import RedisSetDriver, _tally
-
-
-def together(count: int, call: Any) -> list[Any]:
-    """``call(i)`` for each i in ``range(count)``, from as many threads let go at once."""
-    barrier = threading.Barrier(count)
-    results: list[Any] = [None] * count
-    errors: list[BaseException] = []
-
-    def run(i: int) -> None:
-        barrier.wait()
-        try:
-            results[i] = call(i)
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(DEADLINE_S)
-    assert not errors, errors
-    return results
 
 
 def test_a_tally_is_a_hash_beside_the_queue_key_under_the_prefix(
@@ -79,7 +56,7 @@ def test_eight_threads_adding_fifty_members_each_count_every_one_once(
     def add_fifty(thread: int) -> list[tuple[bool, int]]:
         return [driver.tally_add("g", f"{thread}.{n}", b"x", 60) for n in range(50)]
 
-    calls = [call for results in together(8, add_fifty) for call in results]
+    calls = [call for results in concurrently(8, add_fifty)[0] for call in results]
 
     assert len(calls) == 400
     assert sum(added for added, _ in calls) == 400
@@ -88,7 +65,7 @@ def test_eight_threads_adding_fifty_members_each_count_every_one_once(
 
 
 def test_of_eight_threads_adding_one_member_exactly_one_adds_it(driver: RedisSetDriver) -> None:
-    results = together(8, lambda thread: driver.tally_add("g", "same", b"%d" % thread, 60))
+    results, _ = concurrently(8, lambda thread: driver.tally_add("g", "same", b"%d" % thread, 60))
 
     assert sorted(results) == [(False, 1)] * 7 + [(True, 1)]
     winner = next(thread for thread, (added, _) in enumerate(results) if added)
