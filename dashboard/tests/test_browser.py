@@ -52,6 +52,26 @@ def main_text(browser: Any) -> str:
         return ""
 
 
+@contextlib.contextmanager
+def own_worker(
+    deployment: Deployment, priority: int, log: Path
+) -> Iterator[subprocess.Popen[bytes]]:
+    """A ``hermes worker`` of the test's own on ``priority`` (no other test's), its output in
+    ``log``, beating every half second; killed at the end."""
+    env = {k: v for k, v in os.environ.items() if k != "HERMES_URL"}
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")])
+    env["DASH_TEST_DIR"] = str(deployment.work)
+    args = [HERMES, "worker", "--url", deployment.url, "--handlers", "dash_jobs:handlers"]
+    args += ["--priority", str(priority), "--heartbeat-interval", "0.5"]
+    with log.open("wb") as out:
+        worker = subprocess.Popen(args, cwd=HERE, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        yield worker
+    finally:
+        worker.kill()
+        worker.wait()
+
+
 def test_the_overview_counts_change_as_messages_are_emitted(
     browser: Any, deployment: Deployment
 ) -> None:
@@ -486,14 +506,7 @@ def test_a_worker_stopped_from_the_workers_page_exits(
     browser: Any, deployment: Deployment, tmp_path: Path
 ) -> None:
     # A worker of its own, on a priority no other test uses: the session's worker runs on.
-    env = {k: v for k, v in os.environ.items() if k != "HERMES_URL"}
-    env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")])
-    env["DASH_TEST_DIR"] = str(deployment.work)
-    args = [HERMES, "worker", "--url", deployment.url, "--handlers", "dash_jobs:handlers"]
-    args += ["--priority", "70", "--heartbeat-interval", "0.5"]
-    with (tmp_path / "worker.log").open("wb") as log:
-        worker = subprocess.Popen(args, cwd=HERE, env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
+    with own_worker(deployment, 70, tmp_path / "worker.log") as worker:
         row = f'tr[data-pid="{worker.pid}"]'
 
         def listed() -> bool:
@@ -513,32 +526,19 @@ def test_a_worker_stopped_from_the_workers_page_exits(
         eventually(
             lambda: not open_page(browser, deployment.base + "/workers").count(str(worker.pid))
         )
-    finally:
-        worker.kill()
-        worker.wait()
 
 
 def test_a_priority_paused_from_the_queues_page_is_not_taken_until_resumed(
     browser: Any, deployment: Deployment, tmp_path: Path
 ) -> None:
     # A worker of its own, on a priority only this test sends to (the dashboard shows it).
-    env = {k: v for k, v in os.environ.items() if k != "HERMES_URL"}
-    env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")])
-    env["DASH_TEST_DIR"] = str(deployment.work)
-    args = [HERMES, "worker", "--url", deployment.url, "--handlers", "dash_jobs:handlers"]
-    args += ["--priority", "80", "--heartbeat-interval", "0.5"]
-    with (tmp_path / "worker.log").open("wb") as log:
-        worker = subprocess.Popen(args, cwd=HERE, env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
+    with own_worker(deployment, 80, tmp_path / "worker.log") as worker:
         first = deployment.emit("ok", {"before": "pause"}, priority=80)
         eventually(lambda: first in deployment.handled_ids())
         pause_and_resume(browser, deployment, 80, worker.pid)
         said = (tmp_path / "worker.log").read_text()
         assert "Priority 80 paused from the dashboard" in said, said[-2000:]
         assert "Priority 80 resumed: taking it again" in said, said[-2000:]
-    finally:
-        worker.kill()
-        worker.wait()
 
 
 def test_a_workflow_s_page_shows_its_tree_and_leads_to_each_step(
