@@ -36,8 +36,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
@@ -338,11 +340,7 @@ def main() -> int:
             with services.service_url(target) as url:
                 outcomes.append(cancel_run(f"cancel {target}", url, redis_url, cancel_count))
             print(table(outcomes[-1:]).splitlines()[-1], flush=True)
-    print()
-    print(table(outcomes))
-    for o in outcomes:
-        if o.note:
-            print(f"\n{o.run}:\n{o.note}")
+    intro = ""
     if not args.quick:
         stamp = time.strftime("%Y-%m-%d %H:%M %Z")
         intro = (
@@ -353,10 +351,23 @@ def main() -> int:
             "random while the workers drain the rest. Records on Redis, PostgreSQL's in "
             "PostgreSQL.\n\n"
         )
+    return report(outcomes, table(outcomes), intro, "records", only)
+
+
+def report(outcomes: Sequence[Any], text: str, intro: str, name: str, only: set[str]) -> int:
+    """Print the soak's table and what went wrong; with ``intro`` (a full run), write both
+    to torture/results/NAME.md (NAME-<only>.md for part of it). The exit status: 1 if a
+    rule broke or nothing ran."""
+    print()
+    print(text)
+    for o in outcomes:
+        if o.note:
+            print(f"\n{o.run}:\n{o.note}")
+    if intro:
         results_dir = ROOT / "torture" / "results"
         results_dir.mkdir(exist_ok=True)
-        name = "records.md" if not only else f"records-{'-'.join(sorted(only))}.md"
-        (results_dir / name).write_text(f"{intro}{table(outcomes)}\n")
+        file = f"{name}.md" if not only else f"{name}-{'-'.join(sorted(only))}.md"
+        (results_dir / file).write_text(f"{intro}{text}\n")
     return 0 if outcomes and all(o.ok for o in outcomes) else 1
 
 

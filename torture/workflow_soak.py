@@ -43,7 +43,7 @@ from hermes.core import connect  # noqa: E402
 from hermes.core.jobs import Jobs  # noqa: E402
 from hermes.core.workflows import Workflows, chain, group, job  # noqa: E402
 from torture.pool_soak import namespace  # noqa: E402
-from torture.records_soak import JOBS_PREAMBLE, Workers  # noqa: E402
+from torture.records_soak import JOBS_PREAMBLE, Workers, report  # noqa: E402
 
 WORKERS = 4
 
@@ -211,11 +211,7 @@ def main() -> int:
                 results = url if target == "postgres" else redis_url
                 outcomes.append(run(target, url, results, count, size, kill_s))
             print(table(outcomes[-1:]).splitlines()[-1], flush=True)
-    print()
-    print(table(outcomes))
-    for o in outcomes:
-        if o.note:
-            print(f"\n{o.run}:\n{o.note}")
+    intro = ""
     if not args.quick:
         stamp = time.strftime("%Y-%m-%d %H:%M %Z")
         intro = (
@@ -224,11 +220,7 @@ def main() -> int:
             f"{WORKERS} `hermes worker --results-url` processes, a random one SIGKILLed "
             f"every ~2 s for {kill_s:g} s. Records on Redis, PostgreSQL's in PostgreSQL.\n\n"
         )
-        results_dir = ROOT / "torture" / "results"
-        results_dir.mkdir(exist_ok=True)
-        name = "workflows.md" if not only else f"workflows-{'-'.join(sorted(only))}.md"
-        (results_dir / name).write_text(f"{intro}{table(outcomes)}\n")
-    return 0 if outcomes and all(o.ok for o in outcomes) else 1
+    return report(outcomes, table(outcomes), intro, "workflows", only)
 
 
 if __name__ == "__main__":
