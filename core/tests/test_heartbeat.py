@@ -20,7 +20,13 @@ import pytest
 from hermes.core import Emitter, Message, Worker
 from hermes.core._cli._workers import duration, table
 from hermes.core.driver import BrokerUnavailableError, MemoryDriver, NotSupportedError
-from hermes.core.heartbeat import HeartbeatPublisher, live_workers, request_stop
+from hermes.core.heartbeat import (
+    HeartbeatPublisher,
+    live_workers,
+    pause,
+    paused_priorities,
+    request_stop,
+)
 
 HERMES = shutil.which("hermes", path=os.path.dirname(sys.executable))
 
@@ -271,7 +277,7 @@ def test_a_stop_requested_on_the_registry_stops_the_worker_after_the_job_it_runs
     assert live_workers(driver) == []
 
 
-def test_a_stop_cannot_be_requested_on_a_registry_that_keeps_no_records() -> None:
+def test_a_stop_or_a_pause_cannot_be_requested_on_a_registry_that_keeps_no_records() -> None:
     class HeartbeatsOnly:
         def beat(self, record: Mapping[str, Any], ttl_s: float) -> None: ...
         def forget(self, worker_id: str) -> None: ...
@@ -280,6 +286,9 @@ def test_a_stop_cannot_be_requested_on_a_registry_that_keeps_no_records() -> Non
 
     with pytest.raises(NotSupportedError, match="keeps heartbeats but no records"):
         request_stop(HeartbeatsOnly(), "web-1:1:abc", "from a test")
+    with pytest.raises(NotSupportedError, match="keeps heartbeats but no records"):
+        pause(HeartbeatsOnly(), 100, "from a test")
+    assert paused_priorities(HeartbeatsOnly()) == {}  # nothing paused where nothing is kept
 
 
 def test_hermes_workers_stop_asks_a_live_worker_and_refuses_an_unknown_id(

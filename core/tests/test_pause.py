@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from hermes.core import Emitter, Message, Worker
-from hermes.core.driver import MemoryDriver, NotSupportedError
+from hermes.core.driver import MemoryDriver
 from hermes.core.heartbeat import HeartbeatPublisher, live_workers, pause, paused_priorities, resume
 from hermes.core.run._heartbeat import PAUSED_KEY
 
@@ -178,17 +178,3 @@ def test_an_unreadable_paused_record_reads_as_nothing_paused_and_is_logged(
     driver.record_put(PAUSED_KEY, b"[not json", 60, None)
     assert paused_priorities(driver) == {}
     assert "The paused priorities record 'hermes-paused' is not readable" in caplog.text
-
-
-def test_a_registry_that_keeps_no_records_cannot_pause() -> None:
-    class HeartbeatsOnly:
-        def beat(self, record: dict[str, Any], ttl_s: float) -> None: ...
-
-        def forget(self, worker_id: str) -> None: ...
-
-        def heartbeats(self) -> list[dict[str, Any]]:
-            return []
-
-    with pytest.raises(NotSupportedError, match="keeps heartbeats but no records"):
-        pause(HeartbeatsOnly(), 100, "by the test")  # type: ignore[arg-type]
-    assert paused_priorities(HeartbeatsOnly()) == {}  # type: ignore[arg-type]
