@@ -64,12 +64,24 @@ def hermes_handler_call(
     if not _initialized():
         _pending.call = None
         return None  # no init(), or one without a DSN: nothing would be sent
-    from sentry_sdk.integrations.logging import ignore_logger
-
     # The plugin reports handler failures itself, with the message: the
     # Dispatcher's ERROR line about the same failure must not be a second event.
-    ignore_logger("hermes")
+    _ignore_for_events("hermes")
     return _call(message, priority, handler)
+
+
+def _ignore_for_events(name: str) -> None:
+    """Tell Sentry's logging integration to make no event of logger ``name``'s lines.
+
+    sentry-sdk 3 split the call: ``ignore_logger`` there only stops Sentry Logs,
+    ``ignore_logger_for_events`` stops events and breadcrumbs (what sentry-sdk 2's
+    ``ignore_logger`` did). The lines stay Sentry Logs when the application
+    enables those.
+    """
+    from sentry_sdk.integrations import logging as sentry_logging
+
+    ignore = getattr(sentry_logging, "ignore_logger_for_events", None)  # sentry-sdk 3
+    (ignore or sentry_logging.ignore_logger)(name)
 
 
 def _initialized() -> bool:
