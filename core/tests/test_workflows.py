@@ -283,6 +283,33 @@ def test_a_workflow_started_again_with_its_id_sends_nothing_twice(store: Driver)
     assert fleet.types() == ["once"] * 3
 
 
+def test_a_workflow_outliving_half_its_records_ttl_keeps_its_tree_readable() -> None:
+    """A node's spec is written once; a node still written past half of the records'
+    ttl writes it again, so a reader without the spec cached still sees the tree."""
+    driver = MemoryDriver(f"wf-{uuid.uuid4().hex[:12]}")
+    fleet = Fleet(driver)
+    fleet.jobs = Jobs(driver, ttl_s=3.0)  # the spec: 4.5 s after it was written
+    fleet.flows = Workflows(driver, fleet.jobs)
+    fleet.dispatcher = Dispatcher(driver, records=fleet.jobs, concurrency=1)
+    fleet.worker = Worker(driver, fleet.dispatcher, handle_signals=False)
+    fleet.thread = threading.Thread(target=fleet.worker.run, daemon=True)
+    for name in ("a", "b", "c"):
+        fleet.dispatcher.register_handler(name, lambda message: time.sleep(1.6))
+    with fleet:
+        handle = fleet.flows.start(chain(job("a"), job("b"), job("c")))
+        assert ended(handle) == "succeeded"
+    # The chain ran 4.8 s at least: its first spec would be gone by now.
+    fresh = Workflows(driver, Jobs(driver, ttl_s=3.0))
+    tree = fresh.tree(handle.id)
+    assert tree["kind"] == "chain", tree
+    # Step a's own record is gone by now (3 s after it ended); its parent says how it ended.
+    assert [(c["type"], c["state"]) for c in tree["children"]] == [
+        ("a", "succeeded"),
+        ("b", "succeeded"),
+        ("c", "succeeded"),
+    ], tree
+
+
 def test_a_workflow_is_made_of_jobs_chains_and_groups_only(driver: MemoryDriver) -> None:
     from hermes.core import ConfigurationError
 

@@ -11,8 +11,10 @@ Every node has an id: the root's is ``wf-<uuid>``, a child's its parent's id,
 a dot, and its place (``wf-1f0c….2.0``). A leaf's message has that id, so
 its job record (:class:`~hermes.core.jobs.Jobs`) is the leaf's state, and a
 composite node keeps a small record of its own in the same store: which of
-its children ended, and how. Everything is decided by compare-and-set on
-those records, so any worker may take any step:
+its children ended, and how. What the node is (its spec: the subtree under
+it) is written once, beside that record, so the record rewritten as children
+end stays small however big the tree. Everything is decided by
+compare-and-set on those records, so any worker may take any step:
 
 * When a step's job reaches a final state, the worker that ran it (before it
   acknowledges the message) adds the outcome to its parent's record under the
@@ -72,6 +74,8 @@ FANOUT = 64
 _MAX_ROUNDS = 200
 #: Nodes whose spec a process keeps, to count their members without reading them.
 _SPECS_KEPT = 4096
+#: A node's spec is kept this many times the records' ``ttl_s`` (see :meth:`_NodeState.spec_due`).
+SPEC_TTL_FACTOR = 1.5
 
 OnFailure = Literal["stop", "continue"]
 
@@ -246,6 +250,10 @@ def _node_key(node_id: str) -> str:
     return f"workflow:{node_id}"
 
 
+def _spec_key(node_id: str) -> str:
+    return f"workflow-spec:{node_id}"
+
+
 def _tally_key(node_id: str) -> str:
     return f"workflow-members:{node_id}"
 
@@ -264,9 +272,11 @@ def root_of(node_id: str) -> str:
 
 @dataclass
 class _NodeState:
-    """A composite node's record: what ended among its children, and what was sent."""
+    """A composite node's record: what ended among its children, and what was sent.
 
-    spec: dict[str, Any]
+    What the node is lives in a record of its own (:func:`_spec_key`), written once.
+    """
+
     #: Place -> outcome of each child that ended.
     done: dict[str, Outcome] = dataclasses.field(default_factory=dict)
     #: Places of the children whose messages were sent (a group: all at once).
@@ -283,6 +293,16 @@ class _NodeState:
         # write, which made a chain of 300 steps spend nine tenths of its time there.
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         return json.dumps(fields, separators=(",", ":")).encode()
+
+    def spec_due(self, ttl_s: float) -> bool:
+        """Whether this write of the record should write the spec again, to outlive it.
+
+        A record is kept ``ttl_s`` after its last write, the spec
+        :data:`SPEC_TTL_FACTOR` times that after it was written: a record
+        written within half of ``ttl_s`` of its node's start goes first; one
+        written later writes the spec again.
+        """
+        return time.time() - self.created_at > ttl_s / 2
 
     @classmethod
     def from_bytes(cls, data: bytes) -> _NodeState:
@@ -307,6 +327,8 @@ class Workflows:
         self.driver = driver
         self.jobs = jobs
         self._store: SupportsRecords = jobs._store
+        # Asked once: a protocol's isinstance() costs more than the member's bookkeeping.
+        self._tally = self._store if isinstance(self._store, SupportsTally) else None
         # Node id -> what the node is, for the nodes this process counted children of.
         self._specs: dict[str, Node] = {}
         self._specs_lock = threading.Lock()
@@ -373,19 +395,42 @@ class Workflows:
 
     def _write(self, node_id: str, state: _NodeState, expect: bytes | None) -> bool:
         with self.driver.translating(f"writing workflow node {node_id}"):
-            return self._store.record_put(
+            written = self._store.record_put(
                 _node_key(node_id), state.to_bytes(), self.jobs.ttl_s, expect
             )
+        if written and state.spec_due(self.jobs.ttl_s):
+            self._keep_spec(node_id)
+        return written
 
     def _create(self, node_id: str, node: Node) -> _NodeState:
+        # The spec first: a node whose record exists always has its spec.
+        self._put_spec(node_id, node)
         for _ in range(_MAX_ROUNDS):
             state, _ = self._read(node_id)
             if state is not None:
                 return state
-            state = _NodeState(to_json(node))
+            state = _NodeState()
             if self._write(node_id, state, None):
                 return state
         raise _busy(node_id)
+
+    def _put_spec(self, node_id: str, node: Node) -> None:
+        body = json.dumps(to_json(node), separators=(",", ":")).encode()
+        with self.driver.translating(f"writing workflow node {node_id}"):
+            # Refused when there is one already: a start tried again with the
+            # same workflow id, whose tree is the same.
+            self._store.record_put(_spec_key(node_id), body, self._spec_ttl_s, None)
+
+    @property
+    def _spec_ttl_s(self) -> float:
+        return self.jobs.ttl_s * SPEC_TTL_FACTOR
+
+    def _keep_spec(self, node_id: str) -> None:
+        """Write the spec again, as it is, so it is kept as long as the node's record."""
+        with self.driver.translating(f"writing workflow node {node_id}"):
+            data = self._store.record_get(_spec_key(node_id))
+            if data is not None:
+                self._store.record_put(_spec_key(node_id), data, self._spec_ttl_s, data)
 
     def _mark_sent(self, node_id: str, places: list[int]) -> None:
         for _ in range(_MAX_ROUNDS):
@@ -440,14 +485,15 @@ class Workflows:
             )
             return None
         counted: dict[str, Outcome] | None = None
-        if isinstance(node, Group) and isinstance(self._store, SupportsTally):
+        tally = self._tally
+        if tally is not None and isinstance(node, Group):
             key = _tally_key(node_id)
             value = json.dumps(outcome, separators=(",", ":")).encode()
             with self.driver.translating(f"counting the members of workflow node {node_id}"):
-                _, count = self._store.tally_add(key, str(place), value, self.jobs.ttl_s)
+                _, count = tally.tally_add(key, str(place), value, self.jobs.ttl_s)
                 if count < len(node.members):
                     return None
-                counted = {k: json.loads(v) for k, v in self._store.tally_read(key).items()}
+                counted = {k: json.loads(v) for k, v in tally.tally_read(key).items()}
         return self._decide(node_id, node, place, outcome, counted)
 
     def _decide(
@@ -504,10 +550,11 @@ class Workflows:
         """What ``node_id`` is (it never changes: kept for the next member of the same node)."""
         node = self._specs.get(node_id)
         if node is None:
-            state, _ = self._read(node_id)
-            if state is None:
+            with self.driver.translating(f"reading workflow node {node_id}"):
+                data = self._store.record_get(_spec_key(node_id))
+            if data is None:
                 return None
-            node = from_json(state.spec)
+            node = from_json(json.loads(data))
             with self._specs_lock:
                 self._specs[node_id] = node
                 if len(self._specs) > _SPECS_KEPT:
@@ -556,7 +603,9 @@ class Workflows:
         if state is None:
             return [node_id]
         found: list[str] = []
-        node = from_json(state.spec)
+        node = self._spec(node_id)
+        if node is None:
+            return [node_id]
         for place in state.sent:
             child = _children(node)[place]
             child_id = f"{node_id}.{place}"
@@ -580,7 +629,9 @@ class Workflows:
                 "type": record.type if record is not None else None,
                 "state": record.state.value if record is not None else "not sent",
             }
-        node = from_json(state.spec)
+        node = self._spec(node_id)
+        if node is None:  # its spec expired before its record
+            return {"kind": "node", "id": node_id, "state": state.state, "children": []}
         children: list[dict[str, Any]] = []
         for place, child in enumerate(_children(node)):
             child_id = f"{node_id}.{place}"
@@ -589,6 +640,11 @@ class Workflows:
                 children.append({"kind": kind, "id": child_id, "state": "not sent"})
                 continue
             branch = self.tree(child_id)
+            if branch["kind"] == "job" and branch["type"] is None and isinstance(child, Job):
+                # Its record is gone (kept ttl_s after it ended): its parent still says.
+                ended = state.done.get(str(place))
+                forgotten = "record expired" if ended is None else ended.get("state")
+                branch = {**branch, "type": child.type, "state": forgotten}
             if isinstance(child, Group) and child.part:
                 children += branch["children"]
             else:
@@ -650,7 +706,10 @@ class WorkflowHandle:
         state, _ = self.workflows._read(self.id)
         if state is None:
             raise HermesError(f"no workflow {self.id}")
-        return self.workflows._outcome(from_json(state.spec), state)["result"]
+        node = self.workflows._spec(self.id)
+        if node is None:
+            raise HermesError(f"no workflow {self.id}")
+        return self.workflows._outcome(node, state)["result"]
 
     def wait(self, timeout: float | None = None) -> str:
         """Block until the workflow ended; its state. :class:`JobTimeoutError` at ``timeout``.
