@@ -24,10 +24,10 @@ outcomes in ``message.payload["thumbnails"]["result"]``; with the chain's
 default ``on_failure="stop"`` it runs only if every one succeeded.
 """
 
+from hermes.core.app._jobs import WORKFLOW_HEADER
 from hermes.core.app._workflows import (
     FANOUT,
     ROOT_PREFIX,
-    WORKFLOW_HEADER,
     Chain,
     Group,
     Job,

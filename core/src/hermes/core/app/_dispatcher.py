@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Callable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, NamedTuple, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from hermes.core.app._failed import ExceptionRecord, FailedStore
 from hermes.core.app._handler import (
@@ -24,7 +24,14 @@ from hermes.core.app._handler import (
     handler_name,
 )
 from hermes.core.app._invoke import EventLoopThread, TimeLimitExceeded, Watchdog
-from hermes.core.app._jobs import EXPIRES_HEADER, JobError, JobRecord, Jobs, JobState
+from hermes.core.app._jobs import (
+    EXPIRES_HEADER,
+    WORKFLOW_HEADER,
+    JobError,
+    JobRecord,
+    Jobs,
+    JobState,
+)
 from hermes.core.app._limits import LIMIT_HEADER, Deferred, Limit, Limiter
 from hermes.core.app._retry import (
     Randomizer,
@@ -37,12 +44,14 @@ from hermes.core.app._retry import (
     retry_at,
 )
 from hermes.core.app._watch import RecordWatch, RunningJob, entering, leaving, watched_job
-from hermes.core.app._workflows import WORKFLOW_HEADER, Workflows, parent_of
 from hermes.core.model._errors import BrokerUnavailableError, ConfigurationError
 from hermes.core.model._message import Message
 from hermes.core.spi._driver import DEFAULT_PRIORITY, Delay, Delivery, Driver, SupportsHeartbeats
 from hermes.core.spi._registry import notify, plugin_manager, wrap_call
 from hermes.core.spi._shutdown import Shutdown
+
+if TYPE_CHECKING:
+    from hermes.core.app._workflows import Workflows
 
 #: When a workflow step's bookkeeping failed, its message comes back this much later.
 STEP_AGAIN_S = 5.0
@@ -640,10 +649,17 @@ class Dispatcher:
 
     def _lost_step(self, record: JobRecord) -> None:
         """A job the sweep marked lost: if a workflow's step, count it as ended."""
-        if parent_of(record.id) is not None and self.records is not None:
-            if self._workflows is None:
-                self._workflows = Workflows(self.driver, self.records)
-            self._workflows.step_ended(record)
+        if record.token is not None and self.records is not None:  # only steps carry one
+            self._workflows_of(self.records).step_ended(record)
+
+    def _workflows_of(self, records: Jobs) -> Workflows:
+        if self._workflows is None:
+            # Imported once a workflow's step ends: most workers never run one,
+            # and the module costs a worker's start-up milliseconds.
+            from hermes.core.app._workflows import Workflows
+
+            self._workflows = Workflows(self.driver, records)
+        return self._workflows
 
     def _step_ended(self, record: JobRecord, message: Message, priority: int | None) -> None:
         """Count a workflow step that ended and send what follows it; before its ack.
@@ -653,10 +669,8 @@ class Dispatcher:
         which finds the step ended and does this again.
         """
         assert self.records is not None
-        if self._workflows is None:
-            self._workflows = Workflows(self.driver, self.records)
         try:
-            self._workflows.step_ended(record)
+            self._workflows_of(self.records).step_ended(record)
         except Exception as exc:
             again = time.time() + STEP_AGAIN_S
             self.logger.error(

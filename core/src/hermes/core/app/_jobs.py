@@ -62,6 +62,9 @@ logger = logging.getLogger("hermes")
 
 #: The header of a message that expires: the UNIX time after which it is not started.
 EXPIRES_HEADER = "hermes-expires"
+#: The header of a workflow step's message: the token of that send of it
+#: (:mod:`hermes.core.workflows`, which a worker imports once a step ends).
+WORKFLOW_HEADER = "hermes-workflow"
 #: How long a record is kept after its last change, unless told otherwise.
 DEFAULT_TTL_S = 24 * 3600.0
 #: The largest result kept, serialized; a larger one is the job's error.

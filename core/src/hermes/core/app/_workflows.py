@@ -54,7 +54,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from hermes.core.app._jobs import JobRecord, Jobs, JobState
+from hermes.core.app._jobs import WORKFLOW_HEADER, JobRecord, Jobs, JobState
 from hermes.core.model._errors import ConfigurationError, HermesError, JobTimeoutError
 from hermes.core.model._message import Message, _new_id
 from hermes.core.spi._driver import DEFAULT_PRIORITY, SupportsTally
@@ -64,8 +64,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("hermes")
 
-#: The header of a workflow step's message: the token of that send of it.
-WORKFLOW_HEADER = "hermes-workflow"
 #: How a workflow's root id starts; a step's id is its parent's, a dot and its place.
 ROOT_PREFIX = "wf-"
 #: The most children one record counts; a bigger group is split into groups of this many.
