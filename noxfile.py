@@ -37,8 +37,9 @@ TEST_DEPS = [
 ]
 
 
-#: Plugin distributions (observers, not drivers), each under ``plugins/<name>``.
-PLUGINS = ["prometheus", "opentelemetry", "sentry"]
+#: Plugin distributions (observers, not drivers, and the Django backend), each
+#: under ``plugins/<name>``.
+PLUGINS = ["prometheus", "opentelemetry", "sentry", "django"]
 #: Applications built on Hermes, each a distribution of its own at the root.
 APPS = ["dashboard"]
 
@@ -251,7 +252,7 @@ def lint(session: nox.Session) -> None:
 @nox.session(python="3.11", tags=["ci"])
 def typecheck(session: nox.Session) -> None:
     """mypy --strict over every distribution's src/."""
-    install_all(session, "mypy", "types-redis", "pytest", "watchfiles>=0.21")
+    install_all(session, "mypy", "types-redis", "pytest", "watchfiles>=0.21", "django-stubs>=5.2")
     session.run("mypy", *(f"{d}/src" for d in distributions()))
 
 

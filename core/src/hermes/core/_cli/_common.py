@@ -19,7 +19,13 @@ from hermes.core.model._errors import (
     HermesError,
 )
 from hermes.core.spi._driver import DEFAULT_PRIORITY, Driver, SupportsStats
-from hermes.core.spi._queues import PRIORITY_QUEUES_OPTION, parse_queue, parse_queues, url_queues
+from hermes.core.spi._queues import (
+    PRIORITY_QUEUES_OPTION,
+    parse_queue,
+    parse_queues,
+    priority_queue_name,
+    url_queues,
+)
 from hermes.core.spi._registry import available_drivers
 from hermes.core.spi._url import DriverUrl, redact_url
 
@@ -179,26 +185,6 @@ def clock(timestamp: float, *, millis: bool = False) -> str:
     return text
 
 
-def queue_name(driver: Driver, priority: int) -> str:
-    """The name the CLI gives the queue of ``priority`` that nobody named: ``<key>_priority_<P>``.
-
-    ``key`` is the driver's base queue key where it has one (Redis: ``hermes``),
-    without the driver's ``prefix``, which the driver puts in front of every
-    name it is given, so the name is a neighbour of its default queue; emitters and workers of the
-    CLI agree on it. ``--queue NAME:P`` or the URL's ``priority_queues`` name it
-    otherwise (PHP deployments use their own names, e.g. ``hermes_high``), and a
-    handlers function may set the queue up under another name.
-    """
-    key = getattr(driver, "key", None)
-    if not isinstance(key, str) or not key:
-        key = "hermes"
-    # ``key`` carries the driver's prefix, and setup_priority_queue() adds it again.
-    prefix = getattr(driver, "prefix", "")
-    if isinstance(prefix, str) and prefix and key.startswith(prefix):
-        key = key[len(prefix) :]
-    return f"{key}_priority_{priority}"
-
-
 def queue_option(text: str) -> tuple[str, int]:
     """An argparse type: ``--queue NAME:PRIORITY``."""
     try:
@@ -243,7 +229,7 @@ def setup_priorities(
         if priority in named:
             driver.setup_priority_queue(named[priority], priority)
         elif priority != DEFAULT_PRIORITY and priority not in preset:
-            driver.setup_priority_queue(queue_name(driver, priority), priority)
+            driver.setup_priority_queue(priority_queue_name(driver, priority), priority)
 
 
 @runtime_checkable

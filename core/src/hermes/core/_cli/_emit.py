@@ -19,7 +19,6 @@ from hermes.core._cli._common import (
     configure_logging,
     default_url,
     named_queues,
-    queue_name,
     queue_of,
     queue_option,
     seconds,
@@ -30,6 +29,7 @@ from hermes.core._cli._jobs import RESULTS_URL_ENV, add_results_url, open_jobs, 
 from hermes.core.app._emitter import Emitter, expiring
 from hermes.core.model._message import Message
 from hermes.core.spi._driver import DEFAULT_PRIORITY, Delay, SupportsClaim
+from hermes.core.spi._queues import priority_queue_name
 from hermes.core.spi._registry import connect
 from hermes.core.spi._url import redact_url
 
@@ -210,7 +210,7 @@ def run(args: argparse.Namespace) -> int:
             raise CliError(
                 f"priority {priority} has no queue on {redact_url(url)}: a worker reads "
                 f"priority {DEFAULT_PRIORITY} and the URL's priority_queues unless told "
-                f"otherwise; name the queue with --queue {queue_name(driver, priority)}:"
+                f"otherwise; name the queue with --queue {priority_queue_name(driver, priority)}:"
                 f"{priority} (and start the worker with the same --queue or --priority "
                 f"{priority}), or add it to the URL's priority_queues"
             )

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from hermes.core.model._errors import ConfigurationError
+from hermes.core.spi._driver import Driver
 from hermes.core.spi._url import DriverUrl
 
 #: The URL option, read by :func:`hermes.core.connect` for every driver.
@@ -86,3 +87,23 @@ def without_queues(url: DriverUrl) -> DriverUrl:
         return url
     options = {k: v for k, v in url.options.items() if k != PRIORITY_QUEUES_OPTION}
     return replace(url, options=options)
+
+
+def priority_queue_name(driver: Driver, priority: int) -> str:
+    """The name ``hermes worker`` and ``hermes emit`` give the queue of ``priority``.
+
+    ``<key>_priority_<P>``, where ``key`` is the driver's base queue key where
+    it has one (Redis: ``hermes``), without the driver's ``prefix``, which the
+    driver puts in front of every name it is given: the name is a neighbour of
+    its default queue, and every process that sets the queue up this way
+    agrees on it. ``--queue NAME:P`` or the URL's ``priority_queues`` name it
+    otherwise (PHP deployments use their own names, e.g. ``hermes_high``).
+    """
+    key = getattr(driver, "key", None)
+    if not isinstance(key, str) or not key:
+        key = "hermes"
+    # ``key`` carries the driver's prefix, and setup_priority_queue() adds it again.
+    prefix = getattr(driver, "prefix", "")
+    if isinstance(prefix, str) and prefix and key.startswith(prefix):
+        key = key[len(prefix) :]
+    return f"{key}_priority_{priority}"

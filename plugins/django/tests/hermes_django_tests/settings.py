@@ -1,0 +1,57 @@
+"""The test project: PostgreSQL for the app's data, Redis for its tasks.
+
+The broker and records URLs come from the environment, so a test's worker
+process (``manage.py hermes_worker``) and the test itself use the queue of
+that test; the tests point the backend at it with ``override_settings``.
+"""
+
+from __future__ import annotations
+
+import os
+from urllib.parse import urlsplit
+
+SECRET_KEY = "hermes-django-tests-only-not-a-secret"
+DEBUG = False
+USE_TZ = True
+INSTALLED_APPS = ["django_tasks", "hermes.django", "hermes_django_tests.shop"]
+
+_database = urlsplit(
+    os.environ.get("HERMES_DJANGO_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test")
+)
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": _database.path.lstrip("/"),
+        "USER": _database.username or "postgres",
+        "HOST": _database.hostname or "127.0.0.1",
+        "PORT": _database.port or 5432,
+        # Persistent connections, checked before reuse: a worker keeps its
+        # connection between jobs, as in production.
+        "CONN_MAX_AGE": None,
+        "CONN_HEALTH_CHECKS": True,
+    }
+}
+
+#: Django priorities with a queue of their own (0 always has one).
+PRIORITIES = [-10, 10]
+
+
+def tasks_setting(url: str, results_url: str | None, **options: object) -> dict[str, object]:
+    """The ``TASKS`` setting for a backend on ``url``."""
+    backend_options: dict[str, object] = {"url": url, "priorities": PRIORITIES, **options}
+    if results_url is not None:
+        backend_options["results_url"] = results_url
+    return {
+        "default": {
+            "BACKEND": "hermes.django.HermesBackend",
+            "QUEUES": ["default", "reports"],
+            "OPTIONS": backend_options,
+        }
+    }
+
+
+TASKS = tasks_setting(
+    os.environ.get("HERMES_DJANGO_URL", "redis://127.0.0.1:6379/12?prefix=hermes-django-unset:"),
+    os.environ.get("HERMES_DJANGO_RESULTS_URL")
+    or "redis://127.0.0.1:6379/12?prefix=hermes-django-unset:",
+)

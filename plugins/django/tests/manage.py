@@ -1,0 +1,10 @@
+"""The test project's manage.py, as a project has one."""
+
+import os
+import sys
+
+if __name__ == "__main__":
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "hermes_django_tests.settings")
+    from django.core.management import execute_from_command_line
+
+    execute_from_command_line(sys.argv)

@@ -1,0 +1,176 @@
+"""HermesBackend without a worker: what it sends, what it refuses, how it reads records."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from typing import Any
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django_tasks import TaskResultStatus, default_task_backend, task_backends
+from django_tasks.exceptions import InvalidTaskError, TaskResultDoesNotExist
+from hermes_django_tests.harness import Queue
+from hermes_django_tests.shop.tasks import add, label
+
+from hermes.core import Emitter, Message, connect
+from hermes.core.jobs import Jobs
+from hermes.django import HermesBackend
+
+
+def queued_bodies(queue: Queue, key: str = "hermes") -> list[dict[str, Any]]:
+    """The messages waiting in the set ``key`` (the default priority's unless told)."""
+    bodies = queue.client.smembers(f"{queue.prefix}{key}")
+    return [json.loads(body)["message"] for body in bodies]
+
+
+def test_enqueue_sends_the_task_path_and_its_arguments_under_the_results_id(queue: Queue) -> None:
+    result = add.enqueue(2, b=3)
+
+    assert result.status == TaskResultStatus.READY
+    assert result.args == [2] and result.kwargs == {"b": 3}
+    [body] = queued_bodies(queue)
+    assert body["type"] == "hermes_django_tests.shop.tasks.add"
+    assert body["payload"] == {"args": [2], "kwargs": {"b": 3}}
+    assert body["id"] == result.id
+
+
+def test_a_fetched_result_of_a_job_not_yet_started_is_ready() -> None:
+    result = add.enqueue(1, 1)
+
+    fetched = add.get_result(result.id)
+
+    assert fetched.status == TaskResultStatus.READY
+    assert fetched.id == result.id
+    assert fetched.enqueued_at is not None and fetched.started_at is None
+    assert fetched.worker_ids == [] and fetched.errors == []
+
+
+def test_arguments_that_are_not_json_are_refused_before_anything_is_sent(queue: Queue) -> None:
+    with pytest.raises(TypeError, match=r"args\[1\] is a builtins.object, not JSON"):
+        add.enqueue(1, object())
+    with pytest.raises(TypeError, match=r"kwargs\['b'\]\[0\] is a builtins.set"):
+        add.enqueue(1, b=[{1, 2}])
+    with pytest.raises(TypeError, match=r"args\[0\] is nan"):
+        add.enqueue(math.nan, 1)
+    with pytest.raises(TypeError, match=r"key 1 is a int"):
+        add.enqueue({1: "a"}, 1)
+
+    assert queue.keys() == []
+
+
+def test_a_priority_without_a_queue_is_refused_naming_the_option() -> None:
+    with pytest.raises(
+        InvalidTaskError, match=r'add it to OPTIONS\["priorities"\] \(now \[10, 0, -10\]\)'
+    ):
+        add.using(priority=5)
+
+
+def test_django_priorities_go_to_hermes_priority_100_plus_p(queue: Queue) -> None:
+    label.using(priority=10).enqueue("high")
+    label.using(priority=-10).enqueue("low")
+    label.enqueue("default")
+
+    assert [b["payload"]["args"] for b in queued_bodies(queue, "hermes_priority_110")] == [["high"]]
+    assert [b["payload"]["args"] for b in queued_bodies(queue, "hermes_priority_90")] == [["low"]]
+    assert [b["payload"]["args"] for b in queued_bodies(queue)] == [["default"]]
+
+
+def test_a_queue_not_in_queues_is_refused() -> None:
+    with pytest.raises(InvalidTaskError, match="Queue 'nowhere' is not valid"):
+        add.using(queue_name="nowhere")
+
+
+def test_an_unknown_id_does_not_exist() -> None:
+    with pytest.raises(TaskResultDoesNotExist):
+        default_task_backend.get_result("no-such-job")
+
+
+def test_a_record_of_a_plain_hermes_job_is_no_task_result(queue: Queue) -> None:
+    message = Message("shop.ping", {"n": 1})
+    driver, jobs = connect(queue.url), Jobs(queue.url)
+    try:
+        Emitter(driver, records=jobs).emit(message)
+    finally:
+        jobs.close()
+        driver.close()
+
+    with pytest.raises(TaskResultDoesNotExist, match=r"'shop\.ping', which is not a Django task"):
+        default_task_backend.get_result(message.id)
+
+
+def test_supports_flags_say_what_the_backend_does(queue: Queue) -> None:
+    backend = task_backends["default"]
+    without_results = HermesBackend("other", {"OPTIONS": {"url": queue.url}})
+
+    assert isinstance(backend, HermesBackend)
+    assert (backend.supports_defer, backend.supports_async_task, backend.supports_priority) == (
+        True,
+        True,
+        True,
+    )
+    assert backend.supports_get_result is True
+    assert without_results.supports_get_result is False
+    with pytest.raises(NotImplementedError, match=r'give OPTIONS\["results_url"\]'):
+        without_results.get_result("any")
+
+
+@pytest.mark.parametrize(
+    ("options", "error"),
+    [
+        ({}, r'OPTIONS\["url"\] must be a Hermes broker URL'),
+        ({"url": "memory://x", "result_url": "memory://y"}, r"unknown OPTIONS \['result_url'\]"),
+        ({"url": "memory://x", "priorities": [300]}, r"holds 300: each must be a whole number"),
+        ({"url": "memory://x", "queue_urls": {"elsewhere": "memory://y"}}, "not in QUEUES"),
+        ({"url": "memory://x", "enqueue_on_commit": "yes"}, "must be True or False"),
+    ],
+)
+def test_bad_options_are_improperly_configured_naming_the_alias(
+    options: dict[str, Any], error: str
+) -> None:
+    with pytest.raises(ImproperlyConfigured, match=r'TASKS\["mine"\].*' + error):
+        HermesBackend("mine", {"QUEUES": ["default"], "OPTIONS": options})
+
+
+def test_aget_result_leaves_the_event_loop_free_while_the_store_is_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    backend = task_backends["default"]
+    result = add.enqueue(1, 2)
+    read = backend.get_result
+
+    def slow_get_result(result_id: str) -> Any:
+        time.sleep(0.3)
+        return read(result_id)
+
+    monkeypatch.setattr(backend, "get_result", slow_get_result)
+
+    async def main() -> tuple[Any, int]:
+        ticks = 0
+        done = False
+
+        async def tick() -> None:
+            nonlocal ticks
+            while not done:
+                ticks += 1
+                await asyncio.sleep(0.01)
+
+        ticker = asyncio.create_task(tick())
+        fetched = await backend.aget_result(result.id)
+        done = True
+        await ticker
+        return fetched, ticks
+
+    fetched, ticks = asyncio.run(main())
+
+    assert fetched.id == result.id and fetched.status == TaskResultStatus.READY
+    assert ticks >= 10, f"the loop ran {ticks} times in 0.3 s: aget_result blocked it"
+
+
+def test_aenqueue_sends_like_enqueue(queue: Queue) -> None:
+    result = asyncio.run(add.aenqueue(4, 5))
+
+    [body] = queued_bodies(queue)
+    assert body["id"] == result.id and body["payload"] == {"args": [4, 5], "kwargs": {}}

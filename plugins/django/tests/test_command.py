@@ -1,0 +1,38 @@
+"""``manage.py hermes_worker``: which arguments are its own and which go to ``hermes worker``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from hermes_django_tests.harness import HERE
+
+from hermes.django.management.commands.hermes_worker import split_arguments
+
+
+def test_its_own_and_djangos_options_are_kept_and_the_rest_goes_to_hermes() -> None:
+    own, hermes = split_arguments(
+        ["--backend", "jobs", "-v", "--concurrency", "4", "--handlers=app.jobs:handlers",
+         "--settings", "proj.settings", "-vv", "--", "--backend", "x"]
+    )  # fmt: skip
+
+    assert own == [
+        "--backend",
+        "jobs",
+        "--handlers=app.jobs:handlers",
+        "--settings",
+        "proj.settings",
+    ]
+    assert hermes == ["-v", "--concurrency", "4", "-vv", "--backend", "x"]
+
+
+def test_a_queue_name_not_in_queues_is_refused_naming_the_queues() -> None:
+    run = subprocess.run(
+        [sys.executable, "manage.py", "hermes_worker", "--queue-name", "nowhere"],
+        cwd=HERE, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+    assert run.returncode == 1
+    assert "--queue-name nowhere: not in TASKS[\"default\"][\"QUEUES\"] ['default', 'reports']" in (
+        run.stderr
+    )
