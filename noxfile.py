@@ -129,6 +129,8 @@ def _slow_broker_bound(target: str) -> list[str]:
 
 #: What the apps in examples/ need besides Hermes; no distribution depends on them.
 #: (Starlette's TestClient runs on httpx2.)
+#: Distributions that integrate a framework the examples also use -> that framework.
+FRAMEWORK_OF = {"hermes-django": {"django"}}
 EXAMPLE_DEPS = [
     "fastapi>=0.110",
     "httpx2",
@@ -310,6 +312,8 @@ def _requirement_problem(wheel: Path, core_version: str) -> str | None:
         metadata = Parser().parsestr(archive.read(meta_name).decode())
     requirements = [Requirement(text) for text in metadata.get_all("Requires-Dist") or []]
     frameworks = {canonicalize_name(Requirement(dep).name) for dep in EXAMPLE_DEPS} - {"redis"}
+    # A framework's integration requires its framework: hermes-django, Django.
+    frameworks -= FRAMEWORK_OF.get(canonicalize_name(metadata["Name"]), set())
     leaked = sorted(r.name for r in requirements if canonicalize_name(r.name) in frameworks)
     if leaked:
         return f"requires {leaked}, which only the example apps need"
