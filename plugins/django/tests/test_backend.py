@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
 import time
 from typing import Any
 
@@ -130,8 +131,14 @@ def test_supports_flags_say_what_the_backend_does(queue: Queue) -> None:
 def test_bad_options_are_improperly_configured_naming_the_alias(
     options: dict[str, Any], error: str
 ) -> None:
+    backend = HermesBackend("mine", {"QUEUES": ["default"], "OPTIONS": options})
+    # Django builds every backend for its system checks: the check says what is wrong...
+    [problem] = backend.check()
+    assert problem.id == "hermes_django.E001"
+    assert re.search(r'TASKS\["mine"\].*' + error, problem.msg), problem.msg
+    # ...and a backend used anyway refuses, naming the same.
     with pytest.raises(ImproperlyConfigured, match=r'TASKS\["mine"\].*' + error):
-        HermesBackend("mine", {"QUEUES": ["default"], "OPTIONS": options})
+        backend.enqueue(add, [1, 2], {})
 
 
 def test_aget_result_leaves_the_event_loop_free_while_the_store_is_read(

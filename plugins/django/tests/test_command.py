@@ -36,3 +36,16 @@ def test_a_queue_name_not_in_queues_is_refused_naming_the_queues() -> None:
     assert "--queue-name nowhere: not in TASKS[\"default\"][\"QUEUES\"] ['default', 'reports']" in (
         run.stderr
     )
+
+
+def test_a_misspelt_backend_option_stops_the_command_with_one_line_naming_it() -> None:
+    run = subprocess.run(
+        [sys.executable, "manage.py", "hermes_worker",
+         "--settings", "hermes_django_tests.settings_misspelt"],
+        cwd=HERE, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+    assert run.returncode == 1, run.stderr
+    assert "hermes_django.E001" in run.stderr
+    assert "unknown OPTIONS ['result_url']" in run.stderr
+    assert "Traceback" not in run.stderr

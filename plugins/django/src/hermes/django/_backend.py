@@ -73,6 +73,7 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 from django.utils import timezone
@@ -151,8 +152,10 @@ class HermesBackend(BaseTaskBackend):
             }
         }
 
-    A bad option is an ``ImproperlyConfigured`` naming the backend's alias and
-    the option, raised when the backend is first used. The module's docstring
+    A bad option is a Django system check error (``hermes_django.E001``)
+    naming the backend's alias and the option, so ``manage.py`` commands
+    stop with one line, and an ``ImproperlyConfigured`` when the backend is
+    used anyway. The module's docstring
     says how priorities, queues, statuses and transactions map onto Hermes.
     """
 
@@ -164,7 +167,26 @@ class HermesBackend(BaseTaskBackend):
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)
-        options: Mapping[str, Any] = self.options
+        #: What is wrong with ``OPTIONS``; None when nothing is.
+        self.configuration_error: ImproperlyConfigured | None = None
+        # Usable values until a problem is found: Django builds every backend
+        # for its checks, which must report the problem, not crash on it.
+        #: The broker of every queue not in :attr:`queue_urls`.
+        self.url = ""
+        #: The records store results are read from; None: results cannot be read.
+        self.results_url: str | None = None
+        #: Queue name -> its own broker URL.
+        self.queue_urls: dict[str, str] = {}
+        #: The Django priorities that have a queue, 0 included.
+        self.priorities: tuple[int, ...] = (DEFAULT_TASK_PRIORITY,)
+        #: Send when the ``default`` database's transaction commits.
+        self.enqueue_on_commit = False
+        try:
+            self._configure(self.options)
+        except ImproperlyConfigured as exc:
+            self.configuration_error = exc
+
+    def _configure(self, options: Mapping[str, Any]) -> None:
         unknown = sorted(set(options) - OPTION_NAMES)
         if unknown:
             raise self._improper(f"unknown OPTIONS {unknown}; known: {sorted(OPTION_NAMES)}")
@@ -173,28 +195,34 @@ class HermesBackend(BaseTaskBackend):
             raise self._improper(
                 'OPTIONS["url"] must be a Hermes broker URL, e.g. "redis://localhost:6379/0"'
             )
-        #: The broker of every queue not in :attr:`queue_urls`.
-        self.url: str = url
+        self.url = url
         results_url = options.get("results_url")
         if results_url is not None and (not isinstance(results_url, str) or not results_url):
             raise self._improper(
                 'OPTIONS["results_url"] must be the URL of a Hermes records store '
                 "(redis://, postgresql://, file://, memory://), or left out"
             )
-        #: The records store results are read from; None: results cannot be read.
-        self.results_url: str | None = results_url
+        self.results_url = results_url
         self.supports_get_result = results_url is not None
-        #: Queue name -> its own broker URL.
-        self.queue_urls: dict[str, str] = self._checked_queue_urls(options.get("queue_urls"))
-        #: The Django priorities that have a queue, 0 included.
-        self.priorities: tuple[int, ...] = self._checked_priorities(options.get("priorities"))
+        self.queue_urls = self._checked_queue_urls(options.get("queue_urls"))
+        self.priorities = self._checked_priorities(options.get("priorities"))
         on_commit = options.get("enqueue_on_commit", False)
         if not isinstance(on_commit, bool):
             raise self._improper(
                 f'OPTIONS["enqueue_on_commit"] must be True or False, got {on_commit!r}'
             )
-        #: Send when the ``default`` database's transaction commits.
-        self.enqueue_on_commit: bool = on_commit
+        self.enqueue_on_commit = on_commit
+
+    def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
+        """Django's system check: a bad option is an error there, one line naming it."""
+        if self.configuration_error is None:
+            return []
+        return [checks.Error(str(self.configuration_error), id="hermes_django.E001")]
+
+    def configured(self) -> None:
+        """Raise the ``ImproperlyConfigured`` of a bad option, if there is one."""
+        if self.configuration_error is not None:
+            raise self.configuration_error
 
     def _improper(self, text: str) -> ImproperlyConfigured:
         return ImproperlyConfigured(f'TASKS["{self.alias}"] (hermes.django.HermesBackend): {text}')
@@ -243,6 +271,7 @@ class HermesBackend(BaseTaskBackend):
 
     def url_of(self, queue_name: str) -> str:
         """The broker URL of the Django queue ``queue_name``."""
+        self.configured()
         return self.queue_urls.get(queue_name, self.url)
 
     def emitter(self, queue_name: str) -> Emitter:
@@ -251,6 +280,7 @@ class HermesBackend(BaseTaskBackend):
 
     def jobs(self) -> Jobs:
         """The process's records store; ``NotImplementedError`` without ``results_url``."""
+        self.configured()
         if self.results_url is None:
             raise NotImplementedError(
                 f'TASKS["{self.alias}"] keeps no results: give OPTIONS["results_url"], a Hermes '
@@ -262,6 +292,7 @@ class HermesBackend(BaseTaskBackend):
 
     def validate_task(self, task: Task[Any, Any]) -> None:
         """Django's checks, and a priority this backend has a queue for."""
+        self.configured()
         super().validate_task(task)
         if task.priority not in self.priorities:
             raise InvalidTaskError(

@@ -77,9 +77,11 @@ def register(dispatcher: Dispatcher) -> None:
             f'TASKS["{alias}"] is {type(backend).__module__}.{type(backend).__qualname__}, '
             "not hermes.django.HermesBackend: its tasks do not go through Hermes"
         )
+    backend.configured()
     set_up_priorities(dispatcher.driver, backend.priorities)
     for task in find_tasks():
-        dispatcher.register_handler(task.module_path, task_handler(task))
+        # Never retried, and the worker's log says so rather than suggesting a max_retry.
+        dispatcher.handler(task.module_path, max_retry=0)(task_handler(task))
     extra = os.environ.get(HANDLERS_ENV)
     if extra:
         register_extra(dispatcher, extra)

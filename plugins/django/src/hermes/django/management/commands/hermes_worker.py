@@ -128,6 +128,8 @@ class Command(BaseCommand):
                 f'--backend {alias}: TASKS["{alias}"] is {type(backend).__qualname__}, '
                 "not hermes.django.HermesBackend"
             )
+        if backend.configuration_error is not None:  # with --skip-checks
+            raise CommandError(str(backend.configuration_error))
         queue_name: str = options["queue_name"]
         if backend.queues and queue_name not in backend.queues:
             raise CommandError(
