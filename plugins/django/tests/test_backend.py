@@ -18,7 +18,7 @@ from hermes_django_tests.shop.tasks import add, label
 
 from hermes.core import Emitter, Message, connect
 from hermes.core.jobs import Jobs
-from hermes.django import HermesBackend
+from hermes.django import HermesBackend, periodic
 
 
 def queued_bodies(queue: Queue, key: str = "hermes") -> list[dict[str, Any]]:
@@ -181,3 +181,34 @@ def test_aenqueue_sends_like_enqueue(queue: Queue) -> None:
 
     [body] = queued_bodies(queue)
     assert body["id"] == result.id and body["payload"] == {"args": [4, 5], "kwargs": {}}
+
+
+def test_a_periodic_entry_in_settings_that_names_no_task_is_a_system_check_error() -> None:
+    backend = HermesBackend(
+        "mine",
+        {
+            "QUEUES": ["default"],
+            "OPTIONS": {
+                "url": "memory://periodic",
+                "periodic": {
+                    "nightly": {"task": "hermes_django_tests.shop.tasks.nope", "every": 60}
+                },
+            },
+        },
+    )
+    [problem] = backend.check()
+    assert problem.id == "hermes_django.E002"
+    assert "['nightly']" in problem.msg and "hermes_django_tests.shop.tasks.nope" in problem.msg
+
+
+@pytest.mark.parametrize(
+    ("when", "error"),
+    [
+        ({}, "give every= .seconds. or cron="),
+        ({"every": 60, "cron": "0 3 * * *"}, "one of them"),
+        ({"every": 0}, "above 0"),
+    ],
+)
+def test_periodic_needs_every_or_cron_and_nothing_else(when: dict[str, Any], error: str) -> None:
+    with pytest.raises(ImproperlyConfigured, match=error):
+        periodic(**when)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from django.db import connection, transaction
@@ -188,3 +189,27 @@ def test_hermes_handlers_given_with_handlers_run_beside_the_tasks(
         jobs.close()
         driver.close()
     assert task.return_value == 2
+
+
+def test_a_worker_with_scheduler_sends_the_periodic_tasks_of_the_task_and_of_settings(
+    start_worker: Callable[..., Worker], queue: Queue
+) -> None:
+    worker = start_worker("--scheduler")
+    jobs = Jobs(queue.url)
+
+    def ran(type_: str) -> list[Any]:
+        return [r.result for r in jobs.scan(type=type_, state="succeeded", limit=10)]
+
+    eventually(
+        lambda: (
+            ran("hermes_django_tests.shop.tasks.tick")
+            and ran("hermes_django_tests.shop.tasks.label")
+        ),
+        "both periodic tasks to run",
+        WORKER_S,
+        0.1,
+        worker.log,
+    )
+    assert set(ran("hermes_django_tests.shop.tasks.tick")) == {"tick"}
+    assert set(ran("hermes_django_tests.shop.tasks.label")) == {"from settings"}
+    jobs.close()

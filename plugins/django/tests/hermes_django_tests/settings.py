@@ -38,7 +38,19 @@ PRIORITIES = [-10, 10]
 
 def tasks_setting(url: str, results_url: str | None, **options: object) -> dict[str, object]:
     """The ``TASKS`` setting for a backend on ``url``."""
-    backend_options: dict[str, object] = {"url": url, "priorities": PRIORITIES, **options}
+    backend_options: dict[str, object] = {
+        "url": url,
+        "priorities": PRIORITIES,
+        # Sent by a worker started with --scheduler, beside the @periodic tick task.
+        "periodic": {
+            "label-from-settings": {
+                "task": "hermes_django_tests.shop.tasks.label",
+                "every": 1,
+                "args": ["from settings"],
+            }
+        },
+        **options,
+    }
     if results_url is not None:
         backend_options["results_url"] = results_url
     return {

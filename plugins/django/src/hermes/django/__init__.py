@@ -18,13 +18,21 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from hermes.django._backend import HermesBackend as HermesBackend
     from hermes.django._backend import close_connections as close_connections
+    from hermes.django._periodic import periodic as periodic
 
-__all__ = ["HermesBackend", "close_connections"]
+__all__ = ["HermesBackend", "close_connections", "periodic"]
+
+#: Each name, and the module it is imported from when first used.
+_MODULES = {
+    "HermesBackend": "hermes.django._backend",
+    "close_connections": "hermes.django._backend",
+    "periodic": "hermes.django._periodic",
+}
 
 
 def __getattr__(name: str) -> Any:
-    if name in __all__:
-        from hermes.django import _backend
+    if name in _MODULES:
+        import importlib
 
-        return getattr(_backend, name)
+        return getattr(importlib.import_module(_MODULES[name]), name)
     raise AttributeError(f"module 'hermes.django' has no attribute {name!r}")

@@ -82,6 +82,7 @@ from django.utils.module_loading import import_string
 from hermes.core import DEFAULT_PRIORITY, Emitter, Message, connect, priority_queue_name
 from hermes.core.driver import Driver
 from hermes.core.jobs import JobError, JobRecord, Jobs, JobState
+from hermes.core.schedule import Schedule
 from hermes.django._compat import (
     DEFAULT_TASK_PRIORITY,
     TASK_MAX_PRIORITY,
@@ -94,9 +95,12 @@ from hermes.django._compat import (
     TaskResultDoesNotExist,
     TaskResultStatus,
 )
+from hermes.django._periodic import PeriodicTask, declared, from_options, schedule_of
 
 #: Known ``OPTIONS`` keys (anything else is a typo, refused at start).
-OPTION_NAMES = frozenset({"url", "results_url", "queue_urls", "priorities", "enqueue_on_commit"})
+OPTION_NAMES = frozenset(
+    {"url", "results_url", "queue_urls", "priorities", "enqueue_on_commit", "periodic"}
+)
 
 #: The Django status of each Hermes job state (see the module's table).
 STATUS_OF: Mapping[JobState, TaskResultStatus] = {
@@ -181,6 +185,8 @@ class HermesBackend(BaseTaskBackend):
         self.priorities: tuple[int, ...] = (DEFAULT_TASK_PRIORITY,)
         #: Send when the ``default`` database's transaction commits.
         self.enqueue_on_commit = False
+        #: ``OPTIONS["periodic"]``: name -> entry (see :mod:`hermes.django._periodic`).
+        self.periodic: Mapping[str, Any] | None = None
         try:
             self._configure(self.options)
         except ImproperlyConfigured as exc:
@@ -212,12 +218,54 @@ class HermesBackend(BaseTaskBackend):
                 f'OPTIONS["enqueue_on_commit"] must be True or False, got {on_commit!r}'
             )
         self.enqueue_on_commit = on_commit
+        periodic = options.get("periodic")
+        if periodic is not None and not isinstance(periodic, Mapping):
+            raise self._improper(
+                f'OPTIONS["periodic"] must be a dict of name -> entry, got {periodic!r}'
+            )
+        self.periodic = periodic
 
     def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
         """Django's system check: a bad option is an error there, one line naming it."""
-        if self.configuration_error is None:
-            return []
-        return [checks.Error(str(self.configuration_error), id="hermes_django.E001")]
+        if self.configuration_error is not None:
+            return [checks.Error(str(self.configuration_error), id="hermes_django.E001")]
+        try:
+            from_options(self.periodic, self._periodic_where)
+        except ImproperlyConfigured as exc:
+            return [checks.Error(str(exc), id="hermes_django.E002")]
+        return []
+
+    @property
+    def _periodic_where(self) -> str:
+        return f'TASKS["{self.alias}"]["OPTIONS"]["periodic"]'
+
+    def schedule(self, queue_name: str) -> Schedule:
+        """The periodic tasks the workers of ``queue_name`` send (:mod:`hermes.django._periodic`).
+
+        Those declared with ``@periodic`` in the modules imported so far and
+        in ``OPTIONS["periodic"]``, whose task uses this backend and a queue
+        on the same broker as ``queue_name``.
+        """
+        self.configured()
+        here = self.url_of(queue_name)
+        entries = [
+            entry
+            for entry in (*declared(), *from_options(self.periodic, self._periodic_where))
+            if entry.task.backend == self.alias and self.url_of(entry.task.queue_name) == here
+        ]
+        for entry in entries:
+            self.validate_task(entry.task)
+
+        def payload(entry: PeriodicTask) -> dict[str, Any]:
+            return {
+                "args": [_json(v, f"args[{i}]", entry.task) for i, v in enumerate(entry.args)],
+                "kwargs": {
+                    _key(k, "kwargs", entry.task): _json(v, f"kwargs[{k!r}]", entry.task)
+                    for k, v in entry.kwargs.items()
+                },
+            }
+
+        return schedule_of(entries, payload, lambda task: hermes_priority(task.priority))
 
     def configured(self) -> None:
         """Raise the ``ImproperlyConfigured`` of a bad option, if there is one."""

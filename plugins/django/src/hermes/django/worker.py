@@ -50,6 +50,7 @@ from django.db import close_old_connections  # noqa: E402
 from hermes.core import Dispatcher, HandlerRegistry, Message, Result  # noqa: E402
 from hermes.django._backend import HermesBackend, set_up_priorities  # noqa: E402
 from hermes.django._compat import (  # noqa: E402
+    DEFAULT_TASK_QUEUE_NAME,
     Task,
     TaskContext,
     TaskResult,
@@ -59,8 +60,33 @@ from hermes.django._compat import (  # noqa: E402
 
 #: The ``TASKS`` alias whose priorities the worker reads (default ``default``).
 BACKEND_ENV = "HERMES_DJANGO_BACKEND"
+#: The Django queue the worker reads (default ``default``): its periodic tasks are scheduled.
+QUEUE_ENV = "HERMES_DJANGO_QUEUE"
 #: ``module:object`` of Hermes handlers registered beside the tasks.
 HANDLERS_ENV = "HERMES_DJANGO_HANDLERS"
+
+
+def __getattr__(name: str) -> Any:
+    """``schedule``: the periodic tasks of the worker's queue, for ``hermes worker --scheduler``.
+
+    Made when first asked for (every installed app's tasks imported first), so
+    a worker without ``--scheduler`` never builds it.
+    """
+    if name == "schedule":
+        find_tasks()  # their modules declare the @periodic entries
+        return _backend().schedule(os.environ.get(QUEUE_ENV) or DEFAULT_TASK_QUEUE_NAME)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _backend() -> HermesBackend:
+    alias = os.environ.get(BACKEND_ENV) or "default"
+    backend = task_backends[alias]
+    if not isinstance(backend, HermesBackend):
+        raise ImproperlyConfigured(
+            f'TASKS["{alias}"] is {type(backend).__module__}.{type(backend).__qualname__}, '
+            "not hermes.django.HermesBackend: its tasks do not go through Hermes"
+        )
+    return backend
 
 
 def register(dispatcher: Dispatcher) -> None:
@@ -70,13 +96,7 @@ def register(dispatcher: Dispatcher) -> None:
     reads them. Raises ``ImproperlyConfigured`` when the backend is not a
     :class:`~hermes.django.HermesBackend`, and when nothing at all was found.
     """
-    alias = os.environ.get(BACKEND_ENV) or "default"
-    backend = task_backends[alias]
-    if not isinstance(backend, HermesBackend):
-        raise ImproperlyConfigured(
-            f'TASKS["{alias}"] is {type(backend).__module__}.{type(backend).__qualname__}, '
-            "not hermes.django.HermesBackend: its tasks do not go through Hermes"
-        )
+    backend = _backend()
     backend.configured()
     set_up_priorities(dispatcher.driver, backend.priorities)
     for task in find_tasks():

@@ -8,6 +8,8 @@ from typing import Any
 from django.db import connection
 from django_tasks import task
 
+from hermes.django import periodic
+
 
 @task
 def add(a: int, b: int) -> int:
@@ -47,3 +49,10 @@ async def async_add(a: int, b: int) -> int:
 @task(takes_context=True)
 def attempt(context: Any) -> dict[str, Any]:
     return {"id": context.task_result.id, "attempt": context.attempt}
+
+
+@periodic(every=1)
+@task
+def tick() -> str:
+    """Sent every second by a worker started with --scheduler."""
+    return "tick"

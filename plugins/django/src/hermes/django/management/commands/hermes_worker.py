@@ -13,6 +13,10 @@ The command runs Hermes's own ``hermes worker`` in this process, with
     Hermes handlers to run beside the tasks, as ``hermes worker --handlers``
     takes them;
 
+and, given bare, ``--scheduler`` sends the periodic tasks of the queue read
+(``@periodic``, ``OPTIONS["periodic"]``), once per tick however many workers
+run it;
+
 and Django's ``--settings``, ``--pythonpath``, ``--traceback``. Every other
 argument goes to ``hermes worker`` unchanged (``--concurrency 4``,
 ``--processes 2``, ``--max-items 10``, ``-v``, ...; ``-v`` is Hermes's
@@ -116,7 +120,7 @@ class Command(BaseCommand):
         from hermes.core.cli import main
         from hermes.django._backend import HermesBackend
         from hermes.django._compat import task_backends
-        from hermes.django.worker import BACKEND_ENV, HANDLERS_ENV
+        from hermes.django.worker import BACKEND_ENV, HANDLERS_ENV, QUEUE_ENV
 
         alias: str = options["backend"]
         try:
@@ -142,6 +146,12 @@ class Command(BaseCommand):
         if backend.results_url is not None and not _given(hermes, "--results-url"):
             hermes[:0] = ["--results-url", backend.results_url]
         os.environ[BACKEND_ENV] = alias
+        os.environ[QUEUE_ENV] = queue_name
+        # A bare --scheduler means the periodic tasks of the queue read here.
+        hermes = [
+            f"--scheduler={SCHEDULE}" if item == "--scheduler" and _bare(hermes, index) else item
+            for index, item in enumerate(hermes)
+        ]
         if options.get("handlers"):
             os.environ[HANDLERS_ENV] = options["handlers"]
         else:
@@ -151,6 +161,15 @@ class Command(BaseCommand):
         code = main(["worker", "--handlers", "hermes.django.worker:register", *hermes])
         if code:
             sys.exit(code)
+
+
+#: What a bare ``--scheduler`` runs: the periodic tasks of the worker's queue.
+SCHEDULE = "hermes.django.worker:schedule"
+
+
+def _bare(arguments: Sequence[str], index: int) -> bool:
+    """Whether the option at ``index`` is not followed by a value of its own."""
+    return index + 1 == len(arguments) or arguments[index + 1].startswith("-")
 
 
 def _given(arguments: Sequence[str], flag: str) -> bool:
