@@ -146,8 +146,9 @@ def examples(session: nox.Session) -> None:
     """The FastAPI, Django and Flask apps in examples/ (test client, Redis, a real worker),
     and the PostgreSQL transaction recipes (SQLAlchemy, Django)."""
     session.install(
-        "-e", CORE, "-e", "drivers/redis", "-e", "drivers/postgres", "pytest>=8", *EXAMPLE_DEPS
-    )
+        "-e", CORE, "-e", "drivers/redis", "-e", "drivers/postgres", "-e", "plugins/django",
+        "pytest>=8", *EXAMPLE_DEPS,
+    )  # fmt: skip
     # `python -m` puts the repository root on sys.path, so `examples.*` imports as in an app.
     session.run("python", "-m", "pytest", *(session.posargs or ["examples"]))
 

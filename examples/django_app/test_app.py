@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,7 +13,7 @@ import django
 import pytest
 from hermes_test_support import eventually
 
-from examples.conftest import WORKER_S, Queue, running_worker
+from examples.conftest import ROOT, WORKER_S, Queue, Worker, running_worker
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "examples.django_app.settings")
 django.setup()
@@ -18,6 +21,8 @@ django.setup()
 from django.test import Client, override_settings  # noqa: E402 - after django.setup()
 
 from examples.django_app.jobs import emitter  # noqa: E402
+from examples.django_app.settings import tasks_setting  # noqa: E402
+from hermes.django import close_connections  # noqa: E402
 
 
 @pytest.fixture
@@ -44,3 +49,61 @@ def test_a_signup_request_queues_a_welcome_email_that_a_worker_sends(
         sent = eventually(queue.outbox, "the worker to send the welcome email", WORKER_S)
         assert sent == [{"to": "cy@example.com", "subject": "Welcome, Cy!", "job": job}]
         assert worker.finished().endswith("received 1, handled 1, failed 0, retried 0, gave up 0")
+
+
+@contextlib.contextmanager
+def hermes_worker(queue: Queue, tmp_path: Path, items: int) -> Iterator[Worker]:
+    """``python -m django hermes_worker --max-items ITEMS`` on ``queue``; stopped at the end."""
+    env = {
+        **os.environ,
+        "HERMES_URL": queue.url,  # read by the settings: TASKS on the test's queue
+        "OUTBOX_URL": queue.database_url,
+        "OUTBOX_KEY": queue.outbox_key,
+    }
+    output = tmp_path / "hermes_worker.out"
+    with output.open("wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "django", "hermes_worker",
+             "--settings", "examples.django_app.settings", "--max-items", str(items)],
+            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        yield Worker(process, output)
+    finally:
+        if process.poll() is None:
+            process.terminate()
+            process.wait(10)
+
+
+@pytest.fixture
+def tasks_on_queue(queue: Queue) -> Iterator[str]:
+    """Django's TASKS setting pointed at the test's queue."""
+    with override_settings(TASKS=tasks_setting(queue.url)):
+        yield queue.url
+    close_connections()
+
+
+def test_an_order_enqueues_a_task_that_hermes_worker_runs_and_whose_result_reads_back(
+    queue: Queue, tasks_on_queue: str, tmp_path: Path
+) -> None:
+    client = Client()
+    first = client.post("/orders", {"email": "cy@example.com", "order": 7}, "application/json")
+    second = client.post(
+        "/orders-async", {"email": "di@example.com", "order": 8}, "application/json"
+    )
+    assert (first.status_code, second.status_code) == (202, 202), (first.content, second.content)
+    waiting = client.get(f"/receipts/{first.json()['task']}").json()
+    assert waiting == {"status": "READY"}
+
+    with hermes_worker(queue, tmp_path, items=2) as worker:
+        sent = eventually(
+            lambda: len(queue.outbox()) == 2 and queue.outbox(), "two receipts", WORKER_S
+        )
+        assert sorted(m["to"] for m in sent) == ["cy@example.com", "di@example.com"]
+        assert worker.finished().endswith("received 2, handled 2, failed 0, retried 0, gave up 0")
+
+    assert client.get(f"/receipts/{first.json()['task']}").json() == {
+        "status": "SUCCESSFUL",
+        "return_value": {"sent_to": "cy@example.com", "order": 7},
+    }
+    assert client.get("/receipts/no-such-task").status_code == 404

@@ -4,9 +4,12 @@ import json
 
 from django.db import transaction
 from django.http import HttpRequest, JsonResponse
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_GET, require_POST
+from django_tasks import default_task_backend
+from django_tasks.exceptions import TaskResultDoesNotExist
 
 from examples.django_app.jobs import emitter
+from examples.django_app.tasks import send_receipt
 from hermes.core import Message
 
 
@@ -23,3 +26,42 @@ def signup(request: HttpRequest) -> JsonResponse:
     # never get a job about a row that was rolled back, or not yet committed.
     transaction.on_commit(lambda: emitter().emit(message))
     return JsonResponse({"queued": message.id}, status=202)
+
+
+@require_POST
+def order(request: HttpRequest) -> JsonResponse:
+    """Enqueue the receipt as a Django task; sent once the transaction commits."""
+    try:
+        data = json.loads(request.body)
+    except ValueError:
+        data = None
+    if (
+        not isinstance(data, dict)
+        or not data.get("email")
+        or not isinstance(data.get("order"), int)
+    ):
+        return JsonResponse({"error": "send a JSON object with email and order"}, status=400)
+    with transaction.atomic():
+        # ... the order's rows are written here ...
+        result = send_receipt.enqueue(data["email"], data["order"])
+    return JsonResponse({"task": result.id}, status=202)
+
+
+@require_GET
+def receipt(request: HttpRequest, task_id: str) -> JsonResponse:
+    """What the task's job record says: its status and, once it succeeded, what it returned."""
+    try:
+        result = default_task_backend.get_result(task_id)
+    except TaskResultDoesNotExist:
+        return JsonResponse({"error": f"no task {task_id}"}, status=404)
+    body: dict[str, object] = {"status": str(result.status)}
+    if result.is_finished and not result.errors:
+        body["return_value"] = result.return_value
+    return JsonResponse(body)
+
+
+async def order_async(request: HttpRequest) -> JsonResponse:
+    """The same from an async view: aenqueue() never blocks the event loop on the broker."""
+    data = json.loads(request.body)
+    result = await send_receipt.aenqueue(data["email"], data["order"])
+    return JsonResponse({"task": result.id}, status=202)

@@ -1,0 +1,22 @@
+"""The Django example's task: a receipt sent by ``python -m django hermes_worker``.
+
+Sending mail is stood in for by the Redis list the other example worker uses
+(``OUTBOX_KEY`` on ``OUTBOX_URL``), so the test can see what was sent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import redis
+from django_tasks import task  # django.tasks on Django 6
+
+outbox = redis.Redis.from_url(os.environ.get("OUTBOX_URL", "redis://localhost:6379/0"))
+OUTBOX_KEY = os.environ.get("OUTBOX_KEY", "examples:outbox")
+
+
+@task
+def send_receipt(email: str, order: int) -> dict[str, object]:
+    outbox.rpush(OUTBOX_KEY, json.dumps({"to": email, "subject": f"Receipt for order {order}"}))
+    return {"sent_to": email, "order": order}
