@@ -80,14 +80,27 @@ class Worker:
 def running_worker(handlers: str, queue: Queue, tmp_path: Path, items: int = 1) -> Iterator[Worker]:
     """``hermes worker --handlers HANDLERS --max-items ITEMS`` on ``queue``; stopped at the end."""
     assert HERMES is not None, "the hermes console script is not installed"
-    env = {**os.environ, "OUTBOX_URL": queue.database_url, "OUTBOX_KEY": queue.outbox_key}
+    command = [HERMES, "worker", "--url", queue.url, "--handlers", handlers,
+               "--max-items", str(items)]  # fmt: skip
+    with running(command, queue, tmp_path) as worker:
+        yield worker
+
+
+@contextlib.contextmanager
+def running(command: list[str], queue: Queue, tmp_path: Path) -> Iterator[Worker]:
+    """``command`` run from the repository's root, writing to ``queue``'s outbox; stopped after.
+
+    ``HERMES_URL`` names the queue, for a worker whose settings read it.
+    """
+    env = {
+        **os.environ,
+        "HERMES_URL": queue.url,
+        "OUTBOX_URL": queue.database_url,
+        "OUTBOX_KEY": queue.outbox_key,
+    }
     output = tmp_path / "worker.out"
     with output.open("wb") as out:
-        process = subprocess.Popen(
-            [HERMES, "worker", "--url", queue.url, "--handlers", handlers,
-             "--max-items", str(items)],
-            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
         yield Worker(process, output)
     finally:

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +11,7 @@ import django
 import pytest
 from hermes_test_support import eventually
 
-from examples.conftest import ROOT, WORKER_S, Queue, Worker, running_worker
+from examples.conftest import WORKER_S, Queue, running, running_worker
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "examples.django_app.settings")
 django.setup()
@@ -51,30 +49,6 @@ def test_a_signup_request_queues_a_welcome_email_that_a_worker_sends(
         assert worker.finished().endswith("received 1, handled 1, failed 0, retried 0, gave up 0")
 
 
-@contextlib.contextmanager
-def hermes_worker(queue: Queue, tmp_path: Path, items: int) -> Iterator[Worker]:
-    """``python -m django hermes_worker --max-items ITEMS`` on ``queue``; stopped at the end."""
-    env = {
-        **os.environ,
-        "HERMES_URL": queue.url,  # read by the settings: TASKS on the test's queue
-        "OUTBOX_URL": queue.database_url,
-        "OUTBOX_KEY": queue.outbox_key,
-    }
-    output = tmp_path / "hermes_worker.out"
-    with output.open("wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "django", "hermes_worker",
-             "--settings", "examples.django_app.settings", "--max-items", str(items)],
-            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    try:
-        yield Worker(process, output)
-    finally:
-        if process.poll() is None:
-            process.terminate()
-            process.wait(10)
-
-
 @pytest.fixture
 def tasks_on_queue(queue: Queue) -> Iterator[str]:
     """Django's TASKS setting pointed at the test's queue."""
@@ -95,7 +69,9 @@ def test_an_order_enqueues_a_task_that_hermes_worker_runs_and_whose_result_reads
     waiting = client.get(f"/receipts/{first.json()['task']}").json()
     assert waiting == {"status": "READY"}
 
-    with hermes_worker(queue, tmp_path, items=2) as worker:
+    command = [sys.executable, "-m", "django", "hermes_worker",
+               "--settings", "examples.django_app.settings", "--max-items", "2"]  # fmt: skip
+    with running(command, queue, tmp_path) as worker:
         sent = eventually(
             lambda: len(queue.outbox()) == 2 and queue.outbox(), "two receipts", WORKER_S
         )
