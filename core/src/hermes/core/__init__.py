@@ -35,7 +35,6 @@ from hermes.core.model._errors import (
 from hermes.core.model._message import Message
 from hermes.core.run._worker import Worker
 from hermes.core.spi._driver import DEFAULT_PRIORITY
-from hermes.core.spi._queues import priority_queue_name
 from hermes.core.spi._registry import available_drivers, connect, hookimpl
 from hermes.core.spi._shutdown import SharedFileShutdown, Shutdown
 from hermes.core.spi._url import redact_url
@@ -75,7 +74,6 @@ __all__ = [
     "available_drivers",
     "connect",
     "hookimpl",
-    "priority_queue_name",
     "redact_url",
 ]
 

@@ -5,6 +5,9 @@ stderr. Exit codes: 0 done; 2 a mistake the user can fix (bad URL, unknown
 scheme, unreachable broker, bad JSON, handlers that do not import), shown as
 one line on stderr without a traceback (``-vv`` adds it); 130 interrupted.
 Anything else is a bug and keeps its traceback.
+
+:func:`priority_queue_name` is the name the commands give a priority's queue,
+for code that sets the same queue up itself.
 """
 
 from __future__ import annotations
@@ -20,9 +23,10 @@ from typing import Any, NoReturn
 from hermes.core._cli._common import CliError, describe_error, print_error, print_traceback
 from hermes.core.model._errors import HermesError
 from hermes.core.spi import _entry_points
+from hermes.core.spi._queues import priority_queue_name
 from hermes.core.spi._registry import notify, plugin_manager
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "main", "priority_queue_name"]
 
 #: The commands in the order ``hermes --help`` lists them; each is the module
 #: ``hermes.core._cli._<command>``, which adds its own parser.

@@ -79,7 +79,8 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from hermes.core import DEFAULT_PRIORITY, Emitter, Message, connect, priority_queue_name
+from hermes.core import DEFAULT_PRIORITY, Emitter, Message, connect
+from hermes.core.cli import priority_queue_name
 from hermes.core.driver import Driver
 from hermes.core.jobs import JobError, JobRecord, Jobs, JobState
 from hermes.core.schedule import Schedule
