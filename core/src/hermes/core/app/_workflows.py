@@ -282,6 +282,8 @@ class _NodeState:
     #: running, succeeded, failed or cancelled.
     state: str = "running"
     created_at: float = dataclasses.field(default_factory=time.time)
+    #: When the spec was last written (with the node, then by :meth:`spec_due` writes).
+    spec_at: float = dataclasses.field(default_factory=time.time)
     finished_at: float | None = None
     #: The root only: a cancel was asked; no further step is sent.
     cancelled: bool = False
@@ -297,10 +299,10 @@ class _NodeState:
 
         A record is kept ``ttl_s`` after its last write, the spec
         :data:`SPEC_TTL_FACTOR` times that after it was written: a record
-        written within half of ``ttl_s`` of its node's start goes first; one
-        written later writes the spec again.
+        written within half of ``ttl_s`` of the spec's last write goes first;
+        a later one writes the spec again (once per half ``ttl_s``).
         """
-        return time.time() - self.created_at > ttl_s / 2
+        return time.time() - self.spec_at > ttl_s / 2
 
     @classmethod
     def from_bytes(cls, data: bytes) -> _NodeState:
@@ -392,13 +394,15 @@ class Workflows:
         return (None if data is None else _NodeState.from_bytes(data)), data
 
     def _write(self, node_id: str, state: _NodeState, expect: bytes | None) -> bool:
+        if state.spec_due(self.jobs.ttl_s):
+            # Before the record that says so: a write that then loses its
+            # compare-and-set has only kept the spec a little longer.
+            self._keep_spec(node_id)
+            state.spec_at = time.time()
         with self.driver.translating(f"writing workflow node {node_id}"):
-            written = self._store.record_put(
+            return self._store.record_put(
                 _node_key(node_id), state.to_bytes(), self.jobs.ttl_s, expect
             )
-        if written and state.spec_due(self.jobs.ttl_s):
-            self._keep_spec(node_id)
-        return written
 
     def _create(self, node_id: str, node: Node) -> _NodeState:
         # The spec first: a node whose record exists always has its spec.

@@ -258,13 +258,7 @@ class HermesBackend(BaseTaskBackend):
             self.validate_task(entry.task)
 
         def payload(entry: PeriodicTask) -> dict[str, Any]:
-            return {
-                "args": [_json(v, f"args[{i}]", entry.task) for i, v in enumerate(entry.args)],
-                "kwargs": {
-                    _key(k, "kwargs", entry.task): _json(v, f"kwargs[{k!r}]", entry.task)
-                    for k, v in entry.kwargs.items()
-                },
-            }
+            return _payload(entry.task, entry.args, entry.kwargs)
 
         return schedule_of(entries, payload, lambda task: hermes_priority(task.priority))
 
@@ -358,14 +352,11 @@ class HermesBackend(BaseTaskBackend):
         ``TypeError`` for an argument that is not JSON, before anything is sent.
         """
         self.validate_task(task)
-        json_args = [_json(value, f"args[{i}]", task) for i, value in enumerate(args)]
-        json_kwargs = {
-            _key(name, "kwargs", task): _json(value, f"kwargs[{name!r}]", task)
-            for name, value in kwargs.items()
-        }
+        payload = _payload(task, args, kwargs)
+        json_args, json_kwargs = payload["args"], payload["kwargs"]
         message = Message(
             task.module_path,
-            {"args": json_args, "kwargs": json_kwargs},
+            payload,
             execute_at=task.run_after.timestamp() if task.run_after is not None else None,
         )
         result: TaskResult[Any] = TaskResult(
@@ -499,6 +490,19 @@ def _key(name: object, where: str, task: Task[Any, Any]) -> str:
             "JSON object keys are strings"
         )
     return name
+
+
+def _payload(
+    task: Task[Any, Any], args: Sequence[Any], kwargs: Mapping[str, Any]
+) -> dict[str, Any]:
+    """``{"args": [...], "kwargs": {...}}`` as a task's message carries them, JSON only."""
+    return {
+        "args": [_json(value, f"args[{i}]", task) for i, value in enumerate(args)],
+        "kwargs": {
+            _key(name, "kwargs", task): _json(value, f"kwargs[{name!r}]", task)
+            for name, value in kwargs.items()
+        },
+    }
 
 
 def _json(value: Any, where: str, task: Task[Any, Any]) -> Any:
