@@ -11,14 +11,16 @@ from typing import Any
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
+from django.db import transaction
 from django_tasks import TaskResultStatus, default_task_backend, task_backends
 from django_tasks.exceptions import InvalidTaskError, TaskResultDoesNotExist
-from hermes_django_tests.harness import Queue
+from hermes_django_tests.harness import Queue, on_commit_backend
 from hermes_django_tests.shop.tasks import add, label
 
 from hermes.core import Emitter, Message, connect
 from hermes.core.jobs import Jobs
 from hermes.django import HermesBackend, periodic
+from hermes.django._compat import task_enqueued
 
 
 def queued_bodies(queue: Queue, key: str = "hermes") -> list[dict[str, Any]]:
@@ -212,3 +214,39 @@ def test_a_periodic_entry_in_settings_that_names_no_task_is_a_system_check_error
 def test_periodic_needs_every_or_cron_and_nothing_else(when: dict[str, Any], error: str) -> None:
     with pytest.raises(ImproperlyConfigured, match=error):
         periodic(**when)
+
+
+@pytest.mark.parametrize("enqueue_on_commit", [False, True], ids=["at-once", "on-commit"])
+def test_task_enqueued_is_sent_once_the_message_is_and_never_for_a_rolled_back_enqueue(
+    queue: Queue, enqueue_on_commit: bool
+) -> None:
+    got: list[tuple[type, str, str, int]] = []
+
+    def receiver(sender: type, task_result: Any, **kwargs: Any) -> None:
+        waiting = queue.client.scard(f"{queue.prefix}hermes")
+        got.append((sender, task_result.id, task_result.status.value, waiting))
+
+    class Rollback(Exception):
+        pass
+
+    task_enqueued.connect(receiver)
+    try:
+        with on_commit_backend(queue, enqueue_on_commit):
+            with pytest.raises(Rollback), transaction.atomic():
+                rolled_back = label.enqueue("rolled back")
+                raise Rollback
+            with transaction.atomic():
+                committed = label.enqueue("committed")
+                before_commit = list(got)
+    finally:
+        task_enqueued.disconnect(receiver)
+
+    if enqueue_on_commit:
+        assert before_commit == []
+        assert got == [(HermesBackend, committed.id, "READY", 1)]
+    else:
+        assert got == [
+            (HermesBackend, rolled_back.id, "READY", 1),
+            (HermesBackend, committed.id, "READY", 2),
+        ]
+        assert before_commit == got

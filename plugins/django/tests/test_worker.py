@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,6 +13,7 @@ from django.utils import timezone
 from django_tasks import TaskResult, TaskResultStatus, default_task_backend
 from django_tasks.exceptions import TaskResultDoesNotExist
 from hermes_django_tests.harness import WORKER_S, Queue, Worker, on_commit_backend
+from hermes_django_tests.shop.signals import SIGNALS_ENV
 from hermes_django_tests.shop.tasks import (
     add,
     async_add,
@@ -213,3 +215,46 @@ def test_a_worker_with_scheduler_sends_the_periodic_tasks_of_the_task_and_of_set
     assert set(ran("hermes_django_tests.shop.tasks.tick")) == {"tick"}
     assert set(ran("hermes_django_tests.shop.tasks.label")) == {"from settings"}
     jobs.close()
+
+
+def _signals(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def test_the_worker_sends_task_started_and_task_finished_around_each_task(
+    start_worker: Callable[..., Worker], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    received = tmp_path / "signals.log"
+    monkeypatch.setenv(SIGNALS_ENV, str(received))
+    worker = start_worker()
+    succeeding = add.enqueue(2, 3)
+    failing = fail.enqueue("no paper")
+    finished(succeeding, worker)
+    finished(failing, worker)
+    ended = {
+        f"finished {succeeding.id} SUCCESSFUL -",
+        f"finished {failing.id} FAILED builtins.ValueError",
+    }
+    eventually(lambda: ended <= set(_signals(received)), "both task_finished lines", WORKER_S)
+
+    lines = _signals(received)
+    for result in (succeeding, failing):
+        mine = [line for line in lines if f" {result.id} " in line]
+        assert mine[0] == f"enqueued {result.id} READY -", lines
+        assert mine[1] == f"started {result.id} RUNNING -", lines
+        assert len(mine) == 3, lines
+
+
+def test_a_signal_receiver_that_raises_is_logged_and_the_task_still_succeeds(
+    start_worker: Callable[..., Worker], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(SIGNALS_ENV, str(tmp_path / "signals.log"))
+    worker = start_worker()
+    result = label.enqueue("raise-in-receiver")
+
+    finished(result, worker)
+
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == "raise-in-receiver"
+    assert "Error calling on_started in Signal.send_robust()" in worker.log()
+    assert "a receiver's own mistake" in worker.log()

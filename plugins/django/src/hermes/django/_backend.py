@@ -95,6 +95,7 @@ from hermes.django._compat import (
     TaskResult,
     TaskResultDoesNotExist,
     TaskResultStatus,
+    task_enqueued,
 )
 from hermes.django._periodic import PeriodicTask, declared, from_options, schedule_of
 
@@ -376,13 +377,15 @@ class HermesBackend(BaseTaskBackend):
         emitter = self.emitter(task.queue_name)
         priority = hermes_priority(task.priority)
 
-        def send() -> None:
+        def send_message() -> None:
             emitter.emit(message, priority)
+            # Robust: the message is sent, a receiver's exception would only hide that.
+            task_enqueued.send_robust(type(self), task_result=result)
 
         if self.enqueue_on_commit:
-            transaction.on_commit(send)
+            transaction.on_commit(send_message)
         else:
-            send()
+            send_message()
         return result
 
     async def aenqueue(

@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # typed against the backport it is tested with
         TaskResultStatus,
     )
     from django_tasks.exceptions import InvalidTaskError, TaskResultDoesNotExist
+    from django_tasks.signals import task_enqueued, task_finished, task_started
 else:
     try:  # Django 6
         from django.tasks import task_backends
@@ -41,6 +42,7 @@ else:
             TaskResultStatus,
         )
         from django.tasks.exceptions import InvalidTaskError, TaskResultDoesNotExist
+        from django.tasks.signals import task_enqueued, task_finished, task_started
     except ImportError:  # Django 5.2 with the backport
         from django_tasks import task_backends
         from django_tasks.backends.base import BaseTaskBackend
@@ -56,6 +58,7 @@ else:
             TaskResultStatus,
         )
         from django_tasks.exceptions import InvalidTaskError, TaskResultDoesNotExist
+        from django_tasks.signals import task_enqueued, task_finished, task_started
 
 __all__ = [
     "DEFAULT_TASK_PRIORITY",
@@ -71,4 +74,7 @@ __all__ = [
     "TaskResultDoesNotExist",
     "TaskResultStatus",
     "task_backends",
+    "task_enqueued",
+    "task_finished",
+    "task_started",
 ]

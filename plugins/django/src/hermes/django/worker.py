@@ -30,6 +30,7 @@ import importlib.util
 import inspect
 import os
 import socket
+import traceback
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -46,6 +47,7 @@ django.setup()
 from asgiref.sync import sync_to_async  # noqa: E402 - after django.setup()
 from django.apps import apps  # noqa: E402
 from django.db import close_old_connections  # noqa: E402
+from django.utils import timezone  # noqa: E402
 
 from hermes.core import Dispatcher, HandlerRegistry, Message, Result  # noqa: E402
 from hermes.django._backend import HermesBackend, set_up_priorities  # noqa: E402
@@ -53,9 +55,12 @@ from hermes.django._compat import (  # noqa: E402
     DEFAULT_TASK_QUEUE_NAME,
     Task,
     TaskContext,
+    TaskError,
     TaskResult,
     TaskResultStatus,
     task_backends,
+    task_finished,
+    task_started,
 )
 
 #: The ``TASKS`` alias whose priorities the worker reads (default ``default``).
@@ -130,16 +135,28 @@ def task_handler(task: Task[Any, Any]) -> Callable[[Message], Any]:
     """The Hermes handler that runs ``task`` for a message ``HermesBackend`` sent.
 
     Sync or ``async def`` like the task's function; named after the task,
-    so the worker's log lines name it.
+    so the worker's log lines name it. Sends Django's ``task_started`` before
+    the function runs and ``task_finished`` after it, with the same
+    ``TaskResult`` a ``takes_context`` task sees, as Django's own backends do;
+    robustly (``send_robust``, which logs a receiver's exception on
+    ``django.dispatch``), since a receiver's mistake must not fail a job that
+    ran or is about to.
     """
     function = task.func
+    sender = type(task_backends[task.backend])
     if inspect.iscoroutinefunction(function):
 
         async def run_async(message: Message) -> Result:
-            args, kwargs = _arguments(task, message)
+            args, kwargs, running = _call(task, message)
             await sync_to_async(close_old_connections)()
             try:
-                value = await function(*args, **kwargs)
+                await task_started.asend_robust(sender, task_result=running)
+                try:
+                    value = await function(*args, **kwargs)
+                except BaseException as exc:  # a time limit or a cancel ends it too
+                    await task_finished.asend_robust(sender, task_result=_ended(running, exc))
+                    raise
+                await task_finished.asend_robust(sender, task_result=_ended(running, None))
             finally:
                 await sync_to_async(close_old_connections)()
             return Result(value)
@@ -148,10 +165,16 @@ def task_handler(task: Task[Any, Any]) -> Callable[[Message], Any]:
     else:
 
         def run(message: Message) -> Result:
-            args, kwargs = _arguments(task, message)
+            args, kwargs, running = _call(task, message)
             close_old_connections()
             try:
-                value = function(*args, **kwargs)
+                task_started.send_robust(sender, task_result=running)
+                try:
+                    value = function(*args, **kwargs)
+                except BaseException as exc:  # a time limit or a cancel ends it too
+                    task_finished.send_robust(sender, task_result=_ended(running, exc))
+                    raise
+                task_finished.send_robust(sender, task_result=_ended(running, None))
             finally:
                 close_old_connections()
             return Result(value)
@@ -162,8 +185,11 @@ def task_handler(task: Task[Any, Any]) -> Callable[[Message], Any]:
     return handler
 
 
-def _arguments(task: Task[Any, Any], message: Message) -> tuple[list[Any], dict[str, Any]]:
-    """The call's arguments from the payload, the context first for ``takes_context``."""
+def _call(
+    task: Task[Any, Any], message: Message
+) -> tuple[list[Any], dict[str, Any], TaskResult[Any]]:
+    """The call's arguments from the payload (the context first for ``takes_context``),
+    and the RUNNING ``TaskResult`` the signals and the context carry."""
     payload = message.payload
     if (
         not isinstance(payload, Mapping)
@@ -176,17 +202,16 @@ def _arguments(task: Task[Any, Any], message: Message) -> tuple[list[Any], dict[
         )
     args: list[Any] = list(payload.get("args", []))
     kwargs: dict[str, Any] = dict(payload.get("kwargs", {}))
+    running = _running(task, message, list(args), dict(kwargs))
     if task.takes_context:
-        args.insert(0, TaskContext(task_result=_running(task, message, args, kwargs)))
-    return args, kwargs
+        args.insert(0, TaskContext(task_result=running))
+    return args, kwargs, running
 
 
 def _running(
     task: Task[Any, Any], message: Message, args: list[Any], kwargs: dict[str, Any]
 ) -> TaskResult[Any]:
-    """The ``TaskResult`` a context carries: RUNNING, on this worker, one attempt per delivery."""
-    from django.utils import timezone
-
+    """The ``TaskResult`` of the job now: RUNNING, on this worker, one attempt per delivery."""
     now = timezone.now()
     return TaskResult(
         task=task,
@@ -202,6 +227,27 @@ def _running(
         errors=[],
         worker_ids=[f"{socket.gethostname()}:{os.getpid()}"] * (message.retries + 1),
     )
+
+
+def _ended(running: TaskResult[Any], exc: BaseException | None) -> TaskResult[Any]:
+    """``running`` as the function left it: SUCCESSFUL, or FAILED with ``exc`` as its error.
+
+    Changed in place, as Django's own backends change theirs, so a context
+    a task kept sees the end too. The return value is the job record's to keep
+    (``get_result`` reads it there); the signal's result does not carry it.
+    """
+    object.__setattr__(running, "finished_at", timezone.now())
+    if exc is None:
+        object.__setattr__(running, "status", TaskResultStatus.SUCCESSFUL)
+    else:
+        object.__setattr__(running, "status", TaskResultStatus.FAILED)
+        running.errors.append(
+            TaskError(
+                exception_class_path=f"{type(exc).__module__}.{type(exc).__qualname__}",
+                traceback="".join(traceback.format_exception(exc)),
+            )
+        )
+    return running
 
 
 def register_extra(dispatcher: Dispatcher, spec: str) -> None:

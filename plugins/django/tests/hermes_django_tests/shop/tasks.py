@@ -10,6 +10,8 @@ from django_tasks import task
 
 from hermes.django import periodic
 
+from . import signals  # noqa: F401 - connects the receivers the worker tests read
+
 
 @task
 def add(a: int, b: int) -> int:
