@@ -33,6 +33,7 @@ from hermes.core.run._heartbeat import (
     live_workers,
     pause,
     paused_priorities,
+    request_quiet,
     request_stop,
     resume,
 )
@@ -138,6 +139,12 @@ def add_parser(commands: Commands) -> None:
         "and exits within a heartbeat (a pool's child is replaced by its supervisor)",
     )
     workers.add_argument(
+        "--quiet-worker",
+        metavar="ID",
+        help="ask the live worker ID to take no more jobs: it finishes those it runs and stays "
+        "alive, quiet, until it is stopped (do this before a deploy stops it)",
+    )
+    workers.add_argument(
         "--pause",
         metavar="PRIORITY",
         type=int,
@@ -234,7 +241,7 @@ def table(records: Sequence[dict[str, Any]], now: float) -> str:
             str(r.get("host", "?")),
             str(r.get("pid", "?")),
             pool_text(r),
-            str(r.get("kind", "worker")),
+            str(r.get("kind", "worker")) + (" (quiet)" if r.get("quiet") else ""),
             since_text(now, r.get("started")),
             str(r.get("concurrency", "-")),
             str(r.get("handled", "-")),
@@ -265,6 +272,8 @@ def run(args: argparse.Namespace) -> int:
         records = live_workers(store)
         if args.stop is not None:
             return _stop(store, records, args.stop)
+        if args.quiet_worker is not None:
+            return _quiet(store, records, args.quiet_worker)
         paused = paused_priorities(store)
     now = time.time()
     if args.json:
@@ -305,15 +314,34 @@ def _pause(store: SupportsHeartbeats, priority: int | None, resumed: int | None)
     return 0
 
 
-def _stop(store: SupportsHeartbeats, records: Sequence[dict[str, Any]], worker_id: str) -> int:
+def _live_worker(records: Sequence[dict[str, Any]], worker_id: str) -> dict[str, Any]:
     found = [r for r in records if r.get("id") == worker_id and r.get("kind") == "worker"]
     if not found:
         raise CliError(f"no live worker {worker_id!r}: `hermes workers --json` lists their ids")
+    return found[0]
+
+
+def _quiet(store: SupportsHeartbeats, records: Sequence[dict[str, Any]], worker_id: str) -> int:
+    record = _live_worker(records, worker_id)
+    try:
+        request_quiet(store, worker_id, "with hermes workers --quiet-worker")
+    except NotSupportedError as exc:
+        raise CliError(str(exc)) from None
+    print(
+        f"Asked worker {worker_id} ({record.get('host', '?')} pid {record.get('pid', '?')}) to "
+        "take no more jobs: within a heartbeat it finishes those it runs and stays alive, quiet, "
+        "until it is stopped (hermes workers --stop)",
+        flush=True,
+    )
+    return 0
+
+
+def _stop(store: SupportsHeartbeats, records: Sequence[dict[str, Any]], worker_id: str) -> int:
+    record = _live_worker(records, worker_id)
     try:
         request_stop(store, worker_id, "with hermes workers --stop")
     except NotSupportedError as exc:
         raise CliError(str(exc)) from None
-    record = found[0]
     print(
         f"Asked worker {worker_id} ({record.get('host', '?')} pid {record.get('pid', '?')}) to "
         "stop: it finishes the jobs it runs and exits within a heartbeat",

@@ -29,6 +29,14 @@ finish, within the grace period). This needs a registry that also keeps
 records (:class:`~hermes.core.driver.SupportsRecords`: Redis, PostgreSQL,
 the filesystem); on another, :func:`request_stop` says so.
 
+A worker can also be quieted (the dashboard's Workers page, ``hermes workers
+--quiet ID``): :func:`request_quiet` leaves a request the same way, and the
+worker, after its next beat, takes no more jobs from any of its priorities
+-- as if each were paused for it alone -- while it finishes those it runs
+and stays alive, listed with ``"quiet"``, until it is stopped. It is what
+one does before a deploy stops it, so that nothing it would have started is
+cut short.
+
 A priority can be paused fleet-wide (the dashboard's Queues page, ``hermes
 workers --pause PRIORITY``): :func:`pause` keeps the paused priorities in one
 record on the registry (:data:`PAUSED_KEY`), which each worker's publisher
@@ -57,7 +65,12 @@ from typing import TYPE_CHECKING, Any
 
 from hermes.core.model._errors import HermesError, NotSupportedError
 from hermes.core.spi import _entry_points
-from hermes.core.spi._driver import Driver, SupportsHeartbeats, SupportsRecords
+from hermes.core.spi._driver import (
+    Driver,
+    SupportsHeartbeats,
+    SupportsRecords,
+    SupportsStats,
+)
 from hermes.core.spi._url import redact_url
 
 if TYPE_CHECKING:
@@ -106,10 +119,32 @@ def request_stop(registry: SupportsHeartbeats, worker_id: str, by: str) -> None:
             f"{registry!r} keeps heartbeats but no records: a worker on it cannot be asked "
             "to stop (use a redis://, postgresql:// or file:// registry, or signal it)"
         )
+    _leave_request(registry, stop_key(worker_id), by, f"asking worker {worker_id} to stop")
+
+
+def quiet_key(worker_id: str) -> str:
+    """The record key a quiet request for ``worker_id`` is kept under."""
+    return f"hermes-quiet:{worker_id}"
+
+
+def request_quiet(registry: SupportsHeartbeats, worker_id: str, by: str) -> None:
+    """Ask the worker ``worker_id`` to take no more jobs; ``by`` says who asked.
+
+    Within one heartbeat period it stops taking from each of its priorities,
+    lets the jobs it runs finish and stays alive (its record says ``"quiet"``)
+    until it is stopped. Raises :class:`NotSupportedError` when ``registry``
+    keeps no records.
+    """
+    _records(registry, "quieting a worker")
+    _leave_request(registry, quiet_key(worker_id), by, f"asking worker {worker_id} to quiet")
+
+
+def _leave_request(registry: SupportsHeartbeats, key: str, by: str, doing: str) -> None:
+    assert isinstance(registry, SupportsRecords)
     body = json.dumps({"by": by, "at": time.time()}).encode()
-    with _translating_on(registry, f"asking worker {worker_id} to stop"):
-        stored = registry.record_get(stop_key(worker_id))
-        registry.record_put(stop_key(worker_id), body, STOP_REQUEST_TTL_S, stored)
+    with _translating_on(registry, doing):
+        stored = registry.record_get(key)
+        registry.record_put(key, body, STOP_REQUEST_TTL_S, stored)
 
 
 def _records(registry: SupportsHeartbeats, doing: str) -> SupportsRecords:
@@ -248,6 +283,9 @@ class HeartbeatPublisher:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._failing = False
+        #: Who quieted this run (None: nobody), and the priorities it then skips.
+        self._quiet: str | None = None
+        self._quiet_priorities: list[int] = []
 
     def record(self, describe: Describe) -> dict[str, Any]:
         """The record as the next beat sends it."""
@@ -290,6 +328,8 @@ class HeartbeatPublisher:
         before the block starts (when any are paused) and whenever they change.
         """
         self._static["started"] = time.time()
+        self._static.pop("quiet", None)
+        self._quiet, self._quiet_priorities = None, []
         self._stop.clear()
         watching = on_pause is not None and isinstance(self.registry, SupportsRecords)
         paused = self._paused() if watching else {}
@@ -341,6 +381,8 @@ class HeartbeatPublisher:
             if time.monotonic() < next_beat:
                 continue
             next_beat = time.monotonic() + self.interval_s
+            if on_pause is not None and self._quiet is None:
+                paused = self._quiet_if_asked(describe, on_pause, paused)
             if asked and on_stop is not None:
                 by = self._stop_requested()
                 if by is not None:
@@ -351,21 +393,74 @@ class HeartbeatPublisher:
             self.beat(describe)
 
     def _paused(self) -> dict[int, dict[str, Any]] | None:
-        """The paused priorities; None when the registry cannot be read now (nothing changes)."""
+        """The paused priorities, with this run's own when it is quiet; None when the
+        registry cannot be read now (nothing changes)."""
         try:
-            return paused_priorities(self.registry)
+            paused = paused_priorities(self.registry)
         except Exception as exc:  # the beat that follows says the registry is away
             logger.debug("Heartbeat %s: paused priorities not read - %s", self.id, exc)
             return None
+        if self._quiet is not None:
+            for priority in self._quiet_priorities:
+                paused.setdefault(priority, {"by": f"for this worker, quieted {self._quiet}"})
+        return paused
+
+    def _quiet_if_asked(
+        self,
+        describe: Describe,
+        on_pause: OnPause,
+        paused: dict[int, dict[str, Any]] | None,
+    ) -> dict[int, dict[str, Any]] | None:
+        """Quiet this run when a request waits for it: each of its priorities paused for it
+        alone, at once; the paused priorities the run now knows."""
+        by = self._requested(quiet_key(self.id), "a quiet request")
+        if by is None:
+            return paused
+        listed = describe().get("priorities")
+        priorities = [p for p in listed or () if isinstance(p, int)]
+        if not priorities and isinstance(self.registry, SupportsStats):
+            try:
+                with self._translating("listing the priorities"):
+                    priorities = [row.priority for row in self.registry.queue_stats()]
+            except Exception as exc:  # asked again at the next beat
+                logger.debug("Heartbeat %s: priorities not listed - %s", self.id, exc)
+                return paused
+        if not priorities:
+            logger.warning(
+                "Heartbeat %s: asked to quiet %s, but it reads every priority and %r does not "
+                "list them: it goes on taking jobs (stop it instead)",
+                self.id,
+                by,
+                self.registry,
+            )
+            self._quiet = by  # said once: with no priorities to skip, nothing is paused
+            return paused
+        logger.info(
+            "Heartbeat %s: quieted %s: taking no more jobs, finishing those it runs",
+            self.id,
+            by,
+        )
+        self._quiet, self._quiet_priorities = by, priorities
+        self._static["quiet"] = by
+        now_paused = self._paused()
+        if now_paused is None:
+            return paused  # the next read of the pauses applies it
+        on_pause(now_paused)
+        return now_paused
 
     def _stop_requested(self) -> str | None:
         """Who asked this run to stop, if anyone did; None also when the registry is away."""
+        return self._requested(stop_key(self.id), "a stop request")
+
+    def _requested(self, key: str, what: str) -> str | None:
+        """Who left the request ``key`` for this run, if anyone did; None also when the
+        registry is away."""
         assert isinstance(self.registry, SupportsRecords)
         try:
-            with self._translating("reading a stop request"):
-                body = self.registry.record_get(stop_key(self.id))
+            with self._translating(f"reading {what}"):
+                body = self.registry.record_get(key)
         except Exception as exc:  # the beat that follows says the registry is away
-            logger.debug("Heartbeat %s: stop request not read - %s", self.id, exc)
+            logger.debug("Heartbeat %s: %s not read - %s", self.id, what, exc)
             return None
         if body is None:
             return None
