@@ -893,6 +893,35 @@ def test_a_worker_is_stopped_from_the_workers_page_after_a_page_that_names_it(
     assert refused.status_code == 404
 
 
+def test_a_worker_is_quieted_from_the_workers_page_after_a_page_that_names_it(
+    dashboard: Dashboard,
+) -> None:
+    record = heartbeat(dashboard, id="web-1:4242:abc123")
+    heartbeat(dashboard, id="web-1:4343:def456", kind="scheduler")
+    client = client_of(dashboard)
+
+    page = client.get("/workers").text
+    links = re.findall(r'<a class="quiet" href="(/workers/quiet\?[^"]+)">Quiet…</a>', page)
+    assert len(links) == 1, "a Quiet for the worker, none for the scheduler"
+    confirm = client.get(html.unescape(links[0])).text
+    assert "Quiet a worker?" in confirm and "web-1 pid 4242" in confirm
+    assert "stays alive, quiet, until it is stopped" in confirm
+    assert dashboard.registry is not None
+    assert dashboard.registry.record_get(f"hermes-quiet:{record['id']}") is None  # asked only
+    done = client.post("/workers/quiet", confirmed_form(confirm))
+    assert done.headers["location"] == "/workers?done=quieting"
+    request = dashboard.registry.record_get(f"hermes-quiet:{record['id']}")
+    assert request is not None and json.loads(request)["by"] == "from the dashboard"
+    assert dashboard.registry.record_get(f"hermes-stop:{record['id']}") is None, "not a stop"
+
+    heartbeat(dashboard, id=record["id"], quiet="from the dashboard", paused=[100])
+    page = client.get("/workers").text
+    assert "quiet: takes no more jobs" in page
+    assert not re.findall(r'<a class="quiet"', page), "no Quiet for a worker already quiet"
+    refused = client.post("/workers/quiet", {"csrf": csrf_of(confirm), "id": "nobody"})
+    assert refused.status_code == 404
+
+
 def test_jobs_per_minute_count_each_worker_from_its_last_sample_restarts_included() -> None:
     from hermes.dashboard._chart import activity_chart
     from hermes.dashboard._state import Minute, Sample, WorkerCounts, per_minute

@@ -83,6 +83,8 @@ DONE = {
     "dropped": "Deleted {n} failed message(s).",
     "cancelled": "Cancel sent. The state below says what it did.",
     "stopping": "Stop requested: the worker stops within a heartbeat, after the jobs it runs.",
+    "quieting": "Quiet requested: within a heartbeat the worker takes no more jobs; it finishes "
+    "those it runs and stays alive until it is stopped.",
     "paused": "Paused priority {queue}: each worker finishes what it runs and takes no more "
     "of it, within a few seconds, until it is resumed.",
     "resumed": "Resumed priority {queue}: the workers take it again.",
@@ -407,8 +409,8 @@ def create_app(
             "back": _page_url("/queues", after),
         }
 
-    def confirm_stop(request: Request) -> dict[str, Any]:
-        """The worker a Stop on the Workers page would stop, named before it does."""
+    def confirm_worker(request: Request, *, quiet: bool) -> dict[str, Any]:
+        """The worker a Stop (or a Quiet) on the Workers page would act on, named before."""
         worker_id = request.query_params.get("id") or ""
         found = [
             r
@@ -416,9 +418,17 @@ def create_app(
             if r.get("id") == worker_id and r.get("kind") == "worker"
         ]
         pooled = any(r.get("supervisor_pid") is not None for r in found)
-        return {
-            "title": "Restart a pool's worker?" if pooled else "Stop a worker?",
-            "question": (
+        if quiet:
+            title = "Quiet a worker?"
+            question = (
+                "This asks the worker below to take no more jobs: within a heartbeat it stops "
+                "taking from each of its priorities, lets the ones it runs finish (however "
+                "long they take) and stays alive, quiet, until it is stopped. Other workers "
+                "take what it leaves. There is no undoing it short of a restart."
+            )
+        else:
+            title = "Restart a pool's worker?" if pooled else "Stop a worker?"
+            question = (
                 "This asks the worker below to stop: it takes no more jobs, lets the ones it "
                 "runs finish (within its grace period) and exits. "
                 + (
@@ -427,7 +437,10 @@ def create_app(
                     else "Nothing starts it again here: whatever runs it (systemd, Kubernetes) "
                     "decides."
                 )
-            ),
+            )
+        return {
+            "title": title,
+            "question": question,
             "items": [
                 {
                     "type": f"{r.get('host', '?')} pid {r.get('pid', '?')}",
@@ -438,10 +451,10 @@ def create_app(
             ],
             "where_label": "now",
             "gone": "That worker is not live any more.",
-            "action": "/workers/stop",
+            "action": "/workers/quiet" if quiet else "/workers/stop",
             "after": None,
             "fields": [("id", worker_id)] if found else [],
-            "button": "Restart it" if pooled else "Stop it",
+            "button": "Quiet it" if quiet else ("Restart it" if pooled else "Stop it"),
             "button_class": "danger",
             "back": "/workers",
         }
@@ -551,6 +564,12 @@ def create_app(
         dashboard.stop_worker((form.get("id") or [""])[0])
         return "/workers?" + urlencode({"done": "stopping"})
 
+    def quiet_worker(form: dict[str, list[str]]) -> str:
+        if not dashboard.can_stop_workers():
+            raise KeyError("workers")
+        dashboard.quiet_worker((form.get("id") or [""])[0])
+        return "/workers?" + urlencode({"done": "quieting"})
+
     def pause_queue(form: dict[str, list[str]]) -> str:
         priority = _priority((form.get("priority") or [""])[0])
         known = {r.priority for r in dashboard.queue_stats() or []}
@@ -630,8 +649,18 @@ def create_app(
         Route("/jobs/cancel", action(cancel), methods=["POST"]),
         Route("/jobs/{job_id:path}", page("job.html", job)),
         Route("/workers", page("workers.html", workers)),
-        Route("/workers/stop", page("confirm.html", confirm_stop), methods=["GET"]),
+        Route(
+            "/workers/stop",
+            page("confirm.html", functools.partial(confirm_worker, quiet=False)),
+            methods=["GET"],
+        ),
         Route("/workers/stop", action(stop_worker), methods=["POST"]),
+        Route(
+            "/workers/quiet",
+            page("confirm.html", functools.partial(confirm_worker, quiet=True)),
+            methods=["GET"],
+        ),
+        Route("/workers/quiet", action(quiet_worker), methods=["POST"]),
         Route("/periodic", page("periodic.html", periodic)),
         Route("/api/overview", answer(lambda request: api.overview(dashboard))),
         Route("/api/queues", answer(lambda request: api.queues(dashboard, after_of(request)))),

@@ -38,6 +38,7 @@ from hermes.core.heartbeat import (
 )
 from hermes.core.jobs import JobRecord, Jobs, JobState
 from hermes.core.limits import Limiter, LimitUsage, SupportsLimits
+from hermes.core.run._heartbeat import request_quiet
 from hermes.core.schedule import Schedule
 from hermes.core.workflows import ROOT_PREFIX, Workflows
 
@@ -427,9 +428,21 @@ class Dashboard:
     def stop_worker(self, worker_id: str) -> dict[str, Any]:
         """Ask the live worker ``worker_id`` to stop; its record. KeyError: none is live."""
         assert self.registry is not None
+        record = self._live_worker(worker_id)
+        request_stop(self.registry, worker_id, "from the dashboard")
+        return record
+
+    def quiet_worker(self, worker_id: str) -> dict[str, Any]:
+        """Ask the live worker ``worker_id`` to take no more jobs (it stays alive, quiet,
+        until stopped); its record. KeyError: none is live."""
+        assert self.registry is not None
+        record = self._live_worker(worker_id)
+        request_quiet(self.registry, worker_id, "from the dashboard")
+        return record
+
+    def _live_worker(self, worker_id: str) -> dict[str, Any]:
         for record in self.workers() or []:
             if record.get("id") == worker_id and record.get("kind") == "worker":
-                request_stop(self.registry, worker_id, "from the dashboard")
                 return record
         raise KeyError(worker_id)
 
