@@ -28,6 +28,9 @@ HERE = Path(__file__).parent
 HERMES = shutil.which("hermes", path=os.path.dirname(sys.executable)) or "hermes"
 #: How long a test waits for a page, a worker or a server to get somewhere.
 DEADLINE_S = 30.0
+#: How soon after a click on Pause (or Resume) every worker reading the priority must
+#: skip it (or take it again): what an operator is promised.
+PAUSE_HOLDS_S = 5.0
 #: Where the tests save a screenshot of each page; the README shows the committed ones.
 SCREENSHOTS = (
     Path(os.environ.get("HERMES_SCREENSHOTS_DIR", ""))
@@ -222,6 +225,7 @@ def pause_and_resume(browser: Any, deployment: Deployment, priority: int, worker
 
     row = f'tr[data-priority="{priority}"]'
     browser.get(deployment.base + "/queues")
+    clicked = time.monotonic()
     browser.find_element(By.CSS_SELECTOR, f"{row} button.pause").click()
     eventually(lambda: f"Paused priority {priority}" in main_text())
     assert browser.find_element(By.CSS_SELECTOR, f"{row} span.paused").text == "paused"
@@ -232,7 +236,8 @@ def pause_and_resume(browser: Any, deployment: Deployment, priority: int, worker
         cells = browser.find_elements(By.CSS_SELECTOR, f'tr[data-pid="{worker_pid}"] .skips')
         return bool(cells) and cells[0].text == f"skips {priority} (paused)"
 
-    eventually(skips)
+    # The worker has switched to a consumer without the priority once its record says so.
+    eventually(skips, PAUSE_HOLDS_S - (time.monotonic() - clicked))
     held = deployment.emit("ok", {"while": "paused"}, priority=priority)
     time.sleep(1.5)  # three of the worker's polls of the pause
     assert held not in deployment.handled_ids()
@@ -241,7 +246,16 @@ def pause_and_resume(browser: Any, deployment: Deployment, priority: int, worker
     assert int(ready.replace(",", "")) >= 1
     screenshot(browser, "queues-paused")
 
+    clicked = time.monotonic()
     browser.find_element(By.CSS_SELECTOR, f"{row} button.resume").click()
     eventually(lambda: f"Resumed priority {priority}" in main_text())
+
+    def takes() -> bool:
+        """the worker's record on the Workers page to skip nothing any more"""
+        browser.get(deployment.base + "/workers")
+        rows = browser.find_elements(By.CSS_SELECTOR, f'tr[data-pid="{worker_pid}"]')
+        return bool(rows) and not rows[0].find_elements(By.CSS_SELECTOR, ".skips")
+
+    eventually(takes, PAUSE_HOLDS_S - (time.monotonic() - clicked))
     eventually(lambda: held in deployment.handled_ids())
     assert not browser.find_elements(By.CSS_SELECTOR, f"{row} span.paused")

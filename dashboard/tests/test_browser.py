@@ -447,6 +447,45 @@ def test_no_page_scrolls_sideways_with_a_400_character_type_and_a_long_broker_ur
     assert browser.find_element(By.CSS_SELECTOR, "td.type").text == LONG_TYPE
 
 
+def _colors(browser: Any, selector: str) -> tuple[str, str]:
+    """The computed background and text colours of the first ``selector``."""
+    script = (
+        "const s = getComputedStyle(document.querySelector(arguments[0]));"
+        "return [s.backgroundColor, s.color]"
+    )
+    background, color = browser.execute_script(script, selector)
+    return str(background), str(color)
+
+
+def _lightness(css_color: str) -> float:
+    """0 (black) to 1 (white): the mean of an ``rgb(r, g, b)``'s channels."""
+    channels = [int(c) for c in re.findall(r"\d+", css_color)[:3]]
+    return sum(channels) / (3 * 255)
+
+
+def test_every_page_follows_the_browser_s_dark_mode(browser: Any, deployment: Deployment) -> None:
+    pages = ["/", "/queues", "/failed", "/jobs", "/workers", "/periodic"]
+    dark = {"features": [{"name": "prefers-color-scheme", "value": "dark"}]}
+    light = {"features": [{"name": "prefers-color-scheme", "value": "light"}]}
+    try:
+        for scheme in (light, dark):
+            browser.execute_cdp_cmd("Emulation.setEmulatedMedia", scheme)
+            for path in pages:
+                open_page(browser, deployment.base + path)
+                background, color = _colors(browser, "body")
+                table = _colors(browser, "table")[0] if "<table" in browser.page_source else None
+                if scheme is dark:
+                    assert _lightness(background) < 0.2 and _lightness(color) > 0.7, path
+                    assert table is None or _lightness(table) < 0.2, f"{path}: a light table"
+                else:
+                    assert _lightness(background) > 0.8 and _lightness(color) < 0.3, path
+            if scheme is dark:
+                open_page(browser, deployment.base + "/")
+                screenshot(browser, "overview-dark")
+    finally:
+        browser.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": []})
+
+
 def test_delete_all_on_the_failed_page_names_how_many_and_deletes_only_when_confirmed(
     browser: Any, hostile: Deployment
 ) -> None:
@@ -526,6 +565,49 @@ def test_a_worker_stopped_from_the_workers_page_exits(
         eventually(
             lambda: not open_page(browser, deployment.base + "/workers").count(str(worker.pid))
         )
+
+
+def test_a_worker_quieted_from_the_workers_page_takes_no_more_jobs_and_stays_alive(
+    browser: Any, deployment: Deployment, tmp_path: Path
+) -> None:
+    # A worker of its own, on a priority no other test uses: the session's worker runs on.
+    with own_worker(deployment, 75, tmp_path / "worker.log") as worker:
+        row = f'tr[data-pid="{worker.pid}"]'
+        first = deployment.emit("ok", {"before": "quiet"}, priority=75)
+        eventually(lambda: first in deployment.handled_ids())
+        open_page(browser, deployment.base + "/workers")
+        browser.find_element(By.CSS_SELECTOR, f"{row} a.quiet").click()
+        eventually(lambda: "Quiet a worker?" in main_text(browser))
+        assert f"pid {worker.pid}" in main_text(browser)
+        browser.find_element(By.ID, "confirm").click()
+        eventually(lambda: "Quiet requested" in main_text(browser))
+
+        def quiet() -> bool:
+            """the Workers page to say the worker is quiet"""
+            open_page(browser, deployment.base + "/workers")
+            cells = browser.find_elements(By.CSS_SELECTOR, f"{row} .quiet")
+            return bool(cells) and cells[0].text == "quiet: takes no more jobs"
+
+        eventually(quiet)
+        assert not browser.find_elements(By.CSS_SELECTOR, f"{row} a.quiet")
+        held = deployment.emit("ok", {"while": "quiet"}, priority=75)
+        time.sleep(1.5)  # three of the worker's beats: a worker still taking would have
+        assert held not in deployment.handled_ids()
+        assert worker.poll() is None, "a quiet worker exited"
+        said = (tmp_path / "worker.log").read_text()
+        assert "quieted from the dashboard: taking no more jobs" in said, said[-2000:]
+        # Stopped from the same page, it exits and leaves the message waiting.
+        browser.find_element(By.CSS_SELECTOR, f"{row} a.stop").click()
+        eventually(lambda: browser.find_elements(By.ID, "confirm"))
+        browser.find_element(By.ID, "confirm").click()
+        assert worker.wait(30) == 0
+    assert held not in deployment.handled_ids()
+    from hermes.core import connect
+    from hermes.core._cli._common import setup_priorities
+
+    with connect(deployment.url) as driver:  # no other test reads 75: empty it for the teardown
+        setup_priorities(driver, [75])
+        assert driver.purge(75) == 1  # type: ignore[attr-defined]
 
 
 def test_a_priority_paused_from_the_queues_page_is_not_taken_until_resumed(
