@@ -4,9 +4,9 @@ Loaded into the kit's runs with ``--hermes-plugin broken_contract``, next to
 ``broken_drivers``. Each is a :class:`MemoryDriver` subclass whose bug its
 URL scheme names, broken the way a driver author might: a lease never
 renewed, a close() that gives back what handlers still hold, acks deferred
-and dropped at close, a release that becomes an ack on another thread, a
-consumer bound to one thread, job records that never expire or lose an
-update, ...
+and dropped at close, a release that becomes an ack on another thread, acks
+sent on a client that is not thread-safe, a consumer bound to one thread,
+job records that never expire or lose an update, ...
 Two more are sound: ``keeps-held-on-drop``, the kit's control for the
 dropped-connection check (the memory driver itself has no connection to drop),
 and ``records-in-sqlite``, the control for the records row's processes (the
@@ -296,6 +296,43 @@ class ReceivesOnOneThread(_Broken):
 
     def consumer(self, priorities: Sequence[int], *, concurrency: int = 1) -> Consumer:
         return _OneThread(super().consumer(priorities, concurrency=concurrency))
+
+
+class _UnlockedClient(_Relay):
+    """One client, no lock: a frame written while another thread is inside the client
+    interleaves with that thread's, and the broker drops the garbled frame."""
+
+    def __init__(self, inner: Consumer) -> None:
+        super().__init__(inner)
+        self.lock = threading.Lock()
+        self.receiving: set[int] = set()
+
+    def receive(self, timeout_s: float) -> Received | None:
+        me = threading.get_ident()
+        with self.lock:
+            self.receiving.add(me)
+        try:
+            return self.inner.receive(timeout_s)
+        finally:
+            with self.lock:
+                self.receiving.discard(me)
+
+    def ack(self, received: Received) -> None:
+        with self.lock:
+            garbled = bool(self.receiving - {threading.get_ident()})
+        if not garbled:
+            self.inner.ack(received)
+
+
+class AcksOnAClientThatIsNotThreadSafe(_Broken):
+    """Acknowledges straight from each handler thread on a client that is not thread-safe
+    (as pika's): an ack sent while another thread waits in a receive is garbled and lost,
+    and its message comes back after the worker stops. Serial runs are sound."""
+
+    scheme = "acks-off-thread-unlocked"
+
+    def consumer(self, priorities: Sequence[int], *, concurrency: int = 1) -> Consumer:
+        return _UnlockedClient(super().consumer(priorities, concurrency=concurrency))
 
 
 class _RejectKeepsHeld(_Relay):
@@ -815,6 +852,7 @@ VARIANTS: list[type[_Broken]] = [
     AcksCumulatively,
     ReleaseFromHandlerThreadAcks,
     ReceivesOnOneThread,
+    AcksOnAClientThatIsNotThreadSafe,
     RejectLeavesPoisonHeld,
     AcksWhatItHeldOnReconnect,
     KeepsHeldOnDrop,

@@ -167,6 +167,10 @@ BROKEN = {
     "defers-acks://x": ([ACKS_AT_STOP], "came back after their worker stopped"),
     "release-acks-off-thread://x": ([RELEASE_OFF_THREAD], "released from a handler thread"),
     "receives-on-one-thread://x": ([ANY_THREAD], "the client belongs to thread"),
+    "acks-off-thread-unlocked://x": (
+        [ANY_THREAD],
+        "a client that is not thread-safe hands it to the receiving thread",
+    ),
     "reject-keeps-held://x": ([POISON_PAST_LEASE], "came back after its worker was gone"),
     "loses-held-on-drop://x": ([DROPPED], "it was lost"),
     "purge-all-delayed://x": ([PURGE_ONE], "a scheduled one of priority 200"),

@@ -523,7 +523,7 @@ class Sleeps:
 
 
 class _Watched(Consumer):
-    """A driver's consumer, with the thread of each ``receive`` written down."""
+    """A driver's consumer, with the thread of each ``receive`` and each settle written down."""
 
     def __init__(self, inner: Consumer, threads: ReceivingThreads) -> None:
         self.inner = inner
@@ -531,15 +531,21 @@ class _Watched(Consumer):
 
     def receive(self, timeout_s: float) -> Received | None:
         self.threads.add(threading.get_ident())
-        return self.inner.receive(timeout_s)
+        try:
+            return self.inner.receive(timeout_s)
+        finally:
+            self.threads.returned(threading.get_ident())
 
     def ack(self, received: Received) -> None:
+        self.threads.settling(threading.get_ident())
         self.inner.ack(received)
 
     def release(self, received: Received) -> None:
+        self.threads.settling(threading.get_ident())
         self.inner.release(received)
 
     def reject(self, received: Received, reason: str) -> None:
+        self.threads.settling(threading.get_ident())
         self.inner.reject(received, reason)
 
     def close(self) -> None:
@@ -552,11 +558,19 @@ class ReceivingThreads:
     Core's worker gives the consumer to whichever of its handler threads is
     free: a row that means to settle off the receiving thread makes its
     handler wait until another thread received (:meth:`wait_for_other`).
+    The settles are counted too, and those made while another thread was
+    inside a receive (:meth:`settles`): a client that is not thread-safe
+    garbles exactly those.
     """
 
     def __init__(self, driver: Driver) -> None:
         self._lock = threading.Lock()
         self._idents: list[int] = []
+        #: The threads inside a ``receive`` now.
+        self._receiving: set[int] = set()
+        #: Settles made so far, and those made while another thread was inside a receive.
+        self._settles = 0
+        self._settles_beside_receive = 0
         make = driver.consumer
 
         def consumer(priorities: Sequence[int], *, concurrency: int = 1) -> Consumer:
@@ -566,8 +580,24 @@ class ReceivingThreads:
 
     def add(self, ident: int) -> None:
         with self._lock:
+            self._receiving.add(ident)
             if not self._idents or self._idents[-1] != ident:
                 self._idents.append(ident)
+
+    def returned(self, ident: int) -> None:
+        with self._lock:
+            self._receiving.discard(ident)
+
+    def settling(self, ident: int) -> None:
+        with self._lock:
+            self._settles += 1
+            if self._receiving - {ident}:
+                self._settles_beside_receive += 1
+
+    def settles(self) -> tuple[int, int]:
+        """Settles made so far, and how many of them while another thread received."""
+        with self._lock:
+            return self._settles, self._settles_beside_receive
 
     def distinct(self) -> int:
         """How many threads have received so far."""
