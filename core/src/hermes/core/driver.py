@@ -7,7 +7,10 @@ serialized) and :meth:`Driver.consumer` (take, acknowledge, release, reject)
 -- and declares which of its client's exceptions mean what
 (:attr:`Driver.refused_errors`, :attr:`~Driver.unavailable_errors`,
 :attr:`~Driver.client_errors`). Core's :class:`~hermes.core.Worker` owns the
-run. ``conformance/README.md`` ("Write a driver") walks through a whole one.
+run. TLS options (:class:`TlsOptions`), a refused certificate
+(:class:`CertificateRefusedError`), owner ids (:func:`owner_id`) and batched
+acknowledgements (:class:`AckBatch`) are written here once for every driver.
+``conformance/README.md`` ("Write a driver") walks through a whole one.
 """
 
 from typing import TYPE_CHECKING
@@ -48,11 +51,12 @@ from hermes.core.spi._driver import (
     outgoing,
 )
 from hermes.core.spi._lazy import lazy_exports
-from hermes.core.spi._leases import Handover, LeaseKeeper
+from hermes.core.spi._leases import AckBatch, Handover, LeaseKeeper
 from hermes.core.spi._limits import LimitRule, SupportsLimits, Take
-from hermes.core.spi._process import PerProcess
+from hermes.core.spi._process import PerProcess, owner_id
 from hermes.core.spi._registry import DriverPlugin, hookimpl, isolated_url, plugin_manager
 from hermes.core.spi._shutdown import SHUTDOWN_CHECK_INTERVAL_S
+from hermes.core.spi._tls import CertificateRefusedError, TlsOptions
 from hermes.core.spi._url import DriverUrl, redact_url
 
 if TYPE_CHECKING:
@@ -63,11 +67,13 @@ __all__ = [
     "DEFAULT_PRIORITY",
     "IDLE_WAIT_S",
     "SHUTDOWN_CHECK_INTERVAL_S",
+    "AckBatch",
     "BrokerRefusedError",
     "BrokerUnavailableError",
     "BrowsePage",
     "Callback",
     "Capabilities",
+    "CertificateRefusedError",
     "ConfigurationError",
     "Consumer",
     "Delay",
@@ -101,6 +107,7 @@ __all__ = [
     "SupportsTally",
     "SupportsTeardown",
     "Take",
+    "TlsOptions",
     "UnknownPriorityError",
     "current_received",
     "error_text",
@@ -109,6 +116,7 @@ __all__ = [
     "lazy_exports",
     "limit_state",
     "outgoing",
+    "owner_id",
     "page_of",
     "plugin_manager",
     "redact_url",

@@ -1,6 +1,6 @@
-"""Keeping a consumer's claim alive while its handlers run, and handing settles to one thread.
+"""Keeping a consumer's claim alive while its handlers run, and sending its settles.
 
-Two schemes at-least-once drivers share:
+Three schemes at-least-once drivers share:
 
 * :class:`LeaseKeeper` -- a daemon thread that renews what a consumer holds
   (a Redis lease, an SQS visibility timeout, a row's deadline) every
@@ -8,19 +8,30 @@ Two schemes at-least-once drivers share:
 * :class:`Handover` -- settles made on handler threads, queued for the one
   thread that may touch a client that is not thread-safe (pika, a
   connection held by the receiving loop).
+* :class:`AckBatch` -- acknowledgements held back a moment, so several
+  reach the broker in one call (one ``basic_ack`` with ``multiple``, the
+  script of the next take).
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import threading
-from collections.abc import Callable
-from typing import Any
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, Generic, TypeVar
 
 from hermes.core.model._errors import DriverError
 
 logger = logging.getLogger("hermes")
+
+T = TypeVar("T")
+
+#: Seconds the oldest acknowledgement of an :class:`AckBatch` waits, at most, while
+#: the consumer hands out what it already holds instead of calling the broker.
+ACK_DELAY_S = 0.1
 
 
 class LeaseKeeper:
@@ -158,3 +169,89 @@ class Handover:
                     first = exc
         if first is not None:
             raise first
+
+
+class AckBatch(Generic[T]):
+    """Acknowledgements held back to reach the broker together; safe from any thread.
+
+    A consumer calls :meth:`add` with each acknowledgement (a delivery tag, what its
+    script needs) and sends what :meth:`take` gives it in one call: with its
+    next call to the broker (a take), before its receiving thread waits idle,
+    in ``close``, and whenever :meth:`due` says -- ``most`` are waiting, or the
+    oldest has waited ``delay_s`` while the consumer handed out messages it
+    held without calling the broker. So a busy worker pays one call for
+    many acknowledgements, and a quiet one sits on none.
+
+    While the receiving thread waits idle (inside :meth:`idle`), :meth:`add`
+    holds nothing and returns False: the caller sends that one at once,
+    since no take is coming to carry it. A send that failed
+    hands what it took to :meth:`put_back`, to go first with the next; a consumer
+    whose acknowledgements mean nothing on a new connection (RabbitMQ's
+    delivery tags) drops them instead.
+    """
+
+    def __init__(self, most: int = 0, delay_s: float = ACK_DELAY_S) -> None:
+        #: Due once this many wait (0: however many; only age or the next call sends them).
+        self.most = most
+        self.delay_s = delay_s
+        self._items: list[T] = []
+        #: ``time.monotonic()`` of the oldest waiting (None: none waits).
+        self._since: float | None = None
+        self._idle = False
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def add(self, item: T) -> bool:
+        """Hold ``item`` for the next send; False while idle: send it now yourself."""
+        with self._lock:
+            if self._idle:
+                return False
+            self._items.append(item)
+            if self._since is None:
+                self._since = time.monotonic()
+            return True
+
+    def due(self) -> bool:
+        """Whether what waits should go now: ``most`` of them, or the oldest waited ``delay_s``."""
+        since = self._since
+        if since is None:
+            return False
+        return (0 < self.most <= len(self._items)) or time.monotonic() - since > self.delay_s
+
+    def take(self) -> list[T]:
+        """Everything waiting, oldest first; the batch is empty after."""
+        with self._lock:
+            items, self._items, self._since = self._items, [], None
+        return items
+
+    def put_back(self, items: list[T]) -> None:
+        """What a failed send took: it goes first with the next one."""
+        if not items:
+            return
+        with self._lock:
+            self._items[:0] = items
+            if self._since is None:
+                self._since = time.monotonic()
+
+    @property
+    def is_idle(self) -> bool:
+        """Whether the receiving thread waits idle (inside :meth:`idle`)."""
+        return self._idle
+
+    @contextlib.contextmanager
+    def idle(self) -> Iterator[bool]:
+        """While the receiving thread waits idle; yields whether anything waits (send it).
+
+        An :meth:`add` inside returns False, so nothing is left waiting for a
+        take that does not come.
+        """
+        with self._lock:
+            self._idle = True
+            waiting = bool(self._items)
+        try:
+            yield waiting
+        finally:
+            with self._lock:
+                self._idle = False

@@ -1,9 +1,10 @@
-"""Clients that belong to one process: what makes a driver safe across ``fork()``."""
+"""What belongs to one process: its clients across ``fork()``, and the owner ids it writes."""
 
 from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 import weakref
 from collections.abc import Callable
@@ -69,6 +70,19 @@ class PerProcess(Generic[T]):
 
     def _after_fork_in_child(self) -> None:
         self._lock = threading.Lock()
+
+
+def owner_id() -> str:
+    """A new ``host:pid:random`` id, for what a consumer writes where it holds messages.
+
+    The lease, claim or lock a consumer takes names its owner with one of
+    these, so an operator can tell which worker holds what (host and pid), and
+    two consumers never share one: not those of one process, not a pid reused
+    on the host or in another container. Call it where the consumer starts
+    taking, in the process that takes: a child of ``fork()`` needs its own.
+    """
+    # os.urandom is what secrets.token_hex reads, without importing hmac and hashlib.
+    return f"{socket.gethostname()}:{os.getpid()}:{os.urandom(4).hex()}"
 
 
 def _renew_locks() -> None:
