@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from hermes.core import ConfigurationError, available_drivers, connect
 from hermes.core.driver import Delay, DriverUrl
 from hermes.drivers.kafka import KafkaDriver
-from hermes.drivers.kafka._plugin import _isolate
+from hermes.drivers.kafka._plugin import _isolate, librdkafka_config
 
 #: Nothing listens there; building a driver does not need a broker.
 NOWHERE = "127.0.0.1:9"
@@ -143,3 +145,33 @@ def test_isolation_gives_a_namespace_its_own_topic_group_and_dead_letters() -> N
     assert isolated.options["dead_letter_topic"] == "ns-1.dead-letters"
     assert isolated.options["acks"] == "1"
     assert isolated.hosts == url.hosts
+
+
+def test_the_tls_options_every_driver_takes_become_librdkafka_s(tmp_path: Path) -> None:
+    import trustme
+
+    ca = tmp_path / "ca.pem"
+    trustme.CA().cert_pem.write_to_path(str(ca))
+    config = librdkafka_config(
+        DriverUrl.parse(f"kafka://{NOWHERE}/jobs?ssl_ca_certs={ca}&ssl_check_hostname=false")
+    )
+
+    assert config["security.protocol"] == "ssl"
+    assert config["ssl.ca.location"] == str(ca)
+    assert config["enable.ssl.certificate.verification"] == "true"
+    assert config["ssl.endpoint.identification.algorithm"] == "none"
+    with_user = librdkafka_config(DriverUrl.parse(f"kafka://u:p@{NOWHERE}/jobs?ssl_cert_reqs=none"))
+    assert with_user["security.protocol"] == "sasl_ssl"
+    assert with_user["enable.ssl.certificate.verification"] == "false"
+    assert librdkafka_config(DriverUrl.parse(f"kafka://{NOWHERE}/jobs")).keys() == {
+        "bootstrap.servers"
+    }
+
+
+def test_a_tls_option_and_librdkafka_s_own_for_it_or_a_plaintext_protocol_are_refused() -> None:
+    with pytest.raises(ConfigurationError, match=r"both ssl_cert_reqs and enable\.ssl"):
+        connect(
+            f"kafka://{NOWHERE}/jobs?ssl_cert_reqs=none&enable.ssl.certificate.verification=false"
+        )
+    with pytest.raises(ConfigurationError, match=r"needs TLS: add security\.protocol=ssl"):
+        connect(f"kafka://{NOWHERE}/jobs?ssl_cert_reqs=none&security.protocol=plaintext")

@@ -40,7 +40,7 @@ from hermes_test_support import (
 #: Group settings that make a join take ~1 s on the test broker (see conftest.py).
 FAST_GROUP = "session.timeout.ms=2000&heartbeat.interval.ms=250"
 #: What every refusal of a certificate tells the user to look at.
-HINT = "ssl.ca.location=PATH"
+HINT = "ssl_ca_certs=PATH"
 
 
 @dataclass
@@ -98,6 +98,11 @@ def _refusal(url: str) -> str:
 
 def test_ssl_with_the_ca_verifies_and_a_worker_handles_a_message(broker: Broker) -> None:
     message, _ = handled_by_a_worker(broker.url(**{"ssl.ca.location": str(broker.ca_path)}))
+    assert message.payload == {"secret": "only on the wire encrypted"}
+
+
+def test_ssl_ca_certs_verifies_as_ssl_ca_location_does(broker: Broker) -> None:
+    message, _ = handled_by_a_worker(broker.url(ssl_ca_certs=str(broker.ca_path)))
     assert message.payload == {"secret": "only on the wire encrypted"}
 
 

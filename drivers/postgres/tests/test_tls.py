@@ -22,7 +22,7 @@ import psycopg
 import pytest
 from hermes_test_support import refused_send
 
-from hermes.core import Message, connect
+from hermes.core import ConfigurationError, Message, connect
 from hermes.core.driver import DriverUrl
 from hermes.drivers.postgres._plugin import conninfo
 
@@ -127,7 +127,7 @@ def server() -> Iterator[Server]:
 
 
 def _refusal(url: str) -> str:
-    return refused_send(url, "sslrootcert=PATH")
+    return refused_send(url, "ssl_ca_certs=PATH")
 
 
 def test_a_root_certificate_without_sslmode_means_verify_full() -> None:
@@ -135,6 +135,22 @@ def test_a_root_certificate_without_sslmode_means_verify_full() -> None:
     assert "sslmode=verify-full" in settings
     kept = conninfo(DriverUrl.parse("postgresql://u@db:5432/app?sslmode=require"))
     assert "sslmode=require" in kept and "verify" not in kept
+
+
+def test_the_tls_options_every_driver_takes_become_libpq_s(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.pem"
+    trustme.CA().cert_pem.write_to_path(str(ca))
+    base = "postgresql://u@db:5432/app?"
+
+    settings = conninfo(DriverUrl.parse(f"{base}ssl_ca_certs={ca}"))
+    assert "sslmode=verify-full" in settings and f"sslrootcert={ca}" in settings
+    no_host = conninfo(DriverUrl.parse(f"{base}ssl_ca_certs={ca}&ssl_check_hostname=false"))
+    assert "sslmode=verify-ca" in no_host
+    assert "sslmode=require" in conninfo(DriverUrl.parse(f"{base}ssl_cert_reqs=none"))
+    with pytest.raises(ConfigurationError, match="both ssl_cert_reqs and sslmode"):
+        conninfo(DriverUrl.parse(f"{base}ssl_cert_reqs=none&sslmode=require"))
+    with pytest.raises(ConfigurationError, match="needs TLS: leave out sslmode=disable"):
+        conninfo(DriverUrl.parse(f"{base}ssl_ca_certs={ca}&sslmode=disable"))
 
 
 def test_verify_full_with_the_ca_connects_and_carries_messages(server: Server) -> None:
@@ -165,6 +181,17 @@ def test_a_certificate_signed_by_another_ca_is_refused_in_one_line(
 
 def test_a_certificate_for_another_host_is_refused_in_one_line(server: Server) -> None:
     text = _refusal(server.url(host="localhost", sslrootcert=str(server.ca_path)))
+    assert "does not match host name" in text, text
+
+
+def test_ssl_ca_certs_verifies_as_sslrootcert_does(server: Server) -> None:
+    driver = connect(server.url(ssl_ca_certs=str(server.ca_path)))
+    try:
+        driver.send(Message("tls"))
+    finally:
+        driver.teardown()
+        driver.close()
+    text = _refusal(server.url(host="localhost", ssl_ca_certs=str(server.ca_path)))
     assert "does not match host name" in text, text
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import boto3
@@ -69,6 +70,11 @@ def test_a_dead_letter_queue_alone_gets_five_receives(
         ("sqs://bad%20name?region=us-east-1", "not a valid SQS queue name"),
         ("sqs://?region=us-east-1", "name the queue"),
         ("sqs://key:secret@q?region=us-east-1", "takes no credentials"),
+        (
+            "sqs://q?region=us-east-1&endpoint_url=http%3A%2F%2F127.0.0.1%3A1&ssl_cert_reqs=none",
+            "needs TLS: use an https:// endpoint_url",
+        ),
+        ("sqs://q?region=us-east-1&ssl_check_hostname=false", "needs ssl_cert_reqs=none"),
     ],
 )
 def test_a_bad_url_fails_at_connect_saying_what_is_wrong(url: str, complaint: str) -> None:
@@ -167,3 +173,21 @@ def test_isolated_urls_do_not_share_messages(make_driver: MakeDriver, sqs_url: s
     got: list[Any] = []
     compat.wait(second, lambda message, priority: got.append(message.type) or True)
     assert got == ["for-b"]
+
+
+def test_a_client_certificate_goes_to_botocore(
+    make_driver: MakeDriver, sqs_url: str, tmp_path: Path
+) -> None:
+    import trustme
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("client.example")
+    cert_path, key_path = tmp_path / "client.pem", tmp_path / "client.key"
+    cert.cert_chain_pems[0].write_to_path(str(cert_path))
+    cert.private_key_pem.write_to_path(str(key_path))
+    # The local endpoint speaks plain HTTP: only what the client is built with is looked at.
+    url = sqs_url.replace("endpoint_url=http", "endpoint_url=https")
+    driver = make_driver(f"{url}&ssl_certfile={cert_path}&ssl_keyfile={key_path}")
+    driver.teardown = lambda: None  # type: ignore[method-assign]  # nothing speaks TLS there
+
+    assert driver._client.get().meta.config.client_cert == (str(cert_path), str(key_path))

@@ -375,11 +375,7 @@ class KafkaDriver(Driver):
             # and a login the broker takes later is not refused for ever.
             self.fatal_error = None
             if refused_certificate(error):
-                text = (
-                    f"Kafka {self.bootstrap}: the broker's TLS certificate was not accepted: "
-                    "give the CA that signed it (ssl.ca.location=PATH in the URL), renew an "
-                    "expired certificate, or connect by a host name the certificate names"
-                )
+                text = f"Kafka {self.bootstrap}"  # what to change: CertificateRefusedError's
             else:
                 text = (
                     f"Kafka {self.bootstrap} refused this client: check sasl.username / "

@@ -12,7 +12,12 @@ from __future__ import annotations
 
 from confluent_kafka import KafkaError, KafkaException
 
-from hermes.core.driver import BrokerRefusedError, BrokerUnavailableError, DriverError
+from hermes.core.driver import (
+    BrokerRefusedError,
+    BrokerUnavailableError,
+    CertificateRefusedError,
+    DriverError,
+)
 
 #: The broker refused this client: SASL credentials, or an ACL on a topic or group.
 REFUSED_CODES = frozenset(
@@ -58,7 +63,9 @@ def refused_certificate(error: KafkaError) -> bool:
     in the middle of one too; only a certificate that did not verify (another
     CA's, expired, another host's) is a refusal, which retrying cannot change.
     """
-    return error.code() == KafkaError._SSL and "certificate verify failed" in error.str()
+    return error.code() == KafkaError._SSL and CertificateRefusedError.in_chain(
+        KafkaException(error)
+    )
 
 
 def is_refusal(error: KafkaError) -> bool:
@@ -69,6 +76,8 @@ def is_refusal(error: KafkaError) -> bool:
 def classify(error: KafkaError) -> type[DriverError]:
     """The Hermes error a ``KafkaError`` means."""
     code = error.code()
+    if refused_certificate(error):
+        return CertificateRefusedError
     if is_refusal(error):
         return BrokerRefusedError
     if code in UNAVAILABLE_CODES or code == KafkaError._SSL or error.retriable():

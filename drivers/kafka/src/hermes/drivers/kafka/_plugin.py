@@ -3,7 +3,8 @@
 ``kafka://[user:password@]host:port[,host:port...]/TOPIC?group=NAME&...``:
 options with a dot in their name (and ``acks``, ``retries``, ``partitioner``,
 ``debug``) are librdkafka settings, passed on as they are; the others are
-Hermes's. ``user:password`` become ``sasl.username``/``sasl.password``.
+Hermes's. ``user:password`` become ``sasl.username``/``sasl.password``; the
+TLS options every driver takes (``ssl_ca_certs``...) become librdkafka's.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from hermes.core import ConfigurationError, hookimpl
-from hermes.core.driver import DriverPlugin, DriverUrl
+from hermes.core.driver import DriverPlugin, DriverUrl, TlsOptions
 from hermes.drivers.kafka import _settings
 from hermes.drivers.kafka._capabilities import CAPABILITIES
 
@@ -32,6 +33,14 @@ _DRIVER_OPTIONS = (
     "max_held",
     "create_topics",
 )
+#: librdkafka's name for what each TLS option sets; a URL gives one or the other.
+_LIBRDKAFKA_TLS = {
+    "ssl_ca_certs": "ssl.ca.location",
+    "ssl_certfile": "ssl.certificate.location",
+    "ssl_keyfile": "ssl.key.location",
+    "ssl_cert_reqs": "enable.ssl.certificate.verification",
+    "ssl_check_hostname": "ssl.endpoint.identification.algorithm",
+}
 
 
 def _is_librdkafka(option: str) -> bool:
@@ -56,14 +65,48 @@ def librdkafka_config(url: DriverUrl) -> dict[str, Any]:
     if url.username:
         config["sasl.username"] = url.username
         config["sasl.password"] = url.password or ""
+    config.update(_tls_config(url))
     config.update({key: value for key, value in url.options.items() if _is_librdkafka(key)})
+    return config
+
+
+def _tls_config(url: DriverUrl) -> dict[str, str]:
+    """librdkafka's TLS settings for the URL's TLS options; they ask for TLS by themselves."""
+    protocol = url.options.get("security.protocol")
+    tls = TlsOptions.from_url(
+        url,
+        tls=None if protocol is None else protocol.lower() in ("ssl", "sasl_ssl"),
+        how="add security.protocol=ssl (sasl_ssl with a user)",
+        native=_LIBRDKAFKA_TLS,
+    )
+    if tls is None:
+        return {}
+    config = {
+        # SASL credentials in the URL go over TLS too.
+        "security.protocol": "sasl_ssl" if url.username else "ssl",
+        "enable.ssl.certificate.verification": "true" if tls.verify else "false",
+        "ssl.endpoint.identification.algorithm": "https" if tls.check_hostname else "none",
+    }
+    for name, path in (
+        ("ssl.ca.location", tls.ca_file),
+        ("ssl.certificate.location", tls.cert_file),
+        ("ssl.key.location", tls.key_file),
+    ):
+        if path:
+            config[name] = path
     return config
 
 
 def _from_url(url: DriverUrl, **options: Any) -> KafkaDriver:
     from hermes.drivers.kafka._driver import KafkaDriver  # confluent-kafka: only when used
 
-    url.reject_unknown([*_DRIVER_OPTIONS, *(key for key in url.options if _is_librdkafka(key))])
+    url.reject_unknown(
+        [
+            *_DRIVER_OPTIONS,
+            *TlsOptions.NAMES,
+            *(key for key in url.options if _is_librdkafka(key)),
+        ]
+    )
     url.reject_unknown_keywords(
         options, ["config"], "config={librdkafka settings} adds what a URL cannot carry"
     )

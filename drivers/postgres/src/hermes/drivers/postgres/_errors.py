@@ -13,7 +13,12 @@ from __future__ import annotations
 import psycopg
 import psycopg_pool
 
-from hermes.core.driver import BrokerRefusedError, BrokerUnavailableError, DriverError
+from hermes.core.driver import (
+    BrokerRefusedError,
+    BrokerUnavailableError,
+    CertificateRefusedError,
+    DriverError,
+)
 
 #: Trying again cannot help: credentials, a database or role that does not
 #: exist, a missing permission, a table missing where ``create=false``.
@@ -41,24 +46,12 @@ _REFUSED_LOGIN_TEXTS = (
 )
 
 
-#: What libpq says when the server's certificate does not verify (it names no
-#: reason beyond OpenSSL's), or does not name the host.
+#: What libpq says, beyond OpenSSL's "certificate verify failed", when the
+#: server's certificate does not name the host, or no CA can verify it.
 _TLS_TEXTS = (
-    "certificate verify failed",
     "does not match host name",
     "root certificate file",  # sslrootcert names no readable file
 )
-
-
-class PostgresTlsError(BrokerRefusedError):
-    """The server's TLS certificate did not verify: another CA, expired, or another host's."""
-
-    def __init__(self, text: str) -> None:
-        super().__init__(
-            f"{text} - the server's TLS certificate was not accepted: give the CA that signed "
-            "it (sslrootcert=PATH in the URL), renew an expired certificate, or connect by a "
-            "host name the certificate names"
-        )
 
 
 def classify(exc: BaseException) -> type[DriverError] | None:
@@ -75,10 +68,10 @@ def classify(exc: BaseException) -> type[DriverError] | None:
             return BrokerUnavailableError
         return DriverError
     if isinstance(exc, psycopg.OperationalError):
-        text = str(exc)
-        if any(tls in text for tls in _TLS_TEXTS):
+        if CertificateRefusedError.in_chain(exc, texts=_TLS_TEXTS):
             # Retrying cannot make a certificate verify: the URL or the server must change.
-            return PostgresTlsError
+            return CertificateRefusedError
+        text = str(exc)
         if "FATAL:" in text and any(refused in text for refused in _REFUSED_LOGIN_TEXTS):
             return BrokerRefusedError
         # Refused or reset sockets, timeouts, "the connection is closed".

@@ -10,7 +10,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from hermes.core import ConfigurationError, hookimpl
-from hermes.core.driver import Driver, DriverPlugin, DriverUrl
+from hermes.core.driver import Driver, DriverPlugin, DriverUrl, TlsOptions
 from hermes.drivers.postgres._capabilities import (
     CAPABILITIES,
     LEASE_TIMEOUT_S,
@@ -56,6 +56,40 @@ SILENCE_SETTINGS = {
 }
 #: Options that ask for TLS: without an ``sslmode`` they mean ``verify-full``.
 _TLS_FILES = ("sslrootcert", "sslcert", "sslkey")
+#: libpq's name for what each TLS option sets; a URL gives one or the other.
+_LIBPQ_TLS = {
+    "ssl_ca_certs": "sslrootcert",
+    "ssl_certfile": "sslcert",
+    "ssl_keyfile": "sslkey",
+    "ssl_cert_reqs": "sslmode",
+    "ssl_check_hostname": "sslmode",
+}
+
+
+def _tls_settings(url: DriverUrl) -> dict[str, str]:
+    """libpq's parameters for the URL's TLS options; they ask for TLS by themselves."""
+    sslmode = url.options.get("sslmode")
+    tls = TlsOptions.from_url(
+        url,
+        tls=False if sslmode == "disable" else None,
+        how="leave out sslmode=disable",
+        native=_LIBPQ_TLS,
+    )
+    if tls is None:
+        return {}
+    settings = {
+        # verify-ca checks the CA only; require checks nothing (unless libpq finds
+        # a root certificate of its own, ~/.postgresql/root.crt).
+        "sslmode": "verify-full" if tls.check_hostname else "verify-ca" if tls.verify else "require"
+    }
+    for name, path in (
+        ("sslrootcert", tls.ca_file),
+        ("sslcert", tls.cert_file),
+        ("sslkey", tls.key_file),
+    ):
+        if path:
+            settings[name] = path
+    return settings
 
 
 def conninfo(url: DriverUrl) -> str:
@@ -81,6 +115,7 @@ def conninfo(url: DriverUrl) -> str:
         "application_name": url.get_str("application_name", "hermes"),
     }
     settings.update(SILENCE_SETTINGS)
+    settings.update(_tls_settings(url))
     settings.update(
         {
             name: url.options[name]
@@ -99,7 +134,7 @@ def conninfo(url: DriverUrl) -> str:
 def _from_url(url: DriverUrl, **options: Any) -> PostgresDriver:
     from hermes.drivers.postgres._driver import DEFAULT_QUEUE, DEFAULT_TABLE, PostgresDriver
 
-    url.reject_unknown((*OPTIONS, *_LIBPQ_OPTIONS, *SILENCE_SETTINGS))
+    url.reject_unknown((*OPTIONS, *_LIBPQ_OPTIONS, *TlsOptions.NAMES, *SILENCE_SETTINGS))
     url.reject_unknown_keywords(options, ())
     try:
         return PostgresDriver(

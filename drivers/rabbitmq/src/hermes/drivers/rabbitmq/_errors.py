@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import ssl
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,6 +19,7 @@ from pika.adapters.utils.connection_workflow import AMQPConnectorException
 from hermes.core.driver import (
     BrokerRefusedError,
     BrokerUnavailableError,
+    CertificateRefusedError,
     ConfigurationError,
     DriverError,
     error_text,
@@ -93,12 +93,8 @@ def connect_failure(exc: BaseException, where: str) -> DriverError | None:
     socket or set-up failure is an absent broker, as a refused TCP
     connection is.
     """
-    if isinstance(exc, ssl.SSLCertVerificationError):
-        return BrokerRefusedError(
-            f"{where}: the server's TLS certificate was not accepted: give the CA that "
-            "signed it (ssl_ca_certs=PATH in the amqps:// URL), renew an expired "
-            f"certificate, or connect by a host name the certificate names - {error_text(exc)}"
-        )
+    if CertificateRefusedError.in_chain(exc):
+        return CertificateRefusedError(f"{where}: refused while connecting: {error_text(exc)}")
     if isinstance(exc, OSError | AMQPConnectorException):
         return BrokerUnavailableError(f"{where}: unavailable while connecting: {describe(exc)}")
     return None

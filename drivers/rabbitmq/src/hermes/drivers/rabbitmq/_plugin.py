@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import functools
 import inspect
-import ssl
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
 from hermes.core import ConfigurationError, hookimpl, redact_url
-from hermes.core.driver import DriverPlugin, DriverUrl, error_text
+from hermes.core.driver import DriverPlugin, DriverUrl, TlsOptions
 from hermes.drivers.rabbitmq._capabilities import CAPABILITIES
 
 if TYPE_CHECKING:
@@ -56,15 +55,6 @@ PIKA_OPTIONS = frozenset(
         "locale",
     }
 )
-
-#: TLS options of an ``amqps://`` URL, named as the Redis driver's (Python's
-#: ``ssl`` names). The server's certificate is verified against ``ssl_ca_certs``
-#: (default: the system's CAs) and must name the URL's host, unless
-#: ``ssl_cert_reqs=none`` or ``ssl_check_hostname=false`` say otherwise.
-TLS_OPTIONS = frozenset(
-    {"ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs", "ssl_check_hostname"}
-)
-CERT_REQS = ("required", "none")
 
 #: Queue arguments (``x-...`` options) that are strings or booleans; any other
 #: ``x-...`` option that looks like an integer is sent as one.
@@ -110,47 +100,6 @@ def _queue_arguments(url: DriverUrl) -> dict[str, Any]:
     return arguments
 
 
-def tls_context(url: DriverUrl) -> ssl.SSLContext | None:
-    """The TLS context of an ``amqps://`` URL (None for ``amqp://``): verifying unless told not to.
-
-    The files are read here, so a missing or unreadable one fails at
-    ``connect()``, not at the first connection.
-    """
-    if url.scheme != "amqps":
-        given = sorted(TLS_OPTIONS.intersection(url.options))
-        if given:
-            raise ConfigurationError(
-                f"option {given[0]} in {url.redacted!r} needs TLS: use amqps://"
-            )
-        return None
-    cert_reqs = url.get_str("ssl_cert_reqs", "required")
-    if cert_reqs not in CERT_REQS:
-        raise ConfigurationError(
-            f"ssl_cert_reqs in {url.redacted!r} must be one of {', '.join(CERT_REQS)}, "
-            f"got {cert_reqs!r}"
-        )
-    check_hostname = url.get_bool("ssl_check_hostname", True)
-    certfile, keyfile = url.options.get("ssl_certfile"), url.options.get("ssl_keyfile")
-    if keyfile and not certfile:
-        raise ConfigurationError(
-            f"ssl_keyfile in {url.redacted!r} needs ssl_certfile: the client certificate it is for"
-        )
-    try:
-        context = ssl.create_default_context(cafile=url.options.get("ssl_ca_certs") or None)
-        if certfile:
-            context.load_cert_chain(certfile, keyfile or None)
-    except (OSError, ValueError) as exc:
-        raise ConfigurationError(
-            f"{url.redacted!r}: the TLS files it names cannot be used - {error_text(exc)}"
-        ) from exc
-    if cert_reqs == "none":
-        context.check_hostname = False  # must be off before verification can be
-        context.verify_mode = ssl.CERT_NONE
-    elif not check_hostname:
-        context.check_hostname = False
-    return context
-
-
 def _pika_parameters(url: DriverUrl) -> pika.URLParameters:
     import pika
 
@@ -162,11 +111,11 @@ def _pika_parameters(url: DriverUrl) -> pika.URLParameters:
         raise ConfigurationError(
             f"{url.redacted!r} is not a usable RabbitMQ URL: {redact_url(str(exc))}"
         ) from exc
-    context = tls_context(url)
-    if context is not None:
+    tls = TlsOptions.from_url(url, tls=url.scheme == "amqps", how="use amqps://")
+    if tls is not None:
         # pika's own context for amqps:// verifies too, but it takes a CA file
         # only as a Python literal in its ssl_options option.
-        parameters.ssl_options = pika.SSLOptions(context)
+        parameters.ssl_options = pika.SSLOptions(tls.context(url))
     return parameters
 
 
@@ -182,7 +131,7 @@ def from_url(url: DriverUrl, **options: Any) -> LazyRabbitMqDriver:
             [
                 *DRIVER_OPTIONS,
                 *PIKA_OPTIONS,
-                *TLS_OPTIONS,
+                *TlsOptions.NAMES,
                 *(name for name in url.options if name.startswith("x-")),
             ]
         )

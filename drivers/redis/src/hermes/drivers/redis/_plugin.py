@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from hermes.core import ConfigurationError, Shutdown, hookimpl
-from hermes.core.driver import Driver, DriverPlugin, DriverUrl
+from hermes.core.driver import Driver, DriverPlugin, DriverUrl, TlsOptions
 from hermes.drivers.redis._capabilities import CAPABILITIES
 
 if TYPE_CHECKING:
@@ -30,21 +30,14 @@ _DRIVER_OPTIONS = (
     "wait_replicas",
     "wait_timeout",
 )
-#: TLS options of a ``rediss://`` URL, as redis-py names them. The server's
-#: certificate is verified against ``ssl_ca_certs`` (default: the system's CAs)
-#: and must name the URL's host, unless ``ssl_cert_reqs`` or
-#: ``ssl_check_hostname`` say otherwise.
-_TLS_OPTIONS = (
-    "ssl_ca_certs",
-    "ssl_certfile",
-    "ssl_keyfile",
-    "ssl_cert_reqs",
-    "ssl_check_hostname",
-)
-_CERT_REQS = ("required", "optional", "none")
 #: Options of a ``redis+sentinel://`` URL about the Sentinels themselves.
 _SENTINEL_OPTIONS = ("sentinel_username", "sentinel_password")
-_CLIENT_OPTIONS = ("socket_connect_timeout", "socket_timeout", *_TLS_OPTIONS, *_SENTINEL_OPTIONS)
+_CLIENT_OPTIONS = (
+    "socket_connect_timeout",
+    "socket_timeout",
+    *TlsOptions.NAMES,
+    *_SENTINEL_OPTIONS,
+)
 #: The schemes of a Redis found through Sentinel (``+`` TLS to the master and the Sentinels).
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
 #: Seconds a command may wait for Redis's reply before the server counts as
@@ -160,33 +153,25 @@ def _retry() -> Retry:
 
 
 def tls_settings(url: DriverUrl) -> dict[str, Any]:
-    """redis-py's TLS arguments for ``url``: none for ``redis://``, verifying ones for ``rediss://``.
-
-    Verification is on unless the URL turns it off: ``ssl_cert_reqs=required``
-    and ``ssl_check_hostname=true`` are the defaults, whatever the redis-py version.
-    """
-    if url.scheme not in ("rediss", "rediss+sentinel"):
-        for name in _TLS_OPTIONS:
-            if name in url.options:
-                raise ConfigurationError(
-                    f"option {name} in {url.redacted!r} needs TLS: use rediss://"
-                )
+    """redis-py's TLS arguments for ``url``: none for ``redis://``, verifying ones for ``rediss://``."""
+    tls = TlsOptions.from_url(
+        url, tls=url.scheme in ("rediss", "rediss+sentinel"), how="use rediss://"
+    )
+    if tls is None:
         return {}
-    cert_reqs = url.get_str("ssl_cert_reqs", "required")
-    if cert_reqs not in _CERT_REQS:
-        raise ConfigurationError(
-            f"ssl_cert_reqs in {url.redacted!r} must be one of {', '.join(_CERT_REQS)}, "
-            f"got {cert_reqs!r}"
-        )
     settings: dict[str, Any] = {
         "ssl": True,
-        "ssl_cert_reqs": cert_reqs,
-        # No hostname to check when the certificate is not checked at all.
-        "ssl_check_hostname": cert_reqs != "none" and url.get_bool("ssl_check_hostname", True),
+        # Given whatever the redis-py version's defaults are.
+        "ssl_cert_reqs": "required" if tls.verify else "none",
+        "ssl_check_hostname": tls.check_hostname,
     }
-    for name in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile"):
-        if name in url.options:
-            settings[name] = url.options[name]
+    for name, path in (
+        ("ssl_ca_certs", tls.ca_file),
+        ("ssl_certfile", tls.cert_file),
+        ("ssl_keyfile", tls.key_file),
+    ):
+        if path:
+            settings[name] = path
     return settings
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ssl
 from typing import Any
 
 import boto3
@@ -19,6 +18,7 @@ from botocore.exceptions import SSLError as BotoSslError
 from urllib3.util.ssl_match_hostname import CertificateError as HostnameMismatch
 
 from hermes.core import BrokerRefusedError, BrokerUnavailableError, DriverError
+from hermes.core.driver import CertificateRefusedError
 
 #: What boto3 raises when this client may never use SQS: no usable keys or no
 #: region. Retrying cannot help; a worker stops (``hermes`` exits 2).
@@ -31,36 +31,13 @@ UNAVAILABLE_ERRORS = (BotoConnectionError, HTTPClientError)
 CLIENT_ERRORS = (ClientError, BotoCoreError)
 
 
-class SqsTlsError(BrokerRefusedError):
-    """The endpoint's TLS certificate did not verify: a wrong CA, expired, or another host's."""
-
-    hint = (
-        "the endpoint's TLS certificate was not accepted: give the CA that signed it "
-        "(ssl_ca_certs=PATH in the sqs:// URL), renew an expired certificate, or connect "
-        "by a host name the certificate names"
-    )
-
-    def __init__(self, text: str) -> None:
-        super().__init__(f"{text} - {self.hint}")
-
-
 def certificate_refused(exc: BaseException) -> bool:
     """True if ``exc`` is botocore's SSLError for a certificate that did not verify.
 
-    Retrying cannot make it verify: the URL or the endpoint must change. Other
-    TLS failures (a handshake cut short) leave the endpoint merely unavailable.
+    Other TLS failures (a handshake cut short) leave the endpoint merely unavailable.
     """
-    if not isinstance(exc, BotoSslError):
-        return False
-    seen: BaseException | None = exc
-    for _ in range(5):  # botocore wraps urllib3's error, which wraps ssl's
-        if seen is None:
-            return False
-        # urllib3 matches the host name itself, and raises its own class.
-        if isinstance(seen, ssl.SSLCertVerificationError | ssl.CertificateError | HostnameMismatch):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return "CERTIFICATE_VERIFY_FAILED" in str(exc)
+    # urllib3 matches the host name itself, and raises its own class.
+    return isinstance(exc, BotoSslError) and CertificateRefusedError.in_chain(exc, HostnameMismatch)
 
 
 #: ClientError codes that mean AWS refused these credentials or this permission.

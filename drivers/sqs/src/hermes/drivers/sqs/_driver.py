@@ -26,6 +26,7 @@ from hermes.core import (
     redact_url,
 )
 from hermes.core.driver import (
+    CertificateRefusedError,
     Consumer,
     Delay,
     Driver,
@@ -40,7 +41,6 @@ from hermes.drivers.sqs._client import (
     CLIENT_ERRORS,
     REFUSED_ERRORS,
     UNAVAILABLE_ERRORS,
-    SqsTlsError,
     certificate_refused,
     classify,
     clone_client,
@@ -352,7 +352,7 @@ class AmazonSqsDriver(Driver):
         if isinstance(exc, ClientError):
             return classify(exc)
         if certificate_refused(exc):
-            return SqsTlsError
+            return CertificateRefusedError
         return super().classify_error(exc)
 
     def _make_client(self) -> Any:

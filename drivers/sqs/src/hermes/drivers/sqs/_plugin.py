@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import functools
 import inspect
-import os
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
 from hermes.core import ConfigurationError, hookimpl, redact_url
-from hermes.core.driver import DriverPlugin, DriverUrl
+from hermes.core.driver import DriverPlugin, DriverUrl, TlsOptions
 from hermes.drivers.sqs._capabilities import CAPABILITIES
 
 if TYPE_CHECKING:
@@ -48,33 +47,30 @@ OPTIONS = {
     "max_attempts": f"tries per request, the first included (default {MAX_ATTEMPTS})",
     "ssl_ca_certs": "PEM file of the CA that signed an https endpoint's certificate "
     "(default: the CAs botocore trusts)",
+    "ssl_certfile": "PEM file of a client certificate, for an endpoint that asks for one",
+    "ssl_keyfile": "its private key, when ssl_certfile does not hold it",
     "ssl_cert_reqs": "required (default): verify the endpoint's certificate; none: do not",
+    "ssl_check_hostname": "true (default): the certificate must name endpoint_url's host",
 }
-#: ``ssl_cert_reqs`` values.
-CERT_REQS = ("required", "none")
 
 
-def _verify(url: DriverUrl) -> bool | str | None:
-    """boto3's ``verify``: the CA file, False when the URL turns verification off, else None."""
-    cert_reqs = url.get_str("ssl_cert_reqs", "required")
-    if cert_reqs not in CERT_REQS:
+def _tls(url: DriverUrl) -> dict[str, Any]:
+    """boto3's ``verify`` (the CA file, or False) and botocore's ``client_cert`` for ``url``."""
+    endpoint = url.options.get("endpoint_url") or ""
+    tls = TlsOptions.from_url(
+        url, tls=not endpoint.startswith("http://"), how="use an https:// endpoint_url"
+    )
+    if tls is None:
+        return {"verify": None, "client_cert": None}
+    if tls.verify and not tls.check_hostname:
         raise ConfigurationError(
-            f"ssl_cert_reqs in {url.redacted!r} must be one of {', '.join(CERT_REQS)}, "
-            f"got {cert_reqs!r}"
+            f"{url.redacted!r}: botocore checks the host name whenever it verifies the "
+            "certificate, so ssl_check_hostname=false needs ssl_cert_reqs=none"
         )
-    ca_certs = url.options.get("ssl_ca_certs") or None
-    if cert_reqs == "none":
-        if ca_certs:
-            raise ConfigurationError(
-                f"{url.redacted!r}: ssl_ca_certs has no use with ssl_cert_reqs=none"
-            )
-        return False
-    if ca_certs and not os.access(ca_certs, os.R_OK):
-        # botocore would find out at each request, as an endpoint it cannot reach.
-        raise ConfigurationError(
-            f"{url.redacted!r}: ssl_ca_certs names {ca_certs!r}, which is not a readable file"
-        )
-    return ca_certs
+    client_cert: str | tuple[str, str] | None = tls.cert_file
+    if tls.cert_file and tls.key_file:
+        client_cert = (tls.cert_file, tls.key_file)
+    return {"verify": tls.ca_file if tls.verify else False, "client_cert": client_cert}
 
 
 @functools.cache
@@ -115,7 +111,7 @@ def _client_factory(url: DriverUrl, wait_time_s: int) -> Any:
 
     region = url.options.get("region") or None
     endpoint_url = url.options.get("endpoint_url") or None
-    verify = _verify(url)
+    tls = _tls(url)
     profile = url.options.get("profile") or None
     config = Config(
         connect_timeout=url.get_float("connect_timeout", CONNECT_TIMEOUT_S, minimum=0.1),
@@ -125,6 +121,7 @@ def _client_factory(url: DriverUrl, wait_time_s: int) -> Any:
             "mode": "standard",
             "max_attempts": url.get_int("max_attempts", MAX_ATTEMPTS, minimum=1),
         },
+        client_cert=tls["client_cert"],
     )
     try:
         session = boto3.session.Session(profile_name=profile, region_name=region)
@@ -142,7 +139,7 @@ def _client_factory(url: DriverUrl, wait_time_s: int) -> Any:
 
     def factory() -> Any:
         return boto3.session.Session(profile_name=profile, region_name=region).client(
-            "sqs", endpoint_url=endpoint_url, config=config, verify=verify
+            "sqs", endpoint_url=endpoint_url, config=config, verify=tls["verify"]
         )
 
     return factory
