@@ -296,7 +296,7 @@ def test_an_ack_made_while_the_worker_waits_idle_is_sent_at_once(driver, client,
         waiting = threading.Thread(target=consumer.receive, args=(3,))
         waiting.start()
         deadline = time.monotonic() + DEADLINE_S
-        while not consumer.idle and time.monotonic() < deadline:
+        while not consumer.acks.is_idle and time.monotonic() < deadline:
             time.sleep(0.01)
         consumer.ack(received)
         assert leases(client, namespace) == {}

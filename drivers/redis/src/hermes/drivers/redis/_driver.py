@@ -4,10 +4,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import os
-import socket
-import ssl
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -31,6 +27,8 @@ from hermes.core import (
     DriverError,
 )
 from hermes.core.driver import (
+    AckBatch,
+    CertificateRefusedError,
     Consumer,
     Delivery,
     Driver,
@@ -40,6 +38,7 @@ from hermes.core.driver import (
     QueueStats,
     Received,
     Take,
+    owner_id,
 )
 from hermes.drivers.redis import _claim, _heartbeat, _limits, _records, _scripts, _tally
 from hermes.drivers.redis._capabilities import CAPABILITIES
@@ -59,9 +58,6 @@ _SHORT_WAIT_S = 0.1
 
 #: At-least-once: how long a lease lasts unless renewed, by default.
 LEASE_TIMEOUT_S = 30.0
-#: At-least-once with prefetch: the longest an acknowledgement waits for the next
-#: take while the worker hands out what it claimed ahead.
-ACK_DELAY_S = 0.1
 #: A lease is renewed this many times per lease timeout while its handler runs.
 RENEWALS_PER_LEASE = 3
 
@@ -147,26 +143,10 @@ class RedisDatabaseError(RedisRefusedError):
     hint = "the database number in the URL's path does not exist on this server (see 'databases')"
 
 
-class RedisTlsError(RedisRefusedError):
+class RedisTlsError(CertificateRefusedError, RedisRefusedError):
     """The server's TLS certificate did not verify: a wrong CA, expired, or another host's."""
 
-    hint = (
-        "the server's TLS certificate was not accepted: give the CA that signed it "
-        "(ssl_ca_certs=PATH in the rediss:// URL), renew an expired certificate, or connect "
-        "by a host name the certificate names"
-    )
-
-
-def tls_failure(exc: BaseException) -> ssl.SSLError | ssl.CertificateError | None:
-    """The certificate error behind ``exc`` (redis-py keeps it as the context), if any."""
-    seen: BaseException | None = exc
-    for _ in range(5):  # a short chain: redis-py wraps the OSError once
-        if seen is None:
-            return None
-        if isinstance(seen, ssl.SSLCertVerificationError | ssl.CertificateError):
-            return seen
-        seen = seen.__cause__ or seen.__context__
-    return None
+    hint = CertificateRefusedError.hint
 
 
 #: Text in a reply that redis-py raises as a plain ``ResponseError`` (a script's
@@ -460,7 +440,7 @@ class RedisSetDriver(Driver):
             return RedisCredentialsError
         if isinstance(exc, AuthorizationError | NoPermissionError):
             return RedisPermissionError
-        if isinstance(exc, redis.ConnectionError) and tls_failure(exc) is not None:
+        if isinstance(exc, redis.ConnectionError) and CertificateRefusedError.in_chain(exc):
             # Retrying cannot make a certificate verify: the URL or the server must change.
             return RedisTlsError
         if isinstance(exc, redis.ResponseError):
@@ -894,14 +874,9 @@ class _LeasingConsumer(_RedisConsumer):
         self.unsure: list[tuple[int, int]] = []
         #: Claimed by the last take and not handed out yet, next first.
         self.prefetched: collections.deque[Received] = collections.deque()
-        #: ``[index, take number, digest, ...]`` acknowledged, not yet sent.
-        self.acks: list[bytes] = []
-        #: Guards ``acks`` and ``idle``: handler threads acknowledge while this one takes.
-        self.acks_lock = threading.Lock()
-        #: True while the receiving thread waits idle: an acknowledgement is then sent at once.
-        self.idle = False
-        #: ``time.monotonic()`` of the oldest acknowledgement not yet sent (None: none).
-        self.acks_since: float | None = None
+        #: ``(index, take number, digest)`` acknowledged, not yet sent: with the next
+        #: take, or at once while the receiving thread waits idle.
+        self.acks: AckBatch[tuple[bytes, bytes, bytes]] = AckBatch()
         self.ack_call: _scripts.PackedCall | None = None
         #: Indexes (1-based) of the sets this consumer has taken from: where it has a
         #: lease. Replaced, never changed, by the receiving thread; read by the renewer.
@@ -913,8 +888,7 @@ class _LeasingConsumer(_RedisConsumer):
         if self.prefetched:
             # Handed out without a take: acknowledgements wait for the next
             # one, but not for long while handlers are slow.
-            since = self.acks_since
-            if since is not None and time.monotonic() - since > ACK_DELAY_S:
+            if self.acks.due():
                 self._send_acks()
             return self.prefetched.popleft()
         if self.leases is None:
@@ -923,13 +897,8 @@ class _LeasingConsumer(_RedisConsumer):
 
     def ack(self, received: Received) -> None:
         index, number, digest = received.token
-        with self.acks_lock:
-            if not self.idle:
-                self.acks += (b"%d" % index, number, digest)  # sent with the next take
-                if self.acks_since is None:
-                    self.acks_since = time.monotonic()
-                return
-        self._ack_now(self.driver._execute, index, number, digest)
+        if not self.acks.add((b"%d" % index, number, digest)):  # else: with the next take
+            self._ack_now(self.driver._execute, index, number, digest)
 
     def _ack_now(self, execute: _scripts.Execute, index: int, number: bytes, digest: bytes) -> None:
         keys = (self.held_keys[index - 1], self.count_keys[index - 1])
@@ -973,7 +942,7 @@ class _LeasingConsumer(_RedisConsumer):
                     "%r: could not acknowledge %d message(s), which are delivered again once "
                     "the lease runs out - %s",
                     self.driver,
-                    len(self.acks) // 3,
+                    len(self.acks),
                     error,
                 )
             elif not self.prefetched:
@@ -983,7 +952,7 @@ class _LeasingConsumer(_RedisConsumer):
             super().close()
 
     def _start(self) -> None:
-        self.owner = f"{socket.gethostname()}:{os.getpid()}:{os.urandom(4).hex()}"
+        self.owner = owner_id()
         self.held_keys = [held_key(queue, self.owner) for queue in self.keys]
         self.claim = _scripts.PackedCall(
             _scripts.CLAIM,
@@ -1005,27 +974,19 @@ class _LeasingConsumer(_RedisConsumer):
         """Send the deferred acknowledgements and, with a take number, take bodies."""
         claim = claim or self.claim
         assert claim is not None
-        with self.acks_lock:
-            acks, self.acks = self.acks, []
-            self.acks_since = None
-        count = b"%d" % (len(acks) // 3)
+        acks = self.acks.take()
+        fields = [field for ack in acks for field in ack]
+        count = b"%d" % len(acks)
         try:
             try:
-                reply = self._execute(claim.pack(number, count, *acks), True)
+                reply = self._execute(claim.pack(number, count, *fields), True)
             except NoScriptError:  # a new or restarted server: send the script itself
-                args: list[str | int | bytes] = [*claim.head, number, count, *acks]
+                args: list[str | int | bytes] = [*claim.head, number, count, *fields]
                 reply = _scripts.CLAIM(self._execute, claim.keys, args, raw=True)
         except BaseException:
-            self._unsent(acks)
+            self.acks.put_back(acks)  # they go with the next call
             raise
         return reply
-
-    def _unsent(self, acks: list[bytes]) -> None:
-        """Keep acknowledgements a failed call did not send: they go with the next one."""
-        with self.acks_lock:
-            self.acks[:0] = acks
-            if self.acks_since is None:
-                self.acks_since = time.monotonic()
 
     def _send_acks(self) -> None:
         """Send the deferred acknowledgements alone, taking nothing."""
@@ -1033,16 +994,10 @@ class _LeasingConsumer(_RedisConsumer):
         self._claim(b"0", self.ack_call)
 
     def _idle_wait(self, timeout_s: float) -> bool:
-        with self.acks_lock:
-            self.idle = True
-            pending = bool(self.acks)
-        try:
-            if pending:
+        with self.acks.idle() as waiting:
+            if waiting:
                 self._send_acks()
             return super()._idle_wait(timeout_s)
-        finally:
-            with self.acks_lock:
-                self.idle = False
 
     def _pop(self) -> Received | None:
         if self.prefetched:
