@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from pika import exceptions as pika_exc
 
-from hermes.core.driver import Consumer, DriverError, Handover, PerProcess, Received
+from hermes.core.driver import AckBatch, Consumer, DriverError, Handover, PerProcess, Received
 from hermes.drivers.rabbitmq._delay import DUE_TOLERANCE_S
 from hermes.drivers.rabbitmq._errors import close_quietly, declaring, describe
 from hermes.drivers.rabbitmq._quorum import delivery_count
@@ -20,10 +20,6 @@ if TYPE_CHECKING:
     from hermes.drivers.rabbitmq._driver import LazyRabbitMqDriver
 
 logger = logging.getLogger("hermes.drivers.rabbitmq")
-
-#: The longest an acknowledgement waits to be sent with others while the worker
-#: still has deliveries in hand (it never waits while the worker waits on the socket).
-ACK_DELAY_S = 0.1
 
 # How a delivery is settled; the words go into log lines and errors.
 _ACK = "acknowledging"
@@ -63,7 +59,8 @@ class RabbitMqConsumer(Consumer):
       ``multiple`` for every delivery up to a tag when none below it is still
       in a handler or undelivered (else one per tag). They go out once half
       the prefetch window is acknowledged, before the consumer waits on the
-      socket, when one has waited :data:`ACK_DELAY_S`, and in :meth:`close`.
+      socket, when one has waited a tenth of a second, and in :meth:`close`
+      (core's :class:`~hermes.core.driver.AckBatch`).
       At prefetch 50 that is one frame per 25 messages instead of 25. A
       requeue or a reject goes out at once.
     * pika's connection is not thread-safe. The thread that last called
@@ -110,10 +107,7 @@ class RabbitMqConsumer(Consumer):
         self._handover.run_pending(self._not_settled)
         session = self._session()
         try:
-            if (
-                session.acks_since is not None
-                and time.monotonic() - session.acks_since > ACK_DELAY_S
-            ):
+            if session.acks.due():
                 session.send_acks()
             while True:
                 received = session.next(deadline)
@@ -300,11 +294,10 @@ class _Session:
         self.lost: BaseException | None = None
         #: Tags handed out by ``receive`` and not settled yet (their handlers run).
         self.handed: set[int] = set()
-        #: Tags acknowledged and not sent yet, and when the oldest of them was.
-        self.acks: list[int] = []
-        self.acks_since: float | None = None
-        #: Send the acknowledgements once this many wait: half the prefetch window.
-        self.ack_every = max(1, consumer.prefetch // 2) if len(self.order) == 1 else 1
+        #: Tags acknowledged and not sent yet: sent once half the prefetch window waits.
+        self.acks: AckBatch[int] = AckBatch(
+            most=max(1, consumer.prefetch // 2) if len(self.order) == 1 else 1
+        )
         self.connection = driver._connect()
         try:
             self.channel = self.connection.channel()
@@ -354,15 +347,13 @@ class _Session:
 
     def ack(self, tag: int) -> None:
         """Acknowledge ``tag``: now, or with the next ones (see the consumer)."""
-        self.acks.append(tag)
-        if self.acks_since is None:
-            self.acks_since = time.monotonic()
-        if len(self.acks) >= self.ack_every:
+        self.acks.add(tag)
+        if self.acks.due():
             self.send_acks()
 
     def send_acks(self) -> None:
         """Send the acknowledgements that wait: one frame for those below every open tag."""
-        acks, self.acks, self.acks_since = self.acks, [], None
+        acks = self.acks.take()
         if not acks:
             return
         open_tags = [*self.handed, *(buffer[0].token.delivery_tag for buffer in
