@@ -26,6 +26,8 @@ import logging
 import os
 from collections.abc import Collection
 
+from hermes.core.driver import owner_id
+
 logger = logging.getLogger("hermes.drivers.filesystem")
 
 #: The lock file inside every worker directory.
@@ -44,7 +46,7 @@ class WorkerClaims:
         self._processing_dir = processing_dir
         self._new_dir = new_dir
         self._lock_fd: int | None = None
-        #: ``<pid>-<random hex>``, the name of this worker's directory.
+        #: ``<host>:<pid>:<random hex>``, the name of this worker's directory.
         self.worker_id = ""
         #: ``processing/<worker_id>``, where claimed files wait for their callback.
         self.path = ""
@@ -52,7 +54,7 @@ class WorkerClaims:
     def register(self) -> None:
         """Create and lock a fresh worker directory (again, if it was removed under us)."""
         self.release()
-        worker_id = f"{os.getpid()}-{os.urandom(4).hex()}"
+        worker_id = owner_id()
         staging = os.path.join(self._tmp_dir, f"{worker_id}.worker")
         os.mkdir(staging)
         fd = os.open(os.path.join(staging, LOCK_NAME), os.O_RDONLY | os.O_CREAT, 0o644)

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import socket
 import threading
 import time
 from collections.abc import Hashable, Iterator, Mapping, Sequence
@@ -32,6 +30,7 @@ from hermes.core.driver import (
     Received,
     Take,
     outgoing,
+    owner_id,
 )
 from hermes.drivers.postgres import _heartbeat, _limits, _records, _tally
 from hermes.drivers.postgres._capabilities import CAPABILITIES, LEASE_TIMEOUT_S, POLL_INTERVAL_S
@@ -477,7 +476,7 @@ class _PostgresConsumer(Consumer):
         self.driver = driver
         self.sql = driver.sql
         #: Who holds a row: written into ``locked_by``, so an operator can tell.
-        self.worker = f"{socket.gethostname()}:{os.getpid()}:{os.urandom(4).hex()}"
+        self.worker = owner_id()
         self.claim_sql = self.sql.claim(priorities)
         self.claim_params = {
             "queue": driver.queue,
