@@ -153,6 +153,32 @@ def examples(session: nox.Session) -> None:
     session.run("python", "-m", "pytest", *(session.posargs or ["examples"]))
 
 
+@nox.session(python=False, tags=["ci-beside"])
+def django6(session: nox.Session) -> None:
+    """hermes-django's tests and the Django example on Django 6 (Python 3.12+, which
+    tools/find-python finds or builds); the tests session runs them on Django 5.2."""
+    found = session.run("bash", "tools/find-python", silent=True, external=True)
+    assert isinstance(found, str)
+    venv = ROOT / ".nox" / "django6"
+    python, uv = str(venv / "bin" / "python"), str(ROOT / ".venv" / "bin" / "uv")
+    if not (venv / "bin" / "python").exists():
+        interpreter = found.strip().splitlines()[-1]
+        session.run(uv, "venv", "-q", "--python", interpreter, str(venv), external=True)
+    session.run(
+        uv, "pip", "install", "-q", "--python", python,
+        "-e", CORE, "-e", "drivers/redis", "-e", "drivers/postgres", "-e", "plugins/django",
+        "django>=6", "pytest>=8", "redis>=5.3",
+        external=True,
+    )  # fmt: skip
+    # Two runs: each sets up Django with its own settings module.
+    for tests in (
+        [session.posargs]
+        if session.posargs
+        else [["plugins/django/tests"], ["examples/django_app"]]
+    ):
+        session.run(python, "-m", "pytest", "-p", "no:cacheprovider", *tests, external=True)
+
+
 #: What the documentation site is built with (mkdocs.yml at the root).
 DOCS_DEPS = [
     "mkdocs>=1.6",

@@ -8,13 +8,16 @@ python -m django hermes_worker --settings examples.django_app.settings   # the @
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 SECRET_KEY = "django-example-only-not-a-secret"
 DEBUG = False
 ALLOWED_HOSTS = ["localhost", "127.0.0.1", "testserver"]
 ROOT_URLCONF = "examples.django_app.urls"
-INSTALLED_APPS = ["django_tasks", "hermes.django", "examples.django_app"]
+INSTALLED_APPS = ["hermes.django", "examples.django_app"]
+if importlib.util.find_spec("django.tasks") is None:  # Django 5.2: the backport is an app
+    INSTALLED_APPS.insert(0, "django_tasks")
 MIDDLEWARE: list[str] = []
 DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}
 USE_TZ = True

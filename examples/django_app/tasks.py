@@ -10,7 +10,11 @@ import json
 import os
 
 import redis
-from django_tasks import task  # django.tasks on Django 6
+
+try:
+    from django.tasks import task  # Django 6
+except ImportError:  # Django 5.2, with the django-tasks backport
+    from django_tasks import task
 
 outbox = redis.Redis.from_url(os.environ.get("OUTBOX_URL", "redis://localhost:6379/0"))
 OUTBOX_KEY = os.environ.get("OUTBOX_KEY", "examples:outbox")

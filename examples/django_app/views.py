@@ -5,8 +5,13 @@ import json
 from django.db import transaction
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_GET, require_POST
-from django_tasks import default_task_backend
-from django_tasks.exceptions import TaskResultDoesNotExist
+
+try:
+    from django.tasks import default_task_backend  # Django 6
+    from django.tasks.exceptions import TaskResultDoesNotExist
+except ImportError:  # Django 5.2, with the django-tasks backport
+    from django_tasks import default_task_backend
+    from django_tasks.exceptions import TaskResultDoesNotExist
 
 from examples.django_app.jobs import emitter
 from examples.django_app.tasks import send_receipt

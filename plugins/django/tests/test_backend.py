@@ -12,15 +12,20 @@ from typing import Any
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
-from django_tasks import TaskResultStatus, default_task_backend, task_backends
-from django_tasks.exceptions import InvalidTaskError, TaskResultDoesNotExist
 from hermes_django_tests.harness import Queue, on_commit_backend
 from hermes_django_tests.shop.tasks import add, label
 
 from hermes.core import Emitter, Message, connect
 from hermes.core.jobs import Jobs
 from hermes.django import HermesBackend, periodic
-from hermes.django._compat import task_enqueued
+from hermes.django._compat import (
+    InvalidTask,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+    default_task_backend,
+    task_backends,
+    task_enqueued,
+)
 
 
 def queued_bodies(queue: Queue, key: str = "hermes") -> list[dict[str, Any]]:
@@ -66,7 +71,7 @@ def test_arguments_that_are_not_json_are_refused_before_anything_is_sent(queue: 
 
 def test_a_priority_without_a_queue_is_refused_naming_the_option() -> None:
     with pytest.raises(
-        InvalidTaskError, match=r'add it to OPTIONS\["priorities"\] \(now \[10, 0, -10\]\)'
+        InvalidTask, match=r'add it to OPTIONS\["priorities"\] \(now \[10, 0, -10\]\)'
     ):
         add.using(priority=5)
 
@@ -82,7 +87,7 @@ def test_django_priorities_go_to_hermes_priority_100_plus_p(queue: Queue) -> Non
 
 
 def test_a_queue_not_in_queues_is_refused() -> None:
-    with pytest.raises(InvalidTaskError, match="Queue 'nowhere' is not valid"):
+    with pytest.raises(InvalidTask, match="Queue 'nowhere' is not valid"):
         add.using(queue_name="nowhere")
 
 

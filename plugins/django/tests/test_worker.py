@@ -10,8 +10,6 @@ from typing import Any
 import pytest
 from django.db import connection, transaction
 from django.utils import timezone
-from django_tasks import TaskResult, TaskResultStatus, default_task_backend
-from django_tasks.exceptions import TaskResultDoesNotExist
 from hermes_django_tests.harness import WORKER_S, Queue, Worker, on_commit_backend
 from hermes_django_tests.shop.signals import SIGNALS_ENV
 from hermes_django_tests.shop.tasks import (
@@ -27,6 +25,12 @@ from hermes_test_support import eventually
 
 from hermes.core import Emitter, Message, connect
 from hermes.core.jobs import Jobs
+from hermes.django._compat import (
+    TaskResult,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+    default_task_backend,
+)
 
 
 def finished(result: TaskResult, worker: Worker, timeout_s: float = WORKER_S) -> TaskResult:

@@ -7,13 +7,16 @@ that test; the tests point the backend at it with ``override_settings``.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from urllib.parse import urlsplit
 
 SECRET_KEY = "hermes-django-tests-only-not-a-secret"
 DEBUG = False
 USE_TZ = True
-INSTALLED_APPS = ["django_tasks", "hermes.django", "hermes_django_tests.shop"]
+INSTALLED_APPS = ["hermes.django", "hermes_django_tests.shop"]
+if importlib.util.find_spec("django.tasks") is None:  # Django 5.2: the backport is an app
+    INSTALLED_APPS.insert(0, "django_tasks")
 
 _database = urlsplit(
     os.environ.get("HERMES_DJANGO_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test")

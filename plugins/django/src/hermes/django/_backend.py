@@ -19,7 +19,7 @@ within 0 to 200 where PHP Hermes deployments name theirs. Only the Django
 priorities listed in ``OPTIONS["priorities"]`` get a queue (0 always has one):
 each queue is one more place every worker looks, so they are not made for
 all 201 values; a task with another priority is refused by
-:meth:`HermesBackend.validate_task` (``InvalidTaskError``), which names the
+:meth:`HermesBackend.validate_task` (``InvalidTask``), which names the
 option. The queue of Hermes priority P is named ``<key>_priority_<P>``, as
 ``hermes worker --priority P`` names it, so ``hermes stats`` shows it. On
 Redis, a message with a future ``execute_at`` lands on the default priority
@@ -89,7 +89,7 @@ from hermes.django._compat import (
     TASK_MAX_PRIORITY,
     TASK_MIN_PRIORITY,
     BaseTaskBackend,
-    InvalidTaskError,
+    InvalidTask,
     Task,
     TaskError,
     TaskResult,
@@ -339,7 +339,7 @@ class HermesBackend(BaseTaskBackend):
         self.configured()
         super().validate_task(task)
         if task.priority not in self.priorities:
-            raise InvalidTaskError(
+            raise InvalidTask(
                 f"priority {task.priority} of task {task.module_path} has no queue on backend "
                 f'{self.alias!r}: add it to OPTIONS["priorities"] (now {list(self.priorities)})'
             )
@@ -349,7 +349,7 @@ class HermesBackend(BaseTaskBackend):
     ) -> TaskResult[Any]:
         """Send ``task`` with its arguments; the result is READY with the message's id.
 
-        Raises ``InvalidTaskError`` for a task this backend cannot run and
+        Raises ``InvalidTask`` for a task this backend cannot run and
         ``TypeError`` for an argument that is not JSON, before anything is sent.
         """
         self.validate_task(task)

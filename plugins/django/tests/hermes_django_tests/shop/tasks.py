@@ -6,9 +6,9 @@ import asyncio
 from typing import Any
 
 from django.db import connection
-from django_tasks import task
 
 from hermes.django import periodic
+from hermes.django._compat import task
 
 from . import signals  # noqa: F401 - connects the receivers the worker tests read
 
