@@ -613,6 +613,43 @@ def test_the_queues_page_pages_through_every_waiting_message(dashboard: Dashboar
     assert [i for page in pages for i in page] == [m.id for m in sent]
 
 
+def test_the_queues_page_filters_by_type_and_priority_and_deletes_from_what_it_shows(
+    dashboard: Dashboard,
+) -> None:
+    assert isinstance(dashboard.driver, MemoryDriver)
+    dashboard.driver.setup_priority_queue("low", 60)
+    dashboard.driver.send_batch([Message("job", {"n": n}) for n in range(450)])
+    mail = [Message("mail", {"n": n}) for n in range(4)]
+    dashboard.driver.send_batch(mail)
+    low = [Message("mail", {"low": n}) for n in range(3)]
+    dashboard.driver.send_batch(low, 60)
+    client = client_of(dashboard)
+
+    def ids(path: str) -> list[str]:
+        page = client.get(path).text
+        return re.findall(r'<td class="id">([0-9a-f-]{36})', page)
+
+    assert sorted(ids("/queues?type=mail")) == sorted(m.id for m in mail + low)
+    assert sorted(ids("/queues?type=mail&priority=60")) == sorted(m.id for m in low)
+    assert len(ids("/queues?priority=100")) == 200  # a page, as unfiltered
+    page = client.get("/queues?type=mail&priority=60").text
+    assert 'name="type" value="mail"' in page and 'name="priority" value="60"' in page
+    assert 'id="next-page"' not in page
+
+    link = re.search(r'href="(/queues/delete\?[^"]+)"', page)
+    assert link is not None and "type=mail" in html.unescape(link.group(1))
+    confirm = client.get(html.unescape(link.group(1))).text
+    assert "Delete a waiting message?" in confirm and low[0].id in confirm
+    done = client.post("/queues/delete", confirmed_form(confirm))
+    assert done.headers["location"] == "/queues?type=mail&priority=60&done=deleted&n=1"
+    assert sorted(ids("/queues?type=mail&priority=60")) == sorted(m.id for m in low[1:])
+
+    answer = json.loads(client.get("/api/queues?type=mail").content)
+    assert sorted(w["message"]["id"] for w in answer["waiting"]) == sorted(m.id for m in mail + low[1:])
+    nothing = client.get("/queues?type=nobody").text
+    assert "Nothing waiting of that type." in nothing
+
+
 def test_the_failed_page_pages_through_the_store(dashboard: Dashboard) -> None:
     kept = [a_failed_message(dashboard) for _ in range(1100)]
 

@@ -104,6 +104,35 @@ def test_paging_reaches_every_waiting_and_scheduled_message(
     assert set(queued) <= seen, f"{len(set(queued) - seen)} messages on no page"
 
 
+def test_the_queues_page_filtered_by_priority_pages_to_its_last_message(
+    browser: Any, backlog: tuple[Deployment, list[str]]
+) -> None:
+    deployment, queued = backlog
+    browser.get(deployment.base + "/queues")
+    browser.find_element(By.CSS_SELECTOR, "form.filters input[name=priority]").send_keys("300")
+    browser.find_element(By.ID, "filter").click()
+    eventually(lambda: "priority=300" in browser.current_url)
+    script = (
+        "return [...document.querySelectorAll('table.messages td.priority')]"
+        ".map(e => e.textContent)"
+    )
+    seen: set[str] = set()
+    pages = 0
+    while True:
+        pages += 1
+        assert set(browser.execute_script(script)) <= {"300"}, "another priority listed"
+        seen.update(ids_on_page(browser))
+        following = browser.find_elements(By.ID, "next-page")
+        if not following:
+            break
+        left = browser.current_url
+        following[0].click()
+        eventually(functools.partial(_moved_on, browser, left))
+        assert "priority=300" in browser.current_url, "the next page lost the filter"
+        assert pages < 200, "the pages go round"
+    assert seen == set(queued[WAITING // 2 : WAITING]), "not the 5,000 of priority 300"
+
+
 def test_the_search_finds_a_job_among_ten_thousand(
     browser: Any, backlog: tuple[Deployment, list[str]]
 ) -> None:

@@ -20,7 +20,7 @@ from hermes.core.jobs import JobRecord, JobState
 from hermes.dashboard._state import (
     JOBS_LIMIT,
     Dashboard,
-    FailedFilter,
+    ListFilter,
     Waiting,
     payload_text,
     per_minute,
@@ -67,10 +67,12 @@ def overview(dashboard: Dashboard) -> dict[str, Any]:
     }
 
 
-def queues(dashboard: Dashboard, after: str | None) -> dict[str, Any]:
+def queues(
+    dashboard: Dashboard, after: str | None, shown: ListFilter | None = None
+) -> dict[str, Any]:
     """Each queue's counts, each limit's use (null: no limits store), and a page of what
-    waits (null: the broker cannot list it)."""
-    listed = dashboard.waiting(after)
+    waits, of a type or a priority when ``shown`` says so (null: the broker cannot list it)."""
+    listed = dashboard.waiting(after, filter=shown)
     limits = dashboard.limits()
     return {
         "queues": _queues(dashboard),
@@ -82,7 +84,7 @@ def queues(dashboard: Dashboard, after: str | None) -> dict[str, Any]:
     }
 
 
-def failed(dashboard: Dashboard, after: str | None, shown: FailedFilter) -> dict[str, Any]:
+def failed(dashboard: Dashboard, after: str | None, shown: ListFilter) -> dict[str, Any]:
     """A page of the failed-message store, of a type or a priority when ``shown`` says so
     (null: no store, or one that cannot list)."""
     listed = dashboard.failed_messages(after, shown)

@@ -52,7 +52,7 @@ from hermes.dashboard._state import (
     FAILED_LIMIT,
     JOBS_LIMIT,
     Dashboard,
-    FailedFilter,
+    ListFilter,
     payload_text,
     worker_groups,
 )
@@ -321,8 +321,11 @@ def create_app(
 
     def queues(request: Request) -> dict[str, Any]:
         after = request.query_params.get("after") or None
-        listed = dashboard.waiting(after)
+        shown = _list_filter(request.query_params)
+        listed = dashboard.waiting(after, filter=shown)
         return {
+            "filters": shown.query(),
+            "shown": shown,
             "rows": dashboard.queue_stats(),
             "paused": dashboard.paused(),
             "limits": dashboard.limits(),
@@ -337,7 +340,7 @@ def create_app(
         rows = [r for r in dashboard.queue_stats() or [] if r.priority == priority]
         return {"row": rows[0] if rows else None}
 
-    def _page_url(path: str, after: str | None, shown: FailedFilter | None = None) -> str:
+    def _page_url(path: str, after: str | None, shown: ListFilter | None = None) -> str:
         query = {**(shown.query() if shown else {}), **({"after": after} if after else {})}
         return path + ("?" + urlencode(query) if query else "")
 
@@ -347,7 +350,7 @@ def create_app(
         after = request.query_params.get("after") or None
         wanted = set(request.query_params.getlist("id"))
         every = request.query_params.get("all") == "1"
-        shown = _failed_filter(request.query_params)
+        shown = _list_filter(request.query_params)
         listed = dashboard.failed_messages(after, shown)
         chosen = [m for m in (listed or ([], None))[0] if every or m.id in wanted]
         n = len(chosen)
@@ -384,7 +387,8 @@ def create_app(
         """The waiting message a Delete on the Queues page would remove, named before it does."""
         after = request.query_params.get("after") or None
         key = request.query_params.get("key") or ""
-        listed = dashboard.waiting(after)
+        shown = _list_filter(request.query_params)
+        listed = dashboard.waiting(after, filter=shown)
         chosen = [w for w in (listed or ([], None))[0] if w.key == key]
         return {
             "title": "Delete a waiting message?",
@@ -403,10 +407,10 @@ def create_app(
             "was deleted.",
             "action": "/queues/delete",
             "after": after,
-            "fields": [("key", w.key) for w in chosen],
+            "fields": [*shown.query().items(), *(("key", w.key) for w in chosen)],
             "button": "Delete this message",
             "button_class": "danger",
-            "back": _page_url("/queues", after),
+            "back": _page_url("/queues", after, shown),
         }
 
     def confirm_worker(request: Request, *, quiet: bool) -> dict[str, Any]:
@@ -461,7 +465,7 @@ def create_app(
 
     def failed(request: Request) -> dict[str, Any]:
         after = request.query_params.get("after") or None
-        shown = _failed_filter(request.query_params)
+        shown = _list_filter(request.query_params)
         listed = dashboard.failed_messages(after, shown)
         return {
             "messages": None if listed is None else listed[0],
@@ -535,8 +539,10 @@ def create_app(
 
     def delete_waiting(form: dict[str, list[str]]) -> str:
         key = (form.get("key") or [""])[0]
-        done = dashboard.delete_waiting(key, _after(form))
-        return "/queues?" + urlencode({"done": "deleted", "n": 1} if done else {"done": "gone"})
+        shown = _list_filter({k: v[0] for k, v in form.items() if v})
+        done = dashboard.delete_waiting(key, _after(form), shown)
+        said = {"done": "deleted", "n": 1} if done else {"done": "gone"}
+        return "/queues?" + urlencode({**shown.query(), **said})
 
     def purge(form: dict[str, list[str]]) -> str:
         priority = _priority((form.get("priority") or [""])[0])
@@ -549,12 +555,12 @@ def create_app(
         )
 
     def retry(form: dict[str, list[str]]) -> str:
-        shown = _failed_filter({k: v[0] for k, v in form.items() if v})
+        shown = _list_filter({k: v[0] for k, v in form.items() if v})
         n = dashboard.retry(form.get("id") or [], _after(form), shown)
         return "/failed?" + urlencode({**shown.query(), "done": "retried", "n": n})
 
     def delete_failed(form: dict[str, list[str]]) -> str:
-        shown = _failed_filter({k: v[0] for k, v in form.items() if v})
+        shown = _list_filter({k: v[0] for k, v in form.items() if v})
         n = dashboard.delete_failed(form.get("id") or [], _after(form), shown)
         return "/failed?" + urlencode({**shown.query(), "done": "dropped", "n": n})
 
@@ -663,12 +669,19 @@ def create_app(
         Route("/workers/quiet", action(quiet_worker), methods=["POST"]),
         Route("/periodic", page("periodic.html", periodic)),
         Route("/api/overview", answer(lambda request: api.overview(dashboard))),
-        Route("/api/queues", answer(lambda request: api.queues(dashboard, after_of(request)))),
+        Route(
+            "/api/queues",
+            answer(
+                lambda request: api.queues(
+                    dashboard, after_of(request), _list_filter(request.query_params)
+                )
+            ),
+        ),
         Route(
             "/api/failed",
             answer(
                 lambda request: api.failed(
-                    dashboard, after_of(request), _failed_filter(request.query_params)
+                    dashboard, after_of(request), _list_filter(request.query_params)
                 )
             ),
         ),
@@ -702,10 +715,11 @@ def _priority(text: str | None) -> int | None:
         return None
 
 
-def _failed_filter(params: Mapping[str, str]) -> FailedFilter:
-    """The Failed page's filter from its query (or a form): a type, a priority, or none."""
+def _list_filter(params: Mapping[str, str]) -> ListFilter:
+    """A Queues or Failed page's filter from its query (or a form): a type, a priority,
+    or none."""
     type_ = (params.get("type") or "").strip() or None
-    return FailedFilter(type_, _priority(params.get("priority")))
+    return ListFilter(type_, _priority(params.get("priority")))
 
 
 def _after(form: dict[str, list[str]]) -> str | None:

@@ -197,8 +197,8 @@ def payload_text(payload: Any) -> str:
 
 
 @dataclass(frozen=True)
-class FailedFilter:
-    """What the Failed page shows of the store: a type, a priority, or both."""
+class ListFilter:
+    """What the Queues or the Failed page shows of what it lists: a type, a priority, or both."""
 
     type: str | None = None
     priority: int | None = None
@@ -207,9 +207,13 @@ class FailedFilter:
         return self.type is not None or self.priority is not None
 
     def matches(self, message: FailedMessage) -> bool:
-        if self.type is not None and message.type != self.type:
+        return self.allows(message.type, message.retry_priority)
+
+    def allows(self, type: str | None, priority: int | None) -> bool:
+        """Whether a message of ``type`` waiting in ``priority`` (None: not known) is shown."""
+        if self.type is not None and type != self.type:
             return False
-        return self.priority is None or message.retry_priority == self.priority
+        return self.priority is None or priority == self.priority
 
     def query(self) -> dict[str, str]:
         """As URL parameters (only those set)."""
@@ -278,35 +282,72 @@ class Dashboard:
         return not self.read_only and isinstance(self.driver, SupportsPurge)
 
     def waiting(
-        self, after: str | None = None, limit: int = BROWSE_LIMIT
+        self,
+        after: str | None = None,
+        limit: int = BROWSE_LIMIT,
+        filter: ListFilter | None = None,
     ) -> tuple[list[Waiting], str | None] | None:
         """A page of waiting messages from ``after`` (a page's next; None: the first), and
-        the next page's ``after`` (None: the last); None without a browser."""
+        the next page's ``after`` (None: the last); None without a browser.
+
+        With a ``filter``, the messages it allows on the browser pages read from ``after``
+        until they fill a page or :data:`FILTER_PAGES` pages were read.
+        """
         if self.browser is None:
             return None
-        now = time.time()
         shown: list[Waiting] = []
-        page = self.browser.page(after, limit, PAGE_BYTES)
-        for entry, body in page.entries:
-            text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
-            try:
-                message: Message | None = self._decode(body)
-            except SerializeError:
-                message = None
-            due = message.execute_at if message is not None else None
-            scheduled = bool(due and due > now)
-            priority = page.priorities.get(entry)
-            shown.append(Waiting(entry_key(entry), message, text, scheduled, priority))
-        return shown, page.next
+        following: str | None = None
+        for listed, page_next in self._waiting_pages(after, limit, filter):
+            shown += [waiting for _, waiting in listed]
+            following = page_next
+        return shown, following
 
-    def delete_waiting(self, key: str, after: str | None = None) -> bool:
-        """Delete the waiting message listed as ``key`` on the page from ``after``; False
-        when it is no longer there."""
+    def _waiting_pages(
+        self, after: str | None, limit: int, filter: ListFilter | None
+    ) -> Iterator[tuple[list[tuple[Hashable, Waiting]], str | None]]:
+        """``([(entry, as listed)], its next)`` for each browser page a Queues page reads:
+        one without a filter, more with one."""
+        assert self.browser is not None
+        now = time.time()
+        shown = 0
+        for _ in range(FILTER_PAGES if filter else 1):
+            # No more than the page has room for: a filtered page never lists past ``limit``.
+            page = self.browser.page(after, limit - shown, PAGE_BYTES)
+            listed = []
+            for entry, body in page.entries:
+                waiting = self._waiting(entry, body, page.priorities.get(entry), now)
+                kind = waiting.message.type if waiting.message is not None else None
+                if filter is None or filter.allows(kind, waiting.priority):
+                    listed.append((entry, waiting))
+            shown += len(listed)
+            yield listed, page.next
+            if page.next is None or shown >= limit:
+                return
+            after = page.next
+
+    def _waiting(
+        self, entry: Hashable, body: bytes | str, priority: int | None, now: float
+    ) -> Waiting:
+        text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
+        try:
+            message: Message | None = self._decode(body)
+        except SerializeError:
+            message = None
+        due = message.execute_at if message is not None else None
+        scheduled = bool(due and due > now)
+        return Waiting(entry_key(entry), message, text, scheduled, priority)
+
+    def delete_waiting(
+        self, key: str, after: str | None = None, filter: ListFilter | None = None
+    ) -> bool:
+        """Delete the waiting message listed as ``key`` on the page from ``after`` (as
+        ``filter`` chose it); False when it is no longer there."""
         if self.browser is None:
             return False
-        for entry, _ in self.browser.page(after, BROWSE_LIMIT, PAGE_BYTES).entries:
-            if entry_key(entry) == key:
-                return self.browser.remove(entry)
+        for listed, _ in self._waiting_pages(after, BROWSE_LIMIT, filter):
+            for entry, waiting in listed:
+                if waiting.key == key:
+                    return self.browser.remove(entry)
         return False
 
     def purge(self, priority: int) -> int:
@@ -317,7 +358,7 @@ class Dashboard:
             return self.driver.purge(priority)
 
     def failed_messages(
-        self, after: str | None = None, filter: FailedFilter | None = None
+        self, after: str | None = None, filter: ListFilter | None = None
     ) -> tuple[list[FailedMessage], str | None] | None:
         """A page of the failed store (its order; by failure time within the page), and the
         next page's ``after``; None without a store that can list.
@@ -336,7 +377,7 @@ class Dashboard:
         return messages, following
 
     def _failed_pages(
-        self, after: str | None, filter: FailedFilter | None
+        self, after: str | None, filter: ListFilter | None
     ) -> Iterator[tuple[str | None, list[FailedMessage], str | None]]:
         """``(after, the messages shown from that store page, its next)`` for each store page
         a Failed page reads: one without a filter, more with one."""
@@ -352,7 +393,7 @@ class Dashboard:
             after = following
 
     def retry(
-        self, ids: Iterable[str], after: str | None = None, filter: FailedFilter | None = None
+        self, ids: Iterable[str], after: str | None = None, filter: ListFilter | None = None
     ) -> int:
         """Retry the failed messages ``ids`` listed on the page from ``after`` (as ``filter``
         chose it), each to the priority it failed on: a :class:`HermesError` names one this
@@ -378,7 +419,7 @@ class Dashboard:
         return sent
 
     def delete_failed(
-        self, ids: Iterable[str], after: str | None = None, filter: FailedFilter | None = None
+        self, ids: Iterable[str], after: str | None = None, filter: ListFilter | None = None
     ) -> int:
         assert self.failed is not None
         wanted = set(ids)
