@@ -108,6 +108,16 @@ def test_the_clients_own_name_for_an_option_and_ours_together_are_refused(
     )
 
 
+def test_the_files_given_come_under_the_clients_names() -> None:
+    tls = TlsOptions(ca_file="/ca.pem", key_file=None, cert_file="/client.pem")
+
+    assert tls.files("cafile", "certfile", "keyfile") == {
+        "cafile": "/ca.pem",
+        "certfile": "/client.pem",
+    }
+    assert TlsOptions().files("cafile", "certfile", "keyfile") == {}
+
+
 def test_the_context_verifies_unless_told_not_to(files: dict[str, Path]) -> None:
     url = DriverUrl.parse(f"tls://host?ssl_ca_certs={files['ca']}&ssl_certfile={files['cert']}"
                           f"&ssl_keyfile={files['key']}")  # fmt: skip

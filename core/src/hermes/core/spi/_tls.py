@@ -143,6 +143,11 @@ class TlsOptions:
                 )
         return options
 
+    def files(self, ca: str, cert: str, key: str) -> dict[str, str]:
+        """The files given, under the client's names for the CA, certificate and key files."""
+        named = ((ca, self.ca_file), (cert, self.cert_file), (key, self.key_file))
+        return {name: path for name, path in named if path}
+
     def context(self, url: DriverUrl) -> ssl.SSLContext:
         """An ``ssl.SSLContext`` of these options, for a client that takes one.
 

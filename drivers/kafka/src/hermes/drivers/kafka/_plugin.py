@@ -81,20 +81,13 @@ def _tls_config(url: DriverUrl) -> dict[str, str]:
     )
     if tls is None:
         return {}
-    config = {
+    return {
         # SASL credentials in the URL go over TLS too.
         "security.protocol": "sasl_ssl" if url.username else "ssl",
         "enable.ssl.certificate.verification": "true" if tls.verify else "false",
         "ssl.endpoint.identification.algorithm": "https" if tls.check_hostname else "none",
+        **tls.files("ssl.ca.location", "ssl.certificate.location", "ssl.key.location"),
     }
-    for name, path in (
-        ("ssl.ca.location", tls.ca_file),
-        ("ssl.certificate.location", tls.cert_file),
-        ("ssl.key.location", tls.key_file),
-    ):
-        if path:
-            config[name] = path
-    return config
 
 
 def _from_url(url: DriverUrl, **options: Any) -> KafkaDriver:

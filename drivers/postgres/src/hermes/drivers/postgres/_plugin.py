@@ -77,19 +77,10 @@ def _tls_settings(url: DriverUrl) -> dict[str, str]:
     )
     if tls is None:
         return {}
-    settings = {
-        # verify-ca checks the CA only; require checks nothing (unless libpq finds
-        # a root certificate of its own, ~/.postgresql/root.crt).
-        "sslmode": "verify-full" if tls.check_hostname else "verify-ca" if tls.verify else "require"
-    }
-    for name, path in (
-        ("sslrootcert", tls.ca_file),
-        ("sslcert", tls.cert_file),
-        ("sslkey", tls.key_file),
-    ):
-        if path:
-            settings[name] = path
-    return settings
+    # verify-ca checks the CA only; require checks nothing (unless libpq finds
+    # a root certificate of its own, ~/.postgresql/root.crt).
+    sslmode = "verify-full" if tls.check_hostname else "verify-ca" if tls.verify else "require"
+    return {"sslmode": sslmode, **tls.files("sslrootcert", "sslcert", "sslkey")}
 
 
 def conninfo(url: DriverUrl) -> str:

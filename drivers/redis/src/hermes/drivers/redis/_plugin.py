@@ -159,20 +159,13 @@ def tls_settings(url: DriverUrl) -> dict[str, Any]:
     )
     if tls is None:
         return {}
-    settings: dict[str, Any] = {
+    return {
         "ssl": True,
         # Given whatever the redis-py version's defaults are.
         "ssl_cert_reqs": "required" if tls.verify else "none",
         "ssl_check_hostname": tls.check_hostname,
+        **tls.files("ssl_ca_certs", "ssl_certfile", "ssl_keyfile"),
     }
-    for name, path in (
-        ("ssl_ca_certs", tls.ca_file),
-        ("ssl_certfile", tls.cert_file),
-        ("ssl_keyfile", tls.key_file),
-    ):
-        if path:
-            settings[name] = path
-    return settings
 
 
 def _from_url(url: DriverUrl, **options: Any) -> RedisSetDriver:
