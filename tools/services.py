@@ -239,6 +239,20 @@ def _process(
             os.unlink(log.name)
 
 
+@contextlib.contextmanager
+def redis_server(host: str = "127.0.0.1") -> Iterator[str]:
+    """``redis://HOST:PORT/0`` of a redis-server of the caller's own, stopped at the end.
+
+    Nothing is saved to disk. For tests that pause, restart or stop their
+    server (``CLIENT PAUSE`` on the machine's would stall every other test).
+    """
+    ensure_redis()  # installs redis-server where it is missing
+    port = free_port(host)
+    argv = ["redis-server", "--bind", host, "--port", str(port), "--save", "", "--appendonly", "no"]
+    with _process(argv, port, "redis-server", 30, host):
+        yield f"redis://{host}:{port}/0"
+
+
 @dataclass(frozen=True)
 class ServerTls:
     """PEM files of a server that speaks TLS: the CA that signed ``cert``, the cert, its key."""

@@ -6,13 +6,18 @@ import asyncio
 import json
 import math
 import re
+import threading
 import time
 from typing import Any
 
+import hermes_test_services as services
 import pytest
+import redis
 from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
+from django.test import AsyncClient, override_settings
 from hermes_django_tests.harness import Queue, on_commit_backend
+from hermes_django_tests.settings import tasks_setting
 from hermes_django_tests.shop.tasks import add, label
 
 from hermes.core import Emitter, Message, connect
@@ -255,3 +260,44 @@ def test_task_enqueued_is_sent_once_the_message_is_and_never_for_a_rolled_back_e
             (HermesBackend, committed.id, "READY", 2),
         ]
         assert before_commit == got
+
+
+def test_an_async_view_enqueuing_through_a_stalled_broker_leaves_other_requests_served(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``CLIENT PAUSE`` holds the enqueue's write on the broker while another request is served.
+
+    The broker is a redis-server of the test's own: a pause of the machine's
+    would stall every other test using it.
+    """
+    with services.redis_server() as url, override_settings(TASKS=tasks_setting(url, None)):
+        broker: redis.Redis[bytes] = redis.Redis.from_url(url)
+        add.enqueue(0, 0)  # the backend's connection is open before the stall
+        emitting = threading.Event()
+        emit = Emitter.emit
+
+        def spied_emit(self: Emitter, *args: Any, **kwargs: Any) -> Any:
+            emitting.set()
+            return emit(self, *args, **kwargs)
+
+        monkeypatch.setattr(Emitter, "emit", spied_emit)
+
+        async def main() -> tuple[int, bool, int]:
+            client = AsyncClient()
+            broker.execute_command("CLIENT", "PAUSE", "60000", "WRITE")
+            try:
+                stalled = asyncio.create_task(client.post("/enqueue"))
+                deadline = time.monotonic() + 30
+                while not emitting.is_set():
+                    assert time.monotonic() < deadline, "the view never reached the broker"
+                    await asyncio.sleep(0.01)
+                pong = await client.get("/ping")
+                still_stalled = not stalled.done()
+            finally:
+                broker.execute_command("CLIENT", "UNPAUSE")
+            enqueued = await stalled
+            return pong.status_code, still_stalled, enqueued.status_code
+
+        assert asyncio.run(main()) == (200, True, 202)
+        assert broker.scard("hermes") == 2, "both enqueues reached the broker"
+        broker.close()

@@ -14,6 +14,8 @@ from urllib.parse import urlsplit
 SECRET_KEY = "hermes-django-tests-only-not-a-secret"
 DEBUG = False
 USE_TZ = True
+ROOT_URLCONF = "hermes_django_tests.urls"
+ALLOWED_HOSTS = ["testserver"]
 INSTALLED_APPS = ["hermes.django", "hermes_django_tests.shop"]
 if importlib.util.find_spec("django.tasks") is None:  # Django 5.2: the backport is an app
     INSTALLED_APPS.insert(0, "django_tasks")

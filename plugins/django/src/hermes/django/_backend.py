@@ -68,7 +68,7 @@ from __future__ import annotations
 import datetime
 import math
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -335,10 +335,15 @@ class HermesBackend(BaseTaskBackend):
     # The backend contract ---------------------------------------------------
 
     def validate_task(self, task: Task[Any, Any]) -> None:
-        """Django's checks, and a priority this backend has a queue for."""
-        self.configured()
+        """Django's checks, and a priority this backend has a queue for.
+
+        A backend with a bad option passes what it cannot judge: ``@task``
+        validates as a module is imported (by the URL checks of ``manage.py``,
+        say), and the option's system check error is what names the mistake;
+        an enqueue then raises its ``ImproperlyConfigured``.
+        """
         super().validate_task(task)
-        if task.priority not in self.priorities:
+        if self.configuration_error is None and task.priority not in self.priorities:
             raise InvalidTask(
                 f"priority {task.priority} of task {task.module_path} has no queue on backend "
                 f'{self.alias!r}: add it to OPTIONS["priorities"] (now {list(self.priorities)})'
@@ -352,9 +357,41 @@ class HermesBackend(BaseTaskBackend):
         Raises ``InvalidTask`` for a task this backend cannot run and
         ``TypeError`` for an argument that is not JSON, before anything is sent.
         """
+        result, send = self._prepared(task, args, kwargs)
+        if self.enqueue_on_commit:
+            transaction.on_commit(send)
+        else:
+            send()
+        return result
+
+    async def aenqueue(
+        self, task: Task[Any, Any], args: Sequence[Any], kwargs: Mapping[str, Any]
+    ) -> TaskResult[Any]:
+        """:meth:`enqueue` from async code: the event loop never waits on the broker.
+
+        The send runs on a thread of its own, not Django's thread for sync
+        code, so a slow broker holds up no other request's sync work. With
+        ``enqueue_on_commit`` only the ``on_commit`` registration runs in
+        Django's thread for sync code (where the caller's transaction is);
+        the send then happens when that transaction commits.
+        """
+        result, send = self._prepared(task, args, kwargs)
+        if self.enqueue_on_commit:
+            await sync_to_async(transaction.on_commit, thread_sensitive=True)(send)
+        else:
+            await sync_to_async(send, thread_sensitive=False)()
+        return result
+
+    def _prepared(
+        self, task: Task[Any, Any], args: Sequence[Any], kwargs: Mapping[str, Any]
+    ) -> tuple[TaskResult[Any], Callable[[], None]]:
+        """The READY result of ``task``'s message and the function that sends it.
+
+        Checks the backend, the task and its arguments; talks to no broker.
+        """
+        self.configured()
         self.validate_task(task)
         payload = _payload(task, args, kwargs)
-        json_args, json_kwargs = payload["args"], payload["kwargs"]
         message = Message(
             task.module_path,
             payload,
@@ -368,36 +405,21 @@ class HermesBackend(BaseTaskBackend):
             started_at=None,
             last_attempted_at=None,
             finished_at=None,
-            args=json_args,
-            kwargs=json_kwargs,
+            args=payload["args"],
+            kwargs=payload["kwargs"],
             backend=self.alias,
             errors=[],
             worker_ids=[],
         )
-        emitter = self.emitter(task.queue_name)
         priority = hermes_priority(task.priority)
 
-        def send_message() -> None:
-            emitter.emit(message, priority)
+        def send() -> None:
+            # The Emitter (and its broker connection) is made by the first send.
+            self.emitter(task.queue_name).emit(message, priority)
             # Robust: the message is sent, a receiver's exception would only hide that.
             task_enqueued.send_robust(type(self), task_result=result)
 
-        if self.enqueue_on_commit:
-            transaction.on_commit(send_message)
-        else:
-            send_message()
-        return result
-
-    async def aenqueue(
-        self, task: Task[Any, Any], args: Sequence[Any], kwargs: Mapping[str, Any]
-    ) -> TaskResult[Any]:
-        """:meth:`enqueue` in Django's thread for sync code, so the loop never waits on the broker.
-
-        Thread-sensitive, so ``enqueue_on_commit`` sees the transaction of the
-        connection the caller's sync code uses.
-        """
-        enqueue = sync_to_async(self.enqueue, thread_sensitive=True)
-        return await enqueue(task, args, kwargs)
+        return result, send
 
     def get_result(self, result_id: str) -> TaskResult[Any]:
         """The result of job ``result_id`` as its record says now.
