@@ -3,7 +3,8 @@
 ``$DASH_TEST_DIR/handled.jsonl`` gets a line per message handled; a
 ``flaky`` message fails (and goes to the failed-message store) until the
 file ``fixed`` exists; a ``slow`` one runs until ``release`` exists; a
-``card.charge`` one raises :class:`CardDeclined` (and goes to the store).
+``card.charge`` one raises :class:`CardDeclined` (and goes to the store); a
+``mend`` one fails until the file ``fixed-<its id>`` exists.
 """
 
 from __future__ import annotations
@@ -32,6 +33,14 @@ def ok(message: Message) -> None:
 @handlers.handler("flaky")
 def flaky(message: Message) -> bool:
     if not (HERE / "fixed").exists():
+        return False
+    _record(message)
+    return True
+
+
+@handlers.handler("mend")
+def mend(message: Message) -> bool:
+    if not (HERE / f"fixed-{message.id}").exists():
         return False
     _record(message)
     return True

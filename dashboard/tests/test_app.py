@@ -645,9 +645,60 @@ def test_the_queues_page_filters_by_type_and_priority_and_deletes_from_what_it_s
     assert sorted(ids("/queues?type=mail&priority=60")) == sorted(m.id for m in low[1:])
 
     answer = json.loads(client.get("/api/queues?type=mail").content)
-    assert sorted(w["message"]["id"] for w in answer["waiting"]) == sorted(m.id for m in mail + low[1:])
+    listed = sorted(w["message"]["id"] for w in answer["waiting"])
+    assert listed == sorted(m.id for m in mail + low[1:])
     nothing = client.get("/queues?type=nobody").text
     assert "Nothing waiting of that type." in nothing
+
+
+def test_a_given_up_job_s_page_leads_to_its_failed_message_to_retry_it_to_its_priority(
+    dashboard: Dashboard, with_records: Jobs
+) -> None:
+    assert dashboard.failed is not None and isinstance(dashboard.driver, MemoryDriver)
+    dashboard.driver.setup_priority_queue("high", 300)
+    others = [a_failed_message(dashboard) for _ in range(600)]  # a store page and more
+    message = Message("card.charge", {"order": 42}, headers={"traceparent": "00-abc-def-01"})
+    with_records.emitted(message, 300)
+    assert with_records.start(message, 300).run
+    with_records.finish(message, "given_up", state=JobState.GIVEN_UP)
+    dashboard.failed.keep(message, "gave up", priority=300)
+    client = client_of(dashboard)
+
+    page = client.get(f"/jobs/{message.id}").text
+    link = re.search(r'id="in-failed" href="([^"]+)"', page)
+    assert link is not None and "Retry to priority 300" in page
+    failed = client.get(html.unescape(link.group(1))).text
+    assert re.findall(r'<tr data-id="([^"]+)"', failed) == [message.id]
+    assert "traceparent: 00-abc-def-01" in failed
+    assert f'job <span class="id">{message.id}</span>' in failed
+    done = client.post(
+        "/failed/retry", {"csrf": csrf_of(failed), "job": message.id, "id": message.id}
+    )
+    assert done.status_code == 303 and "done=retried&n=1" in done.headers["location"]
+    assert stored_failed_ids(dashboard) == {m.id for m in others}
+    high = {row.priority: row.ready for row in dashboard.driver.queue_stats()}[300]
+    assert high == 1, "the retry went to another priority than the one it ran on"
+    api = json.loads(client.get(f"/api/failed?job={others[0].id}").content)
+    assert [m["id"] for m in api["messages"]] == [others[0].id]
+
+
+def test_a_waiting_job_s_page_leads_to_where_it_waits(
+    dashboard: Dashboard, with_records: Jobs
+) -> None:
+    dashboard.driver.send_batch([Message("job", {"n": n}) for n in range(450)])
+    message = Message("mail", {"to": "ops"}, headers={"emitted-by": "web-1"})
+    with_records.emitted(message, 100)
+    dashboard.driver.send(message, 100)
+    client = client_of(dashboard)
+
+    page = client.get(f"/jobs/{message.id}").text
+    link = re.search(r'id="in-queue" href="([^"]+)"', page)
+    assert link is not None and 'id="in-failed"' not in page
+    queued = client.get(html.unescape(link.group(1))).text
+    assert re.findall(r'<td class="id">([0-9a-f-]{36})', queued) == [message.id]
+    assert "emitted-by: web-1" in queued and "&#34;to&#34;: &#34;ops&#34;" in queued
+    nothing = client.get("/queues?job=nobody").text
+    assert "Nothing waiting of that id." in nothing
 
 
 def test_the_failed_page_pages_through_the_store(dashboard: Dashboard) -> None:

@@ -180,6 +180,51 @@ def test_retry_all_of_a_filtered_failed_page_sends_its_500_back_to_be_handled(
     assert rows[100] == rows[300] == WAITING // 2, "a retry went to another priority"
 
 
+def test_a_given_up_job_is_retried_from_its_page_to_its_priority_and_handled(
+    browser: Any, backlog: tuple[Deployment, list[str]]
+) -> None:
+    deployment, _ = backlog
+    message = Message("mend", {"order": 1})
+    jobs = Jobs(deployment.results_url)
+    try:
+        with connect(deployment.url) as driver:
+            setup_priorities(driver, [FAILED_PRIORITY])
+            Emitter(driver, records=jobs).emit(message, priority=FAILED_PRIORITY)
+    finally:
+        jobs.close()
+
+    def given_up() -> bool:
+        """the job's page, found through the header's search, to say given_up"""
+        browser.get(deployment.base + "/")
+        box = browser.find_element(By.CSS_SELECTOR, "header form.search input[name=id]")
+        box.send_keys(message.id)
+        box.submit()
+        eventually(lambda: browser.current_url.endswith(f"/jobs/{message.id}"))
+        state = browser.find_elements(By.ID, "state")
+        return bool(state) and state[0].text == "given_up"
+
+    eventually(given_up, 60)
+    link = browser.find_element(By.ID, "in-failed")
+    assert f"Retry to priority {FAILED_PRIORITY}" in link.text
+    link.click()
+    eventually(lambda: "/failed?job=" in browser.current_url)
+    # Found among the 1,000 failed messages the store holds beside it.
+    assert ids_on_page(browser) == [message.id]
+    (deployment.work / f"fixed-{message.id}").touch()
+    browser.find_element(By.CSS_SELECTOR, f'tr[data-id="{message.id}"] button.retry').click()
+    eventually(lambda: "Sent 1 failed message(s) back" in browser.page_source)
+    # The worker reads priority 200 only: handled, it was sent back there.
+    eventually(lambda: message.id in deployment.handled_ids(), 60)
+
+    def succeeded() -> bool:
+        """the job's page to say succeeded"""
+        browser.get(f"{deployment.base}/jobs/{message.id}")
+        state = browser.find_elements(By.ID, "state")
+        return bool(state) and state[0].text == "succeeded"
+
+    eventually(succeeded)
+
+
 def test_the_priority_the_worker_reads_paused_from_the_queues_page_waits_until_resumed(
     browser: Any, backlog: tuple[Deployment, list[str]]
 ) -> None:

@@ -155,6 +155,7 @@ def _message(message: Message) -> dict[str, Any]:
         "created": message.created,
         "execute_at": message.execute_at,
         "retries": message.retries,
+        "headers": dict(message.headers),
         "payload": preview(payload_text(message.payload)),
     }
 

@@ -717,9 +717,10 @@ def _priority(text: str | None) -> int | None:
 
 def _list_filter(params: Mapping[str, str]) -> ListFilter:
     """A Queues or Failed page's filter from its query (or a form): a type, a priority,
-    or none."""
+    a job's id, or none."""
     type_ = (params.get("type") or "").strip() or None
-    return ListFilter(type_, _priority(params.get("priority")))
+    job = (params.get("job") or "").strip() or None
+    return ListFilter(type_, _priority(params.get("priority")), job)
 
 
 def _after(form: dict[str, list[str]]) -> str | None:

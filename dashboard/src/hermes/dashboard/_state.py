@@ -198,27 +198,38 @@ def payload_text(payload: Any) -> str:
 
 @dataclass(frozen=True)
 class ListFilter:
-    """What the Queues or the Failed page shows of what it lists: a type, a priority, or both."""
+    """What the Queues or the Failed page shows of what it lists: a type, a priority, one
+    job's message (its id: a job's page links there), or any of them together."""
 
     type: str | None = None
     priority: int | None = None
+    job: str | None = None
 
     def __bool__(self) -> bool:
-        return self.type is not None or self.priority is not None
+        return self.type is not None or self.priority is not None or self.job is not None
 
     def matches(self, message: FailedMessage) -> bool:
-        return self.allows(message.type, message.retry_priority)
+        return self.allows(message.type, message.retry_priority, message.id)
 
-    def allows(self, type: str | None, priority: int | None) -> bool:
-        """Whether a message of ``type`` waiting in ``priority`` (None: not known) is shown."""
+    def allows(self, type: str | None, priority: int | None, id: str | None = None) -> bool:
+        """Whether a message ``id`` of ``type`` waiting in ``priority`` (None: not known) is
+        shown."""
+        if self.job is not None and id != self.job:
+            return False
         if self.type is not None and type != self.type:
             return False
         return self.priority is None or priority == self.priority
 
     def query(self) -> dict[str, str]:
         """As URL parameters (only those set)."""
-        given = {"type": self.type, "priority": self.priority}
+        given = {"job": self.job, "type": self.type, "priority": self.priority}
         return {key: str(value) for key, value in given.items() if value is not None}
+
+    def said(self) -> str:
+        """What a page that lists nothing looked for: "of that type and priority"."""
+        given = {"id": self.job, "type": self.type, "priority": self.priority}
+        named = [name for name, value in given.items() if value is not None]
+        return "of that " + " and ".join(named) if named else ""
 
 
 @dataclass
@@ -316,8 +327,9 @@ class Dashboard:
             listed = []
             for entry, body in page.entries:
                 waiting = self._waiting(entry, body, page.priorities.get(entry), now)
-                kind = waiting.message.type if waiting.message is not None else None
-                if filter is None or filter.allows(kind, waiting.priority):
+                message = waiting.message
+                kind, id = (None, None) if message is None else (message.type, message.id)
+                if filter is None or filter.allows(kind, waiting.priority, id):
                     listed.append((entry, waiting))
             shown += len(listed)
             yield listed, page.next
