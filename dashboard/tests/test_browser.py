@@ -420,7 +420,8 @@ def test_no_page_scrolls_sideways_with_a_400_character_type_and_a_long_broker_ur
         eventually(lambda: flow.state == "failed")
         pause(driver, 50, "from the test " + "with a long name " * 10)
     pages = ["/", "/queues", "/failed", "/jobs", f"/jobs/{failing}", "/workers", "/periodic"]
-    pages += [f"/failed/delete?id={failing}", f"/jobs/{flow.id}"]
+    pages += [f"/failed/delete?id={failing}", f"/jobs/{flow.id}", f"/failed?job={failing}"]
+    pages += ["/queues?" + urllib.parse.urlencode({"type": LONG_TYPE, "priority": 50})]
     too_wide = []
     try:
         for width in (1280, 390):
