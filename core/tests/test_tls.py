@@ -73,6 +73,7 @@ def test_an_option_on_a_url_without_tls_is_refused_saying_how_to_ask_for_it() ->
         ("ssl_cert_reqs=maybe", r"ssl_cert_reqs in .* must be one of required, none, got 'maybe'"),
         ("ssl_cert_reqs=optional", r"got 'optional' \(a client verifies any certificate"),
         ("ssl_check_hostname=perhaps", r"option ssl_check_hostname='perhaps' .* true or false"),
+        ("ssl_cert_reqs=none&ssl_check_hostname=perhaps", "ssl_check_hostname='perhaps'"),
         ("ssl_keyfile=KEY", "ssl_keyfile in .* needs ssl_certfile"),
         ("ssl_cert_reqs=none&ssl_ca_certs=CA", "ssl_ca_certs has no use with ssl_cert_reqs=none"),
     ],

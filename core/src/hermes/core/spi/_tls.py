@@ -35,6 +35,8 @@ if TYPE_CHECKING:
 
 #: The values of ``ssl_cert_reqs``.
 _CERT_REQS = ("required", "none")
+#: Why ``ssl_cert_reqs=optional`` (redis-py's, ``ssl.CERT_OPTIONAL``) is not one of them.
+_OPTIONAL_MEANT = " (a client verifies any certificate it is shown: write required)"
 #: What clients say when a certificate did not verify, where they keep only a text
 #: (libpq, librdkafka) or wrap the ``ssl`` error in one of their own.
 _REFUSED_TEXTS = ("certificate verify failed",)
@@ -106,19 +108,19 @@ class TlsOptions:
             return None
         cert_reqs = url.get_str("ssl_cert_reqs", "required")
         if cert_reqs not in _CERT_REQS:
-            why = " (a client verifies any certificate it is shown)"
-            why = why if cert_reqs == "optional" else ""
+            why = _OPTIONAL_MEANT if cert_reqs == "optional" else ""
             raise ConfigurationError(
                 f"ssl_cert_reqs in {url.redacted!r} must be one of {', '.join(_CERT_REQS)}, "
                 f"got {cert_reqs!r}{why}"
             )
         verify = cert_reqs == "required"
+        check_hostname = url.get_bool("ssl_check_hostname", True)  # read even when unused
         options = cls(
             ca_file=url.options.get("ssl_ca_certs") or None,
             cert_file=url.options.get("ssl_certfile") or None,
             key_file=url.options.get("ssl_keyfile") or None,
             verify=verify,
-            check_hostname=verify and url.get_bool("ssl_check_hostname", True),
+            check_hostname=verify and check_hostname,
         )
         if options.ca_file and not verify:
             raise ConfigurationError(
