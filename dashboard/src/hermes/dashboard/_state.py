@@ -302,7 +302,8 @@ class Dashboard:
         the next page's ``after`` (None: the last); None without a browser.
 
         With a ``filter``, the messages it allows on the browser pages read from ``after``
-        until they fill a page or :data:`FILTER_PAGES` pages were read.
+        until they fill a page, :data:`FILTER_PAGES` pages were read, or their bodies
+        reached :data:`PAGE_BYTES` together (what one unfiltered page reads).
         """
         if self.browser is None:
             return None
@@ -320,12 +321,14 @@ class Dashboard:
         one without a filter, more with one."""
         assert self.browser is not None
         now = time.time()
-        shown = 0
+        shown = read = 0
         for _ in range(FILTER_PAGES if filter else 1):
-            # No more than the page has room for: a filtered page never lists past ``limit``.
-            page = self.browser.page(after, limit - shown, PAGE_BYTES)
+            # No more than the page has room for, and one budget of bodies for all the
+            # pages read: a filtered page lists no more, and reads no more, than another.
+            page = self.browser.page(after, limit - shown, PAGE_BYTES - read)
             listed = []
             for entry, body in page.entries:
+                read += len(body)
                 waiting = self._waiting(entry, body, page.priorities.get(entry), now)
                 message = waiting.message
                 kind, id = (None, None) if message is None else (message.type, message.id)
@@ -333,7 +336,7 @@ class Dashboard:
                     listed.append((entry, waiting))
             shown += len(listed)
             yield listed, page.next
-            if page.next is None or shown >= limit:
+            if page.next is None or shown >= limit or read >= PAGE_BYTES:
                 return
             after = page.next
 
