@@ -52,6 +52,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qs, quote, urlsplit
 
 REDIS_PORT = 6379
@@ -198,6 +199,32 @@ def ensure_chromium() -> tuple[str, str]:
             ["apt-get", "install", "-y", "-qq", "chromium", "chromium-driver"], check=True
         )
     return CHROMIUM, CHROMEDRIVER
+
+
+@contextlib.contextmanager
+def chromium_browser(width: int = 1280, height: int = 860) -> Iterator[Any]:
+    """A headless Chromium driven by Selenium through Debian's chromedriver, quit at the end."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    chromium, chromedriver = ensure_chromium()
+    # Selenium Manager must not look for a browser online: Debian's are given.
+    os.environ["SE_OFFLINE"] = "true"
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for argument in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        f"--window-size={width},{height}",
+    ):
+        options.add_argument(argument)
+    driver = webdriver.Chrome(service=Service(chromedriver), options=options)
+    driver.set_page_load_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()
 
 
 @contextlib.contextmanager

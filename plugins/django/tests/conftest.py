@@ -15,18 +15,41 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import hermes_test_services as services
+import psycopg
 import pytest
 import redis
 
 # The test project (hermes_django_tests, manage.py) lives beside this file.
 if str(Path(__file__).resolve().parent) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-os.environ.setdefault("HERMES_DJANGO_DATABASE_URL", services.ensure_postgres())
+
+
+def _own_database() -> str | None:
+    """A database of this run's own on the test server (its URL), or None when one was given.
+
+    Two runs on one server (the tests session beside the Django 6 one) each
+    migrate the admin's tables into a database nobody else uses.
+    """
+    if os.environ.get("HERMES_DJANGO_DATABASE_URL"):
+        return None
+    server = services.ensure_postgres()
+    name = f"hermes_django_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(server, autocommit=True) as connection:
+        connection.execute(f'CREATE DATABASE "{name}"')
+    os.environ["HERMES_DJANGO_DATABASE_URL"] = f"{server.rsplit('/', 1)[0]}/{name}"
+    return name
+
+
+OWN_DATABASE = _own_database()
 os.environ["DJANGO_SETTINGS_MODULE"] = "hermes_django_tests.settings"
 
-import django
+import django  # noqa: E402 - after the database exists
 
 django.setup()
+
+from django.core.management import call_command  # noqa: E402
+
+call_command("migrate", verbosity=0)
 
 from django.test import override_settings  # noqa: E402
 from hermes_django_tests.harness import DATABASE, HERE, Queue, Worker  # noqa: E402
@@ -80,3 +103,14 @@ def start_worker(queue: Queue, tmp_path: Path) -> Iterator[Callable[..., Worker]
             except subprocess.TimeoutExpired:
                 worker.process.kill()
                 worker.process.wait()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Drop the run's own database, once Django's connections to it are closed."""
+    if OWN_DATABASE is None:
+        return
+    from django.db import connections
+
+    connections.close_all()
+    with psycopg.connect(services.ensure_postgres(), autocommit=True) as connection:
+        connection.execute(f'DROP DATABASE IF EXISTS "{OWN_DATABASE}" WITH (FORCE)')

@@ -1,8 +1,9 @@
-"""The test project: PostgreSQL for the app's data, Redis for its tasks.
+"""The test project: PostgreSQL for the app's data, Redis for its tasks, and the admin.
 
 The broker and records URLs come from the environment, so a test's worker
 process (``manage.py hermes_worker``) and the test itself use the queue of
-that test; the tests point the backend at it with ``override_settings``.
+that test; the tests point the backend at it with ``override_settings``. The
+database is one the test run creates for itself (see ``conftest.py``).
 """
 
 from __future__ import annotations
@@ -15,8 +16,39 @@ SECRET_KEY = "hermes-django-tests-only-not-a-secret"
 DEBUG = False
 USE_TZ = True
 ROOT_URLCONF = "hermes_django_tests.urls"
-ALLOWED_HOSTS = ["testserver"]
-INSTALLED_APPS = ["hermes.django", "hermes_django_tests.shop"]
+ALLOWED_HOSTS = ["testserver", "127.0.0.1"]
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "hermes.django",
+    "hermes_django_tests.shop",
+]
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+STATIC_URL = "static/"
+DEFAULT_AUTO_FIELD = "django.db.models.AutoField"
 if importlib.util.find_spec("django.tasks") is None:  # Django 5.2: the backport is an app
     INSTALLED_APPS.insert(0, "django_tasks")
 
@@ -71,4 +103,9 @@ TASKS = tasks_setting(
     os.environ.get("HERMES_DJANGO_URL", "redis://127.0.0.1:6379/12?prefix=hermes-django-unset:"),
     os.environ.get("HERMES_DJANGO_RESULTS_URL")
     or "redis://127.0.0.1:6379/12?prefix=hermes-django-unset:",
+    **(
+        {"failed_url": os.environ["HERMES_DJANGO_FAILED_URL"]}
+        if os.environ.get("HERMES_DJANGO_FAILED_URL")
+        else {}
+    ),
 )

@@ -1,7 +1,8 @@
-"""Two async views: one enqueues a task, one answers at once."""
+"""The admin, and two async views: one enqueues a task, one answers at once."""
 
 from __future__ import annotations
 
+from django.contrib import admin
 from django.http import HttpRequest, JsonResponse
 from django.urls import path
 
@@ -17,4 +18,4 @@ async def ping(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"pong": True})
 
 
-urlpatterns = [path("enqueue", enqueue), path("ping", ping)]
+urlpatterns = [path("admin/", admin.site.urls), path("enqueue", enqueue), path("ping", ping)]

@@ -101,7 +101,15 @@ from hermes.django._periodic import PeriodicTask, declared, from_options, schedu
 
 #: Known ``OPTIONS`` keys (anything else is a typo, refused at start).
 OPTION_NAMES = frozenset(
-    {"url", "results_url", "queue_urls", "priorities", "enqueue_on_commit", "periodic"}
+    {
+        "url",
+        "results_url",
+        "failed_url",
+        "queue_urls",
+        "priorities",
+        "enqueue_on_commit",
+        "periodic",
+    }
 )
 
 #: The Django status of each Hermes job state (see the module's table).
@@ -151,6 +159,7 @@ class HermesBackend(BaseTaskBackend):
                 "OPTIONS": {
                     "url": "redis://localhost:6379/0",          # required
                     "results_url": "redis://localhost:6379/1",  # to read results
+                    "failed_url": "redis://localhost:6379/1?key=failed",  # failed tasks
                     "queue_urls": {"emails": "redis://localhost:6379/0?key=emails"},
                     "priorities": [-10, 10],                   # besides 0
                     "enqueue_on_commit": False,
@@ -181,6 +190,9 @@ class HermesBackend(BaseTaskBackend):
         self.url = ""
         #: The records store results are read from; None: results cannot be read.
         self.results_url: str | None = None
+        #: Where workers keep the tasks that failed (``hermes worker --failed-url``),
+        #: which the admin lists and retries; None: failed tasks are not kept.
+        self.failed_url: str | None = None
         #: Queue name -> its own broker URL.
         self.queue_urls: dict[str, str] = {}
         #: The Django priorities that have a queue, 0 included.
@@ -212,6 +224,13 @@ class HermesBackend(BaseTaskBackend):
             )
         self.results_url = results_url
         self.supports_get_result = results_url is not None
+        failed_url = options.get("failed_url")
+        if failed_url is not None and (not isinstance(failed_url, str) or not failed_url):
+            raise self._improper(
+                'OPTIONS["failed_url"] must be the URL of a Hermes failed store '
+                "(redis://, postgresql://, file://), or left out"
+            )
+        self.failed_url = failed_url
         self.queue_urls = self._checked_queue_urls(options.get("queue_urls"))
         self.priorities = self._checked_priorities(options.get("priorities"))
         on_commit = options.get("enqueue_on_commit", False)

@@ -1,4 +1,4 @@
-"""The Django app ``hermes.django``: in ``INSTALLED_APPS``, it adds ``manage.py hermes_worker``."""
+"""The Django app ``hermes.django``: ``manage.py hermes_worker``, and the admin's Hermes pages."""
 
 from __future__ import annotations
 
@@ -10,3 +10,4 @@ class HermesDjangoConfig(AppConfig):
     #: Not ``django``: an app label must not read as Django's own.
     label = "hermes_django"
     verbose_name = "Hermes"
+    default_auto_field = "django.db.models.AutoField"

@@ -20,8 +20,8 @@ run it;
 and Django's ``--settings``, ``--pythonpath``, ``--traceback``. Every other
 argument goes to ``hermes worker`` unchanged (``--concurrency 4``,
 ``--processes 2``, ``--max-items 10``, ``-v``, ...; ``-v`` is Hermes's
-verbosity here, not Django's). ``--url`` and ``--results-url`` default to the
-backend's ``OPTIONS``. The exit code is ``hermes worker``'s.
+verbosity here, not Django's). ``--url``, ``--results-url`` and
+``--failed-url`` default to the backend's ``OPTIONS``. The exit code is ``hermes worker``'s.
 """
 
 from __future__ import annotations
@@ -87,7 +87,8 @@ class Command(BaseCommand):
     help = (
         "Run hermes worker on every installed app's @task functions. Options other than "
         "--backend, --queue-name, --handlers and Django's go to hermes worker (see "
-        "hermes worker --help); --url and --results-url default to the backend's OPTIONS."
+        "hermes worker --help); --url, --results-url and --failed-url default to the "
+        "backend's OPTIONS."
     )
 
     def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
@@ -145,6 +146,8 @@ class Command(BaseCommand):
             hermes[:0] = ["--url", backend.url_of(queue_name)]
         if backend.results_url is not None and not _given(hermes, "--results-url"):
             hermes[:0] = ["--results-url", backend.results_url]
+        if backend.failed_url is not None and not _given(hermes, "--failed-url"):
+            hermes[:0] = ["--failed-url", backend.failed_url]
         os.environ[BACKEND_ENV] = alias
         os.environ[QUEUE_ENV] = queue_name
         # A bare --scheduler means the periodic tasks of the queue read here.
