@@ -746,6 +746,37 @@ def test_a_filtered_queues_page_reads_no_more_bodies_than_an_unfiltered_one(
     assert "Nothing waiting of that type on the pages read." in client.get("/queues?type=rare").text
 
 
+def test_a_filtered_failed_page_reads_about_one_page_of_bodies_and_acts_on_what_it_shows(
+    dashboard: Dashboard,
+) -> None:
+    assert dashboard.failed is not None
+    big = "x" * (3 * 1024 * 1024)
+    for n in range(7):
+        dashboard.failed.keep(Message("report.build", {"blob": big, "n": n}), "it broke")
+    rare = dashboard.failed.keep(Message("rare", {}), "it broke")
+    client = client_of(dashboard)
+
+    listed: list[int] = []
+    link = "/failed?type=rare"
+    while True:
+        page = client.get(link).text
+        listed.append(len(re.findall(r'<tr data-id="([^"]+)"', page)))
+        found = re.search(r'<a href="\?([^"]+)" id="next-page">', page)
+        if found is None:
+            break
+        link = "/failed?" + html.unescape(found.group(1))
+        assert len(listed) < 10, "the pages go round"
+
+    # About 8 MB of bodies a page, as unfiltered (three of 3 MB): the rare one on the third.
+    assert listed == [0, 0, 1]
+    done = client.post(
+        "/failed/delete",
+        {"csrf": csrf_of(page), "type": "rare", "after": link.split("after=")[1], "id": rare.id},
+    )
+    assert done.status_code == 303 and "done=dropped&n=1" in done.headers["location"]
+    assert rare.id not in stored_failed_ids(dashboard)
+
+
 def test_actions_on_a_later_page_find_their_message_on_that_page(dashboard: Dashboard) -> None:
     sent = [Message("job", {"n": n}) for n in range(450)]
     dashboard.driver.send_batch(sent)

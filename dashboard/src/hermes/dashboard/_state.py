@@ -379,7 +379,8 @@ class Dashboard:
         next page's ``after``; None without a store that can list.
 
         With a ``filter``, the messages it matches on the store pages read from ``after``
-        until they fill a page or :data:`FILTER_PAGES` pages were read.
+        until they fill a page, :data:`FILTER_PAGES` pages were read, or their payloads
+        reached :data:`PAGE_BYTES` together (about what one unfiltered page reads).
         """
         if self.failed is None or self.failed.browser is None:
             return None
@@ -393,17 +394,21 @@ class Dashboard:
 
     def _failed_pages(
         self, after: str | None, filter: ListFilter | None
-    ) -> Iterator[tuple[str | None, list[FailedMessage], str | None]]:
-        """``(after, the messages shown from that store page, its next)`` for each store page
-        a Failed page reads: one without a filter, more with one."""
+    ) -> Iterator[tuple[tuple[str | None, int, int], list[FailedMessage], str | None]]:
+        """``((after, limit, max_bytes) of a store page, the messages shown from it, its
+        next)`` for each store page a Failed page reads: one without a filter, more with
+        one, within (about) one page's bytes together."""
         assert self.failed is not None
-        shown = 0
+        shown = read = 0
         for _ in range(FILTER_PAGES if filter else 1):
-            listed, following = self.failed.page(after, FAILED_LIMIT, PAGE_BYTES)
+            page = (after, FAILED_LIMIT, PAGE_BYTES - read)
+            listed, following = self.failed.page(*page)
+            # About what the store read: the payloads dominate a large message's body.
+            read += sum(len(payload_text(m.payload)) for m in listed)
             matched = [m for m in listed if filter is None or filter.matches(m)]
             shown += len(matched)
-            yield after, matched, following
-            if following is None or shown >= FAILED_LIMIT:
+            yield page, matched, following
+            if following is None or shown >= FAILED_LIMIT or read >= PAGE_BYTES:
                 return
             after = following
 
@@ -426,10 +431,9 @@ class Dashboard:
                         "nothing was retried"
                     )
         sent = 0
-        for start, listed, _ in pages:
+        for page, listed, _ in pages:
             here = wanted & {m.id for m in listed}
             if here:
-                page = (start, FAILED_LIMIT, PAGE_BYTES)
                 sent += len(self.failed.retry(self.driver, here, page=page))
         return sent
 
@@ -439,10 +443,10 @@ class Dashboard:
         assert self.failed is not None
         wanted = set(ids)
         deleted = 0
-        for start, listed, _ in list(self._failed_pages(after, filter)):
+        for page, listed, _ in list(self._failed_pages(after, filter)):
             here = wanted & {m.id for m in listed}
             if here:
-                deleted += self.failed.purge(here, page=(start, FAILED_LIMIT, PAGE_BYTES))
+                deleted += self.failed.purge(here, page=page)
         return deleted
 
     def job(self, job_id: str) -> JobRecord | None:
