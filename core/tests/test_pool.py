@@ -825,3 +825,43 @@ def test_the_supervisor_forks_only_while_it_runs_no_other_thread(project, pools)
     assert set(forks) == {"1"}, forks
     assert len(forks) >= 5, forks  # 2 children, and the replacements of the 3 that left
     assert "Threads run in the supervisor" not in pool.log()
+
+
+def test_reload_dir_watches_the_directory_given_instead_of_the_handlers_package(project, pools):
+    url = file_url(project)
+    lib = project / "lib"
+    lib.mkdir()
+    pool = start(
+        pools, project, "--url", url, "--handlers", "jobs:HANDLERS", "--reload",
+        "--reload-dir", str(lib),
+    )  # fmt: skip
+    eventually(lambda: "Started worker-1" in pool.log(), "the first worker", 20)
+    assert f"restarted when a .py file changes under {lib}" in pool.log()
+
+    edits = iter(range(1000))
+
+    def edited() -> bool:
+        # Written again until seen: the watcher may start watching after the first worker.
+        (lib / "helpers.py").write_text(f"VALUE = {next(edits)}\n")
+        time.sleep(0.2)
+        return "helpers.py changed" in pool.log()
+
+    eventually(edited, "the change seen", 20, 0.1)
+    eventually(lambda: pool.log().count("Started worker-1") >= 2, "the worker started anew", 20)
+    assert pool.stop() == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (["--reload-dir", "."], "--reload-dir says what --reload watches: give --reload too"),
+        (["--reload", "--reload-dir", "nowhere"], "--reload-dir nowhere: no such directory"),
+    ],
+)
+def test_a_reload_dir_without_reload_or_a_directory_is_one_line(project, args, error):
+    done = subprocess.run(
+        [HERMES, "worker", "--url", file_url(project), "--handlers", "jobs:HANDLERS", *args],
+        cwd=project, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.strip() == f"hermes: error: {error}"

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from pathlib import Path
 from urllib.parse import urlsplit
 
+#: The project's directory, what ``hermes_worker --reload`` watches (another one for a test).
+BASE_DIR = Path(os.environ.get("HERMES_DJANGO_BASE_DIR") or Path(__file__).resolve().parent.parent)
 SECRET_KEY = "hermes-django-tests-only-not-a-secret"
 DEBUG = False
 USE_TZ = True

@@ -94,7 +94,7 @@ def _supervise(args: argparse.Namespace) -> int:
         grace_s=args.grace,
         max_jobs_per_child=args.max_jobs_per_child,
         max_memory_mb=args.max_memory_per_child,
-        reload_paths=reload_paths(args.handlers) if args.reload else (),
+        reload_paths=(tuple(args.reload_dir) or reload_paths(args.handlers)) if args.reload else (),
     )
     started = time.monotonic()
     try:

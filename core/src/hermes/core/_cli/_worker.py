@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hermes.core._cli import _run
 from hermes.core._cli._common import (
     FAILED_URL_ENV,
     URL_HELP,
+    CliError,
     add_verbosity,
     env_default,
     queue_option,
@@ -202,6 +204,15 @@ def _add_pool_options(worker: argparse.ArgumentParser) -> None:
         help="for development: restart the worker processes when a .py file changes in the "
         "handlers module's package (or the current directory); needs hermes-core[reload]",
     )
+    pool.add_argument(
+        "--reload-dir",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="DIR",
+        help="with --reload: watch DIR instead of the handlers module's package (repeat for "
+        "several), e.g. a project whose code the handlers import from elsewhere",
+    )
 
 
 def _add_queue_options(worker: argparse.ArgumentParser) -> None:
@@ -238,6 +249,11 @@ def _pool_wanted(args: argparse.Namespace) -> bool:
 
 def run(args: argparse.Namespace) -> int:
     """``hermes worker``: one worker process, or a pool of them that a supervisor runs."""
+    if args.reload_dir and not args.reload:
+        raise CliError("--reload-dir says what --reload watches: give --reload too")
+    missing = [str(path) for path in args.reload_dir if not path.is_dir()]
+    if missing:
+        raise CliError(f"--reload-dir {missing[0]}: no such directory")
     if _pool_wanted(args):
         from hermes.core._cli import _pool  # a supervisor's imports: not for one process
 

@@ -21,7 +21,9 @@ and Django's ``--settings``, ``--pythonpath``, ``--traceback``. Every other
 argument goes to ``hermes worker`` unchanged (``--concurrency 4``,
 ``--processes 2``, ``--max-items 10``, ``-v``, ...; ``-v`` is Hermes's
 verbosity here, not Django's). ``--url``, ``--results-url`` and
-``--failed-url`` default to the backend's ``OPTIONS``. The exit code is ``hermes worker``'s.
+``--failed-url`` default to the backend's ``OPTIONS``; ``--reload`` watches
+the project (``settings.BASE_DIR``, else the current directory) unless
+``--reload-dir`` says otherwise. The exit code is ``hermes worker``'s.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
@@ -148,6 +151,9 @@ class Command(BaseCommand):
             hermes[:0] = ["--results-url", backend.results_url]
         if backend.failed_url is not None and not _given(hermes, "--failed-url"):
             hermes[:0] = ["--failed-url", backend.failed_url]
+        if "--reload" in hermes and not _given(hermes, "--reload-dir"):
+            # Like runserver: the project's code, not the package of the handlers function.
+            hermes[:0] = ["--reload-dir", str(getattr(settings, "BASE_DIR", None) or os.getcwd())]
         os.environ[BACKEND_ENV] = alias
         os.environ[QUEUE_ENV] = queue_name
         # A bare --scheduler means the periodic tasks of the queue read here.
