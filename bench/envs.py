@@ -45,6 +45,8 @@ ENVS: dict[str, list[str]] = {
     ],
     "dramatiq-redis": ["dramatiq[redis]>=1.17"],
     "celery-redis": ["celery[redis]>=5.4"],
+    # bench.async_io's asyncio peer.
+    "arq-redis": ["arq>=0.26"],
 }
 
 

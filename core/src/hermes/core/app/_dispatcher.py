@@ -6,7 +6,7 @@ import inspect
 import logging
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterable, Iterator
+from collections.abc import Callable, Coroutine, Generator, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
@@ -23,7 +23,7 @@ from hermes.core.app._handler import (
     function_handler,
     handler_name,
 )
-from hermes.core.app._invoke import EventLoopThread, TimeLimitExceeded, Watchdog
+from hermes.core.app._invoke import Awaiting, EventLoopThread, TimeLimitExceeded, Watchdog
 from hermes.core.app._jobs import (
     EXPIRES_HEADER,
     WORKFLOW_HEADER,
@@ -418,8 +418,15 @@ class Dispatcher:
         A :class:`~hermes.core.Result` comes back as it is; anything else as a bool.
 
         ``async def handle`` (or a handle that returns a coroutine) runs on the
-        worker's event loop. Over the limit: :class:`TimeLimitExceeded`.
+        worker's event loop, and this thread waits for it. Over the limit:
+        :class:`TimeLimitExceeded`.
         """
+        return cast("bool | Result", self._drive(self._call_steps(handler, message)))
+
+    def _call_steps(
+        self, handler: Handler, message: Message
+    ) -> Generator[Awaiting, Any, bool | Result]:
+        """:meth:`call_handler` as steps: a coroutine to await is yielded, its result sent back."""
         limit = getattr(handler, "time_limit_s", None)
         if limit is None:
             limit = self.time_limit_s
@@ -429,7 +436,7 @@ class Dispatcher:
             known = self._async[id(handler)] = (handler, inspect.iscoroutinefunction(handle))
         if known[1]:  # an async def handle: calling it made a coroutine
             coroutine = cast(Coroutine[Any, Any, Any], handle(message))
-            return _answer(self._event_loop.run(coroutine, limit, watched_job()))
+            return _answer((yield Awaiting(coroutine, limit, watched_job())))
         if limit is None:
             result = handle(message)
         else:
@@ -447,14 +454,81 @@ class Dispatcher:
         if result is None or result is True or result is False:  # the usual answers, at once
             return bool(result)
         if inspect.iscoroutine(result):
-            result = self._event_loop.run(result, limit, watched_job())
+            result = yield Awaiting(result, limit, watched_job())
         return _answer(result)
+
+    def _drive(self, steps: Generator[Awaiting, Any, Any]) -> Any:
+        """Run ``steps`` on this thread, waiting on the event loop for each coroutine it yields."""
+        run = self._event_loop.run
+        try:
+            awaiting = next(steps)
+            while True:
+                try:
+                    value = run(awaiting.coroutine, awaiting.limit_s, awaiting.job)
+                except BaseException as exc:
+                    awaiting = steps.throw(exc)
+                else:
+                    awaiting = steps.send(value)
+        except StopIteration as done:
+            return done.value
+
+    def runs_async(self, message: Message) -> bool:
+        """Whether ``message`` can take the worker's async path (:meth:`message_steps`).
+
+        True when every handler of its type is an ``async def handle`` and no
+        installed plugin pairs hooks by thread (``hermes_message_started``,
+        ``hermes_handler_call``: a plugin that keeps what they start in a
+        thread-local would see its ``finished`` on another thread), unless the
+        plugin says it keeps them per context (``hermes_async_safe = True``).
+        """
+        handlers = self._handlers.get(message.type)
+        if not handlers:
+            return False
+        known = self._async
+        for handler in handlers:
+            entry = known.get(id(handler))
+            if entry is None:
+                entry = known[id(handler)] = (
+                    handler,
+                    inspect.iscoroutinefunction(handler.handle),
+                )
+            # A FunctionHandler of an async def returns its coroutine from a plain handle().
+            if not entry[1] and getattr(handler, "is_async", False) is not True:
+                return False
+        return self.async_hooks_ok()
+
+    def async_hooks_ok(self) -> bool:
+        """Whether no installed plugin pairs hooks by thread (see :meth:`runs_async`)."""
+        hooks = self._hooks
+        for hook in (hooks.hermes_message_started, hooks.hermes_handler_call):
+            for impl in hook.get_hookimpls():
+                if not getattr(impl.plugin, "hermes_async_safe", False):
+                    return False
+        return True
+
+    @property
+    def event_loop(self) -> EventLoopThread:
+        """The event loop that runs ``async def`` handlers (started on first use)."""
+        return self._event_loop
 
     def handle_message(self, message: Message, priority: int) -> bool:
         """Run every handler of ``message.type``; True if all succeeded.
 
         What the Worker calls per message. Plugins see ``started`` first and
         ``finished`` last, with the message's :class:`Outcome`, on every path.
+        """
+        return bool(self._drive(self.message_steps(message, priority)))
+
+    def message_steps(self, message: Message, priority: int) -> Generator[Awaiting, Any, bool]:
+        """:meth:`handle_message` as steps, for a worker that awaits coroutines itself.
+
+        Each ``async def`` handler's coroutine is yielded as an :class:`Awaiting`
+        (with its time limit and its job, for cancels); the caller runs it and
+        sends back its result, or throws in what it raised. The work before
+        and after each handler (limits, job records, retries, the failed store,
+        hooks) runs on whatever thread advances the steps -- never on the event
+        loop -- so one code path serves threads and coroutines alike. A step
+        closed before it finished (the worker abandoned it) writes nothing.
         """
         limit = self.limits.get(message.type) if self.limits else None
         limiter = held = None
@@ -466,13 +540,17 @@ class Dispatcher:
                 self._defer(message, priority, limit, taken)
                 return True  # acknowledged: its copy runs at its turn
             held = taken
+        abandoned = False
         try:
-            return self._handle_message(message, priority)
+            return (yield from self._handle_message(message, priority))
+        except GeneratorExit:
+            abandoned = True  # closed by the worker: the broker delivers it again
+            raise
         finally:
-            if held is not None and limiter is not None:
+            if held is not None and limiter is not None and not abandoned:
                 limiter.release(held)
 
-    def _handle_message(self, message: Message, priority: int) -> bool:
+    def _handle_message(self, message: Message, priority: int) -> Generator[Awaiting, Any, bool]:
         hooks = self._hooks
         expires = message.headers.get(EXPIRES_HEADER) if message.headers else None
         report = None
@@ -492,24 +570,31 @@ class Dispatcher:
             notify(hooks.hermes_message_started, message=message, priority=priority)
         outcome = Outcome.NO_HANDLER
         token = entering(job if job is not None else message)
+        abandoned = False
         try:
-            outcome = self._run_handlers(message, priority, report, job)
+            outcome = yield from self._run_handlers(message, priority, report, job)
+        except GeneratorExit:
+            # Abandoned at the end of a grace period (or collected with its worker):
+            # its record stays running and the broker delivers it again.
+            abandoned = True
+            raise
         finally:
-            leaving(token)
             if job is not None and watch is not None:
                 watch.remove(job)
-                if job.cancelled.is_set():
+            if not abandoned:
+                leaving(token)
+                if job is not None and job.cancelled.is_set():
                     self._cancel_came(message, outcome, report)
-            if records is not None and report is not None:
-                self._finish(records, message, outcome, report)
-            if hooks.hermes_message_finished.get_hookimpls():
-                notify(
-                    hooks.hermes_message_finished,
-                    message=message,
-                    priority=priority,
-                    result=outcome is Outcome.SUCCEEDED,
-                    outcome=outcome,
-                )
+                if records is not None and report is not None:
+                    self._finish(records, message, outcome, report)
+                if hooks.hermes_message_finished.get_hookimpls():
+                    notify(
+                        hooks.hermes_message_finished,
+                        message=message,
+                        priority=priority,
+                        result=outcome is Outcome.SUCCEEDED,
+                        outcome=outcome,
+                    )
         return outcome is Outcome.SUCCEEDED
 
     def _start(self, message: Message, priority: int, expires: str | None) -> str | None:
@@ -693,7 +778,7 @@ class Dispatcher:
         priority: int,
         report: _Report | None = None,
         job: RunningJob | None = None,
-    ) -> Outcome:
+    ) -> Generator[Awaiting, Any, Outcome]:
         with self._count_lock:  # _count's work, without its getattr/setattr per message
             self.stats.received += 1
         info = self.log_each_message and self.logger.isEnabledFor(logging.INFO)
@@ -718,7 +803,9 @@ class Dispatcher:
                 outcome = Outcome.CANCELLED  # the handlers after a cancel do not start
                 self._count("cancelled")
                 break
-            result, given_up = self._run_one(handler, message, priority, info, report, job)
+            result, given_up = yield from self._run_one(
+                handler, message, priority, info, report, job
+            )
             if result is Outcome.CANCELLED:
                 outcome = result
                 break
@@ -738,7 +825,7 @@ class Dispatcher:
         info: bool,
         report: _Report | None = None,
         job: RunningJob | None = None,
-    ) -> tuple[Outcome, _GivenUp | None]:
+    ) -> Generator[Awaiting, Any, tuple[Outcome, _GivenUp | None]]:
         """One handler on ``message``: its outcome, and what the store keeps if it gave up.
 
         A handler that raises or returns False after a cancel of its job
@@ -759,7 +846,7 @@ class Dispatcher:
                     driver=self.driver,
                 )
             else:  # nobody wraps handler calls (most workers): no closure, no keywords
-                ok = self.call_handler(handler, message)
+                ok = yield from self._call_steps(handler, message)
         except Exception as exc:
             if debug:
                 self._took(handler, message, started, f"raised {type(exc).__name__}")

@@ -11,13 +11,14 @@ cancelled when it overruns, or when its job is cancelled while it runs.
 
 from __future__ import annotations
 
+import contextvars
 import heapq
 import itertools
 import logging
 import threading
 import time
-from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from hermes.core.app._watch import RunningJob
 from hermes.core.model._errors import HermesError, JobCancelled
@@ -33,6 +34,20 @@ logger = logging.getLogger("hermes")
 
 class TimeLimitExceeded(HermesError):
     """A handler ran longer than its time limit and was interrupted."""
+
+
+class Awaiting(NamedTuple):
+    """A handler's coroutine that the Dispatcher's steps wait on (see ``message_steps``)."""
+
+    coroutine: Coroutine[Any, Any, Any]
+    #: Cancel it after this many seconds (None: no limit): :class:`TimeLimitExceeded`.
+    limit_s: float | None
+    #: The job whose cancel cancels it (None without job records).
+    job: RunningJob | None
+
+
+#: Called on the event loop thread with what a coroutine returned, or what it raised.
+Done = Callable[[Any, BaseException | None], None]
 
 
 def _raise_in(thread_id: int, exc: type[BaseException] | None) -> int:
@@ -196,8 +211,75 @@ class EventLoopThread:
                 ) from None
             raise
 
+    def start(self, awaiting: Awaiting, context: contextvars.Context, done: Done) -> None:
+        """Start ``awaiting``'s coroutine on the loop and return at once; no thread waits.
+
+        The coroutine runs as a task in ``context`` (the handler's
+        ``current_job()`` and the driver's current message). When it ends
+        ``done(result, None)`` or ``done(None, exception)`` is called on the
+        loop thread: it must not block (hand the rest to a thread). Past
+        ``limit_s`` the task is cancelled and ``done`` gets
+        :class:`TimeLimitExceeded`; cancelled by its job, :class:`JobCancelled`.
+        """
+        loop = self._running_loop()
+        loop.call_soon_threadsafe(_start_task, loop, awaiting, context, done)
+
     def close(self) -> None:
         with self._lock:
             loop, self._loop = self._loop, None
         if loop is not None:
             loop.call_soon_threadsafe(loop.stop)
+
+
+def _start_task(
+    loop: asyncio.AbstractEventLoop, awaiting: Awaiting, context: contextvars.Context, done: Done
+) -> None:
+    """On the loop: run ``awaiting`` as a task, cancelled at its limit or by its job."""
+    coroutine, limit_s, job = awaiting
+    try:
+        task = loop.create_task(coroutine, context=context)
+    except BaseException as exc:
+        coroutine.close()
+        done(None, exc)
+        return
+    timed_out = False
+    timer = None
+    if limit_s is not None:
+
+        def time_up() -> None:
+            nonlocal timed_out
+            if not task.done():
+                timed_out = True
+                task.cancel()
+
+        timer = loop.call_later(limit_s, time_up)
+    if job is not None:
+
+        def cancel() -> None:
+            loop.call_soon_threadsafe(task.cancel)
+
+        job.on_cancel(cancel)
+
+    def finished(task: asyncio.Task[Any]) -> None:
+        if timer is not None:
+            timer.cancel()
+        if task.cancelled():
+            if timed_out:
+                exc: BaseException = TimeLimitExceeded(f"timed out after {limit_s:g} s")
+            elif job is not None and job.cancelled.is_set():
+                exc = JobCancelled(f"job #{job.id} ({job.message.type}) was cancelled while it ran")
+            else:
+                import asyncio
+
+                exc = asyncio.CancelledError()
+            done(None, exc)
+            return
+        exc_ = task.exception()
+        if exc_ is not None:
+            done(None, exc_)
+        else:
+            done(task.result(), None)
+
+    # Its own empty context: the callback never enters the task's, which the
+    # thread that takes over next enters.
+    task.add_done_callback(finished, context=contextvars.Context())

@@ -9,8 +9,11 @@ hands over, the poison log, reconnect backoff, and the handler threads.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
+import inspect
 import logging
+import queue
 import signal
 import threading
 import time
@@ -21,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from hermes.core.app._dispatcher import Dispatcher
 from hermes.core.app._handler import HandlerRegistry
+from hermes.core.app._invoke import Awaiting
 from hermes.core.app._jobs import JobError, JobState
 from hermes.core.model._errors import (
     BrokerRefusedError,
@@ -45,6 +49,7 @@ from hermes.core.spi._shutdown import Shutdown
 
 if TYPE_CHECKING:
     import random
+    from collections.abc import Generator
 
     from hermes.core.app._failed import FailedStore
     from hermes.core.run._heartbeat import HeartbeatPublisher
@@ -201,8 +206,12 @@ class Worker:
     publishes this run's record -- counts and the jobs in flight
     (:meth:`in_flight`) -- from its own thread while the run lasts.
 
-    ``concurrency`` handlers run at once, on threads; each message is
-    acknowledged only after its own handlers returned. On a stop, handlers
+    ``concurrency`` messages are in the handlers at once; each message is
+    acknowledged only after its own handlers returned. A sync handler runs on
+    a thread of its own; a message whose handlers are all ``async def`` runs
+    as a task on the Dispatcher's event loop and holds no thread while it
+    awaits (see :func:`handler_mix`): an async-only worker keeps up to
+    ``concurrency`` coroutines in flight with a few threads. On a stop, handlers
     in flight get ``grace_s`` to finish; what is still running then is neither
     acknowledged nor released -- the broker's own timeout decides (an
     at-least-once broker delivers it again once this worker is gone).
@@ -376,7 +385,8 @@ class Worker:
                 with self._consumer(priorities) as consumer:
                     loop = self._loop = _Loop(self, consumer, stop)
                     if self.concurrency > 1:
-                        _ConcurrentRun(loop, self.concurrency, self.grace_s).run()
+                        mix = handler_mix(self.dispatcher)
+                        _ConcurrentRun(loop, self.concurrency, self.grace_s, mix).run()
                     else:
                         loop.run_serial()
             if not stop.switching or stop.reason is not None:
@@ -464,6 +474,38 @@ def _check_int(name: str, value: object, minimum: int) -> None:
         raise ConfigurationError(f"{name} must be an int >= {minimum}, got {value!r}")
 
 
+#: Threads that take turns at the consumer in an async-only run: one receives
+#: (and does the work before each handler: limits, the job record) while the
+#: other stands by to take over should that work block.
+ASYNC_RECEIVERS = 2
+#: Threads that do the work after each coroutine (the job record's end, a
+#: retry copy, the failed store, the acknowledgement): the event loop never
+#: makes a blocking driver or store call. A few suffice: each step is short.
+SETTLE_THREADS = 4
+
+
+def handler_mix(dispatcher: Dispatcher | None) -> str:
+    """``"sync"``, ``"async"`` or ``"mixed"``: how a concurrent run of ``dispatcher`` is laid out.
+
+    ``async`` when every registered handler is an ``async def handle`` (and
+    no plugin pairs hooks by thread, see :meth:`Dispatcher.runs_async`): a
+    few threads, up to ``concurrency`` coroutines in flight. ``sync``: a
+    thread per message in flight, as ever. ``mixed``: ``concurrency``
+    threads for the sync ones, and ``concurrency`` bounds sync and async
+    messages in flight together.
+    """
+    if dispatcher is None:
+        return "sync"
+    kinds = {
+        inspect.iscoroutinefunction(handler.handle) or getattr(handler, "is_async", False) is True
+        for handlers in dispatcher.registered().values()
+        for handler in handlers
+    }
+    if True not in kinds or not dispatcher.async_hooks_ok():
+        return "sync"
+    return "async" if kinds == {True} else "mixed"
+
+
 def _dispatcher(
     driver: Driver,
     handlers: object,
@@ -527,6 +569,9 @@ class _Loop:
         #: under the interpreter lock.
         self.running: dict[int, tuple[str, str, float]] = {}
         self._hooks = plugin_manager().hook
+        #: The async path (a run of coroutines without a thread each); None: every
+        #: message runs on the thread that took it.
+        self.coroutines: _Coroutines | None = None
 
     def run_serial(self) -> None:
         stop, take, deliver = self.stop, self.take, self.deliver
@@ -656,9 +701,16 @@ class _Loop:
             self.stats.set_aside += 1
 
     def deliver(self, received: Received) -> None:
-        """Call the handlers, then acknowledge; release and re-raise when the call raises."""
+        """Call the handlers, then acknowledge; release and re-raise when the call raises.
+
+        A message the async path takes returns once its coroutine started.
+        """
         message = received.message
         assert message is not None
+        coroutines = self.coroutines
+        if coroutines is not None and coroutines.dispatcher.runs_async(message):
+            coroutines.start(received, message)
+            return
         key = id(received)
         # One dict store, atomic under the interpreter lock (in_flight copies the dict).
         self.running[key] = (message.type, message.id, time.time())
@@ -738,6 +790,138 @@ class _Loop:
             )
             return False
         return True
+
+
+class _Settlers:
+    """A few daemon threads that advance messages whose coroutine ended."""
+
+    def __init__(self, count: int) -> None:
+        self._queue: queue.SimpleQueue[tuple[Callable[..., None], tuple[Any, ...]] | None] = (
+            queue.SimpleQueue()
+        )
+        self._threads = [
+            threading.Thread(target=self._run, name=f"hermes-settle-{i + 1}", daemon=True)
+            for i in range(count)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, fn: Callable[..., None], *args: Any) -> None:
+        self._queue.put((fn, args))
+
+    def _run(self) -> None:
+        get = self._queue.get
+        while (item := get()) is not None:
+            fn, args = item
+            try:
+                fn(*args)
+            except BaseException:
+                logger.exception("Hermes: settling a message failed")
+
+    def stop(self) -> None:
+        """End the threads once what is queued ran; does not wait."""
+        for _ in self._threads:
+            self._queue.put(None)
+
+
+class _Coroutines:
+    """The async path of a run: messages whose handlers are all ``async def``.
+
+    The thread that took the message advances the Dispatcher's steps
+    (:meth:`Dispatcher.message_steps`) up to the first coroutine -- the
+    limits, the job record's start, the ``started`` hook -- starts it on the
+    Dispatcher's event loop and goes back to receiving. When the coroutine
+    ends, the event loop hands the rest (the record's end, a retry copy, the
+    failed store, hooks, the acknowledgement) to a :class:`_Settlers`
+    thread: the loop itself never calls the driver or a store. Each
+    message's steps run in one :class:`contextvars.Context` of its own,
+    whichever thread advances them. The message is in ``loop.running`` from
+    its receive until it is settled: the run bounds that count by
+    ``concurrency``, a heartbeat shows it, the grace period waits for it.
+    """
+
+    def __init__(
+        self,
+        loop: _Loop,
+        dispatcher: Dispatcher,
+        settlers: _Settlers,
+        freed: Callable[[], None],
+        failed: Callable[[BaseException], None],
+    ) -> None:
+        self.loop = loop
+        self.dispatcher = dispatcher
+        self.settlers = settlers
+        self.event_loop = dispatcher.event_loop
+        #: Called after each message settles: a slot is free.
+        self.freed = freed
+        #: Called with what the steps raised: the run stops and raises it.
+        self.failed = failed
+
+    def start(self, received: Received, message: Message) -> None:
+        loop = self.loop
+        loop.running[id(received)] = (message.type, message.id, time.time())
+        with loop.count_lock:
+            loop.stats.started += 1
+        context = contextvars.copy_context()
+        context.run(_current.set, received)
+        steps = self.dispatcher.message_steps(message, received.priority)
+        self.advance(received, steps, context, None, None)
+
+    def advance(
+        self,
+        received: Received,
+        steps: Generator[Awaiting, Any, bool],
+        context: contextvars.Context,
+        value: Any,
+        exc: BaseException | None,
+    ) -> None:
+        """Run the steps up to the next coroutine (started) or to the end (settled)."""
+        try:
+            if exc is None:
+                awaiting = context.run(steps.send, value)
+            else:
+                awaiting = context.run(steps.throw, exc)
+        except StopIteration:
+            self._settle(received, "acknowledge", self.loop.consumer.ack)
+            return
+        except BaseException as error:
+            self.failed(error)  # the run stops first: nothing takes the message back meanwhile
+            self._settle(received, "release", self.loop.consumer.release)
+            return
+        done = functools.partial(self._done, received, steps, context)
+        try:
+            self.event_loop.start(awaiting, context.copy(), done)
+        except BaseException as error:
+            awaiting.coroutine.close()
+            self.settlers.submit(self.advance, received, steps, context, None, error)
+
+    def _done(
+        self,
+        received: Received,
+        steps: Generator[Awaiting, Any, bool],
+        context: contextvars.Context,
+        value: Any,
+        exc: BaseException | None,
+    ) -> None:
+        # On the event loop thread: hand over, never block.
+        if self.loop.abandoned:
+            return  # its message stays unsettled; the steps, collected, write nothing
+        self.settlers.submit(self.advance, received, steps, context, value, exc)
+
+    def _settle(self, received: Received, what: str, action: Callable[..., None]) -> None:
+        loop = self.loop
+        settled = False
+        try:
+            settled = loop.settle(what, received, action)
+            if settled and loop.debug:
+                assert received.message is not None
+                logger.debug("%r: %sd message #%s", loop.driver, what, received.message.id)
+        finally:
+            loop.running.pop(id(received), None)
+            if settled and what == "acknowledge":
+                with loop.count_lock:
+                    loop.stats.processed += 1
+            self.freed()
 
 
 def _handlers_busy(loop: _Loop) -> bool:
@@ -861,10 +1045,21 @@ class _ConcurrentRun:
     process at once.
     """
 
-    def __init__(self, loop: _Loop, concurrency: int, grace_s: float) -> None:
+    def __init__(self, loop: _Loop, concurrency: int, grace_s: float, mix: str = "sync") -> None:
         self.loop = loop
         self.concurrency = concurrency
         self.grace_s = grace_s
+        #: "sync": a thread per message in flight; "async" and "mixed": messages
+        #: whose handlers are all async def run as tasks (see :class:`_Coroutines`).
+        self.mix = mix
+        #: Handler threads: ``concurrency`` unless every handler is async def.
+        self.threads = min(concurrency, ASYNC_RECEIVERS) if mix == "async" else concurrency
+        #: Whether messages in flight are counted against ``concurrency`` (the
+        #: threads bound them otherwise).
+        self.bounded = mix != "sync"
+        #: Threads waiting for a message in flight to settle before they may receive.
+        self.slot_waiters = 0
+        self.settlers: _Settlers | None = None
         self.lock = threading.Lock()
         #: Idle threads wait here for the consumer.
         self.turn = threading.Condition(self.lock)
@@ -887,8 +1082,37 @@ class _ConcurrentRun:
         self.abandoned = False
 
     def run(self) -> None:
-        with _Servicer.running(self.loop, self._take_for_service, self._give_back):
-            self._run()
+        if self.bounded:
+            dispatcher = self.loop.worker.dispatcher
+            assert dispatcher is not None
+            self.settlers = _Settlers(min(SETTLE_THREADS, self.concurrency))
+            self.loop.coroutines = _Coroutines(
+                self.loop, dispatcher, self.settlers, self._freed, self._failed
+            )
+        try:
+            with _Servicer.running(self.loop, self._take_for_service, self._give_back):
+                self._run()
+        finally:
+            if self.settlers is not None:
+                self.settlers.stop()
+
+    def _slot_free(self) -> bool:
+        return not self.bounded or len(self.loop.running) < self.concurrency
+
+    def _freed(self) -> None:
+        """A message in flight settled: a thread waiting for a slot may receive."""
+        if self.slot_waiters:
+            with self.turn:
+                self.turn.notify_all()
+
+    def _failed(self, error: BaseException) -> None:
+        """What a message's steps raised on a settle thread: the run stops and raises it."""
+        self.loop.stop.request("a handler raised")
+        with self.turn:
+            if self.error is None:
+                self.error = error
+            self.stopping.set()
+            self.turn.notify_all()
 
     def _take_for_service(self) -> bool:
         """Hold the consumer for the servicer, if nobody receives and a handler runs."""
@@ -911,7 +1135,7 @@ class _ConcurrentRun:
     def _run(self) -> None:
         threads = [
             threading.Thread(target=self._runner, name=f"hermes-handler-{i + 1}", daemon=True)
-            for i in range(self.concurrency)
+            for i in range(self.threads)
         ]
         for thread in threads:
             thread.start()
@@ -965,6 +1189,14 @@ class _ConcurrentRun:
         with self.turn:
             try:
                 while not self.stopping.is_set():
+                    if self.bounded and not self._slot_free():
+                        # As many in flight as allowed: wait for one to settle.
+                        self.slot_waiters += 1
+                        try:
+                            self.turn.wait(IDLE_WAIT_S)
+                        finally:
+                            self.slot_waiters -= 1
+                        continue
                     since = self.busy_since
                     if self.holder is None or (
                         since is not None
@@ -1007,6 +1239,12 @@ class _ConcurrentRun:
                 with self.turn:
                     self.holder = None
                     self.stopping.set()
+                    self.turn.notify_all()
+                return False
+            if self.bounded and not self._slot_free():
+                with self.turn:  # give the consumer back (serviceable meanwhile) and wait
+                    if self.holder == me:
+                        self.holder = self.busy_since = None
                     self.turn.notify_all()
                 return False
             self.receiving = True
@@ -1052,6 +1290,18 @@ class _ConcurrentRun:
                     return
                 # In steps, so a second Ctrl-C is seen while handlers run.
                 thread.join(min(max(left, 0.05), 0.5))
+        # Coroutines still in flight (and their settles): no thread of the run waits for them.
+        while self.bounded and self.loop.running:
+            if deadline is None:
+                if stop.reason is None:
+                    time.sleep(0.05)
+                    continue
+                deadline = time.monotonic() + self.grace_s
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self._abandon()
+                return
+            time.sleep(min(left, 0.02))
 
     def _abandon(self) -> None:
         loop = self.loop
