@@ -218,8 +218,9 @@ def bench(session: nox.Session) -> None:
     job records cost: throughput with and without them, ``result()`` wake
     latency), bench.dashboard (the dashboard's pages over 10,000 waiting
     messages), bench.limits (a type held to 50/s beside an unlimited one) and
-    bench.workflows (a group's members against plain jobs, a long chain), each
-    with ``--quick`` when the session has it.
+    bench.workflows (a group's members against plain jobs, a long chain) and
+    bench.async_io (async def jobs at 100 and 1,000 in flight against arq),
+    each with ``--quick`` when the session has it.
 
     ``-- --quick`` is a smoke run (small counts, no page written). The observer
     plugins are installed, for the rows that measure what each costs installed
@@ -233,6 +234,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "-m", "bench.dashboard", *quick)
     session.run("python", "-m", "bench.limits", *quick)
     session.run("python", "-m", "bench.workflows", *quick)
+    session.run("python", "-m", "bench.async_io", *quick)
 
 
 @nox.session(python="3.11")
@@ -247,6 +249,7 @@ def torture(session: nox.Session) -> None:
     session.run("python", "-m", "torture.pool_soak", *session.posargs)
     session.run("python", "-m", "torture.records_soak", *session.posargs)
     session.run("python", "-m", "torture.workflow_soak", *session.posargs)
+    session.run("python", "-m", "torture.async_soak", *session.posargs)
     session.run("python", "-m", "torture.dashboard_bounds", *session.posargs)
     session.run("pytest", "torture", env={"HERMES_TORTURE_EXAMPLES": examples})
 

@@ -1190,10 +1190,13 @@ class _ConcurrentRun:
             try:
                 while not self.stopping.is_set():
                     if self.bounded and not self._slot_free():
-                        # As many in flight as allowed: wait for one to settle.
+                        # As many in flight as allowed: wait for one to settle. Counted
+                        # first, then asked again: a settle in between either is seen
+                        # here or sees the waiter and wakes it (no lost wake-up).
                         self.slot_waiters += 1
                         try:
-                            self.turn.wait(IDLE_WAIT_S)
+                            if not self._slot_free():
+                                self.turn.wait(IDLE_WAIT_S)
                         finally:
                             self.slot_waiters -= 1
                         continue
