@@ -49,6 +49,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -178,6 +179,31 @@ def ensure_postgres() -> str:
             check=False,  # it may exist already
         )
     return f"postgresql://postgres@127.0.0.1:{POSTGRES_PORT}/test"
+
+
+def create_database(prefix: str) -> str:
+    """The URL of a new, empty database ``<prefix>_<random>`` on the test PostgreSQL server.
+
+    For a test run that migrates tables of its own (a Django project's): two
+    runs beside each other on one server never meet. :func:`drop_database`
+    removes it.
+    """
+    import psycopg
+
+    server = ensure_postgres()
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(server, autocommit=True) as connection:
+        connection.execute(f'CREATE DATABASE "{name}"')
+    return f"{server.rsplit('/', 1)[0]}/{name}"
+
+
+def drop_database(url: str) -> None:
+    """Drop the database of :func:`create_database`, whoever is still connected to it."""
+    import psycopg
+
+    name = urlsplit(url).path.lstrip("/")
+    with psycopg.connect(ensure_postgres(), autocommit=True) as connection:
+        connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 #: Debian's browser and its WebDriver, for the dashboard's browser tests.

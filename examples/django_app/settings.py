@@ -1,6 +1,9 @@
 """Settings of the Django example: a view that emits a job, and a view that enqueues a task.
 
-export HERMES_URL=redis://localhost:6379/0
+Orders on PostgreSQL (``$DATABASE_URL``), jobs on Redis (``$HERMES_URL``):
+
+export HERMES_URL=redis://localhost:6379/0 DATABASE_URL=postgresql://postgres@localhost:5432/test
+python -m django migrate --settings examples.django_app.settings
 python -m django runserver --settings examples.django_app.settings
 hermes worker --url redis://localhost:6379/0 --handlers examples.django_app.worker:handlers
 python -m django hermes_worker --settings examples.django_app.settings   # the @task functions
@@ -10,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from urllib.parse import urlsplit
 
 SECRET_KEY = "django-example-only-not-a-secret"
 DEBUG = False
@@ -19,7 +23,23 @@ INSTALLED_APPS = ["hermes.django", "examples.django_app"]
 if importlib.util.find_spec("django.tasks") is None:  # Django 5.2: the backport is an app
     INSTALLED_APPS.insert(0, "django_tasks")
 MIDDLEWARE: list[str] = []
-DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}
+#: The app's data on PostgreSQL (``python -m django migrate`` creates the orders table).
+_database = urlsplit(os.environ.get("DATABASE_URL", "postgresql://postgres@localhost:5432/test"))
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": _database.path.lstrip("/"),
+        "USER": _database.username or "postgres",
+        "PASSWORD": _database.password or "",
+        "HOST": _database.hostname or "localhost",
+        "PORT": _database.port or 5432,
+        # A worker keeps its connection between jobs; hermes_worker replaces one
+        # that broke (close_old_connections() around each job).
+        "CONN_MAX_AGE": None,
+        "CONN_HEALTH_CHECKS": True,
+    }
+}
+DEFAULT_AUTO_FIELD = "django.db.models.AutoField"
 USE_TZ = True
 
 #: The broker the views emit to and the worker reads.

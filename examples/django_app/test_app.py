@@ -8,19 +8,38 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import django
+import hermes_test_services as services
 import pytest
 from hermes_test_support import eventually
 
 from examples.conftest import WORKER_S, Queue, running, running_worker
 
+# The orders table in a database of this run's own, which the worker uses too.
+OWN_DATABASE = None
+if not os.environ.get("DATABASE_URL"):
+    OWN_DATABASE = os.environ["DATABASE_URL"] = services.create_database("hermes_example")
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "examples.django_app.settings")
 django.setup()
+
+from django.core.management import call_command  # noqa: E402 - after django.setup()
+from django.db import connection, connections  # noqa: E402
+
+call_command("migrate", verbosity=0)
 
 from django.test import Client, override_settings  # noqa: E402 - after django.setup()
 
 from examples.django_app.jobs import emitter  # noqa: E402
 from examples.django_app.settings import tasks_setting  # noqa: E402
 from hermes.django import close_connections  # noqa: E402
+
+
+@pytest.fixture(scope="module", autouse=True)
+def own_database() -> Iterator[None]:
+    """Drops the run's own database after the module's tests."""
+    yield
+    connections.close_all()
+    if OWN_DATABASE is not None:
+        services.drop_database(OWN_DATABASE)
 
 
 @pytest.fixture
@@ -65,6 +84,8 @@ def test_an_order_enqueues_a_task_that_hermes_worker_runs_and_whose_result_reads
     second = client.post(
         "/orders-async", {"email": "di@example.com", "order": 8}, "application/json"
     )
+    again = client.post("/orders", {"email": "eve@example.com", "order": 7}, "application/json")
+    assert again.status_code == 409, "order 7 exists: the transaction rolled back"
     assert (first.status_code, second.status_code) == (202, 202), (first.content, second.content)
     waiting = client.get(f"/receipts/{first.json()['task']}").json()
     assert waiting == {"status": "READY"}
@@ -83,3 +104,54 @@ def test_an_order_enqueues_a_task_that_hermes_worker_runs_and_whose_result_reads
         "return_value": {"sent_to": "cy@example.com", "order": 7},
     }
     assert client.get("/receipts/no-such-task").status_code == 404
+    # The rolled-back enqueue was never sent: the two receipts were all the worker got.
+    prefix = queue.outbox_key.removesuffix("outbox")
+    assert queue.client.scard(f"{prefix}hermes") == 0
+
+
+def worker_command(items: int) -> list[str]:
+    return [sys.executable, "-m", "django", "hermes_worker",
+            "--settings", "examples.django_app.settings", "--max-items", str(items)]  # fmt: skip
+
+
+def test_a_failed_task_reads_back_with_its_exception_class_and_traceback(
+    queue: Queue, tasks_on_queue: str, tmp_path: Path
+) -> None:
+    client = Client()
+    task = client.post(
+        "/orders", {"email": "cy@example.invalid", "order": 21}, "application/json"
+    ).json()["task"]
+
+    with running(worker_command(1), queue, tmp_path) as worker:
+        assert worker.finished().endswith("received 1, handled 0, failed 1, retried 0, gave up 1")
+
+    receipt = client.get(f"/receipts/{task}").json()
+    assert receipt["status"] == "FAILED"
+    [error] = receipt["errors"]
+    assert error["exception"] == "builtins.ValueError"
+    assert "in send_receipt" in error["traceback"]
+    assert "no mail server takes cy@example.invalid" in error["traceback"]
+
+
+def test_a_job_after_the_worker_s_database_connection_was_killed_still_succeeds(
+    queue: Queue, tasks_on_queue: str, tmp_path: Path
+) -> None:
+    client = Client()
+    first = client.post("/orders", {"email": "fi@example.com", "order": 31}, "application/json")
+    with running(worker_command(2), queue, tmp_path) as worker:
+        eventually(lambda: len(queue.outbox()) == 1, "the first receipt", WORKER_S)
+        # As a PostgreSQL restart does: every other connection to the database is cut.
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            assert cursor.fetchone()[0] >= 1, "the worker's connection was there to cut"
+        second = client.post(
+            "/orders", {"email": "se@example.com", "order": 32}, "application/json"
+        )
+        assert worker.finished().endswith("received 2, handled 2, failed 0, retried 0, gave up 0")
+
+    for response in (first, second):
+        receipt = client.get(f"/receipts/{response.json()['task']}").json()
+        assert receipt["status"] == "SUCCESSFUL", receipt

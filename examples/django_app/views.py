@@ -1,8 +1,9 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_GET, require_POST
 
@@ -14,6 +15,7 @@ except ImportError:  # Django 5.2, with the django-tasks backport
     from django_tasks.exceptions import TaskResultDoesNotExist
 
 from examples.django_app.jobs import emitter
+from examples.django_app.models import Order
 from examples.django_app.tasks import send_receipt
 from hermes.core import Message
 
@@ -35,21 +37,29 @@ def signup(request: HttpRequest) -> JsonResponse:
 
 @require_POST
 def order(request: HttpRequest) -> JsonResponse:
-    """Enqueue the receipt as a Django task; sent once the transaction commits."""
+    """Write the order and enqueue its receipt in one transaction: no order, no receipt."""
+    data = _order_data(request)
+    if data is None:
+        return JsonResponse({"error": "send a JSON object with email and order"}, status=400)
+    try:
+        with transaction.atomic():
+            # Sent when the transaction commits (enqueue_on_commit), never if it rolls
+            # back: enqueued before the row is written, it still waits for the commit.
+            result = send_receipt.enqueue(data["order"])
+            Order.objects.create(number=data["order"], email=data["email"])
+    except IntegrityError:
+        return JsonResponse({"error": f"order {data['order']} exists"}, status=409)
+    return JsonResponse({"task": result.id}, status=202)
+
+
+def _order_data(request: HttpRequest) -> dict[str, Any] | None:
     try:
         data = json.loads(request.body)
     except ValueError:
-        data = None
-    if (
-        not isinstance(data, dict)
-        or not data.get("email")
-        or not isinstance(data.get("order"), int)
-    ):
-        return JsonResponse({"error": "send a JSON object with email and order"}, status=400)
-    with transaction.atomic():
-        # ... the order's rows are written here ...
-        result = send_receipt.enqueue(data["email"], data["order"])
-    return JsonResponse({"task": result.id}, status=202)
+        return None
+    if isinstance(data, dict) and data.get("email") and isinstance(data.get("order"), int):
+        return data
+    return None
 
 
 @require_GET
@@ -62,11 +72,19 @@ def receipt(request: HttpRequest, task_id: str) -> JsonResponse:
     body: dict[str, object] = {"status": str(result.status)}
     if result.is_finished and not result.errors:
         body["return_value"] = result.return_value
+    if result.errors:
+        body["errors"] = [
+            {"exception": error.exception_class_path, "traceback": error.traceback}
+            for error in result.errors
+        ]
     return JsonResponse(body)
 
 
 async def order_async(request: HttpRequest) -> JsonResponse:
-    """The same from an async view: aenqueue() never blocks the event loop on the broker."""
-    data = json.loads(request.body)
-    result = await send_receipt.aenqueue(data["email"], data["order"])
+    """The same from an async view: neither the ORM nor aenqueue() blocks the event loop."""
+    data = _order_data(request)
+    if data is None:
+        return JsonResponse({"error": "send a JSON object with email and order"}, status=400)
+    await Order.objects.acreate(number=data["order"], email=data["email"])
+    result = await send_receipt.aenqueue(data["order"])
     return JsonResponse({"task": result.id}, status=202)

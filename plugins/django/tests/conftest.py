@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import hermes_test_services as services
-import psycopg
 import pytest
 import redis
 
@@ -23,24 +22,13 @@ import redis
 if str(Path(__file__).resolve().parent) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-
-def _own_database() -> str | None:
-    """A database of this run's own on the test server (its URL), or None when one was given.
-
-    Two runs on one server (the tests session beside the Django 6 one) each
-    migrate the admin's tables into a database nobody else uses.
-    """
-    if os.environ.get("HERMES_DJANGO_DATABASE_URL"):
-        return None
-    server = services.ensure_postgres()
-    name = f"hermes_django_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(server, autocommit=True) as connection:
-        connection.execute(f'CREATE DATABASE "{name}"')
-    os.environ["HERMES_DJANGO_DATABASE_URL"] = f"{server.rsplit('/', 1)[0]}/{name}"
-    return name
-
-
-OWN_DATABASE = _own_database()
+# A database of the run's own (two runs on one server, the tests session beside
+# the Django 6 one, each migrate the admin's tables), unless one is given.
+OWN_DATABASE: str | None = None
+if not os.environ.get("HERMES_DJANGO_DATABASE_URL"):
+    OWN_DATABASE = os.environ["HERMES_DJANGO_DATABASE_URL"] = services.create_database(
+        "hermes_django"
+    )
 os.environ["DJANGO_SETTINGS_MODULE"] = "hermes_django_tests.settings"
 
 import django  # noqa: E402 - after the database exists
@@ -112,5 +100,4 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     from django.db import connections
 
     connections.close_all()
-    with psycopg.connect(services.ensure_postgres(), autocommit=True) as connection:
-        connection.execute(f'DROP DATABASE IF EXISTS "{OWN_DATABASE}" WITH (FORCE)')
+    services.drop_database(OWN_DATABASE)
