@@ -1,14 +1,23 @@
 """Deliberately broken claims: the kit's claim row must fail each of them.
 
 Loaded into the kit's runs with ``--hermes-plugin broken_claim``; each is a
-memory driver whose ``claim`` has one bug, named by its URL scheme.
+memory driver whose ``claim`` has one bug, named by its URL scheme. One is
+sound: ``claims-in-sqlite`` keeps its claims in an SQLite file that every
+process opens, the control for the row's processes (the memory driver keeps
+its claims in the process), which start knowing its scheme only from the
+``--hermes-plugin`` modules the kit was given.
 """
 
 from __future__ import annotations
 
+import os
+import sqlite3
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
+from contextlib import closing
+from dataclasses import replace
 
 from hermes.core import hookimpl
 from hermes.core.driver import DriverPlugin, DriverUrl
@@ -54,10 +63,50 @@ class ExpiresAtOnce(MemoryDriver):
             return True
 
 
+class ClaimsInProcess(MemoryDriver):
+    """Declares itself cross-process but keeps claims in the process (a dict): every
+    process wins every key."""
+
+    capabilities = replace(MemoryDriver.capabilities, cross_process=True)
+
+
+class ClaimsInSqlite(MemoryDriver):
+    """Sound: claims in an SQLite file that every process opens, each in one write
+    transaction (its messages stay in the process)."""
+
+    capabilities = replace(MemoryDriver.capabilities, cross_process=True)
+
+    def _db(self) -> sqlite3.Connection:
+        base = os.environ.get("BROKEN_DRIVERS_DIR") or tempfile.gettempdir()
+        db = sqlite3.connect(os.path.join(base, f"claims-{self.name}.db"), timeout=30)
+        db.isolation_level = None
+        db.execute("CREATE TABLE IF NOT EXISTS claims (key TEXT PRIMARY KEY, until REAL)")
+        return db
+
+    def claim(self, key: str, ttl_s: float) -> bool:
+        with closing(self._db()) as db:
+            db.execute("BEGIN IMMEDIATE")  # one claimer at a time, across processes
+            now = time.time()
+            row = db.execute("SELECT until FROM claims WHERE key = ?", (key,)).fetchone()
+            won = row is None or row[0] <= now
+            if won:
+                sql = "INSERT OR REPLACE INTO claims (key, until) VALUES (?, ?)"
+                db.execute(sql, (key, now + ttl_s))
+            db.execute("COMMIT")
+            return won
+
+    def teardown(self) -> None:
+        super().teardown()
+        with closing(self._db()) as db:
+            db.execute("DELETE FROM claims")
+
+
 BROKEN = {
     "claim-not-atomic": NotAtomic,
     "claim-never-expires": NeverExpires,
     "claim-expires-at-once": ExpiresAtOnce,
+    "claims-in-process": ClaimsInProcess,
+    "claims-in-sqlite": ClaimsInSqlite,
 }
 
 

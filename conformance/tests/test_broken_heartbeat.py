@@ -31,7 +31,10 @@ def run_heartbeat_row(url: str) -> subprocess.CompletedProcess[str]:
             "broken_heartbeat",
         ],
         cwd=HERE,
-        env={**os.environ, "PYTHONPATH": str(HERE)},
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])),
+        },
         capture_output=True,
         text=True,
         timeout=120,
