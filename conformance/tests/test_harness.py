@@ -164,3 +164,29 @@ def test_every_assertion_of_the_kit_says_what_failed() -> None:
                 bare.append(f"{path.name}:{node.lineno}: assert {ast.unparse(node.test)}")
 
     assert bare == [], "asserts without a message"
+
+
+def _kit_rows() -> set[str]:
+    """The row of every ``hermes_check`` mark in the kit's test modules."""
+    rows = set()
+    for path in Path(conformance.__file__).parent.glob("test_*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and ast.unparse(node.func).endswith("hermes_check")
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+            ):
+                rows.add(str(node.args[0].value))
+    return rows
+
+
+def test_the_readme_table_lists_every_row_the_kit_runs() -> None:
+    readme = (Path(conformance.__file__).parents[3] / "README.md").read_text()
+    section = readme.split("## What the kit checks", 1)[1].split("\n## ", 1)[0]
+    listed = {line.split("|")[1].strip() for line in section.splitlines() if line.startswith("| ")}
+
+    missing = {row for row in _kit_rows() if not any(name.startswith(row) for name in listed)}
+
+    assert len(_kit_rows()) > 20, "the kit's rows were not found"
+    assert missing == set(), "rows the kit runs that the README's table does not list"
