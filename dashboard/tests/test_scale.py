@@ -17,6 +17,7 @@ from typing import Any
 import hermes_test_services
 import pytest
 from dash_support import Deployment, deploy, eventually, pause_and_resume
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 from selenium.webdriver.common.by import By
 
 from hermes.core import Emitter, FailedStore, Message, connect
@@ -76,6 +77,14 @@ def ids_on_page(browser: Any) -> list[str]:
     """The ids of the page's listed messages, read in one script call."""
     script = "return [...document.querySelectorAll('table.messages td.id')].map(e => e.textContent)"
     return [str(i).strip() for i in browser.execute_script(script)]
+
+
+def main_text(browser: Any) -> str:
+    """The page's main text; "" while a click's navigation is replacing the page."""
+    try:
+        return str(browser.find_element(By.TAG_NAME, "main").text)
+    except (NoSuchElementException, StaleElementReferenceException):
+        return ""
 
 
 def _moved_on(browser: Any, left: str) -> bool:
@@ -230,3 +239,40 @@ def test_the_priority_the_worker_reads_paused_from_the_queues_page_waits_until_r
 ) -> None:
     deployment, _ = backlog
     pause_and_resume(browser, deployment, FAILED_PRIORITY, deployment.worker_pid)
+
+
+def test_a_waiting_job_and_a_failed_message_are_deleted_after_a_page_that_names_them(
+    browser: Any, backlog: tuple[Deployment, list[str]]
+) -> None:
+    deployment, queued = backlog
+    wanted = queued[WAITING // 2 + 11]  # on priority 300, which both brokers list first
+    browser.get(f"{deployment.base}/jobs/{wanted}")
+    browser.find_element(By.ID, "in-queue").click()
+    eventually(lambda: "/queues?job=" in browser.current_url)
+    assert ids_on_page(browser) == [wanted]
+    browser.find_element(By.CSS_SELECTOR, "table.messages a.delete").click()
+    eventually(
+        lambda: "Delete a waiting message?" in browser.find_element(By.TAG_NAME, "main").text
+    )
+    assert wanted in browser.find_element(By.TAG_NAME, "main").text
+    browser.find_element(By.ID, "confirm").click()
+    eventually(lambda: "Deleted 1 waiting message(s)." in browser.page_source)
+    assert "/queues?job=" in browser.current_url and ids_on_page(browser) == []
+    with connect(deployment.url) as driver:
+        setup_priorities(driver, [300, FAILED_PRIORITY])
+        assert isinstance(driver, SupportsStats)
+        rows = {row.priority: row.ready for row in driver.queue_stats()}
+    assert rows[300] == WAITING // 2 - 1 and rows[100] == WAITING // 2
+
+    with FailedStore.connect(deployment.failed_url) as store:
+        before = {m.id for m in store.messages()}
+    browser.get(deployment.base + "/failed?type=mail")
+    row = browser.find_elements(By.CSS_SELECTOR, "table.messages tbody tr")[3]
+    dropped = str(row.get_attribute("data-id"))
+    row.find_element(By.CSS_SELECTOR, "a.delete").click()
+    eventually(lambda: "Delete 1 failed message?" in main_text(browser))
+    assert dropped in main_text(browser)
+    browser.find_element(By.ID, "confirm").click()
+    eventually(lambda: "Deleted 1 failed message(s)." in browser.page_source)
+    with FailedStore.connect(deployment.failed_url) as store:
+        assert {m.id for m in store.messages()} == before - {dropped}
