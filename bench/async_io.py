@@ -23,8 +23,11 @@ jobs over the time from the spawn to the end of the last job):
   ``--quick`` or without a baseline.
 
 taskiq and saq are not measured: neither is in the bench's environments yet.
-Hermes runs in this environment with the observer plugins blocked
-(bench.hermes_cli): with Prometheus, OpenTelemetry or Sentry registered, as
+A full run measures this checkout's HEAD commit, built as the baseline is
+(hermes-core and hermes-redis, editable from a worktree, in a virtual
+environment of their own: no observer plugin, nothing uncommitted); with
+``--quick``, this environment with the observer plugins blocked
+(bench.hermes_cli). With Prometheus, OpenTelemetry or Sentry registered, as
 they stand, a worker keeps a thread per message (see docs, Concurrency).
 
 The rows take turns within each round; each figure is the median of its
@@ -211,6 +214,7 @@ def run_async(
     redis_url: str,
     arq_python: str | None,
     footprint: bool = False,
+    hermes: list[str] | None = None,
 ) -> tuple[float, dict[str, float]]:
     """One drain: the rate from the spawn (or, with ``footprint``, from the emit into
     an idle worker) to the last job, and the worker's threads and RSS."""
@@ -220,7 +224,11 @@ def run_async(
         if system == HERMES:
             url = isolated_url(redis_url, namespace("async"))
             argv = hermes_argv(
-                worker_command(), url, "bench.async_jobs:register", setting.in_flight, setting.n
+                hermes or worker_command(),
+                url,
+                "bench.async_jobs:register",
+                setting.in_flight,
+                setting.n,
             )
             fill: Callable[[], None] = lambda: hermes_fill(url, setting.n, "bench-async")  # noqa: E731
             clean: Callable[[], None] = lambda: purge_and_close(connect(url))  # noqa: E731
@@ -367,6 +375,18 @@ def main() -> None:
         report.notes.append("no baseline (--baseline REF or the tag known-good): no before row")
     with contextlib.ExitStack() as stack:
         previous = None
+        # This Hermes: with --quick this environment (observers blocked); else the
+        # checkout's HEAD built like the baseline (hermes-core and hermes-redis in a
+        # virtual environment of their own, from a worktree), so the two sync rows
+        # differ by the commit alone and nothing uncommitted is measured.
+        hermes = worker_command()
+        if not quick:
+            head = resolve_baseline("HEAD")
+            assert head is not None
+            print(f"== building this Hermes: HEAD ({head[1][:12]})", flush=True)
+            python = stack.enter_context(previous_hermes(head[1]))
+            hermes = [str(Path(python).parent / "hermes")]
+            report.notes.append(f"this Hermes: HEAD, {head[1][:7]}, hermes-core and hermes-redis")
         if baseline is not None:
             print(
                 f"== building the previous Hermes: {baseline[0]} ({baseline[1][:12]})", flush=True
@@ -379,19 +399,18 @@ def main() -> None:
             print(f"== round {round_ + 1} of {rounds}", flush=True)
             for system in systems[round_ % len(systems) :] + systems[: round_ % len(systems)]:
                 for setting in (big, small):
-                    value, _ = run_async(system, setting, env, redis_url, arq_python)
+                    value, _ = run_async(system, setting, env, redis_url, arq_python, hermes=hermes)
                     report.add(f"{system} | {setting.label()}", value)
             if previous is not None:
-                pair = [
-                    (HERMES, worker_command()),
-                    (f"{HERMES}, previous Hermes ({said})", previous),
-                ]
+                pair = [(HERMES, hermes), (f"{HERMES}, previous Hermes ({said})", previous)]
                 for name, command in pair[round_ % 2 :] + pair[: round_ % 2]:
                     n = 2000
                     report.add(f"{name} | sync I/O", run_sync_io(command, env, redis_url, n))
         print("== footprint", flush=True)
         for system in systems:
-            _, facts = run_async(system, big, env, redis_url, arq_python, footprint=True)
+            _, facts = run_async(
+                system, big, env, redis_url, arq_python, footprint=True, hermes=hermes
+            )
             report.footprint[system] = facts
             print(f"  {system}: {facts}", flush=True)
     if previous is not None:

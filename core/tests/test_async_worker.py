@@ -9,6 +9,7 @@ settles) runs on threads, never on the event loop.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import threading
 import time
@@ -18,8 +19,17 @@ from typing import Any
 
 import pytest
 
-from hermes.core import Dispatcher, Emitter, Message, RetryableHandler, RetryMixin, Worker, hookimpl
-from hermes.core.driver import Consumer, MemoryDriver, Received
+from hermes.core import (
+    Dispatcher,
+    Emitter,
+    Message,
+    RetryableHandler,
+    RetryMixin,
+    Worker,
+    connect,
+    hookimpl,
+)
+from hermes.core.driver import Consumer, MemoryDriver, Received, isolated_url
 from hermes.core.jobs import Jobs, JobState, current_job
 from hermes.core.run._worker import handler_mix
 from hermes.core.spi._registry import plugin_manager
@@ -463,3 +473,74 @@ def test_coroutines_past_the_grace_period_are_abandoned_unacknowledged_and_count
         return len(back) == 5
 
     eventually(all_back, "the abandoned messages are handed out again")
+
+
+# Redis at least once: leases ----------------------------------------------------------
+
+
+def _at_least_once(redis_url: str, lease_s: float) -> str:
+    url = isolated_url(redis_url, f"async-worker-{uuid.uuid4().hex[:10]}")
+    sep = "&" if "?" in url else "?"
+    return f"{url}{sep}delivery=at-least-once&lease_timeout={lease_s:g}"
+
+
+def test_redis_leases_are_renewed_while_coroutines_outlive_them(redis_url: str) -> None:
+    driver = connect(_at_least_once(redis_url, 1.0))
+    runs: collections.Counter[str] = collections.Counter()
+
+    async def slow(message: Message) -> None:
+        runs[message.id] += 1
+        await asyncio.sleep(2.5)  # well past the lease: only its renewal keeps it ours
+
+    try:
+        for _ in range(30):
+            driver.send(Message("slow"))
+        dispatcher = Dispatcher(driver)
+        dispatcher.handler("slow")(slow)
+        worker = run(driver, dispatcher, concurrency=30, max_items=30)
+        assert worker.stats.processed == 30
+        assert len(runs) == 30 and set(runs.values()) == {1}, "a lease ran out mid-coroutine"
+        assert sum(row.ready or 0 for row in driver.queue_stats()) == 0  # type: ignore[attr-defined]
+    finally:
+        driver.teardown()  # type: ignore[attr-defined]
+        driver.close()
+
+
+def test_redis_coroutines_abandoned_at_the_grace_period_come_back(redis_url: str) -> None:
+    url = _at_least_once(redis_url, 1.0)
+    driver = connect(url)
+    started = threading.Event()
+    count = 0
+
+    async def stuck(message: Message) -> None:
+        nonlocal count
+        count += 1
+        if count == 3:
+            started.set()
+        await asyncio.sleep(DEADLINE_S * 10)
+
+    done: list[str] = []
+
+    async def quick(message: Message) -> None:
+        done.append(message.id)
+
+    try:
+        sent = [Message("job") for _ in range(3)]
+        for message in sent:
+            driver.send(message)
+        first = Dispatcher(driver)
+        first.handler("job")(stuck)
+        worker = Worker(driver, first, concurrency=10, grace_s=0.2, handle_signals=False)
+        threading.Thread(target=lambda: (started.wait(DEADLINE_S), worker.stop())).start()
+        worker.run()
+        assert worker.stats.processed == 0
+
+        again = connect(url)
+        second = Dispatcher(again)
+        second.handler("job")(quick)
+        run(again, second, concurrency=10, max_items=3)
+        assert sorted(done) == sorted(m.id for m in sent), "an abandoned message was lost"
+        again.close()
+    finally:
+        driver.teardown()  # type: ignore[attr-defined]
+        driver.close()

@@ -263,10 +263,12 @@ def _start_task(
     def finished(task: asyncio.Task[Any]) -> None:
         if timer is not None:
             timer.cancel()
+        if timed_out:  # cancelled at its limit (even if it caught the cancellation)
+            done(None, TimeLimitExceeded(f"timed out after {limit_s:g} s"))
+            return
         if task.cancelled():
-            if timed_out:
-                exc: BaseException = TimeLimitExceeded(f"timed out after {limit_s:g} s")
-            elif job is not None and job.cancelled.is_set():
+            exc: BaseException
+            if job is not None and job.cancelled.is_set():
                 exc = JobCancelled(f"job #{job.id} ({job.message.type}) was cancelled while it ran")
             else:
                 import asyncio
