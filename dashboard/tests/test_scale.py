@@ -276,3 +276,40 @@ def test_a_waiting_job_and_a_failed_message_are_deleted_after_a_page_that_names_
     eventually(lambda: "Deleted 1 failed message(s)." in browser.page_source)
     with FailedStore.connect(deployment.failed_url) as store:
         assert {m.id for m in store.messages()} == before - {dropped}
+
+
+def test_the_worker_quieted_then_stopped_from_the_workers_page_leaves_what_waits(
+    browser: Any, backlog: tuple[Deployment, list[str]]
+) -> None:
+    deployment, _ = backlog
+    row = f'tr[data-pid="{deployment.worker_pid}"]'
+    browser.get(deployment.base + "/workers")
+    browser.find_element(By.CSS_SELECTOR, f"{row} a.quiet").click()
+    eventually(lambda: "Quiet a worker?" in main_text(browser))
+    browser.find_element(By.ID, "confirm").click()
+    eventually(lambda: "Quiet requested" in main_text(browser))
+
+    def quiet() -> bool:
+        """the Workers page to say the worker is quiet"""
+        browser.get(deployment.base + "/workers")
+        cells = browser.find_elements(By.CSS_SELECTOR, f"{row} .quiet")
+        return bool(cells) and cells[0].text == "quiet: takes no more jobs"
+
+    eventually(quiet)
+    held = deployment.emit("ok", {"while": "quiet"}, priority=FAILED_PRIORITY)
+    time.sleep(1.5)  # a worker still taking priority 200 would have handled it by now
+    assert held not in deployment.handled_ids()
+    assert browser.find_elements(By.CSS_SELECTOR, row), "a quiet worker left"
+
+    browser.find_element(By.CSS_SELECTOR, f"{row} a.stop").click()
+    eventually(lambda: "Stop a worker?" in main_text(browser))
+    browser.find_element(By.ID, "confirm").click()
+    eventually(lambda: "Stop requested" in main_text(browser))
+
+    def gone() -> bool:
+        """the stopped worker to leave the Workers page"""
+        browser.get(deployment.base + "/workers")
+        return not browser.find_elements(By.CSS_SELECTOR, row)
+
+    eventually(gone)
+    assert held not in deployment.handled_ids()
