@@ -540,6 +540,22 @@ def test_the_jobs_list_filters_by_state_and_type(dashboard: Dashboard, with_reco
     assert listed("?state=not-a-state") == {failed.id, waiting.id}  # an unknown state: any
 
 
+def test_the_jobs_list_and_its_api_filter_by_priority(
+    dashboard: Dashboard, with_records: Jobs
+) -> None:
+    low, high = Message("report.build", {}), Message("report.build", {})
+    with_records.emitted(low, 100)
+    with_records.emitted(high, 300)
+    client = client_of(dashboard)
+
+    page = client.get("/jobs?priority=300").text
+
+    assert re.findall(r'<tr data-id="([^"]+)"', page) == [high.id]
+    assert 'name="priority" value="300"' in page
+    answer = json.loads(client.get("/api/jobs?priority=100").content)
+    assert [job["id"] for job in answer["jobs"]] == [low.id]
+
+
 def test_cancelling_a_waiting_job_from_its_page(dashboard: Dashboard, with_records: Jobs) -> None:
     waiting = Message("report.build", {})
     with_records.emitted(waiting, 100)
