@@ -144,9 +144,9 @@ def _add_run_options(worker: argparse.ArgumentParser) -> None:
         type=whole_number(1),
         default=env_default("HERMES_CONCURRENCY", whole_number(1), 1),
         metavar="N",
-        help="run up to N handlers at once on threads (async handlers on the worker's event "
-        "loop); each message is acknowledged after its own handlers (default: "
-        "$HERMES_CONCURRENCY, else 1)",
+        help="run up to N messages at once: a thread each for sync handlers, async def "
+        "ones as coroutines on the worker's event loop with no thread each; each message is "
+        "acknowledged after its own handlers (default: $HERMES_CONCURRENCY, else 1)",
     )
     worker.add_argument(
         "--time-limit",

@@ -178,7 +178,8 @@ class Dispatcher:
             raise ConfigurationError(f"time_limit_s must be > 0 seconds, got {time_limit_s!r}")
         if not grace_s >= 0:
             raise ConfigurationError(f"grace_s must be >= 0 seconds, got {grace_s!r}")
-        #: Handlers run at once: threads fed by one receiving loop.
+        #: Messages in the handlers at once: a thread each for sync handlers, a task on
+        #: the event loop (no thread) for a message whose handlers are all async def.
         self.concurrency = concurrency
         #: Longest a handler may run before it is interrupted (None: no limit). A
         #: handler's own ``time_limit_s`` attribute overrides it.
