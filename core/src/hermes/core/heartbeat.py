@@ -6,7 +6,8 @@
     Worker(driver, handlers, heartbeat=HeartbeatPublisher(driver, url=url)).run()
 
 ``request_stop(registry, worker_id, by)`` asks one of them to stop, as the
-dashboard's Stop and ``hermes workers --stop ID`` do; ``pause(registry,
+dashboard's Stop and ``hermes workers --stop ID`` do, and ``request_quiet(...)``
+to take no more jobs and stay alive until stopped (Quiet, ``--quiet-worker``); ``pause(registry,
 priority, by)`` and ``resume(...)`` hold a priority back from every worker on
 the registry and let it go again, as the dashboard's Queues page and ``hermes
 workers --pause/--resume`` do (``paused_priorities(registry)`` says which).
@@ -20,6 +21,7 @@ from hermes.core.run._heartbeat import (
     new_worker_id,
     pause,
     paused_priorities,
+    request_quiet,
     request_stop,
     resume,
     scheduler_fields,
@@ -34,6 +36,7 @@ __all__ = [
     "new_worker_id",
     "pause",
     "paused_priorities",
+    "request_quiet",
     "request_stop",
     "resume",
     "scheduler_fields",

@@ -33,12 +33,12 @@ from hermes.core.heartbeat import (
     live_workers,
     pause,
     paused_priorities,
+    request_quiet,
     request_stop,
     resume,
 )
 from hermes.core.jobs import JobRecord, Jobs, JobState
 from hermes.core.limits import Limiter, LimitUsage, SupportsLimits
-from hermes.core.run._heartbeat import request_quiet
 from hermes.core.schedule import Schedule
 from hermes.core.workflows import ROOT_PREFIX, Workflows
 
