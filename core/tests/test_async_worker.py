@@ -40,10 +40,10 @@ EVENT_LOOP = "hermes-event-loop"
 
 @pytest.fixture(autouse=True)
 def no_thread_paired_plugins() -> Iterator[None]:
-    """Unregister the installed plugins that pair hooks by thread, as a core-only install has.
+    """Unregister installed plugins that pair hooks by thread (none of Hermes's own do).
 
-    With one of them (Prometheus, OpenTelemetry, Sentry as they stand) the
-    worker keeps a thread per message: see ``test_a_plugin_that_pairs_hooks_by_thread``.
+    With one of them the worker keeps a thread per message: see
+    ``test_a_plugin_that_pairs_hooks_by_thread``.
     """
     manager = plugin_manager()
     removed: dict[str, object] = {}
@@ -160,15 +160,12 @@ def test_an_async_only_worker_keeps_its_concurrency_in_flight_on_a_few_threads(
     dispatcher = Dispatcher(driver).register_handler("wait", Waits())
     assert handler_mix(dispatcher) == "async"
     before = threads_now()
-    started = time.monotonic()
     worker = run(driver, dispatcher, concurrency=concurrency, max_items=count)
-    took = time.monotonic() - started
 
     assert worker.stats.processed == count and driver.acked() == count
     assert most == concurrency, "not as many in flight as the concurrency"
     # Two receiving threads, the event loop, four settle threads: not one per job.
     assert max(threads) - before <= 8, f"{max(threads) - before} threads for {concurrency} jobs"
-    assert took < 0.3 * count / concurrency + 1.5, f"{took:.2f} s: the jobs did not overlap"
     settled_on = {thread for _, _, thread in driver.settles}
     assert EVENT_LOOP not in settled_on
 

@@ -335,3 +335,44 @@ def test_a_process_exiting_flushes_the_spans_a_batch_processor_still_holds(
 
 def test_a_process_exiting_without_a_tracer_provider_does_nothing() -> None:
     _plugin.hermes_process_exiting()  # the API's proxy provider has nothing to flush
+
+
+def test_async_handlers_keep_the_worker_s_async_path_and_their_spans_their_own_parent(
+    exporter: InMemorySpanExporter, driver: Driver
+) -> None:
+    """Twenty coroutines in flight at once, each with its consumer span, ended in order."""
+    import asyncio
+    import time
+
+    from hermes.core import Worker
+    from hermes.core.run._worker import handler_mix
+
+    running = 0
+    most = 0
+
+    async def handle(message: Message) -> None:
+        nonlocal running, most
+        with _tracing._tracer.start_as_current_span(f"call {message.payload['n']}"):
+            running += 1  # only the event loop's thread touches these
+            most = max(most, running)
+            deadline = time.monotonic() + 20
+            while most < 20 and time.monotonic() < deadline:  # every one in flight at once
+                await asyncio.sleep(0.01)
+            running -= 1
+
+    for n in range(20):
+        in_a_request(Message("call", {"n": n}), driver)
+    dispatcher = Dispatcher(driver)
+    dispatcher.handler("call")(handle)
+    assert handler_mix(dispatcher) == "async", "the plugin keeps the async path"
+    Worker(driver, dispatcher, handle_signals=False, concurrency=20, max_items=20).run()
+
+    assert most == 20, "the coroutines ran at once"
+    processes = {span.context.span_id: span for span in by_name(exporter, "process memory")}
+    assert len(processes) == 20
+    for n in range(20):
+        [call] = by_name(exporter, f"call {n}")
+        assert call.parent is not None and call.parent.span_id in processes
+        parent = processes[call.parent.span_id]
+        assert parent.attributes is not None and parent.attributes["hermes.outcome"] == "succeeded"
+    assert len({span.parent.span_id for span in processes.values() if span.parent}) == 20

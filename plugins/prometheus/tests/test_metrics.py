@@ -292,3 +292,33 @@ def test_a_worker_pool_serves_one_port_that_counts_every_child(tmp_path: Path) -
         driver.close()
     assert pool.returncode == 0, output
     assert output.count("Metrics on") == 1, output  # the supervisor's, not each child's
+
+
+def test_async_handlers_in_flight_at_once_are_each_counted_and_timed_on_the_async_path() -> None:
+    import asyncio
+
+    from hermes.core.run._worker import handler_mix
+
+    kind = f"metrics-async-{os.getpid()}-{time.monotonic_ns()}"
+    before_in_flight = value("hermes_messages_in_flight")
+    driver = MemoryDriver(kind)
+    for n in range(10):
+        driver.send(Message(kind, {"n": n}))
+    seen_in_flight: list[float] = []
+
+    async def handle(message: Message) -> None:
+        await asyncio.sleep(0.05)
+        seen_in_flight.append(value("hermes_messages_in_flight") - before_in_flight)
+
+    dispatcher = CoreDispatcher(driver)
+    dispatcher.handler(kind)(handle)
+    assert handler_mix(dispatcher) == "async", "the plugin keeps the async path"
+    Worker(driver, dispatcher, handle_signals=False, concurrency=10, max_items=10).run()
+
+    assert max(seen_in_flight) > 1, "several were in flight at once"
+    assert value("hermes_messages_received_total", type=kind) == 10
+    assert value("hermes_messages_handled_total", type=kind) == 10
+    assert value("hermes_handler_duration_seconds_count", type=kind) == 10
+    assert value("hermes_handler_duration_seconds_sum", type=kind) >= 10 * 0.05
+    assert value("hermes_messages_in_flight") == before_in_flight
+    driver.teardown()

@@ -242,3 +242,35 @@ def test_importing_the_plugin_leaves_sentry_s_logging_integration_as_it_was() ->
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "1"
+
+
+def test_async_handlers_failing_at_once_each_report_their_own_message_on_the_async_path(
+    events: list[dict[str, Any]], driver: Driver
+) -> None:
+    import asyncio
+
+    from hermes.core import Worker
+    from hermes.core.run._worker import handler_mix
+
+    for n in range(5):
+        Emitter(driver).emit(Message("charge", {"n": n}))
+    dispatcher = Dispatcher(driver)
+
+    @dispatcher.handler("charge", max_retry=0)
+    async def charge(message: Message) -> None:
+        sentry_sdk.add_breadcrumb(message=f"charging {message.payload['n']}")
+        await asyncio.sleep(0.05)  # the five are in flight together
+        raise ValueError(f"card {message.payload['n']} declined")
+
+    assert handler_mix(dispatcher) == "async", "the plugin keeps the async path"
+    Worker(driver, dispatcher, handle_signals=False, concurrency=5, max_items=5).run()
+
+    assert len(events) == 5
+    ids = set()
+    for event in events:
+        [exception] = event["exception"]["values"]
+        n = exception["value"].split()[1]  # "card N declined"
+        crumbs = [crumb["message"] for crumb in event["breadcrumbs"]["values"]]
+        assert crumbs == [f"charging {n}"], "each handler's breadcrumbs, in its own scope"
+        ids.add(event["contexts"]["hermes_message"]["id"])
+    assert len(ids) == 5, "each event carries its own message"

@@ -10,6 +10,18 @@ whose functions are marked with :data:`hermes.core.hookimpl`. Each hook below
 states who calls it and when. Hooks take keyword arguments; an
 implementation may accept only the ones it needs.
 
+A message's hooks run in one :mod:`contextvars` context of its own, but not
+always on one thread: for a message whose handlers are all ``async def``,
+the worker runs ``started`` and the handler call's ``__enter__`` on the
+thread that took it, and the handler's outcome, the ``__exit__`` and
+``finished`` on another, while the coroutine runs on the event loop. A plugin
+that carries state from one hook of a message to the next in a
+:class:`~contextvars.ContextVar` says so with a module (or object) attribute
+``hermes_async_safe = True``; while a plugin without it implements
+:func:`hermes_message_started` or :func:`hermes_handler_call`, the worker
+keeps a thread per message (it takes no async path) so that a thread-local
+of the plugin's still pairs them.
+
 The ``hermes_message_*`` hooks observe messages. They run in the worker or
 emitting process, synchronously, one implementation after the other: keep
 them fast. They cannot change what Hermes does: an exception raised by an
@@ -67,7 +79,8 @@ def hermes_message_started(message: Message, priority: int) -> None:
     """Called by the Dispatcher when it takes ``message`` on, before any handler runs.
 
     Every ``started`` is followed by exactly one :func:`hermes_message_finished`
-    on the same thread, whatever happens (no handler included).
+    in the same context, whatever happens (no handler included): on the same
+    thread too, unless the plugin is ``hermes_async_safe`` (see above).
     """
 
 
@@ -83,7 +96,7 @@ def hermes_handler_call(
     ``driver`` is the Dispatcher's (the broker the message came from, where
     its retry copy goes). The handler's outcome follows the exit:
     :func:`hermes_message_succeeded`, :func:`hermes_message_retried` or
-    :func:`hermes_message_gave_up`, on the same thread.
+    :func:`hermes_message_gave_up`, in the same context (see above).
     A plugin cannot change the outcome: a manager that raises is logged and
     left out, and one that would swallow the handler's exception does not.
     """
@@ -159,8 +172,8 @@ def hermes_message_finished(
 ) -> None:
     """Called by the Dispatcher after every handler of ``message`` ran (or none was found).
 
-    Always after a :func:`hermes_message_started` for the same message, on
-    the thread that ran the handlers. ``outcome`` is the message's
+    Always after a :func:`hermes_message_started` for the same message, in
+    its context. ``outcome`` is the message's
     :class:`~hermes.core.Outcome` (SUCCEEDED when every handler succeeded,
     else the first handler's that did not); ``result`` is
     ``outcome is Outcome.SUCCEEDED``.

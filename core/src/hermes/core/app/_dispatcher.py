@@ -47,7 +47,7 @@ from hermes.core.app._watch import RecordWatch, RunningJob, entering, leaving, w
 from hermes.core.model._errors import BrokerUnavailableError, ConfigurationError
 from hermes.core.model._message import Message
 from hermes.core.spi._driver import DEFAULT_PRIORITY, Delay, Delivery, Driver, SupportsHeartbeats
-from hermes.core.spi._registry import notify, plugin_manager, wrap_call
+from hermes.core.spi._registry import enter_calls, exit_calls, notify, plugin_manager
 from hermes.core.spi._shutdown import Shutdown
 
 if TYPE_CHECKING:
@@ -838,15 +838,18 @@ class Dispatcher:
         around = hooks.hermes_handler_call
         try:
             if around.get_hookimpls():
-                ok = wrap_call(
-                    around,
-                    lambda: self.call_handler(handler, message),
-                    message=message,
-                    priority=priority,
-                    handler=handler,
-                    driver=self.driver,
+                # Entered and exited around the steps, not one Python call: a
+                # coroutine handler's are awaited on the event loop in between.
+                entered = enter_calls(
+                    around, message=message, priority=priority, handler=handler, driver=self.driver
                 )
-            else:  # nobody wraps handler calls (most workers): no closure, no keywords
+                try:
+                    ok = yield from self._call_steps(handler, message)
+                except BaseException as exc:
+                    exit_calls(around, entered, exc)
+                    raise
+                exit_calls(around, entered, None)
+            else:  # nobody wraps handler calls (most workers)
                 ok = yield from self._call_steps(handler, message)
         except Exception as exc:
             if debug:

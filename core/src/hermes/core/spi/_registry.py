@@ -233,20 +233,7 @@ def wrap_call(hook: Any, call: Callable[[], T], **kwargs: Any) -> T:
     and left out, a context manager that would swallow the exception does
     not, and ``call``'s result or exception is what the caller gets.
     """
-    impls = hook.get_hookimpls()
-    if not impls:
-        return call()
-    entered: list[Entered] = []
-    for impl in reversed(impls):
-        try:
-            args = [kwargs[name] for name in impl.argnames]
-            manager = impl.function(*args)
-            if manager is None:
-                continue
-            manager.__enter__()
-            entered.append((impl.plugin_name, manager))
-        except Exception as exc:
-            hook_failed(impl.plugin_name, hook.name, exc)
+    entered = enter_calls(hook, **kwargs)
     if not entered:  # every implementation declined (an observer with nothing set up)
         return call()
     try:
@@ -256,6 +243,26 @@ def wrap_call(hook: Any, call: Callable[[], T], **kwargs: Any) -> T:
         raise
     _exit_all(hook.name, entered, None)
     return result
+
+
+def enter_calls(hook: Any, **kwargs: Any) -> list[Entered]:
+    """Enter the context manager each implementation of ``hook`` returns; those entered.
+
+    :func:`wrap_call` in two halves, for a call that is not one Python call
+    (a handler's coroutine, awaited elsewhere): the caller runs it, then
+    calls :func:`exit_calls` with the list and the exception, if any.
+    """
+    entered: list[Entered] = []
+    for impl in reversed(hook.get_hookimpls()):
+        try:
+            manager = impl.function(*[kwargs[name] for name in impl.argnames])
+            if manager is None:
+                continue
+            manager.__enter__()
+            entered.append((impl.plugin_name, manager))
+        except Exception as exc:
+            hook_failed(impl.plugin_name, hook.name, exc)
+    return entered
 
 
 def _exit_all(hook_name: str, entered: list[Entered], exc: BaseException | None) -> None:
@@ -291,7 +298,8 @@ def enter_emit_calls(hook: Any, message: Message, **kwargs: Any) -> tuple[Messag
 
 
 def exit_calls(hook: Any, entered: list[Entered], exc: BaseException | None) -> None:
-    """Exit what :func:`enter_emit_calls` entered, last first, each seeing ``exc``."""
+    """Exit what :func:`enter_calls` or :func:`enter_emit_calls` entered, last first,
+    each seeing ``exc``."""
     _exit_all(hook.name, entered, exc)
 
 

@@ -43,6 +43,11 @@ def _tracing(load: bool = False) -> ModuleType | None:
     return tracing
 
 
+#: The pending span is per context, not per thread (see ``_tracing``): a worker
+#: may run these hooks for an ``async def`` handler's message on several threads.
+hermes_async_safe = True
+
+
 @hookimpl
 def hermes_emit_call(
     message: Message, priority: int, driver: Driver

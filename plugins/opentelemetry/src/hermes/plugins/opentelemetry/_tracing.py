@@ -28,9 +28,9 @@ are theirs, named after them.
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -58,8 +58,9 @@ _tracer = trace.get_tracer("hermes.plugins.opentelemetry")
 _SYSTEMS = {"sqs": "aws_sqs", "rabbitmq": "rabbitmq", "kafka": "kafka", "redis": "redis"}
 _system_of: dict[type, str] = {}
 
-#: Per handler thread: the consumer span waiting for its handler's outcome.
-_pending = threading.local()
+#: Per message (its context, on whichever thread its hooks run): the consumer
+#: span waiting for its handler's outcome.
+_pending: ContextVar[Span | None] = ContextVar("hermes_otel_pending", default=None)
 #: Set once this process has left a consumer span pending: until then the
 #: outcome hooks, called for every message, have nothing to look up.
 _any_pending = False
@@ -238,14 +239,14 @@ def _process(message: Message, priority: int, handler: object, driver: Driver) -
     finally:
         otel_context.detach(token)
         _any_pending = True
-        _pending.span = span
+        _pending.set(span)
 
 
 def _note(outcome: Outcome | None, **attributes: Any) -> Span | None:
     """Set ``outcome`` and ``attributes`` on the pending span, which stays open."""
     if not _any_pending:
         return None
-    span: Span | None = getattr(_pending, "span", None)
+    span = _pending.get()
     if span is None:
         return None
     if outcome is not None:
@@ -259,7 +260,7 @@ def _note(outcome: Outcome | None, **attributes: Any) -> Span | None:
 def _end_pending(outcome: Outcome | None, **attributes: Any) -> Span | None:
     span = _note(outcome, **attributes)
     if span is not None:
-        _pending.span = None
+        _pending.set(None)
         span.end()
     return span
 
@@ -278,7 +279,7 @@ def hermes_message_retried(retry: Message) -> None:
 def hermes_message_gave_up(handler: object | None, reason: str, outcome: Outcome) -> None:
     if handler is None:
         return  # no handler, so no handler call and no span
-    span: Span | None = getattr(_pending, "span", None)
+    span = _pending.get()
     if span is not None and outcome is Outcome.RETURNED_FALSE:
         span.set_status(Status(StatusCode.ERROR, "the handler returned False"))
         span.set_attribute("error.type", "returned_false")

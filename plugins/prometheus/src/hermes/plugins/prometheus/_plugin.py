@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 import time
+from contextvars import ContextVar
 from types import ModuleType
 from typing import TYPE_CHECKING
 
@@ -25,9 +25,15 @@ if TYPE_CHECKING:  # annotations only: the scheduler's modules are not a worker'
     from hermes.core.jobs import JobRecord
     from hermes.core.schedule import Entry, Tick
 
-#: Per handler thread: when the running handler started (the last mark), and
-#: whether its start was counted (so in flight is decreased only if it was).
-_marks = threading.local()
+#: Per message (its context, on whichever thread its hooks run): when the
+#: running handler started (the last mark), and whether its start was counted
+#: (so in flight is decreased only if it was).
+_mark_at: ContextVar[float | None] = ContextVar("hermes_prometheus_mark_at", default=None)
+_counted: ContextVar[bool] = ContextVar("hermes_prometheus_counted", default=False)
+
+#: The marks are per context, not per thread: a worker may run this plugin's
+#: hooks for an ``async def`` handler's message on several threads.
+hermes_async_safe = True
 
 
 def metrics() -> ModuleType | None:
@@ -44,21 +50,21 @@ def metrics() -> ModuleType | None:
 
 
 def _since_mark() -> float | None:
-    started: float | None = getattr(_marks, "at", None)
+    started = _mark_at.get()
     now = time.perf_counter()
-    _marks.at = now
+    _mark_at.set(now)
     return None if started is None else now - started
 
 
 @hookimpl
 def hermes_message_started(message: Message, priority: int) -> None:
     counted = metrics()
-    _marks.counted = counted is not None
+    _counted.set(counted is not None)
     if counted is None:
         return
     counted.RECEIVED.labels(message.type).inc()
     counted.IN_FLIGHT.inc()
-    _marks.at = time.perf_counter()
+    _mark_at.set(time.perf_counter())
 
 
 @hookimpl
@@ -95,10 +101,10 @@ def hermes_message_deferred(message: Message) -> None:
 
 @hookimpl
 def hermes_message_finished(message: Message) -> None:
-    _marks.at = None
-    if getattr(_marks, "counted", False) and (counted := metrics()) is not None:
+    _mark_at.set(None)
+    if _counted.get() and (counted := metrics()) is not None:
         counted.IN_FLIGHT.dec()
-    _marks.counted = False
+    _counted.set(False)
 
 
 @hookimpl

@@ -23,9 +23,9 @@ beside the plugin's own.
 from __future__ import annotations
 
 import sys
-import threading
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from hermes.core import Message, Outcome, hookimpl
@@ -33,9 +33,15 @@ from hermes.core import Message, Outcome, hookimpl
 if TYPE_CHECKING:
     from sentry_sdk.scope import Scope
 
-#: Per handler thread: the scope of the handler call whose outcome is awaited,
-#: and the message context it holds.
-_pending = threading.local()
+#: Per message (its context, on whichever thread its hooks run): the scope of
+#: the handler call whose outcome is awaited, and the message context it holds.
+_pending: ContextVar[tuple[Scope, dict[str, Any]] | None] = ContextVar(
+    "hermes_sentry_pending", default=None
+)
+
+#: The pending call is per context, not per thread: a worker may run this
+#: plugin's hooks for an ``async def`` handler's message on several threads.
+hermes_async_safe = True
 
 
 def _handler_name(handler: object) -> str:
@@ -62,7 +68,7 @@ def hermes_handler_call(
     message: Message, priority: int, handler: object
 ) -> AbstractContextManager[None] | None:
     if not _initialized():
-        _pending.call = None
+        _pending.set(None)
         return None  # no init(), or one without a DSN: nothing would be sent
     # The plugin reports handler failures itself, with the message: the
     # Dispatcher's ERROR line about the same failure must not be a second event.
@@ -95,7 +101,7 @@ def _initialized() -> bool:
 def _call(message: Message, priority: int, handler: object) -> Iterator[None]:
     import sentry_sdk  # imported by the application already: _initialized() said so
 
-    _pending.call = None
+    _pending.set(None)
     context = message_context(message, priority)
     with sentry_sdk.isolation_scope() as scope:
         scope.set_context("hermes_message", context)
@@ -105,14 +111,14 @@ def _call(message: Message, priority: int, handler: object) -> Iterator[None]:
             yield
         finally:
             # Kept for the outcome hooks, which run after this exit.
-            _pending.call = (scope, context)
+            _pending.set((scope, context))
 
 
 def _report(
     outcome: str, level: str, exception: BaseException | None, text: str, **extra: Any
 ) -> None:
-    call: tuple[Scope, dict[str, Any]] | None = getattr(_pending, "call", None)
-    _pending.call = None
+    call = _pending.get()
+    _pending.set(None)
     if call is None:
         return  # no handler call of ours (no handler for the type)
     import sentry_sdk  # a pending call means the application imported it
@@ -158,12 +164,12 @@ def hermes_message_gave_up(
 
 @hookimpl
 def hermes_message_succeeded() -> None:
-    _pending.call = None
+    _pending.set(None)
 
 
 @hookimpl
 def hermes_message_finished() -> None:
-    _pending.call = None
+    _pending.set(None)
 
 
 #: The longest a leaving process waits for its events to be sent.
