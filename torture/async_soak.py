@@ -30,8 +30,6 @@ import collections
 import contextlib
 import os
 import random
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -45,6 +43,7 @@ import services  # noqa: E402
 
 from hermes.core import HermesError, Message, connect  # noqa: E402
 from hermes.core.driver import Driver, SupportsPurge, SupportsTeardown, isolated_url  # noqa: E402
+from torture import soak  # noqa: E402
 
 WORKERS = 3
 CONCURRENCY = 500
@@ -66,48 +65,29 @@ class Outcome:
     notes: list[str] = field(default_factory=list)
 
 
-class Workers:
+class Workers(soak.Workers):
     """``hermes worker --concurrency 500`` processes, any of which can be killed and replaced."""
 
-    def __init__(self, url: str, record: Path, log: Path, work_s: float) -> None:
-        self.url, self.record, self.log, self.work_s = url, record, log, work_s
-        self.procs: list[subprocess.Popen[bytes]] = []
-        self.kills = 0
+    #: Five hundred coroutines in flight take longer to wind down than a few threads.
+    stop_s = 40.0
 
-    def spawn(self) -> subprocess.Popen[bytes]:
-        env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    def __init__(self, url: str, record: Path, log: Path, work_s: float) -> None:
+        super().__init__(url, record, log, work_s * 1000, CONCURRENCY)
+        self.work_s = work_s
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable, "-m", "bench.hermes_cli", "worker", "--url", self.url,
+            "--handlers", "torture.async_handlers:HANDLERS",
+            "--concurrency", str(self.concurrency), "--no-heartbeat",
+        ]  # fmt: skip
+
+    def environ(self) -> dict[str, str]:
+        return {
+            **super().environ(),
             "ASYNC_SOAK_RECORD": str(self.record),
             "ASYNC_SOAK_WORK_S": str(self.work_s),
         }
-        argv = [sys.executable, "-m", "bench.hermes_cli", "worker", "--url", self.url]
-        argv += ["--handlers", "torture.async_handlers:HANDLERS"]
-        argv += ["--concurrency", str(CONCURRENCY), "--no-heartbeat"]
-        with self.log.open("ab") as log:
-            return subprocess.Popen(argv, env=env, cwd=ROOT, stdout=log, stderr=log)
-
-    def start(self) -> None:
-        self.procs = [self.spawn() for _ in range(WORKERS)]
-
-    def kill_one(self, rng: random.Random) -> None:
-        index = rng.randrange(len(self.procs))
-        victim = self.procs[index]
-        victim.send_signal(signal.SIGKILL)
-        victim.wait()
-        self.kills += 1
-        self.procs[index] = self.spawn()
-
-    def stop(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs:
-            try:
-                proc.wait(40)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
 
 
 def lines(record: Path) -> list[tuple[int, int]]:

@@ -101,26 +101,32 @@ class Workers:
         self.procs: list[subprocess.Popen[bytes]] = []
         self.kills = 0
 
-    def spawn(self) -> subprocess.Popen[bytes]:
-        env = {
+    #: How long a worker may take to stop after SIGTERM before it is killed.
+    stop_s = 15.0
+
+    def command(self) -> list[str]:
+        """The worker process's command line."""
+        return [
+            sys.executable,
+            "-m",
+            "torture.worker",
+            self.url,
+            str(self.record),
+            str(self.work_ms),
+            str(self.concurrency),
+        ]
+
+    def environ(self) -> dict[str, str]:
+        """Its environment: this one, with the repository on ``PYTHONPATH``."""
+        return {
             **os.environ,
             "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
         }
+
+    def spawn(self) -> subprocess.Popen[bytes]:
         with self.log.open("ab") as log:
             return subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "torture.worker",
-                    self.url,
-                    str(self.record),
-                    str(self.work_ms),
-                    str(self.concurrency),
-                ],
-                env=env,
-                cwd=ROOT,
-                stdout=log,
-                stderr=log,
+                self.command(), env=self.environ(), cwd=ROOT, stdout=log, stderr=log
             )
 
     def start(self) -> None:
@@ -140,7 +146,7 @@ class Workers:
                 proc.send_signal(signal.SIGTERM)
         for proc in self.procs:
             try:
-                proc.wait(15)
+                proc.wait(self.stop_s)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
