@@ -228,7 +228,9 @@ def ensure_chromium() -> tuple[str, str]:
 
 
 @contextlib.contextmanager
-def chromium_browser(width: int = 1280, height: int = 860) -> Iterator[Any]:
+def chromium_browser(
+    width: int = 1280, height: int = 860, page_load_timeout_s: float = 30
+) -> Iterator[Any]:
     """A headless Chromium driven by Selenium through Debian's chromedriver, quit at the end."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
@@ -246,7 +248,7 @@ def chromium_browser(width: int = 1280, height: int = 860) -> Iterator[Any]:
     ):
         options.add_argument(argument)
     driver = webdriver.Chrome(service=Service(chromedriver), options=options)
-    driver.set_page_load_timeout(30)
+    driver.set_page_load_timeout(page_load_timeout_s)
     try:
         yield driver
     finally:

@@ -30,7 +30,6 @@ import argparse
 import contextlib
 import html
 import http.client
-import os
 import re
 import shutil
 import socket
@@ -149,19 +148,9 @@ def big_post(port: int) -> tuple[int, float]:
 
 def click_through(port: int) -> tuple[int, int]:
     """Headless Chromium on Queues, clicking "Next page" until there is none: (pages, rows)."""
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
 
-    chromium, chromedriver = services.ensure_chromium()
-    os.environ["SE_OFFLINE"] = "true"  # Debian's browser and driver, nothing downloaded
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage"):
-        options.add_argument(argument)
-    browser = webdriver.Chrome(service=Service(chromedriver), options=options)
-    browser.set_page_load_timeout(120)
-    try:
+    with services.chromium_browser(page_load_timeout_s=120) as browser:
         browser.get(f"http://127.0.0.1:{port}/queues")
         pages = rows = 0
         while True:
@@ -171,8 +160,6 @@ def click_through(port: int) -> tuple[int, int]:
             if not following or pages > 100_000:
                 return pages, rows
             following[0].click()
-    finally:
-        browser.quit()
 
 
 def peak_rss_mb(pid: int) -> float:

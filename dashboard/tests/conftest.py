@@ -8,7 +8,6 @@ for the tests that count and purge them.
 
 from __future__ import annotations
 
-import os
 import sys
 import uuid
 from collections.abc import Iterator
@@ -49,24 +48,6 @@ def hostile(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 @pytest.fixture(scope="session")
 def browser() -> Iterator[Any]:
     import hermes_test_services
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
 
-    chromium, chromedriver = hermes_test_services.ensure_chromium()
-    # Selenium Manager must not look for a browser online: Debian's are given.
-    os.environ["SE_OFFLINE"] = "true"
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for argument in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-dev-shm-usage",
-        "--window-size=1280,860",
-    ):
-        options.add_argument(argument)
-    driver = webdriver.Chrome(service=Service(chromedriver), options=options)
-    driver.set_page_load_timeout(30)
-    try:
+    with hermes_test_services.chromium_browser() as driver:
         yield driver
-    finally:
-        driver.quit()
