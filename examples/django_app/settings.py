@@ -46,6 +46,10 @@ USE_TZ = True
 HERMES_URL = os.environ.get("HERMES_URL", "redis://localhost:6379/0")
 
 
+#: The Django priority of an express order's receipt.
+EXPRESS = 10
+
+
 def tasks_setting(url: str) -> dict[str, object]:
     """Django's task framework on Hermes: tasks and their job records on ``url``."""
     return {
@@ -53,7 +57,12 @@ def tasks_setting(url: str) -> dict[str, object]:
             "BACKEND": "hermes.django.HermesBackend",
             "QUEUES": ["default"],
             # Sent when the request's transaction commits, never if it rolls back.
-            "OPTIONS": {"url": url, "results_url": url, "enqueue_on_commit": True},
+            "OPTIONS": {
+                "url": url,
+                "results_url": url,
+                "enqueue_on_commit": True,
+                "priorities": [EXPRESS],  # a queue for express receipts, read first
+            },
         }
     }
 

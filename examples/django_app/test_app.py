@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import os
 import sys
 from collections.abc import Iterator
@@ -99,10 +100,9 @@ def test_an_order_enqueues_a_task_that_hermes_worker_runs_and_whose_result_reads
         assert sorted(m["to"] for m in sent) == ["cy@example.com", "di@example.com"]
         assert worker.finished().endswith("received 2, handled 2, failed 0, retried 0, gave up 0")
 
-    assert client.get(f"/receipts/{first.json()['task']}").json() == {
-        "status": "SUCCESSFUL",
-        "return_value": {"sent_to": "cy@example.com", "order": 7},
-    }
+    receipt = client.get(f"/receipts/{first.json()['task']}").json()
+    assert receipt["status"] == "SUCCESSFUL"
+    assert receipt["return_value"] == {"sent_to": "cy@example.com", "order": 7}
     assert client.get("/receipts/no-such-task").status_code == 404
     # The rolled-back enqueue was never sent: the two receipts were all the worker got.
     prefix = queue.outbox_key.removesuffix("outbox")
@@ -155,3 +155,25 @@ def test_a_job_after_the_worker_s_database_connection_was_killed_still_succeeds(
     for response in (first, second):
         receipt = client.get(f"/receipts/{response.json()['task']}").json()
         assert receipt["status"] == "SUCCESSFUL", receipt
+
+
+def test_an_express_receipt_goes_first_and_a_deferred_one_not_before_its_time(
+    queue: Queue, tasks_on_queue: str, tmp_path: Path
+) -> None:
+    client = Client()
+    ordered = datetime.datetime.now(datetime.UTC)
+    later = client.post(
+        "/orders", {"email": "la@example.com", "order": 43, "send_after_s": 3}, "application/json"
+    ).json()["task"]
+    client.post("/orders", {"email": "no@example.com", "order": 41}, "application/json")
+    client.post(
+        "/orders", {"email": "ex@example.com", "order": 42, "express": True}, "application/json"
+    )
+
+    with running(worker_command(3), queue, tmp_path) as worker:
+        assert worker.finished().endswith("received 3, handled 3, failed 0, retried 0, gave up 0")
+
+    sent = [m["to"] for m in queue.outbox()]
+    assert sent == ["ex@example.com", "no@example.com", "la@example.com"]
+    started = datetime.datetime.fromisoformat(client.get(f"/receipts/{later}").json()["started_at"])
+    assert started >= ordered + datetime.timedelta(seconds=3)

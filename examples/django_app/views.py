@@ -1,10 +1,12 @@
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.http import HttpRequest, JsonResponse
+from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
 try:
@@ -16,6 +18,7 @@ except ImportError:  # Django 5.2, with the django-tasks backport
 
 from examples.django_app.jobs import emitter
 from examples.django_app.models import Order
+from examples.django_app.settings import EXPRESS
 from examples.django_app.tasks import send_receipt
 from hermes.core import Message
 
@@ -37,15 +40,22 @@ def signup(request: HttpRequest) -> JsonResponse:
 
 @require_POST
 def order(request: HttpRequest) -> JsonResponse:
-    """Write the order and enqueue its receipt in one transaction: no order, no receipt."""
+    """Write the order and enqueue its receipt in one transaction: no order, no receipt.
+
+    ``"express": true`` sends the receipt at a higher priority; ``"send_after_s": N``
+    not before N seconds from now.
+    """
     data = _order_data(request)
     if data is None:
         return JsonResponse({"error": "send a JSON object with email and order"}, status=400)
+    receipt = send_receipt.using(priority=EXPRESS if data.get("express") else 0)
+    if isinstance(data.get("send_after_s"), int | float):
+        receipt = receipt.using(run_after=timezone.now() + timedelta(seconds=data["send_after_s"]))
     try:
         with transaction.atomic():
             # Sent when the transaction commits (enqueue_on_commit), never if it rolls
             # back: enqueued before the row is written, it still waits for the commit.
-            result = send_receipt.enqueue(data["order"])
+            result = receipt.enqueue(data["order"])
             Order.objects.create(number=data["order"], email=data["email"])
     except IntegrityError:
         return JsonResponse({"error": f"order {data['order']} exists"}, status=409)
@@ -70,6 +80,8 @@ def receipt(request: HttpRequest, task_id: str) -> JsonResponse:
     except TaskResultDoesNotExist:
         return JsonResponse({"error": f"no task {task_id}"}, status=404)
     body: dict[str, object] = {"status": str(result.status)}
+    if result.started_at is not None:
+        body["started_at"] = result.started_at.isoformat()
     if result.is_finished and not result.errors:
         body["return_value"] = result.return_value
     if result.errors:
