@@ -167,7 +167,7 @@ def django6(session: nox.Session) -> None:
     session.run(
         uv, "pip", "install", "-q", "--python", python,
         "-e", CORE, "-e", "drivers/redis", "-e", "drivers/postgres", "-e", "plugins/django",
-        "django>=6", "pytest>=8", "redis>=5.3", "selenium>=4.20",
+        "django>=6", "pytest>=8", "redis>=5.3", "selenium>=4.20", "watchfiles>=0.21",
         external=True,
     )  # fmt: skip
     # Two runs: each sets up Django with its own settings module.
