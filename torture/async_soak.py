@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
 import os
 import random
 import sys
@@ -41,9 +40,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 import services  # noqa: E402
 
-from hermes.core import HermesError, Message, connect  # noqa: E402
-from hermes.core.driver import Driver, SupportsPurge, SupportsTeardown, isolated_url  # noqa: E402
-from torture import soak  # noqa: E402
+from hermes.core import connect  # noqa: E402
+from hermes.core.driver import isolated_url  # noqa: E402
+from torture import soak as sigkill  # noqa: E402 - this module has a soak() of its own
 
 WORKERS = 3
 CONCURRENCY = 500
@@ -65,7 +64,7 @@ class Outcome:
     notes: list[str] = field(default_factory=list)
 
 
-class Workers(soak.Workers):
+class Workers(sigkill.Workers):
     """``hermes worker --concurrency 500`` processes, any of which can be killed and replaced."""
 
     #: Five hundred coroutines in flight take longer to wind down than a few threads.
@@ -101,12 +100,6 @@ def lines(record: Path) -> list[tuple[int, int]]:
     return found
 
 
-def emit_numbered(driver: Driver, count: int) -> None:
-    messages = [Message("torture", {"n": n}) for n in range(count)]
-    for i in range(0, len(messages), 100):
-        driver.send_batch(messages[i : i + 100])
-
-
 def soak(target: str, base_url: str, count: int, kill_phase_s: float) -> Outcome:
     # Every worker keeps CONCURRENCY coroutines in flight until the kills stop.
     work_s = kill_phase_s * WORKERS * CONCURRENCY / count * 1.2
@@ -117,7 +110,7 @@ def soak(target: str, base_url: str, count: int, kill_phase_s: float) -> Outcome
     notes: list[str] = []
     with tempfile.TemporaryDirectory(prefix="hermes-torture-") as tmp:
         record, log = Path(tmp, "record"), Path(tmp, "workers.log")
-        emit_numbered(driver, count)
+        sigkill.emit_numbered(driver, range(count))
         sent = set(range(count))
         workers = Workers(url, record, log, work_s)
         workers.start()
@@ -127,23 +120,10 @@ def soak(target: str, base_url: str, count: int, kill_phase_s: float) -> Outcome
                 time.sleep(rng.uniform(0.3, 0.7))
                 workers.kill_one(rng)
             quiet_s = max(10.0, 2 * caps.redelivery_timeout_s + 5 + work_s)
-            last, last_change = -1, time.monotonic()
-            while time.monotonic() - last_change < quiet_s:
-                got = {n for n, _ in lines(record)}
-                if len(got) != last:
-                    last, last_change = len(got), time.monotonic()
-                if sent <= got:
-                    time.sleep(1.0)  # let duplicates in flight land before counting
-                    break
-                time.sleep(0.2)
+            sigkill.drain(lambda: (n for n, _ in lines(record)), sent, quiet_s)
         finally:
             workers.stop()
-            with contextlib.suppress(HermesError):
-                if isinstance(driver, SupportsTeardown):
-                    driver.teardown()
-                elif isinstance(driver, SupportsPurge):
-                    driver.purge(None)
-            driver.close()
+            sigkill.discard(driver)
         seen = lines(record)
         counts = collections.Counter(n for n, _ in seen)
         delivered = set(counts)

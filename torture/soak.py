@@ -53,7 +53,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -158,6 +158,30 @@ def handled(record: Path) -> list[int]:
     return [int(line.split("\t", 1)[0]) for line in record.read_text().splitlines() if line]
 
 
+def drain(read: Callable[[], Iterable[int]], sent: set[int], quiet_s: float) -> None:
+    """Wait until every number in ``sent`` was handled (``read()``), or none for ``quiet_s``."""
+    last, last_change = -1, time.monotonic()
+    while time.monotonic() - last_change < quiet_s:
+        got = set(read())
+        if len(got) != last:
+            last, last_change = len(got), time.monotonic()
+        if sent <= got:
+            time.sleep(1.0)  # let duplicates in flight land before counting
+            return
+        time.sleep(0.2)
+
+
+def discard(driver: Driver) -> None:
+    """Drop the run's namespace where the driver can (PostgreSQL's tables), else empty its
+    queues; then close it."""
+    with contextlib.suppress(HermesError):
+        if isinstance(driver, SupportsTeardown):
+            driver.teardown()
+        elif isinstance(driver, SupportsPurge):
+            driver.purge(None)
+    driver.close()
+
+
 def emit_numbered(driver: Driver, numbers: range) -> None:
     messages = [Message("torture", {"n": n}) for n in numbers]
     # Every driver batches now (core's send_batch over put).
@@ -222,25 +246,10 @@ def soak(
                 emitter_thread.join(10)
             # Drain: until every sent message is handled, or nothing moved for a while.
             quiet_s = max(8.0, 2 * caps.redelivery_timeout_s + 5)
-            last, last_change = -1, time.monotonic()
-            while time.monotonic() - last_change < quiet_s:
-                got = handled(record)
-                if len(got) != last:
-                    last, last_change = len(got), time.monotonic()
-                if sent <= set(got):
-                    time.sleep(1.0)  # let duplicates in flight land before counting
-                    break
-                time.sleep(0.2)
+            drain(lambda: handled(record), sent, quiet_s)
         finally:
             workers.stop()
-            with contextlib.suppress(HermesError):
-                # The run's namespace is its own: drop it where the driver can
-                # (PostgreSQL's tables), else empty its queues.
-                if isinstance(driver, SupportsTeardown):
-                    driver.teardown()
-                elif isinstance(driver, SupportsPurge):
-                    driver.purge(None)
-            driver.close()
+            discard(driver)
         got = handled(record)
         counts = collections.Counter(got)
         delivered = set(counts)
