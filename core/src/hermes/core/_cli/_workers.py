@@ -12,7 +12,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from hermes.core._cli._common import (
@@ -271,9 +271,14 @@ def run(args: argparse.Namespace) -> int:
             return _pause(store, args.pause, args.resume)
         records = live_workers(store)
         if args.stop is not None:
-            return _stop(store, records, args.stop)
+            what = "stop: it finishes the jobs it runs and exits within a heartbeat"
+            return _ask(request_stop, "--stop", store, records, args.stop, what)
         if args.quiet_worker is not None:
-            return _quiet(store, records, args.quiet_worker)
+            what = (
+                "take no more jobs: within a heartbeat it finishes those it runs and stays "
+                "alive, quiet, until it is stopped (hermes workers --stop)"
+            )
+            return _ask(request_quiet, "--quiet-worker", store, records, args.quiet_worker, what)
         paused = paused_priorities(store)
     now = time.time()
     if args.json:
@@ -321,30 +326,23 @@ def _live_worker(records: Sequence[dict[str, Any]], worker_id: str) -> dict[str,
     return found[0]
 
 
-def _quiet(store: SupportsHeartbeats, records: Sequence[dict[str, Any]], worker_id: str) -> int:
+def _ask(
+    request: Callable[[SupportsHeartbeats, str, str], None],
+    option: str,
+    store: SupportsHeartbeats,
+    records: Sequence[dict[str, Any]],
+    worker_id: str,
+    what: str,
+) -> int:
+    """Leave ``request`` (stop, quiet) for the live worker ``worker_id``; say what it does."""
     record = _live_worker(records, worker_id)
     try:
-        request_quiet(store, worker_id, "with hermes workers --quiet-worker")
+        request(store, worker_id, f"with hermes workers {option}")
     except NotSupportedError as exc:
         raise CliError(str(exc)) from None
     print(
         f"Asked worker {worker_id} ({record.get('host', '?')} pid {record.get('pid', '?')}) to "
-        "take no more jobs: within a heartbeat it finishes those it runs and stays alive, quiet, "
-        "until it is stopped (hermes workers --stop)",
-        flush=True,
-    )
-    return 0
-
-
-def _stop(store: SupportsHeartbeats, records: Sequence[dict[str, Any]], worker_id: str) -> int:
-    record = _live_worker(records, worker_id)
-    try:
-        request_stop(store, worker_id, "with hermes workers --stop")
-    except NotSupportedError as exc:
-        raise CliError(str(exc)) from None
-    print(
-        f"Asked worker {worker_id} ({record.get('host', '?')} pid {record.get('pid', '?')}) to "
-        "stop: it finishes the jobs it runs and exits within a heartbeat",
+        f"{what}",
         flush=True,
     )
     return 0
