@@ -5,7 +5,7 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import pluggy
 
@@ -16,8 +16,6 @@ from hermes.core.spi._driver import Capabilities, Driver
 from hermes.core.spi._queues import url_queues, without_queues
 from hermes.core.spi._shutdown import Shutdown
 from hermes.core.spi._url import DriverUrl
-
-T = TypeVar("T")
 
 if TYPE_CHECKING:
     from hermes.core.app._failed import QueueBrowser
@@ -222,35 +220,17 @@ def notify(hook: Any, **kwargs: Any) -> None:
 Entered = tuple[str, contextlib.AbstractContextManager[Any]]
 
 
-def wrap_call(hook: Any, call: Callable[[], T], **kwargs: Any) -> T:
-    """``call()`` inside the context manager each implementation of ``hook`` returns.
-
-    For the hooks around a handler call (tracing, error reports). Each
-    implementation returns a context manager or None; they are entered in
-    pluggy's order and exited in reverse, each seeing the exception ``call``
-    raised. None of them can change what happens: an implementation that
-    raises (returning, entering or exiting) is logged by :func:`hook_failed`
-    and left out, a context manager that would swallow the exception does
-    not, and ``call``'s result or exception is what the caller gets.
-    """
-    entered = enter_calls(hook, **kwargs)
-    if not entered:  # every implementation declined (an observer with nothing set up)
-        return call()
-    try:
-        result = call()
-    except BaseException as exc:
-        _exit_all(hook.name, entered, exc)
-        raise
-    _exit_all(hook.name, entered, None)
-    return result
-
-
 def enter_calls(hook: Any, **kwargs: Any) -> list[Entered]:
     """Enter the context manager each implementation of ``hook`` returns; those entered.
 
-    :func:`wrap_call` in two halves, for a call that is not one Python call
-    (a handler's coroutine, awaited elsewhere): the caller runs it, then
-    calls :func:`exit_calls` with the list and the exception, if any.
+    For the hooks around a handler call (tracing, error reports), whose call
+    need not be one Python call (a handler's coroutine is awaited elsewhere):
+    the caller runs it, then calls :func:`exit_calls` with the list and the
+    exception it raised, if any. Implementations are entered in pluggy's
+    order and exited in reverse, each seeing that exception. None of them can
+    change what happens: one that raises (returning, entering or exiting) is
+    logged by :func:`hook_failed` and left out, and a context manager that
+    would swallow the exception does not.
     """
     entered: list[Entered] = []
     for impl in reversed(hook.get_hookimpls()):
