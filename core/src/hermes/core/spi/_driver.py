@@ -20,6 +20,7 @@ from hermes.core.model._errors import (
 )
 from hermes.core.model._message import Message
 from hermes.core.model._serializer import MessageSerializer, Serializer
+from hermes.core.spi._browse import BrowsePage
 from hermes.core.spi._consumer import Consumer
 
 #: The priority of ``send()`` without one, and the one every driver has a queue for.
@@ -471,7 +472,9 @@ class SupportsRecords(Protocol):
       must not poll faster than every 50 ms; a broker that can notify
       (pub/sub, LISTEN/NOTIFY) wakes at once.
     * :meth:`record_scan` lists stored records, at most ``limit``, newest
-      first where the broker can tell, for ``hermes jobs`` and the dashboard.
+      first where the broker can tell. ``hermes jobs`` and the dashboard
+      page through them with :class:`SupportsRecordPages` where the store
+      has it (every store that ships with Hermes does).
     * Keys live in the driver's namespace, like claims. Thread-safe and
       fork-safe like :meth:`Driver.put`; broker failures raise like it.
     """
@@ -513,6 +516,38 @@ class SupportsRecordWatch(Protocol):
         self, seen: Mapping[str, bytes | None], timeout_s: float
     ) -> dict[str, bytes | None]:
         """The keys of ``seen`` whose bytes changed, once one did, or at the timeout."""
+        ...
+
+
+@runtime_checkable
+class SupportsRecordPages(Protocol):
+    """Optional, beside :class:`SupportsRecords`: list the records a page at a time.
+
+    Records are in the order they were created: a record's place is set by
+    the write that stored it when nothing was stored under its key (or what
+    was had expired), and later writes to it keep that place.
+
+    * :meth:`record_page` returns a :class:`BrowsePage` whose entries are
+      ``(key, bytes)`` of live records, newest first (``oldest_first``:
+      oldest first), starting past the record ``after`` names (a page's
+      ``next``; None: the start). ``next`` is None on the last page.
+    * Stable: following ``next`` from None lists every record that lived all
+      along exactly once, whatever is written, created or expires between
+      two pages; one created meanwhile is listed on an oldest-first walk
+      that has not passed its place, and on no newest-first one.
+    * Bounded: a page holds at most ``limit`` entries, fewer once their bytes
+      reach ``max_bytes`` (one at least), and reads about as many records as
+      it shows: a page may end early (even empty) where it met expired ones,
+      with a ``next`` to go on from.
+    * ``after`` is opaque text of the store's making; one the store cannot
+      read raises :class:`ValueError`. Thread-safe and fork-safe like
+      :meth:`Driver.put`; broker failures raise like it.
+    """
+
+    def record_page(
+        self, after: str | None, limit: int, max_bytes: int, *, oldest_first: bool = False
+    ) -> BrowsePage:
+        """Up to ``limit`` records past ``after``, newest first unless ``oldest_first``."""
         ...
 
 
