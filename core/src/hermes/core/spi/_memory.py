@@ -84,8 +84,10 @@ class _Broker:
         self.deliveries: dict[str | bytes, int] = {}
         #: Worker id -> (when its heartbeat expires, ``time.monotonic()``; the record as JSON).
         self.heartbeats: dict[str, tuple[float, str]] = {}
-        #: Job record key -> (when it expires, ``time.monotonic()``; its bytes).
-        self.records: dict[str, tuple[float, bytes]] = {}
+        #: Job record key -> (when it expires, ``time.monotonic()``; its bytes; its
+        #: place, from :attr:`sequence` at its creation). Insertion order is creation
+        #: order: a write keeps a key's place, an expired key is deleted before a new one.
+        self.records: dict[str, tuple[float, bytes, int]] = {}
         #: Limit key -> its state (see :mod:`hermes.core.spi._limits`).
         self.limits: dict[str, limits.State] = {}
         #: key -> (expires at, monotonic; member -> value): the tallies of SupportsTally.
@@ -347,7 +349,9 @@ class MemoryDriver(Driver):
         with broker.records_changed:
             if self._record(key) != expect:
                 return False
-            broker.records[key] = (time.monotonic() + ttl_s, bytes(value))
+            kept = broker.records.get(key)
+            place = next(broker.sequence) if kept is None else kept[2]
+            broker.records[key] = (time.monotonic() + ttl_s, bytes(value), place)
             if len(broker.records) > _CLAIMS_BEFORE_SWEEP:
                 now = time.monotonic()
                 broker.records = {k: v for k, v in broker.records.items() if v[0] > now}
@@ -384,8 +388,29 @@ class MemoryDriver(Driver):
         now = time.monotonic()
         with self._broker.records_changed:
             # Insertion order is write order; the newest last.
-            live = [value for expires, value in self._broker.records.values() if expires > now]
+            live = [kept[1] for kept in self._broker.records.values() if kept[0] > now]
         return live[::-1][:limit]
+
+    def record_page(
+        self, after: str | None, limit: int, max_bytes: int, *, oldest_first: bool = False
+    ) -> BrowsePage:
+        """Records in creation order past ``after`` (see ``SupportsRecordPages``)."""
+        past = _place(after)
+        now = time.monotonic()
+        with self._broker.records_changed:
+            kept = list(self._broker.records.items())
+        if not oldest_first:
+            kept.reverse()
+        places = {
+            key: place
+            for key, (expires, _, place) in kept
+            if expires > now
+            and (past is None or (place > past if oldest_first else place < past))
+        }
+        listed = ((key, kept_value[1]) for key, kept_value in kept if key in places)
+        taken = page_of(listed, max(1, limit), max_bytes)
+        more = len(taken) < len(places)
+        return BrowsePage(taken, str(places[str(taken[-1][0])]) if more else None)
 
     def teardown(self) -> None:
         # Cleared in place: every driver object of this name (a worker's, an
@@ -559,3 +584,13 @@ def hermes_drivers() -> list[DriverPlugin]:
             browse=_MemoryBrowser,
         )
     ]
+
+
+def _place(after: str | None) -> int | None:
+    """The place a memory record page's ``next`` names; None from the start."""
+    if after is None:
+        return None
+    try:
+        return int(after)
+    except ValueError:
+        raise ValueError(f"not a page of this store's job records: {after!r}") from None
