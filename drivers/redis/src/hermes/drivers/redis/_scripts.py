@@ -491,7 +491,7 @@ return removed
 #: expected (or, with no expectation, if none are), note the write in the
 #: indexes, drop from them a few records that expired, and publish the write.
 #:
-#: KEYS: the record, the index by last write, the index by expiry (both
+#: KEYS: the record, the index by creation, the index by expiry (both
 #: sorted sets of record keys, scored in ms of the server's clock).
 #: ARGV: the new bytes, ttl in ms, '1' if bytes are expected ('0': none may be
 #: stored), the expected bytes, the most expired members to drop.
@@ -511,7 +511,12 @@ end
     + """
 local ttl = tonumber(ARGV[2])
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ttl)
-redis.call('ZADD', KEYS[2], string.format('%d', now_ms), KEYS[1])
+-- The index orders records by creation: a write over a live record keeps its place.
+if stored then
+    redis.call('ZADD', KEYS[2], 'NX', string.format('%d', now_ms), KEYS[1])
+else
+    redis.call('ZADD', KEYS[2], string.format('%d', now_ms), KEYS[1])
+end
 redis.call('ZADD', KEYS[3], string.format('%d', now_ms + ttl), KEYS[1])
 local gone = redis.call(
     'ZRANGEBYSCORE', KEYS[3], '-inf', string.format('(%d', now_ms), 'LIMIT', 0, tonumber(ARGV[5])
@@ -527,7 +532,7 @@ return 1
 
 #: A page of job records, newest first: those whose key has expired are left out.
 #:
-#: KEYS: the index by last write. ARGV: the first rank (0: the newest), how many.
+#: KEYS: the index by creation. ARGV: the first rank (0: the newest), how many.
 #: Returns ``{members read, member, bytes, member, bytes, ...}`` for the live ones.
 RECORD_SCAN = LuaScript(
     """
