@@ -28,6 +28,7 @@ from hermes.core import (
 )
 from hermes.core.driver import (
     AckBatch,
+    BrowsePage,
     CertificateRefusedError,
     Consumer,
     Delivery,
@@ -615,6 +616,12 @@ class RedisSetDriver(Driver):
     def record_scan(self, limit: int) -> list[bytes]:
         """Newest first, from the sorted set ``<key>_records``; expired records are skipped."""
         return _records.scan(self._execute, self.key, limit)
+
+    def record_page(
+        self, after: str | None, limit: int, max_bytes: int, *, oldest_first: bool = False
+    ) -> BrowsePage:
+        """One script call over the sorted set ``<key>_records``, scored by creation."""
+        return _records.page(self._execute, self.key, after, limit, max_bytes, oldest_first)
 
     def limit_take(
         self, key: str, rule: LimitRule, slot: str, charged: bool, lease_s: float

@@ -6,9 +6,13 @@ the server decides when a record is gone. Every write is one script call
 stored with those the writer read, writes, notes the write in the indexes
 and publishes on a channel named like the record's key, atomically among
 any number of clients. ``<key>_records`` (scored by the server's time of the
-last write, in ms) lists the records newest first without a ``SCAN`` of the
-database; ``<key>_records_expiry`` (scored by when each one expires) lets
-every write drop from both a few members whose record has expired.
+record's creation, in ms; a write over a live record keeps its score) lists
+the records newest first without a ``SCAN`` of the database, and pages
+through them from a cursor, ``<score>:<record key>`` of the last one listed
+(members of one score are in byte order); ``<key>_records_expiry`` (scored
+by when each one expires) lets every write drop from both a few members
+whose record has expired, so neither index outgrows the live records by more
+than the writes since they expired.
 
 A waiter subscribes to the record's channel before it reads the record, so
 a write after its read is always heard: it wakes within a round trip of
@@ -21,11 +25,12 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 import redis
 
+from hermes.core.driver import BrowsePage
 from hermes.drivers.redis import _scripts
 
 #: Members whose record expired that one write drops from the indexes at most.
@@ -43,7 +48,7 @@ def record_key(queue_key: str, key: str) -> str:
 
 
 def index_key(queue_key: str) -> str:
-    """The sorted set of record keys, scored by their last write (server time, ms)."""
+    """The sorted set of record keys, scored by their creation (server time, ms)."""
     return f"{queue_key}_records"
 
 
@@ -180,7 +185,7 @@ def scan(execute: _scripts.Execute, queue_key: str, limit: int) -> list[bytes]:
         read, pairs = int(reply[0]), reply[1:]
         for at in range(0, len(pairs), 2):
             member, value = pairs[at], pairs[at + 1]
-            # A record written again meanwhile moves up, and may come round twice.
+            # A record that expired and was created again moves up, and may come round twice.
             if member not in listed and len(found) < limit:
                 listed.add(member)
                 found.append(value)
@@ -188,6 +193,97 @@ def scan(execute: _scripts.Execute, queue_key: str, limit: int) -> list[bytes]:
             break
         start += page
     return found
+
+
+#: A page of job records past a cursor, in creation order; expired ones are left out.
+#:
+#: KEYS: the index by creation. ARGV: '1' oldest first ('0': newest first),
+#: '1' if a cursor follows ('0': from the start), its score, its member, the
+#: most records listed, the bytes after which no more are listed.
+#: Reads at most one member more (and those sharing the cursor's score).
+#: Returns ``{'1' if more members follow else '0', score, member of the last
+#: one read (or ''), member, score, bytes, member, score, bytes, ...}``.
+RECORD_PAGE = _scripts.LuaScript(
+    """
+local index, oldest, count = KEYS[1], ARGV[1] == '1', tonumber(ARGV[5])
+local budget = tonumber(ARGV[6])
+local found = {}
+local function take(pairs)
+    for at = 1, #pairs, 2 do found[#found + 1] = {pairs[at], pairs[at + 1]} end
+end
+if ARGV[2] == '1' then
+    local score, after = ARGV[3], ARGV[4]
+    local ties = redis.call('ZRANGEBYSCORE', index, score, score, 'WITHSCORES')
+    local first, last, step = 1, #ties - 1, 2
+    if not oldest then first, last, step = #ties - 1, 1, -2 end
+    for at = first, last, step do
+        local member = ties[at]
+        if #found <= count and ((oldest and member > after) or (not oldest and member < after)) then
+            found[#found + 1] = {member, ties[at + 1]}
+        end
+    end
+    if #found <= count then
+        if oldest then
+            take(redis.call('ZRANGEBYSCORE', index, '(' .. score, '+inf',
+                'WITHSCORES', 'LIMIT', 0, count + 1 - #found))
+        else
+            take(redis.call('ZREVRANGEBYSCORE', index, '(' .. score, '-inf',
+                'WITHSCORES', 'LIMIT', 0, count + 1 - #found))
+        end
+    end
+elseif oldest then
+    take(redis.call('ZRANGE', index, 0, count, 'WITHSCORES'))
+else
+    take(redis.call('ZREVRANGE', index, 0, count, 'WITHSCORES'))
+end
+local reply = {#found > count and '1' or '0', '', ''}
+local size, listed = 0, 0
+for at, pair in ipairs(found) do
+    if listed >= count or (listed > 0 and size >= budget) then
+        reply[1] = '1'
+        break
+    end
+    reply[2], reply[3] = pair[2], pair[1]
+    local value = redis.call('GET', pair[1])
+    if value then
+        reply[#reply + 1] = pair[1]
+        reply[#reply + 1] = pair[2]
+        reply[#reply + 1] = value
+        size = size + #value
+        listed = listed + 1
+    end
+end
+return reply
+"""
+)
+
+
+def page(
+    execute: _scripts.Execute,
+    queue_key: str,
+    after: str | None,
+    limit: int,
+    max_bytes: int,
+    oldest_first: bool,
+) -> BrowsePage:
+    """Up to ``limit`` live records past ``after`` (see ``SupportsRecordPages``)."""
+    cursor: tuple[str | bytes, ...] = ("0", "", "")
+    if after is not None:
+        score, colon, key = after.partition(":")
+        if not colon or not score.isdigit():
+            raise ValueError(f"not a page of this store's job records: {after!r}")
+        cursor = ("1", score, record_key(queue_key, key))
+    args = ("1" if oldest_first else "0", *cursor, max(1, limit), max(1, max_bytes))
+    reply = RECORD_PAGE(execute, (index_key(queue_key),), args, raw=True)
+    more, score_read, member_read, rest = reply[0] == b"1", reply[1], reply[2], reply[3:]
+    prefix = len(record_key(queue_key, ""))
+    entries: list[tuple[Hashable, bytes | str]] = [
+        (rest[at].decode()[prefix:], rest[at + 2]) for at in range(0, len(rest), 3)
+    ]
+    following = None
+    if more and member_read:
+        following = f"{int(float(score_read))}:{member_read.decode()[prefix:]}"
+    return BrowsePage(entries, following)
 
 
 def keys(execute: _scripts.Execute, queue_key: str) -> list[str]:
