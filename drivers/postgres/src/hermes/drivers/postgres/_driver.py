@@ -426,6 +426,12 @@ class PostgresDriver(Driver):
     def record_scan(self, limit: int) -> list[bytes]:
         return self._records.scan(limit)
 
+    def record_page(
+        self, after: str | None, limit: int, max_bytes: int, *, oldest_first: bool = False
+    ) -> BrowsePage:
+        """Rows of ``<table>_records`` past ``after`` on the ``(queue, seq)`` index."""
+        return self._records.page(after, limit, max_bytes, oldest_first)
+
     def limit_take(
         self, key: str, rule: LimitRule, slot: str, charged: bool, lease_s: float
     ) -> Take:

@@ -7,6 +7,12 @@ the hosts' clocks do not matter; an expired row reads as absent, and at
 most once a minute a put deletes a batch of them. The table is created on first
 use, apart from the messages table, as the workers table is.
 
+``seq`` (a sequence) is a record's place in creation order: the insert of a
+new row, or of a record over an expired one, takes the next value; a write
+over a live record keeps it. Pages walk the ``(queue, seq)`` index from the
+cursor (the ``seq`` of the last row read), so a page reads its rows and no
+more, and a table made before ``seq`` existed gains it on first use.
+
 A write notifies one channel per queue, with the key as the payload, in the
 same statement (so only when it wrote, and at its commit). Waiters do not
 each hold a connection: one listener per process, on a connection and a
@@ -20,11 +26,12 @@ import select
 import socket
 import threading
 import time
+from collections.abc import Hashable
 from typing import TYPE_CHECKING
 
 import psycopg
 
-from hermes.core.driver import PerProcess
+from hermes.core.driver import BrowsePage, PerProcess
 from hermes.drivers.postgres._schema import Names
 
 if TYPE_CHECKING:
@@ -58,6 +65,13 @@ def create_sql(names: Names) -> str:
         f"ON {records_table(names)} (queue, written_at);\n"
         f'CREATE INDEX IF NOT EXISTS "{table}_records_expires" '
         f"ON {records_table(names)} (expires_at);\n"
+        # Guarded: ALTER TABLE would lock the table at every start, even with IF NOT EXISTS.
+        "DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_attribute "
+        f"WHERE attrelid = '{records_table(names)}'::regclass AND attname = 'seq' "
+        "AND NOT attisdropped) THEN "
+        f"ALTER TABLE {records_table(names)} ADD COLUMN seq bigserial; END IF; END $$;\n"
+        f'CREATE INDEX IF NOT EXISTS "{table}_records_seq" '
+        f"ON {records_table(names)} (queue, seq);\n"
     )
 
 
@@ -87,7 +101,8 @@ class Records:
             "VALUES (%(queue)s, %(key)s, %(value)s, "
             "now() + make_interval(secs => %(ttl_s)s), now()) "
             "ON CONFLICT (queue, key) DO UPDATE SET value = EXCLUDED.value, "
-            "expires_at = EXCLUDED.expires_at, written_at = EXCLUDED.written_at "
+            "expires_at = EXCLUDED.expires_at, written_at = EXCLUDED.written_at, "
+            "seq = EXCLUDED.seq "
             "WHERE r.expires_at <= now() RETURNING 1) "
             "SELECT pg_notify(%(channel)s, %(key)s) FROM w"
         )
@@ -102,6 +117,11 @@ class Records:
             f"SELECT value FROM {table} WHERE queue = %s AND expires_at > now() "
             "ORDER BY written_at DESC LIMIT %s"
         )
+        self.pages = {
+            (oldest, cursor): _page_sql(table, oldest, cursor)
+            for oldest in (False, True)
+            for cursor in (False, True)
+        }
         # Every queue's: expired is expired. SKIP LOCKED leaves a row a writer
         # is replacing to that writer.
         self.sweep = (
@@ -173,8 +193,51 @@ class Records:
             rows = conn.execute(self.newest, [self.driver.queue, max(0, limit)]).fetchall()
         return [bytes(row[0]) for row in rows]
 
+    def page(self, after: str | None, limit: int, max_bytes: int, oldest_first: bool) -> BrowsePage:
+        if after is not None and not after.isdigit():
+            raise ValueError(f"not a page of this store's job records: {after!r}")
+        limit = max(1, limit)
+        params = {
+            "queue": self.driver.queue,
+            "after": None if after is None else int(after),
+            "rows": limit + 1,
+            "max_bytes": max(1, max_bytes),
+        }
+        with self.driver.connection() as conn:
+            self._ensure(conn)
+            sql = self.pages[oldest_first, after is not None]
+            rows = conn.execute(sql, params).fetchall()
+        entries: list[tuple[Hashable, bytes | str]] = []
+        last: int | None = None
+        for key, seq, value, fits in rows:
+            if len(entries) >= limit or not fits:
+                break
+            last = seq
+            if value is not None:
+                entries.append((key, bytes(value)))
+        else:
+            if len(rows) <= limit:
+                last = None  # the index ends here
+        return BrowsePage(entries, None if last is None else str(last))
+
     def close(self) -> None:
         self._listener.close()
+
+
+def _page_sql(table: str, oldest: bool, cursor: bool) -> str:
+    """Rows in ``seq`` order past ``%(after)s`` (with ``cursor``): ``(key, seq, value, fits)``,
+    ``value`` None where the record expired, ``fits`` while the live bytes before it are
+    under ``%(max_bytes)s``; at most ``%(rows)s`` rows, read from the ``(queue, seq)`` index."""
+    order, past = ("ASC", ">") if oldest else ("DESC", "<")
+    where = "queue = %(queue)s" + (f" AND seq {past} %(after)s" if cursor else "")
+    return (
+        "SELECT key, seq, CASE WHEN live THEN value END, before < %(max_bytes)s FROM ("
+        "SELECT key, seq, value, expires_at > now() AS live, "
+        "coalesce(sum(CASE WHEN expires_at > now() THEN octet_length(value) END) OVER ("
+        f"ORDER BY seq {order} ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS before "
+        f"FROM (SELECT * FROM {table} WHERE {where} ORDER BY seq {order} LIMIT %(rows)s) r"
+        f") page ORDER BY seq {order}"
+    )
 
 
 class _Listener:
