@@ -25,6 +25,7 @@ from hermes.core import (
     DriverError,
 )
 from hermes.core.driver import (
+    BrowsePage,
     Consumer,
     Driver,
     LimitRule,
@@ -475,6 +476,12 @@ class FileSystemDriver(Driver):
     def record_scan(self, limit: int) -> list[bytes]:
         """Newest first by the files' mtimes; only as many files read as ``limit`` needs."""
         return _records.scan(self.path, limit)
+
+    def record_page(
+        self, after: str | None, limit: int, max_bytes: int, *, oldest_first: bool = False
+    ) -> BrowsePage:
+        """One listing of ``records/`` by mtime (a record's creation), then the files shown."""
+        return _records.page(self.path, after, limit, max_bytes, oldest_first)
 
     # Limits: files in limits/, see ._limits and SupportsLimits --------------------
 

@@ -1,8 +1,11 @@
 """Job records in a queue directory: one file per key in ``records/``.
 
 A record file holds its expiry (UNIX time, as text) on its first line and
-the record's bytes after it; its mtime is when it was written, which orders
-a scan. Keys are named like claims (``k=job:4f1c...``, or ``h=`` and a hash
+the record's bytes after it; its mtime is when the record was created (a
+write over a live record sets the new file's mtime to the old one's), which
+orders a scan and pages: a page's cursor is ``<mtime_ns>:<file name>`` of the
+last file it read, and a page lists one directory and reads the files it
+shows. Keys are named like claims (``k=job:4f1c...``, or ``h=`` and a hash
 when long).
 
 A write goes to ``records/.tmp/`` and is renamed over the key's file, so a
@@ -29,8 +32,10 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
+from urllib.parse import unquote
 
+from hermes.core.driver import BrowsePage
 from hermes.drivers.filesystem._claim import key_file_name
 
 logger = logging.getLogger("hermes.drivers.filesystem")
@@ -80,7 +85,11 @@ def put(
     with _locked(directory, name):
         if _current(directory, name) != expect:
             return False
-        _write(directory, name, body, fsync)
+        created_ns = None
+        if expect is not None:  # a live record: it keeps its place
+            with contextlib.suppress(FileNotFoundError):
+                created_ns = os.stat(os.path.join(directory, name)).st_mtime_ns
+        _write(directory, name, body, fsync, created_ns or time.time_ns())
     try:
         _maybe_sweep(directory)
     except OSError as exc:
@@ -109,6 +118,50 @@ def scan(queue_dir: str, limit: int) -> list[bytes]:
     return values
 
 
+def page(
+    queue_dir: str, after: str | None, limit: int, max_bytes: int, oldest_first: bool
+) -> BrowsePage:
+    """Up to ``limit`` unexpired records past ``after`` in creation order (see
+    ``SupportsRecordPages``); reads the files it lists and one more, or ``limit`` more
+    expired ones at most."""
+    past: tuple[int, str] | None = None
+    if after is not None:
+        mtime, colon, name = after.partition(":")
+        if not colon or not mtime.isdigit():
+            raise ValueError(f"not a page of this store's job records: {after!r}")
+        past = (int(mtime), name)
+    limit = max(1, limit)
+    directory = os.path.join(queue_dir, RECORDS_DIR)
+    files = sorted(
+        (
+            found
+            for found in _files(directory)
+            if past is None or (found > past if oldest_first else found < past)
+        ),
+        reverse=not oldest_first,
+    )
+    now = time.time()
+    entries: list[tuple[Hashable, bytes | str]] = []
+    size = 0
+    last: tuple[int, str] | None = None
+    for read, found in enumerate(files):
+        if len(entries) >= limit or (entries and size >= max_bytes) or read >= 2 * limit:
+            break
+        last = found
+        stored = _read(directory, found[1])
+        if stored is not None and stored[0] > now:
+            entries.append((_key_of(found[1]), stored[1]))
+            size += len(stored[1])
+    else:
+        last = None  # every file past ``after`` was read
+    return BrowsePage(entries, None if last is None else f"{last[0]}:{last[1]}")
+
+
+def _key_of(name: str) -> str:
+    """The key a record file is named after (its file name when hashed)."""
+    return unquote(name[2:]) if name.startswith("k=") else name
+
+
 def sweep(queue_dir: str) -> None:
     """Delete every expired record file, and old leftovers in ``.tmp/``."""
     directory = os.path.join(queue_dir, RECORDS_DIR)
@@ -122,7 +175,8 @@ def sweep(queue_dir: str) -> None:
     with contextlib.suppress(FileNotFoundError), os.scandir(_tmp_dir(directory)) as entries:
         for entry in entries:
             with contextlib.suppress(FileNotFoundError):
-                if entry.stat(follow_symlinks=False).st_mtime < cutoff:
+                # ctime: a new file's mtime is set to its record's creation.
+                if entry.stat(follow_symlinks=False).st_ctime < cutoff:
                     os.unlink(entry.path)
 
 
@@ -214,9 +268,10 @@ def write_tmp(directory: str, body: bytes, fsync: bool) -> str:
     return path
 
 
-def _write(directory: str, name: str, body: bytes, fsync: bool) -> None:
+def _write(directory: str, name: str, body: bytes, fsync: bool, created_ns: int) -> None:
     tmp = write_tmp(directory, body, fsync)
     try:
+        os.utime(tmp, ns=(created_ns, created_ns))
         os.rename(tmp, os.path.join(directory, name))
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
