@@ -65,12 +65,18 @@ def add_parser(commands: Commands) -> None:
     jobs = commands.add_parser(
         "jobs",
         help="list job records",
-        description="List job records, newest first where the store can tell.",
+        description="List job records, newest first (--oldest: oldest first) in the order "
+        "they were created, a page at a time: the last line (on stderr) gives the --after of "
+        "the next page. Paging is stable: a job emitted meanwhile does not shift the pages.",
     )
     jobs.add_argument("--state", choices=[s.value for s in JobState], help="only this state")
     jobs.add_argument("--type", help="only jobs of this message type")
     jobs.add_argument("--priority", type=int, help="only jobs emitted on this priority")
     jobs.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
+    jobs.add_argument("--oldest", action="store_true", help="oldest first")
+    jobs.add_argument(
+        "--after", metavar="CURSOR", help="the page after this one (a --after printed before)"
+    )
     jobs.add_argument("--json", action="store_true", help="print one JSON record per line")
     add_results_url(jobs)
     jobs.set_defaults(run=run_jobs)
@@ -127,9 +133,16 @@ def run_jobs(args: argparse.Namespace) -> int:
         raise CliError(f"--limit must be at least 1, got {args.limit}")
     jobs = open_jobs(_url(args))
     try:
-        records = jobs.scan(
-            state=args.state, type=args.type, priority=args.priority, limit=args.limit
+        records, following = jobs.page(
+            args.after or None,
+            oldest_first=args.oldest,
+            state=args.state,
+            type=args.type,
+            priority=args.priority,
+            limit=args.limit,
         )
+    except ValueError as exc:  # a cursor this store did not write
+        raise CliError(f"--after {args.after!r}: {exc}") from None
     finally:
         jobs.close()
     for record in records:
@@ -139,6 +152,8 @@ def run_jobs(args: argparse.Namespace) -> int:
             print(line(record))
     if not args.json:
         print(f"{len(records)} job{'s' if len(records) != 1 else ''}", file=sys.stderr)
+    if following is not None:
+        print(f"next page: --after {following}", file=sys.stderr)
     return 0
 
 

@@ -55,7 +55,12 @@ from hermes.core.model._errors import (
     UnknownJobError,
 )
 from hermes.core.model._message import Message
-from hermes.core.spi._driver import Driver, SupportsRecords, SupportsRecordWatch
+from hermes.core.spi._driver import (
+    Driver,
+    SupportsRecordPages,
+    SupportsRecords,
+    SupportsRecordWatch,
+)
 from hermes.core.spi._registry import connect
 
 logger = logging.getLogger("hermes")
@@ -71,6 +76,11 @@ DEFAULT_TTL_S = 24 * 3600.0
 MAX_RESULT_BYTES = 512 * 1024
 #: Attempts kept per record: the first ones and the latest ones.
 MAX_ATTEMPTS_KEPT = 50
+#: The most bytes of records one :meth:`Jobs.page` reads: a page of large results
+#: lists fewer (one at least), whatever their sizes.
+PAGE_BYTES = 8 * 1024 * 1024
+#: The most records a filtered :meth:`Jobs.page` reads to fill itself.
+MAX_SCANNED = 1000
 #: Compare-and-set rounds before a change gives up (another writer keeps winning).
 _MAX_ROUNDS = 100
 #: Jobs whose last written record a :class:`Jobs` remembers, to change it without a read.
@@ -355,25 +365,76 @@ class Jobs:
         priority: int | None = None,
         limit: int = 100,
     ) -> list[JobRecord]:
-        """Up to ``limit`` records, newest first where the store can tell, filtered."""
+        """Up to ``limit`` records, newest first where the store can tell, filtered
+        (the first :meth:`page`)."""
+        return self.page(state=state, type=type, priority=priority, limit=limit)[0]
+
+    def page(
+        self,
+        after: str | None = None,
+        *,
+        oldest_first: bool = False,
+        state: JobState | str | None = None,
+        type: str | None = None,
+        priority: int | None = None,
+        limit: int = 100,
+        max_bytes: int = PAGE_BYTES,
+    ) -> tuple[list[JobRecord], str | None]:
+        """Up to ``limit`` records past ``after`` (the ``next`` of the page before; None:
+        the start), newest first (``oldest_first``: oldest first), and the ``next`` of
+        this page (None on the last).
+
+        Records are in the order they were created, and paging is stable: a record
+        that lived all along is listed once, whatever is written between pages. A
+        filter (``state``, ``type``, ``priority``) reads store pages until ``limit``
+        records match, :data:`MAX_SCANNED` records were read, or the bytes read
+        reach ``max_bytes``: a filter that matches few records gives a short (even
+        empty) page with a ``next`` to go on from, never a read of the whole store.
+        A store without :class:`~hermes.core.driver.SupportsRecordPages` gives one
+        page of its newest records and no ``next``.
+        """
         wanted = JobState(state) if state is not None else None
-        filtered = wanted is not None or type is not None or priority is not None
-        found: list[JobRecord] = []
-        with self.driver.translating("listing job records"):
-            raw = self._store.record_scan(max(limit * 10, 1000) if filtered else limit)
-        for data in raw:
-            record = self._decode(data, "?")
-            if record is None:
-                continue
-            if (
+
+        def matches(record: JobRecord) -> bool:
+            return (
                 (wanted is None or record.state is wanted)
                 and (type is None or record.type == type)
                 and (priority is None or record.priority == priority)
+            )
+
+        limit = max(1, limit)
+        filtered = wanted is not None or type is not None or priority is not None
+        found: list[JobRecord] = []
+        store = self._store
+        if not isinstance(store, SupportsRecordPages):
+            with self.driver.translating("listing job records"):
+                raw = store.record_scan(MAX_SCANNED if filtered else limit)
+            records = (self._decode(data, "?") for data in raw)
+            found = [r for r in records if r is not None and matches(r)][:limit]
+            return found, None
+        scanned = read = 0
+        while True:
+            # Never more than the records still wanted: the page's ``next`` is then
+            # the store's, and no record past it was read and dropped.
+            with self.driver.translating("listing job records"):
+                listed = store.record_page(
+                    after, limit - len(found), max_bytes - read, oldest_first=oldest_first
+                )
+            after = listed.next
+            for key, data in listed.entries:
+                scanned += 1
+                read += len(data)
+                record = self._decode(data.encode() if isinstance(data, str) else data, str(key))
+                if record is not None and matches(record):
+                    found.append(record)
+            if (
+                after is None
+                or len(found) >= limit
+                or read >= max_bytes
+                or not filtered
+                or scanned >= MAX_SCANNED
             ):
-                found.append(record)
-                if len(found) >= limit:
-                    break
-        return found
+                return found, after
 
     def _read(self, job_id: str) -> tuple[JobRecord | None, bytes | None]:
         with self.driver.translating(f"reading the record of job #{job_id}"):
