@@ -260,3 +260,33 @@ def test_hermes_job_shows_a_workflow_s_tree_and_a_step_its_workflow(
     step = capsys.readouterr().out
     assert "RuntimeError: card declined" in step
     assert f"workflow   step 1 of {handle.id}.0 (hermes job {handle.id})" in step
+
+
+def test_hermes_jobs_pages_newest_or_oldest_first_and_a_foreign_cursor_is_one_line(
+    capsys: pytest.CaptureFixture[str], names: tuple[str, str]
+) -> None:
+    queue, records = names
+    ids = [emit(capsys, queue, records, "job", "-q") for _ in range(5)]
+
+    def listed(*argv: str) -> tuple[list[str], str | None]:
+        assert main(["jobs", "--results-url", records, "--json", "--limit", "2", *argv]) == 0
+        out = capsys.readouterr()
+        following = [x.split("--after ")[1] for x in out.err.splitlines() if "--after" in x]
+        return [json.loads(x)["id"] for x in out.out.splitlines()], (following or [None])[0]
+
+    newest, after = listed()
+    while after is not None:
+        emit(capsys, queue, records, "job", "-q")  # newer than every page: none shifts
+        page, after = listed("--after", after)
+        newest += page
+    assert newest == ids[::-1]
+
+    oldest, after = listed("--oldest")
+    while after is not None:
+        page, after = listed("--oldest", "--after", after)
+        oldest += page
+    assert oldest[:5] == ids and len(oldest) == 5 + 2  # and the two emitted meanwhile
+
+    assert main(["jobs", "--results-url", records, "--after", "not-a-cursor"]) == 2
+    refused = capsys.readouterr().err
+    assert refused.startswith("hermes: error: --after 'not-a-cursor'") and refused.count("\n") == 1
