@@ -23,13 +23,21 @@ import tempfile
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from contextlib import closing
 from dataclasses import replace
 from typing import Any
 
 from hermes.core import DEFAULT_PRIORITY, Message, hookimpl
-from hermes.core.driver import Consumer, DriverError, DriverPlugin, Outgoing, Received, outgoing
+from hermes.core.driver import (
+    BrowsePage,
+    Consumer,
+    DriverError,
+    DriverPlugin,
+    Outgoing,
+    Received,
+    outgoing,
+)
 from hermes.core.spi._memory import MemoryDriver, _Lease, _MemoryConsumer
 
 
@@ -653,7 +661,9 @@ class _BrokenRecords(_Broken):
         """Store ``value`` whatever is stored now, and wake the waiters."""
         broker = self._broker
         with broker.records_changed:
-            broker.records[key] = (time.monotonic() + ttl_s, bytes(value))
+            kept = broker.records.get(key)
+            place = next(broker.sequence) if kept is None else kept[2]
+            broker.records[key] = (time.monotonic() + ttl_s, bytes(value), place)
             broker.records_changed.notify_all()
 
 
@@ -765,7 +775,26 @@ class RecordScanListsExpired(_BrokenRecords):
 
     def record_scan(self, limit: int) -> list[bytes]:
         with self._broker.records_changed:
-            return [value for _, value in self._broker.records.values()][::-1][:limit]
+            return [kept[1] for kept in self._broker.records.values()][::-1][:limit]
+
+
+class RecordPagesByOffset(_BrokenRecords):
+    """``record_page``'s cursor is how many records were listed (an OFFSET): a record
+    created between two newest-first pages shifts the rest, and one is listed twice."""
+
+    scheme = "records-page-offset"
+
+    def record_page(
+        self, after: str | None, limit: int, max_bytes: int, *, oldest_first: bool = False
+    ) -> BrowsePage:
+        now, skip = time.monotonic(), int(after or 0)
+        with self._broker.records_changed:
+            kept = [(key, v[1]) for key, v in self._broker.records.items() if v[0] > now]
+        if not oldest_first:
+            kept.reverse()
+        listed: list[tuple[Hashable, bytes | str]] = list(kept[skip : skip + limit])
+        more = skip + len(listed) < len(kept)
+        return BrowsePage(listed, str(skip + len(listed)) if more else None)
 
 
 class RecordsInProcess(_Broken):
@@ -876,6 +905,7 @@ VARIANTS: list[type[_Broken]] = [
     RecordWaitReturnsAtOnce,
     RecordWaitAnyOnFirst,
     RecordScanListsExpired,
+    RecordPagesByOffset,
     RecordsInProcess,
     RecordsInSqlite,
 ]

@@ -104,6 +104,9 @@ RECORDS_WAKE = "test_a_wait_returns_the_new_bytes_soon_after_another_driver_obje
 RECORDS_TIMEOUT = "test_a_wait_that_nothing_changes_returns_the_unchanged_bytes_at_its_timeout"
 RECORDS_ANY = "test_a_wait_on_several_records_returns_exactly_those_another_driver_object_changed"
 RECORDS_SCAN = "test_a_scan_lists_the_live_records_of_its_namespace_and_no_expired_one"
+RECORDS_PAGES = (
+    "test_paging_lists_every_record_once_newest_and_oldest_first_while_records_are_written"
+)
 
 #: URL (``{dir}``: a fresh queue directory) -> (kit tests that must fail, text the output shows).
 BROKEN = {
@@ -202,6 +205,7 @@ BROKEN = {
     ),
     "records-wait-any-first://x": ([RECORDS_ANY], "not woken by a write to any of them"),
     "records-scan-expired://x": ([RECORDS_SCAN], "record_scan still lists a record"),
+    "records-page-offset://x": ([RECORDS_PAGES], "listed these records twice"),
     "records-in-process://x": ([RECORDS_PROCESSES], "winners per key [4, 4, 4, 4, 4]"),
 }
 
@@ -264,6 +268,7 @@ RECORDS = {
     RECORDS_TIMEOUT,
     RECORDS_ANY,
     RECORDS_SCAN,
+    RECORDS_PAGES,
 }
 #: The claim tests: every driver without ``SupportsClaim`` skips them as not applicable.
 CLAIMS = {

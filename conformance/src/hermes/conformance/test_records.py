@@ -13,6 +13,10 @@ A driver without them is reported as not verified: it cannot be a results
 store. A driver that also has ``record_wait_any`` (``SupportsRecordWatch``,
 how a worker hears of a cancel for any of the jobs it runs) is woken by a
 write to any of the keys it waits on and returns exactly those that changed.
+A driver that also has ``record_page`` (``SupportsRecordPages``, how
+``hermes jobs`` and the dashboard page through records) lists every record
+exactly once, newest first and oldest first, while records are created and
+rewritten between its pages, within its limit and its bytes.
 """
 
 from __future__ import annotations
@@ -38,7 +42,9 @@ from hermes.conformance._harness import (
 )
 from hermes.core import connect
 from hermes.core.driver import (
+    BrowsePage,
     Driver,
+    SupportsRecordPages,
     SupportsRecords,
     SupportsRecordWatch,
     SupportsTeardown,
@@ -524,3 +530,95 @@ def test_a_scan_lists_the_live_records_of_its_namespace_and_no_expired_one(
             call_within("teardown()", elsewhere.teardown, CLOSE_S, repr(elsewhere))
         call_within("close()", elsewhere.close, CLOSE_S, repr(elsewhere))
     hermes_kit.claim("live records listed exactly, an expired one not, another namespace's not")
+
+
+#: Records a paging walk starts with, in two batches written apart, and its page size.
+_PAGED = 12
+_PAGE = 5
+
+
+def _walk(
+    store: SupportsRecordPages,
+    oldest_first: bool,
+    between: Callable[[int], None],
+) -> list[bytes]:
+    """Every value a walk from the start lists, ``between(n)`` run after page ``n``."""
+    listed: list[bytes] = []
+    after: str | None = None
+    for n in range(4 * _PAGED):  # more pages than records: a cursor that never ends fails
+        page = store.record_page(after, _PAGE, 1 << 30, oldest_first=oldest_first)
+        assert isinstance(page, BrowsePage), (
+            f"record_page returned {type(page).__name__}, not a BrowsePage"
+        )
+        assert len(page.entries) <= _PAGE, (
+            f"record_page(limit={_PAGE}) listed {len(page.entries)} records"
+        )
+        listed += [value for _, value in page.entries]
+        if page.next is None:
+            return listed
+        assert isinstance(page.next, str), f"a page's next is {type(page.next).__name__}"
+        after = page.next
+        between(n)
+    raise AssertionError(f"record_page still gave a next after {4 * _PAGED} pages")
+
+
+@pytest.mark.hermes_check("record pages", "every record once while records are written", new=True)
+def test_paging_lists_every_record_once_newest_and_oldest_first_while_records_are_written(
+    hermes_kit: Kit,
+) -> None:
+    writer = _records(hermes_kit.driver())
+    reader = _records(hermes_kit.driver())
+    if not isinstance(reader, SupportsRecordPages):
+        pytest.skip("not applicable: the driver has no record_page(); lists show one page")
+    first = [(f"job:kit-page-{n:02d}", _document(f"page-{n}")) for n in range(_PAGED // 2)]
+    second = [(f"job:kit-page-{n:02d}", _document(f"page-{n}")) for n in range(_PAGED // 2, _PAGED)]
+    for key, value in first:
+        assert writer.record_put(key, value, _KEPT_S, None), "a put of a new key was refused"
+    time.sleep(0.05)  # the second batch is newer than the first on any store's clock
+    for key, value in second:
+        assert writer.record_put(key, value, _KEPT_S, None), "a put of a new key was refused"
+    stored = dict(first + second)
+    created: list[bytes] = []
+
+    def write_between(n: int) -> None:
+        # A new record, and a rewrite of one record on each side of the cursor:
+        # a write keeps a record's place, whatever the store orders by.
+        key = f"job:kit-page-new-{len(created):02d}"
+        created.append(_document(f"new-{len(created)}"))
+        assert writer.record_put(key, created[-1], _KEPT_S, None), "a put was refused"
+        for rewritten in (f"job:kit-page-{n:02d}", f"job:kit-page-{_PAGED - 1 - n:02d}"):
+            value = stored[rewritten] + b" "
+            assert writer.record_put(rewritten, value, _KEPT_S, stored[rewritten]), (
+                f"a put over the bytes stored under {rewritten!r} was refused"
+            )
+            stored[rewritten] = value
+
+    for oldest_first in (False, True):
+        order = "oldest first" if oldest_first else "newest first"
+        # Each record by its state: a record rewritten after it was listed shows older bytes.
+        walked = [
+            json.loads(value)["state"] for value in _walk(reader, oldest_first, write_between)
+        ]
+        twice = sorted(state for state, count in Counter(walked).items() if count > 1)
+        assert twice == [], f"paging {order} listed these records twice: {twice}"
+        missing = [f"page-{n}" for n in range(_PAGED) if f"page-{n}" not in walked]
+        assert missing == [], (
+            f"paging {order} with records written between pages never listed {missing}"
+        )
+        at = {state: place for place, state in enumerate(walked)}
+        older = [at[f"page-{n}"] for n in range(_PAGED // 2)]
+        newer = [at[f"page-{n}"] for n in range(_PAGED // 2, _PAGED)]
+        if oldest_first:
+            assert max(older) < min(newer), "paging oldest first listed a newer record first"
+            late = [f"new-{n}" for n in range(len(created)) if f"new-{n}" not in walked]
+            assert late == [], f"paging oldest first never reached {late}, created meanwhile"
+        else:
+            assert max(newer) < min(older), "paging newest first listed an older record first"
+    bounded = reader.record_page(None, _PAGE, 1)
+    assert len(bounded.entries) == 1, (
+        f"record_page(max_bytes=1) listed {len(bounded.entries)} records, not one"
+    )
+    hermes_kit.claim(
+        f"{_PAGED} records paged {_PAGE} at a time each way, each once, while records "
+        "were created and rewritten between pages; a page held to its bytes"
+    )
