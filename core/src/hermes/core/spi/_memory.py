@@ -404,8 +404,7 @@ class MemoryDriver(Driver):
         places = {
             key: place
             for key, (expires, _, place) in kept
-            if expires > now
-            and (past is None or (place > past if oldest_first else place < past))
+            if expires > now and (past is None or (place > past if oldest_first else place < past))
         }
         listed = ((key, kept_value[1]) for key, kept_value in kept if key in places)
         taken = page_of(listed, max(1, limit), max_bytes)
