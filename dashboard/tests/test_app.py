@@ -33,7 +33,7 @@ from hermes.dashboard._app import (
     TRACEBACK_PREVIEW_BYTES,
     _when,
 )
-from hermes.dashboard._state import Dashboard
+from hermes.dashboard._state import JOBS_LIMIT, Dashboard
 
 PORT = 8900
 BASE = f"http://127.0.0.1:{PORT}"
@@ -554,6 +554,55 @@ def test_the_jobs_list_and_its_api_filter_by_priority(
     assert 'name="priority" value="300"' in page
     answer = json.loads(client.get("/api/jobs?priority=100").content)
     assert [job["id"] for job in answer["jobs"]] == [low.id]
+
+
+def test_the_jobs_list_pages_newest_or_oldest_first_and_new_jobs_do_not_shift_its_pages(
+    dashboard: Dashboard, with_records: Jobs
+) -> None:
+    emitted = [Message("report.build", {"n": n}) for n in range(2 * JOBS_LIMIT + 50)]
+    for message in emitted:
+        with_records.emitted(message, 100)
+    client = client_of(dashboard)
+
+    def walk(query: str) -> list[str]:
+        seen: list[str] = []
+        path: str | None = "/jobs" + query
+        while path is not None:
+            page = client.get(path).text
+            seen += re.findall(r'<tr data-id="([^"]+)"', page)
+            link = re.search(
+                r'id="next-page" href="\?([^"]+)"|href="\?([^"]+)" id="next-page"', page
+            )
+            path = (
+                None if link is None else "/jobs?" + html.unescape(link.group(1) or link.group(2))
+            )
+            with_records.emitted(Message("report.build", {}), 100)  # newer than every page
+        return seen
+
+    assert walk("") == [m.id for m in emitted[::-1]]
+    oldest = walk("?order=oldest")
+    assert oldest[: len(emitted)] == [m.id for m in emitted] and len(oldest) > len(emitted)
+    assert 'id="oldest-first"' in client.get("/jobs").text
+    assert 'id="newest-first"' in client.get("/jobs?order=oldest").text
+
+    refused = client.get("/jobs?after=not-a-cursor")
+    assert refused.status_code == 400 and 'id="refused"' in refused.text
+
+
+def test_the_jobs_api_pages_with_next_and_order(dashboard: Dashboard, with_records: Jobs) -> None:
+    emitted = [Message("report.build", {"n": n}) for n in range(5)]
+    for message in emitted:
+        with_records.emitted(message, 100)
+    client = client_of(dashboard)
+
+    for order, expected in (("newest", emitted[::-1]), ("oldest", emitted)):
+        seen: list[str] = []
+        answer = api(client, f"/api/jobs?order={order}")
+        seen += [job["id"] for job in answer["jobs"]]
+        assert answer["order"] == order and answer["next"] is None
+        assert seen == [m.id for m in expected]
+    api(client, "/api/jobs?order=sideways", status=400)
+    api(client, "/api/jobs?after=not-a-cursor", status=400)
 
 
 def test_cancelling_a_waiting_job_from_its_page(dashboard: Dashboard, with_records: Jobs) -> None:

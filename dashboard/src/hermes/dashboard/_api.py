@@ -95,12 +95,21 @@ def failed(dashboard: Dashboard, after: str | None, shown: ListFilter) -> dict[s
 
 
 def jobs(
-    dashboard: Dashboard, state: JobState | None, type: str | None, priority: int | None
+    dashboard: Dashboard,
+    state: JobState | None,
+    type: str | None,
+    priority: int | None,
+    after: str | None = None,
+    oldest_first: bool = False,
 ) -> dict[str, Any]:
-    """Up to ``JOBS_LIMIT`` job records, newest first (null: no records store)."""
-    records = dashboard.job_list(state, type, priority)
+    """A page of up to ``JOBS_LIMIT`` job records past ``after``, newest first
+    (``oldest_first``: oldest first), in the order they were created, and the ``next``
+    page's ``after`` (null on the last); ``jobs`` null: no records store."""
+    listed = dashboard.job_list(state, type, priority, after, oldest_first=oldest_first)
     return {
-        "jobs": None if records is None else [_job_summary(r) for r in records],
+        "jobs": None if listed is None else [_job_summary(r) for r in listed[0]],
+        "next": None if listed is None else listed[1],
+        "order": "oldest" if oldest_first else "newest",
         "limit": JOBS_LIMIT,
     }
 

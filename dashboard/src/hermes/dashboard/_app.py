@@ -481,8 +481,27 @@ def create_app(
         state = JobState(state_name) if state_name in JobState._value2member_map_ else None
         type_ = (request.query_params.get("type") or "").strip() or None
         priority = _priority(request.query_params.get("priority"))
+        after = request.query_params.get("after") or None
+        oldest = request.query_params.get("order") == "oldest"
+        filters = {
+            **({"state": state.value} if state else {}),
+            **({"type": type_} if type_ else {}),
+            **({"priority": str(priority)} if priority is not None else {}),
+        }
+        refused = None
+        try:
+            listed = dashboard.job_list(state, type_, priority, after, oldest_first=oldest)
+        except ValueError as exc:  # an ``after`` this store did not write
+            listed, refused = ([], None), str(exc)
         return {
-            "records": dashboard.job_list(state, type_, priority),
+            "records": None if listed is None else listed[0],
+            "after": after,
+            "next": None if listed is None else listed[1],
+            "oldest": oldest,
+            "filters": {**filters, **({"order": "oldest"} if oldest else {})},
+            "unordered": filters,
+            "refused": refused,
+            "status": 400 if refused else 200,
             "states": list(JobState),
             "state": state,
             "type": type_ or "",
@@ -618,7 +637,17 @@ def create_app(
         if state_name and state is None:
             raise ValueError(f"no job state {state_name!r}: one of {_STATES}")
         type_ = (request.query_params.get("type") or "").strip() or None
-        return api.jobs(dashboard, state, type_, _priority(request.query_params.get("priority")))
+        order = request.query_params.get("order") or "newest"
+        if order not in ("newest", "oldest"):
+            raise ValueError(f"no order {order!r}: newest or oldest")
+        return api.jobs(
+            dashboard,
+            state,
+            type_,
+            _priority(request.query_params.get("priority")),
+            after_of(request),
+            oldest_first=order == "oldest",
+        )
 
     def api_job(request: Request) -> dict[str, Any] | None:
         record = dashboard.job(request.path_params["job_id"])

@@ -467,13 +467,27 @@ class Dashboard:
         state: JobState | None,
         type: str | None,
         priority: int | None = None,
+        after: str | None = None,
+        *,
+        oldest_first: bool = False,
         limit: int = JOBS_LIMIT,
-    ) -> list[JobRecord] | None:
-        """Up to ``limit`` records, newest first, of ``state``, ``type`` and ``priority``
-        when given."""
+    ) -> tuple[list[JobRecord], str | None] | None:
+        """A page of up to ``limit`` records past ``after`` (None: the first), newest
+        first unless ``oldest_first``, of ``state``, ``type`` and ``priority`` when given,
+        within :data:`PAGE_BYTES`; and the ``after`` of the next page (None on the last).
+        None without a records store. A filter reads at most
+        :data:`~hermes.core.jobs.MAX_SCANNED` records a page (see :meth:`Jobs.page`)."""
         if self.jobs is None:
             return None
-        return self.jobs.scan(state=state, type=type, priority=priority, limit=limit)
+        return self.jobs.page(
+            after,
+            oldest_first=oldest_first,
+            state=state,
+            type=type,
+            priority=priority,
+            limit=limit,
+            max_bytes=PAGE_BYTES,
+        )
 
     def cancel(self, job_id: str) -> JobRecord:
         """Cancel ``job_id`` (:meth:`Jobs.cancel`): :class:`UnknownJobError` without a record."""
