@@ -173,13 +173,13 @@ def test_a_scan_lists_the_newest_first_skips_expired_and_stops_at_its_limit(
     for n in range(4):
         assert store.record_put(f"job:{n}", b"%d" % n, 60, None)
         time.sleep(0.05)  # apart by more than the filesystem clock's tick
-    assert store.record_put("job:1", b"1 again", 60, b"1")  # a rewrite makes it the newest
+    assert store.record_put("job:1", b"1 again", 60, b"1")  # a rewrite keeps its place
     assert eventually(lambda: store.record_get("job:gone") is None, "job:gone to expire")
     assert store.record_put("job:gone", b"gone", 0.05, None)
     assert eventually(lambda: b"gone" not in store.record_scan(10), "job:gone to expire again")
 
-    assert store.record_scan(10) == [b"1 again", b"3", b"2", b"0"]
-    assert store.record_scan(2) == [b"1 again", b"3"]
+    assert store.record_scan(10) == [b"3", b"2", b"1 again", b"0"]
+    assert store.record_scan(2) == [b"3", b"2"]
     assert store.record_scan(0) == []
 
 
@@ -198,6 +198,54 @@ def test_a_scan_reads_only_as_many_files_as_its_limit_needs(
     monkeypatch.setattr(_records, "_read", counting)
     assert len(store.record_scan(3)) == 3
     assert len(reads) == 3
+
+
+def test_pages_list_each_record_once_by_creation_while_records_are_written(
+    store: FileSystemDriver,
+) -> None:
+    for n in range(25):
+        assert store.record_put(f"job:{n:02d}", b"%d" % n, 60, None)
+    for oldest_first in (False, True):
+        listed: list[str] = []
+        after: str | None = None
+        while True:
+            page = store.record_page(after, 4, 1 << 20, oldest_first=oldest_first)
+            assert len(page.entries) <= 4
+            listed += [str(key) for key, _ in page.entries]
+            if page.next is None:
+                break
+            after = page.next
+            assert store.record_put(f"job:new-{len(listed)}-{oldest_first}", b"n", 60, None)
+            for key in ("job:00", "job:24"):
+                assert store.record_put(key, b"x", 60, store.record_get(key))
+        old = [key for key in listed if "new" not in key]
+        assert sorted(old) == [f"job:{n:02d}" for n in range(25)], listed
+        assert len(set(listed)) == len(listed), listed
+    assert sum("new" in key for key in listed) >= 6  # the oldest-first walk reached them
+
+
+def test_a_rewrite_keeps_the_file_s_mtime_and_a_page_reads_only_the_files_it_shows(
+    store: FileSystemDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for n in range(50):
+        assert store.record_put(f"job:{n}", b"v", 60, None)
+    path = Path(store.path) / "records" / "k=job:7"
+    created = path.stat().st_mtime_ns
+    assert store.record_put("job:7", b"w", 60, b"v")
+    assert path.stat().st_mtime_ns == created
+    reads: list[str] = []
+    read = _records._read
+
+    def counting(directory: str, name: str) -> tuple[float, bytes] | None:
+        reads.append(name)
+        return read(directory, name)
+
+    monkeypatch.setattr(_records, "_read", counting)
+    page = store.record_page(None, 3, 1 << 20)
+    assert len(page.entries) == 3 and len(reads) == 3 and page.next is not None
+    assert len(store.record_page(None, 10, 1).entries) == 1
+    with pytest.raises(ValueError, match="not a page of this store's job records"):
+        store.record_page("nope", 10, 1 << 20)
 
 
 @pytest.mark.parametrize(

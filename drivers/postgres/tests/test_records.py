@@ -197,9 +197,67 @@ def test_a_scan_lists_live_records_newest_first_up_to_its_limit(driver, sql, tab
     sql.execute(
         f"UPDATE {table}_records SET expires_at = now() - interval '1 s' WHERE key = 'job:gone'"
     )
-    driver.record_put("job:first", b"first-again", 60, b"first")  # rewritten: newest now
-    assert driver.record_scan(10) == [b"first-again", b"third", b"second"]
-    assert driver.record_scan(2) == [b"first-again", b"third"]
+    driver.record_put("job:first", b"first-again", 60, b"first")  # rewritten: keeps its place
+    assert driver.record_scan(10) == [b"third", b"second", b"first-again"]
+    assert driver.record_scan(2) == [b"third", b"second"]
+
+
+def test_pages_list_each_record_once_by_creation_while_records_are_written(driver):
+    for n in range(25):
+        assert driver.record_put(f"job:{n:02d}", b"%d" % n, 60, None)
+    for oldest_first in (False, True):
+        listed, after = [], None
+        while True:
+            page = driver.record_page(after, 4, 1 << 20, oldest_first=oldest_first)
+            assert len(page.entries) <= 4
+            listed += [key for key, _ in page.entries]
+            if page.next is None:
+                break
+            after = page.next
+            assert driver.record_put(f"job:new-{len(listed)}-{oldest_first}", b"n", 60, None)
+            for key in ("job:00", "job:24"):
+                assert driver.record_put(key, b"x", 60, driver.record_get(key))
+        expected = [f"job:{n:02d}" for n in range(25)]
+        assert [key for key in listed if "new" not in key] == (
+            expected if oldest_first else expected[::-1]
+        )
+    assert sum("new" in key for key in listed) >= 6  # the oldest-first walk reached them
+
+
+def test_a_page_is_held_to_its_bytes_and_passes_expired_rows(driver, sql, table):
+    for n in range(3):
+        driver.record_put(f"job:big{n}", b"x" * 1000, 60, None)
+    assert [len(v) for _, v in driver.record_page(None, 10, 1500).entries] == [1000, 1000]
+    assert len(driver.record_page(None, 10, 1).entries) == 1
+    for n in range(10):
+        driver.record_put(f"job:gone{n}", b"x", 60, None)
+    sql.execute(f"UPDATE {table}_records SET expires_at = now() WHERE key LIKE 'job:gone%%'")
+
+    first = driver.record_page(None, 4, 1 << 20)
+    assert first.entries == [] and first.next is not None  # read 5 expired rows, listed none
+    pages = [first]
+    while pages[-1].next is not None:
+        pages.append(driver.record_page(pages[-1].next, 4, 1 << 20))
+    assert [k for page in pages for k, _ in page.entries] == ["job:big2", "job:big1", "job:big0"]
+
+
+def test_a_new_record_over_an_expired_row_takes_a_new_place(driver, sql, table):
+    driver.record_put("job:a", b"a", 60, None)
+    driver.record_put("job:b", b"b", 60, None)
+    sql.execute(f"UPDATE {table}_records SET expires_at = now() WHERE key = 'job:a'")
+    driver.record_put("job:a", b"a again", 60, None)
+    assert [k for k, _ in driver.record_page(None, 10, 1 << 20).entries] == ["job:a", "job:b"]
+
+
+def test_a_records_table_made_before_pages_gains_its_seq_column(make_driver, sql, table):
+    first = make_driver()
+    first.record_put("job:old", b"old", 60, None)
+    sql.execute(f"ALTER TABLE {table}_records DROP COLUMN seq")
+    later = make_driver()  # a new driver object: it looks at the table once
+    later.record_put("job:new", b"new", 60, None)
+    assert [k for k, _ in later.record_page(None, 10, 1 << 20).entries] == ["job:new", "job:old"]
+    with pytest.raises(ValueError, match="not a page of this store's job records"):
+        later.record_page("12:job:old", 10, 1 << 20)
 
 
 def test_records_of_another_queue_in_the_same_table_are_its_own(make_driver):

@@ -170,13 +170,71 @@ def test_scan_lists_the_newest_first_and_skips_expired_ones(driver: RedisSetDriv
     time.sleep(0.01)
     assert driver.record_put("job:3", b"third", 60, None)
     time.sleep(0.01)
-    assert driver.record_put("job:1", b"first, again", 60, b"first")
+    assert driver.record_put("job:1", b"first, again", 60, b"first")  # keeps its place
 
     eventually(lambda: driver.record_get("job:gone") is None, "Redis to expire the record")
 
-    assert driver.record_scan(10) == [b"first, again", b"third", b"second"]
-    assert driver.record_scan(2) == [b"first, again", b"third"]
+    assert driver.record_scan(10) == [b"third", b"second", b"first, again"]
+    assert driver.record_scan(2) == [b"third", b"second"]
     assert driver.record_scan(0) == []
+
+
+def test_pages_list_each_record_once_by_creation_while_records_are_written(
+    driver: RedisSetDriver,
+) -> None:
+    # Several records a millisecond: members of one score are paged in byte order.
+    for n in range(25):
+        assert driver.record_put(f"job:{n:02d}", b"%d" % n, 60, None)
+    for oldest_first in (False, True):
+        listed: list[str] = []
+        after: str | None = None
+        while True:
+            page = driver.record_page(after, 4, 1 << 20, oldest_first=oldest_first)
+            assert len(page.entries) <= 4
+            listed += [str(key) for key, _ in page.entries]
+            if page.next is None:
+                break
+            after = page.next
+            # A new record, and rewrites on both sides of the cursor: no skip, no repeat.
+            assert driver.record_put(f"job:new-{len(listed)}-{oldest_first}", b"n", 60, None)
+            for key in ("job:00", "job:24"):
+                assert driver.record_put(key, b"x", 60, driver.record_get(key))
+        old = [key for key in listed if "new" not in key]
+        assert sorted(old) == [f"job:{n:02d}" for n in range(25)], listed
+        assert len(set(listed)) == len(listed), listed
+    assert sum("new" in key for key in listed) >= 6  # the oldest-first walk reached them
+
+
+def test_a_page_is_held_to_its_bytes_and_skips_expired_records_within_its_reads(
+    driver: RedisSetDriver,
+) -> None:
+    for n in range(3):
+        assert driver.record_put(f"job:big{n}", b"x" * 1000, 60, None)
+    assert [len(v) for _, v in driver.record_page(None, 10, 1500).entries] == [1000, 1000]
+    assert len(driver.record_page(None, 10, 1).entries) == 1
+    time.sleep(0.01)
+    for n in range(10):
+        assert driver.record_put(f"job:brief{n}", b"x", 0.001, None)
+    eventually(
+        lambda: all(driver.record_get(f"job:brief{n}") is None for n in range(10)),
+        "Redis to expire the records",
+    )
+
+    first = driver.record_page(None, 4, 1 << 20)
+    assert first.entries == [] and first.next is not None  # read 5 expired, listed none
+    pages = [first]
+    while pages[-1].next is not None:
+        pages.append(driver.record_page(pages[-1].next, 4, 1 << 20))
+    assert [key for page in pages for key, _ in page.entries] == [
+        "job:big2",
+        "job:big1",
+        "job:big0",
+    ]
+
+
+def test_a_cursor_the_store_did_not_write_is_refused(driver: RedisSetDriver) -> None:
+    with pytest.raises(ValueError, match="not a page of this store's job records"):
+        driver.record_page("page-2", 10, 1 << 20)
 
 
 def test_scan_finds_live_records_behind_many_expired_ones(driver: RedisSetDriver) -> None:

@@ -115,7 +115,7 @@ class Records:
         )
         self.newest = (
             f"SELECT value FROM {table} WHERE queue = %s AND expires_at > now() "
-            "ORDER BY written_at DESC LIMIT %s"
+            "ORDER BY seq DESC LIMIT %s"
         )
         self.pages = {
             (oldest, cursor): _page_sql(table, oldest, cursor)
