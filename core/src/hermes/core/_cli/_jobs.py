@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any
 
 from hermes.core._cli._common import CliError, clock, one_line
 from hermes.core.app._jobs import JobRecord, Jobs, JobState
-from hermes.core.app._workflows import Workflows, parent_of, root_of
 from hermes.core.model._errors import UnknownJobError
 from hermes.core.spi._url import redact_url
 
@@ -95,6 +94,10 @@ def add_parser(commands: Commands) -> None:
 
 
 def run_job(args: argparse.Namespace) -> int:
+    # Imported here: every `hermes worker` imports this module for --results-url, and
+    # the workflows module would add 3 to 5 ms to its start (bench startup row).
+    from hermes.core.app._workflows import Workflows, parent_of, root_of
+
     jobs = open_jobs(_url(args))
     try:
         flows = Workflows(jobs.driver, jobs)
