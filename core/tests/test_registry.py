@@ -224,6 +224,36 @@ def test_listing_the_installed_drivers_imports_none_of_the_drivers_or_their_clie
     assert seen["loaded"] == [], f"listing {seen['names']} imported {seen['loaded']}"
 
 
+#: Run in a fresh interpreter: what a worker loads before its first job, and the
+#: parsers of every command (hermes-dashboard adds ``hermes dashboard``'s).
+_MODULES_AFTER_REGISTERING = """
+import json, sys
+from hermes.core.cli import build_parser
+from hermes.core.spi._registry import plugin_manager
+names = sorted(name for name, plugin in plugin_manager().list_name_plugin() if plugin)
+build_parser()
+clients = ("prometheus_client", "sentry_sdk", "opentelemetry", "starlette", "uvicorn", "jinja2")
+loaded = sorted(name for name in sys.modules if name.split(".")[0] in clients)
+print(json.dumps({"names": names, "loaded": loaded}))
+"""
+
+
+def test_registering_the_installed_plugins_imports_none_of_their_client_libraries() -> None:
+    # Installed but unconfigured, an observer plugin or the dashboard must cost a
+    # worker's start-up nothing: their libraries are imported when they are used.
+    run = subprocess.run(
+        [sys.executable, "-c", _MODULES_AFTER_REGISTERING],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    seen = json.loads(run.stdout)
+    assert {"dashboard", "opentelemetry", "prometheus", "sentry"} <= set(seen["names"])
+    assert seen["loaded"] == [], f"registering {seen['names']} imported {seen['loaded']}"
+
+
 def test_the_registry_finds_every_driver_without_importlib_metadata() -> None:
     # Its import costs a tenth of a worker's start-up: the registry reads the
     # entry points itself. (An observer plugin whose SDK needs it fails to load here.)
