@@ -14,10 +14,9 @@ Each system runs from an environment holding what its users install and
 nothing else (``bench/envs.py``): hermes-core and hermes-redis; ``dramatiq[redis]``;
 ``celery[redis]``, its modules compiled to bytecode as ``pip install`` does;
 and Hermes once more with hermes-prometheus, hermes-opentelemetry,
-hermes-sentry and hermes-dashboard installed beside it, none configured, run
-as the ``hermes`` console script of that environment. The
-systems run in turn, the first rotating per round, each row the median of its
-rounds.
+hermes-sentry and hermes-dashboard installed beside it, none configured. Hermes
+runs as the ``hermes`` console script of its environment. The systems run in
+turn, the first rotating per round, each row the median of its rounds.
 """
 
 from __future__ import annotations
@@ -74,12 +73,11 @@ ENV_OF = {
 
 def argv_for(system: str, url: str, python: str) -> list[str]:
     if system.startswith("hermes"):
-        # The console script users run; the plain row through the bench's launcher,
-        # which blocks observer plugins (that environment has none to block).
-        launcher = [str(Path(python).with_name("hermes"))]
-        if system == "hermes":
-            launcher = [python, "-m", "bench.hermes_cli"]
-        argv = [*launcher, "worker", "--url", url, "--handlers", "bench.jobs:register"]
+        # The console script users run, in both rows: each environment holds the
+        # plugins its row names, or none, so there is nothing for the bench's
+        # launcher (bench.hermes_cli) to block, and its own imports are not a user's.
+        hermes = str(Path(python).with_name("hermes"))
+        argv = [hermes, "worker", "--url", url, "--handlers", "bench.jobs:register"]
         return [*argv, "--concurrency", str(THREADS)]
     if system == "dramatiq":
         argv = [python, "-m", "dramatiq", "bench.peer_dramatiq"]
