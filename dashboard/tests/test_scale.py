@@ -4,6 +4,7 @@
 scheduled a day ahead and 1,000 failed on priority 200 (half of them of
 type ``ok``), each with a job record; a ``hermes worker`` reads priority
 200 only, so the backlog stays put while what is retried there is handled.
+The Queues and the Jobs lists are paged to their last entry.
 """
 
 from __future__ import annotations
@@ -140,6 +141,41 @@ def test_the_queues_page_filtered_by_priority_pages_to_its_last_message(
         assert "priority=300" in browser.current_url, "the next page lost the filter"
         assert pages < 200, "the pages go round"
     assert seen == set(queued[WAITING // 2 : WAITING]), "not the 5,000 of priority 300"
+
+
+def _walk_jobs(browser: Any, start: str) -> tuple[list[str], int]:
+    """The ids every page of the Jobs list from ``start`` shows, in order; and how many pages."""
+    browser.get(start)
+    listed: list[str] = []
+    pages = 0
+    while True:
+        pages += 1
+        listed += ids_on_page(browser)
+        following = browser.find_elements(By.ID, "next-page")
+        if not following:
+            return listed, pages
+        left = browser.current_url
+        following[0].click()
+        eventually(functools.partial(_moved_on, browser, left))
+        assert pages < 200, "the pages go round"
+
+
+def test_the_jobs_list_pages_to_its_last_record_newest_and_oldest_first(
+    browser: Any, backlog: tuple[Deployment, list[str]]
+) -> None:
+    deployment, queued = backlog
+    newest, pages = _walk_jobs(browser, deployment.base + "/jobs")
+    assert pages >= 50, f"{pages} pages of 200: paging was not what was exercised"
+    assert len(newest) == len(set(newest)), "a job listed on two pages"
+    assert set(queued) <= set(newest), f"{len(set(queued) - set(newest))} jobs on no page"
+    assert newest.index(queued[-1]) < newest.index(queued[0]), "newest first lists older first"
+
+    browser.get(deployment.base + "/jobs")
+    browser.find_element(By.ID, "oldest-first").click()
+    eventually(lambda: "order=oldest" in browser.current_url)
+    oldest, _ = _walk_jobs(browser, browser.current_url)
+    assert len(oldest) == len(set(oldest)) and set(queued) <= set(oldest)
+    assert oldest.index(queued[0]) < oldest.index(queued[-1]), "oldest first lists newer first"
 
 
 def test_the_search_finds_a_job_among_ten_thousand(
