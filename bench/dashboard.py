@@ -5,7 +5,7 @@
 For each store, in one run: 10,000 waiting messages (half on priority 100,
 half on 300), 1,000 scheduled a day ahead and 1,000 in the failed-message
 store, each with a payload of some 300 bytes, and a job record for every
-waiting one (emitted through an Emitter with records). Then ``hermes
+waiting and scheduled one (emitted through an Emitter with records). Then ``hermes
 dashboard`` (the command users run) on a free port, and for each page the
 time from the request to the last byte of the answer, the median of 5
 requests after one uncounted, with the answer's size:
@@ -14,7 +14,13 @@ requests after one uncounted, with the answer's size:
   following "Next page" from the first; the walk's slowest page is reported
   too) and filtered by type and by priority, the Failed page's first and last
   and filtered, the Jobs list (all, and filtered by state, and by type and
-  priority), one job's page, the Workers page, and ``/api/queues``.
+  priority), one job's page, the Workers page, and ``/api/queues``;
+* the Jobs list over the 11,000 records (a record per waiting and per
+  scheduled message) paged: its last page newest first and oldest first
+  (reached by following its "Older jobs"/"Newer jobs" link, the walk's
+  slowest page reported too), its first page oldest first, a filter no
+  record matches (it reads its bounded share and gives a link on), and
+  ``/api/jobs``.
 
 The target the project states, reported beside the figures: every list page
 answers in under 300 ms. A full run writes ``bench/results/dashboard.md`` and
@@ -48,6 +54,8 @@ TARGET_MS = 300.0
 #: "Next page" on the Queues and Failed pages.
 _NEXT = re.compile(r'<a href="(\?after=[^"]+)" id="next-page">')
 _NEXT_FILTERED = re.compile(r'<a href="\?[^"]*after=[^"]+" id="next-page">')
+#: The next page's link on any list, its query kept (the Jobs list's order, a filter).
+_NEXT_ANY = re.compile(r'<a href="(\?[^"]*after=[^"]+)" id="next-page">')
 
 
 @dataclass
@@ -161,17 +169,18 @@ def dashboard(url: str, failed_url: str, results_url: str) -> Iterator[str]:
             proc.wait()
 
 
-def walk(base: str, path: str) -> tuple[int, float, str]:
-    """Follow "Next page" from ``path``'s first page: pages, the slowest page's ms, and
-    the last page's URL."""
+def walk(base: str, path: str, link: re.Pattern[str] = _NEXT) -> tuple[int, float, str]:
+    """Follow "Next page" (``link``) from ``path``'s first page: pages, the slowest
+    page's ms, and the last page's URL."""
     url, pages, slowest = base + path, 0, 0.0
+    route = path.split("?", 1)[0]
     while True:
         ms, body = _get(url)
         pages, slowest = pages + 1, max(slowest, ms)
-        found = _NEXT.search(body.decode())
+        found = link.search(body.decode())
         if found is None:
             return pages, slowest, url
-        url = base + path + html.unescape(found.group(1))
+        url = base + route + html.unescape(found.group(1))
 
 
 def _listed(url: str) -> str:
@@ -207,6 +216,16 @@ def measure(store: str, base: str, job_id: str, report: Report, repeats: int) ->
     row("Jobs", base + "/jobs")
     row("Jobs, state waiting", base + "/jobs?state=waiting")
     row("Jobs, type and priority 300", base + "/jobs?type=order.paid&priority=300")
+    for name, path in [
+        ("Jobs, last page", "/jobs"),
+        ("Jobs, oldest first, last page", "/jobs?order=oldest"),
+    ]:
+        pages, slowest, last = walk(base, path, _NEXT_ANY)
+        row(name, last, f"page {pages}; slowest of the walk {slowest:.0f} ms")
+    row("Jobs, oldest first", base + "/jobs?order=oldest")
+    url = base + "/jobs?state=given_up"
+    row("Jobs, state given_up (none)", url, _listed(url))
+    row("/api/jobs", base + "/api/jobs")
     row("a job's page", base + f"/jobs/{job_id}")
     row("Workers", base + "/workers")
     row("/api/queues", base + "/api/queues")
@@ -243,7 +262,8 @@ def markdown(report: Report) -> str:
         "",
         f"Each store holds {report.waiting:,} waiting messages (half on priority 100, half on "
         f"300), {report.scheduled:,} scheduled a day ahead, {report.failed:,} failed, and a "
-        "job record per waiting message; `hermes dashboard` serves them. Time: request to "
+        "job record per waiting and scheduled message; `hermes dashboard` serves them. Time: "
+        "request to "
         "the answer's last byte, median of "
         f"{3 if report.quick else 5} requests after one uncounted.",
         "",
