@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextvars
 import logging
 import threading
 import time
@@ -29,8 +30,10 @@ from hermes.core import (
     connect,
     hookimpl,
 )
+from hermes.core.app._invoke import Awaiting, EventLoopThread
 from hermes.core.driver import Consumer, MemoryDriver, Received, isolated_url
 from hermes.core.jobs import Jobs, JobState, current_job
+from hermes.core.run import _worker
 from hermes.core.run._worker import handler_mix
 from hermes.core.spi._registry import plugin_manager
 
@@ -259,6 +262,85 @@ def test_a_plugin_that_pairs_hooks_by_thread_keeps_a_thread_per_message(
             assert handler_mix(dispatcher) == mix
         finally:
             manager.unregister(plugin)
+
+
+# Hand-offs between the threads and the event loop -------------------------------------
+
+
+def test_coroutines_started_while_the_event_loop_is_busy_wake_it_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    event_loop = EventLoopThread()
+    busy, free = threading.Event(), threading.Event()
+    answers: list[Any] = []
+
+    def done(value: Any, exc: BaseException | None) -> None:
+        answers.append(exc or value)
+
+    async def hold_the_loop() -> None:
+        busy.set()
+        free.wait(DEADLINE_S)  # blocks the loop's thread: nothing else runs on it meanwhile
+
+    async def answer(i: int) -> int:
+        return i
+
+    try:
+        event_loop.start(Awaiting(hold_the_loop(), None, None), contextvars.Context(), done)
+        assert busy.wait(DEADLINE_S)
+        loop = event_loop._running_loop()
+        wakes: list[object] = []
+        wake = loop.call_soon_threadsafe
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            wakes.append(args[0])
+            return wake(*args, **kwargs)
+
+        monkeypatch.setattr(loop, "call_soon_threadsafe", counted)
+        for i in range(50):
+            event_loop.start(Awaiting(answer(i), None, None), contextvars.Context(), done)
+        free.set()
+        eventually(lambda: len(answers) == 51, "every coroutine ended")
+        assert answers == [None, *range(50)]  # started in the order given
+        assert len(wakes) == 1
+    finally:
+        free.set()
+        event_loop.close()
+
+
+def test_coroutines_that_end_together_reach_the_settle_threads_in_lots(
+    driver: SettlesDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lots: list[int] = []
+    submit = _worker._Settlers.submit
+
+    def counted(self: _worker._Settlers, fn: Callable[..., None], *args: Any) -> None:
+        lots.append(len(args[0]) if fn.__name__ == "_advance_all" else 1)
+        submit(self, fn, *args)
+
+    monkeypatch.setattr(_worker._Settlers, "submit", counted)
+    waiting: list[asyncio.Future[None]] = []
+
+    async def job(message: Message) -> None:
+        future = asyncio.get_running_loop().create_future()
+        waiting.append(future)
+        await future
+
+    def release_together() -> None:
+        eventually(lambda: len(waiting) == 40, "40 coroutines wait")
+        loop = waiting[0].get_loop()
+        # One callback on the loop ends them all: they end in the same turn.
+        loop.call_soon_threadsafe(lambda: [f.set_result(None) for f in waiting])
+
+    for _ in range(40):
+        driver.send(Message("job"))
+    dispatcher = Dispatcher(driver)
+    dispatcher.handler("job")(job)
+    releaser = threading.Thread(target=release_together)
+    releaser.start()
+    run(driver, dispatcher, concurrency=40, max_items=40)
+    releaser.join()
+    assert driver.acked() == 40
+    assert lots == [16, 16, 8]
 
 
 # Around the handler -----------------------------------------------------------------

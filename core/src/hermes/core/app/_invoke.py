@@ -144,6 +144,9 @@ class EventLoopThread:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
+        #: What :meth:`start` was given since the loop last took it, oldest first.
+        self._starting: list[tuple[Awaiting, contextvars.Context, Done]] = []
+        self._starting_lock = threading.Lock()
 
     @property
     def started(self) -> bool:
@@ -220,9 +223,33 @@ class EventLoopThread:
         loop thread: it must not block (hand the rest to a thread). Past
         ``limit_s`` the task is cancelled and ``done`` gets
         :class:`TimeLimitExceeded`; cancelled by its job, :class:`JobCancelled`.
+
+        What several threads start between two turns of the loop is started in
+        one: the loop is woken once for them, not once each. If it cannot be
+        woken (it was closed), this raises, and the others given meanwhile get
+        ``done(None, exception)`` on this thread.
         """
         loop = self._running_loop()
-        loop.call_soon_threadsafe(_start_task, loop, awaiting, context, done)
+        with self._starting_lock:
+            starting = self._starting
+            starting.append((awaiting, context, done))
+            if len(starting) > 1:
+                return  # the loop is woken already, and takes this one with the others
+        try:
+            loop.call_soon_threadsafe(self._start_all, loop)
+        except BaseException as exc:
+            with self._starting_lock:
+                starting, self._starting = self._starting, []
+            for other in starting[1:]:  # given while this call failed: they fail alike
+                other[0].coroutine.close()
+                other[2](None, exc)
+            raise
+
+    def _start_all(self, loop: asyncio.AbstractEventLoop) -> None:
+        with self._starting_lock:
+            starting, self._starting = self._starting, []
+        for awaiting, context, done in starting:
+            _start_task(loop, awaiting, context, done)
 
     def close(self) -> None:
         with self._lock:

@@ -482,6 +482,9 @@ ASYNC_RECEIVERS = 2
 #: retry copy, the failed store, the acknowledgement): the event loop never
 #: makes a blocking driver or store call. A few suffice: each step is short.
 SETTLE_THREADS = 4
+#: Coroutines that ended in one turn of the event loop go to the settle threads
+#: in lots of at most this many: a thread woken per lot, not per message.
+SETTLE_LOT = 16
 
 
 def handler_mix(dispatcher: Dispatcher | None) -> str:
@@ -856,6 +859,9 @@ class _Coroutines:
         self.freed = freed
         #: Called with what the steps raised: the run stops and raises it.
         self.failed = failed
+        #: Coroutines that ended in this turn of the event loop, for the settle
+        #: threads (touched on the event loop thread only).
+        self.ended: list[tuple[Any, ...]] = []
 
     def start(self, received: Received, message: Message) -> None:
         loop = self.loop
@@ -906,7 +912,29 @@ class _Coroutines:
         # On the event loop thread: hand over, never block.
         if self.loop.abandoned:
             return  # its message stays unsettled; the steps, collected, write nothing
-        self.settlers.submit(self.advance, received, steps, context, value, exc)
+        import asyncio  # imported already: an event loop runs
+
+        try:
+            event_loop = asyncio.get_running_loop()
+        except RuntimeError:  # the loop could not start it (closed): told on another thread
+            self.settlers.submit(self.advance, received, steps, context, value, exc)
+            return
+        ended = self.ended
+        ended.append((received, steps, context, value, exc))
+        if len(ended) == 1:  # the first this turn: handed over with those after it
+            event_loop.call_soon(self._hand_over)
+
+    def _hand_over(self) -> None:
+        ended, self.ended = self.ended, []
+        for at in range(0, len(ended), SETTLE_LOT):
+            self.settlers.submit(self._advance_all, ended[at : at + SETTLE_LOT])
+
+    def _advance_all(self, ended: list[tuple[Any, ...]]) -> None:
+        for one in ended:
+            try:
+                self.advance(*one)
+            except BaseException:
+                logger.exception("Hermes: settling a message failed")
 
     def _settle(self, received: Received, what: str, action: Callable[..., None]) -> None:
         loop = self.loop
