@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import os
 import re
 import subprocess
@@ -20,6 +21,7 @@ from hermes_django_tests.shop.tasks import add, fail
 from hermes_test_support import eventually
 
 from hermes.core import FailedStore
+from hermes.django import admin as hermes_admin
 from hermes.django import close_connections
 from hermes.django._compat import TaskResult
 
@@ -91,6 +93,29 @@ def test_the_admin_lists_job_records_and_shows_a_failed_one_with_its_traceback(
     result_page = admin.get(f"/admin/hermes_django/job/{succeeded.id}/change/").content.decode()
     assert re.search(r'<pre id="hermes-result">\s*5\s*</pre>', result_page), result_page
     assert admin.get("/admin/hermes_django/job/no-such-job/change/").status_code == 404
+
+
+def test_the_admin_s_job_list_pages_newest_or_oldest_first_to_its_last_record(
+    queue: Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(hermes_admin, "JOBS_SHOWN", 2)
+    sent = [add.enqueue(n, n).id for n in range(5)]  # no worker: each stays waiting
+    admin = user("hermes-admin", superuser=True)
+
+    def walk(query: str) -> list[str]:
+        listed: list[str] = []
+        path: str | None = "/admin/hermes_django/job/" + query
+        while path is not None:
+            page = admin.get(path).content.decode()
+            listed += re.findall(r"/admin/hermes_django/job/([^/]+)/change/", page)
+            link = re.search(r'<a href="(\?[^"]+)" id="next-page">', page)
+            path = None if link is None else "/admin/hermes_django/job/" + html.unescape(link[1])
+        return listed
+
+    assert walk("") == sent[::-1]
+    assert walk("?order=oldest") == sent
+    refused = admin.get("/admin/hermes_django/job/?after=not-a-page").content.decode()
+    assert "That page is not one of this store" in refused
 
 
 def test_a_failed_task_is_listed_shown_and_retried_from_the_admin(

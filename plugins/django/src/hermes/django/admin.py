@@ -1,8 +1,9 @@
 """Hermes's pages in Django's admin: the job records and the failed store of the task backend.
 
 Read from the ``default`` task backend (a :class:`~hermes.django.HermesBackend`):
-its ``OPTIONS["results_url"]`` for **Jobs** (newest first, filtered by state
-and task; a page per job with its attempts and each error's traceback), its
+its ``OPTIONS["results_url"]`` for **Jobs** (a page at a time, newest or
+oldest first, filtered by state and task; a page per job with its attempts
+and each error's traceback), its
 ``OPTIONS["failed_url"]`` for **Failed jobs** (a page per message with its
 arguments and tracebacks, and a Retry that sends it back to
 ``OPTIONS["url"]`` and removes it from the store). Django's permissions
@@ -17,6 +18,7 @@ import datetime
 import json
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlencode
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
@@ -100,12 +102,22 @@ class JobAdmin(_StorePage):
         if state is not None and state not in {s.value for s in JobState}:
             state = None
         task = request.GET.get("task", "").strip() or None
+        after = request.GET.get("after") or None
+        oldest = request.GET.get("order") == "oldest"
         error = None
         records: list[JobRecord] = []
+        following: str | None = None
         if backend.results_url is None:
             error = 'TASKS["default"] keeps no job records: give OPTIONS["results_url"]'
         else:
-            records = backend.jobs().scan(state=state, type=task, limit=JOBS_SHOWN)
+            try:
+                records, following = backend.jobs().page(
+                    after, oldest_first=oldest, state=state, type=task, limit=JOBS_SHOWN
+                )
+            except ValueError:  # an ``after`` this store did not write
+                error = "That page is not one of this store's: start again from the first."
+        kept = {k: v for k, v in (("state", state), ("task", task)) if v}
+        ordered = {**kept, **({"order": "oldest"} if oldest else {})}
         rows = [
             {
                 "record": record,
@@ -125,6 +137,12 @@ class JobAdmin(_StorePage):
             task=task or "",
             error=error,
             shown=JOBS_SHOWN,
+            oldest=oldest,
+            first=urlencode(ordered),
+            newest_first=urlencode(kept),
+            oldest_first=urlencode({**kept, "order": "oldest"}),
+            after=after,
+            next=None if following is None else urlencode({**ordered, "after": following}),
             store=redact_url(backend.results_url or ""),
             **(extra_context or {}),
         )
