@@ -322,6 +322,71 @@ def test_release_does_not_put_a_popped_message_back(driver, client, namespace):
         assert consumer.receive(0.2) is None
 
 
+def test_a_consumer_for_many_handlers_pops_several_bodies_in_one_round_trip(
+    driver, client, namespace
+):
+    driver.send_batch([Message("m", {"i": i}) for i in range(10)])
+    with driver.consumer([], concurrency=128) as consumer:  # 128 / 32: four at a time
+        first = consumer.receive(1)
+        assert first is not None
+        assert client.scard(namespace) == 6
+        rest = [consumer.receive(1) for _ in range(3)]
+        assert client.scard(namespace) == 6  # handed out without a pop
+        fifth = consumer.receive(1)
+        assert client.scard(namespace) == 2
+        taken = [first, *rest, fifth]
+        assert all(received is not None for received in taken)
+        assert len({received.body for received in taken if received is not None}) == 5
+
+
+def test_a_consumer_pops_at_most_a_few_bodies_however_many_handlers(driver, client, namespace):
+    most = redis_driver._RedisConsumer.MOST_POPPED
+    driver.send_batch([Message("m", {"i": i}) for i in range(most + 10)])
+    with driver.consumer([], concurrency=100_000) as consumer:
+        assert consumer.receive(1) is not None
+        assert client.scard(namespace) == 10
+
+
+def test_a_consumer_with_few_handlers_pops_one_body_at_a_time(driver, client, namespace):
+    driver.send_batch([Message("m", {"i": i}) for i in range(5)])
+    with driver.consumer([], concurrency=63) as consumer:
+        assert consumer.receive(1) is not None
+        assert client.scard(namespace) == 4
+
+
+def test_closing_puts_back_what_was_popped_and_never_handed_out(driver, client, namespace):
+    driver.send_batch([Message("m", {"i": i}) for i in range(10)])
+    with driver.consumer([], concurrency=256) as consumer:  # eight at a time
+        running = consumer.receive(1)  # its handler runs: it is not put back
+        assert running is not None
+        assert client.scard(namespace) == 2
+    assert client.scard(namespace) == 9
+    assert running.body not in client.smembers(namespace)
+    assert client.llen(wake_key(namespace)) >= 7  # an idle worker is woken for them
+
+
+def test_several_bodies_are_popped_from_the_highest_priority_set_that_has_any(
+    driver, client, namespace
+):
+    driver.setup_priority_queue(f"{namespace}-low", LOW)
+    driver.setup_priority_queue(f"{namespace}-high", HIGH)
+    driver.send_batch([Message("low") for _ in range(3)], LOW)
+    driver.send_batch([Message("high") for _ in range(2)], HIGH)
+    with driver.consumer([], concurrency=1000) as consumer:
+        taken = [consumer.receive(1) for _ in range(5)]
+        assert consumer.receive(0.2) is None
+    assert [received.priority for received in taken if received is not None] == [
+        HIGH,
+        HIGH,
+        LOW,
+        LOW,
+        LOW,
+    ]
+    assert [received.token for received in taken if received is not None] == [
+        f"{namespace}-high"
+    ] * 2 + [f"{namespace}-low"] * 3
+
+
 def test_the_rejected_list_keeps_only_the_newest_bodies(driver, client, namespace, monkeypatch):
     monkeypatch.setattr(redis_driver, "REJECTED_CAP", 3)
     with driver.consumer([]) as consumer:

@@ -488,7 +488,7 @@ class RedisSetDriver(Driver):
         order = self.check_priorities(self._queues, priorities)
         if self.delivery is Delivery.AT_LEAST_ONCE:
             return _LeasingConsumer(self, order)
-        return _RedisConsumer(self, order)
+        return _RedisConsumer(self, order, concurrency)
 
     # Housekeeping --------------------------------------------------------------
 
@@ -698,11 +698,42 @@ class _RedisConsumer(Consumer):
       :meth:`ack`, :meth:`release` and :meth:`reject` may be called from any
       thread: they never touch the held connection (:meth:`reject` borrows one
       from the pool, which is thread-safe).
+    * A worker with many handlers at once pops several bodies per round trip:
+      one for every :data:`CONCURRENCY_PER_BODY` of the ``concurrency`` it
+      passed to :meth:`RedisSetDriver.consumer`, at most :data:`MOST_POPPED`,
+      from the first non-empty set (below ``2 x CONCURRENCY_PER_BODY``, one
+      at a time). They are handed out one per :meth:`receive` before the
+      next pop, and :meth:`close` puts back those never handed out. A worker
+      killed meanwhile (SIGKILL, the OOM killer) loses them along with the
+      messages its handlers ran, though their handlers never started: at
+      most ``MOST_POPPED - 1`` messages more than an at-most-once worker
+      loses anyway.
 
     ``Received.token`` is the key of the set the body was popped from.
     """
 
-    def __init__(self, driver: RedisSetDriver, priorities: Sequence[int]) -> None:
+    #: Popped at once: one body per this much of the worker's ``concurrency``.
+    CONCURRENCY_PER_BODY = 32
+    #: The most bodies one pop takes (the last are held until a handler is free).
+    MOST_POPPED = 16
+    #: Pop up to ARGV[1] bodies from the first non-empty set of KEYS (highest
+    #: priority first); ``{index, body...}`` (1-based index into KEYS) or nil.
+    POP_FIRST_MANY = _scripts.LuaScript(
+        """
+for i = 1, #KEYS do
+    local bodies = redis.call('SPOP', KEYS[i], tonumber(ARGV[1]))
+    if #bodies > 0 then
+        table.insert(bodies, 1, i)
+        return bodies
+    end
+end
+return false
+"""
+    )
+
+    def __init__(
+        self, driver: RedisSetDriver, priorities: Sequence[int], concurrency: int = 1
+    ) -> None:
         self.driver = driver
         self.pool = driver.client.connection_pool
         self.connection: Connection | None = None
@@ -720,6 +751,12 @@ class _RedisConsumer(Consumer):
         self.move_at = 0.0
         #: ``execute_at`` of the earliest scheduled message, as of the last move.
         self.next_due: float | None = None
+        #: How many bodies one pop takes.
+        self.popped_at_once = max(
+            1, min(self.MOST_POPPED, concurrency // self.CONCURRENCY_PER_BODY)
+        )
+        #: Popped by the last pop and not handed out yet, next first.
+        self.popped: collections.deque[Received] = collections.deque()
 
     def receive(self, timeout_s: float) -> Received | None:
         busy = time.monotonic() < self.move_at
@@ -740,9 +777,31 @@ class _RedisConsumer(Consumer):
         _scripts.SET_ASIDE(self.driver._execute, (key,), (REJECTED_CAP, received.body))
 
     def close(self) -> None:
-        if self.connection is not None:
-            self.pool.release(self.connection)
-            self.connection = None
+        try:
+            if self.popped:
+                self._put_back()
+        finally:
+            if self.connection is not None:
+                self.pool.release(self.connection)
+                self.connection = None
+
+    def _put_back(self) -> None:
+        """Put back what the last pop took and no handler was given (the worker stops)."""
+        popped, self.popped = list(self.popped), collections.deque()
+        default_wake = wake_key(self.driver._queues[DEFAULT_PRIORITY])
+        try:
+            for key in dict.fromkeys(received.token for received in popped):
+                bodies = [received.body for received in popped if received.token == key]
+                keys = (key, self.driver.schedule_key, wake_key(key), default_wake)
+                _scripts.SEND(self._execute, keys, (WAKE_LIST_CAP, len(bodies), *bodies))
+        except Exception as exc:
+            logger.warning(
+                "%r: could not put back %d message(s) taken and never started, which are lost - %s",
+                self.driver,
+                len(popped),
+                exc,
+            )
+            raise
 
     def _execute(self, command: Sequence[Any] | bytes, raw: bool) -> Any:
         """Run ``command`` (words, or bytes packed already) on the held connection."""
@@ -770,6 +829,11 @@ class _RedisConsumer(Consumer):
             raise
 
     def _pop(self) -> Received | None:
+        if self.popped:
+            return self.popped.popleft()
+        most = self.popped_at_once
+        if most > 1:
+            return self._pop_many(most)
         if len(self.keys) == 1:
             body = self._execute(("SPOP", self.keys[0]), True)
             return None if body is None else Received(body, self.priorities[0], self.keys[0])
@@ -778,6 +842,20 @@ class _RedisConsumer(Consumer):
             return None
         index = int(reply[0]) - 1
         return Received(reply[1], self.priorities[index], self.keys[index])
+
+    def _pop_many(self, most: int) -> Received | None:
+        if len(self.keys) == 1:
+            index, bodies = 0, self._execute(("SPOP", self.keys[0], most), True)
+        else:
+            reply = self.POP_FIRST_MANY(self._execute, self.keys, (most,), raw=True)
+            if not reply:
+                return None
+            index, bodies = int(reply[0]) - 1, reply[1:]
+        if not bodies:
+            return None
+        priority, key = self.priorities[index], self.keys[index]
+        self.popped.extend(Received(body, priority, key) for body in bodies[1:])
+        return Received(bodies[0], priority, key)
 
     def _move_due(self) -> int:
         """Move due scheduled messages to the default-priority set; how many."""
