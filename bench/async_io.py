@@ -27,8 +27,10 @@ A full run measures this checkout's HEAD commit, built as the baseline is
 (hermes-core and hermes-redis, editable from a worktree, in a virtual
 environment of their own: no observer plugin, nothing uncommitted); with
 ``--quick``, this environment with the observer plugins blocked
-(bench.hermes_cli). With Prometheus, OpenTelemetry or Sentry registered, as
-they stand, a worker keeps a thread per message (see docs, Concurrency).
+(bench.hermes_cli). Every worker starts from bytecode, as an installed
+package does: each Hermes environment is compiled first, as arq's is.
+With Prometheus, OpenTelemetry or Sentry registered, as they stand, a
+worker keeps a thread per message (see docs, Concurrency).
 
 The rows take turns within each round; each figure is the median of its
 rounds. A full run (3 rounds) writes ``bench/results/async-io.md`` and
@@ -247,7 +249,8 @@ def run_async(
             fill()
         try:
             began = time.time()
-            with worker(argv, env.make(setting.n, out, "async", **extra), log) as proc:
+            process_env = envs.environ(env.make(setting.n, out, "async", **extra))
+            with worker(argv, process_env, log) as proc:
                 facts: dict[str, float] = {}
                 if footprint:
                     time.sleep(3.0)  # started, connected, waiting on an empty queue
@@ -272,11 +275,30 @@ def run_sync_io(command: list[str], env: Env, redis_url: str, n: int) -> float:
             out, log = Path(tmp) / "result.json", Path(tmp) / "worker.log"
             argv = hermes_argv(command, url, "bench.jobs:register", 8, n)
             began = time.time()
-            with worker(argv, env.make(n, out, "io"), log) as proc:
+            with worker(argv, envs.environ(env.make(n, out, "io")), log) as proc:
                 result = wait_result(out, proc, 600, log)
             return n / (result["last"] - began)
     finally:
         purge_and_close(connect(url))
+
+
+def compile_bytecode(python: str) -> None:
+    """Compile the environment of ``python`` and the Hermes it imports to bytecode.
+
+    As an installed Hermes runs: pip compiles what it installs, and an editable
+    checkout is compiled on its first import. arq's environment is compiled
+    too (bench.envs); a worker started without bytecode would compile
+    redis-py and Hermes again at each spawn, most of a second of start-up
+    that a user never pays.
+    """
+    env = envs.environ(dict(os.environ))
+    envs.compile_bytecode(python)
+    where = subprocess.run(
+        [python, "-c", "import hermes.core, hermes.drivers.redis as r; "
+         "print(hermes.core.__path__[0]); print(r.__path__[0])"],
+        capture_output=True, text=True, check=True, env=env,
+    ).stdout.split()  # fmt: skip
+    subprocess.run([python, "-m", "compileall", "-q", *where], capture_output=True, env=env)
 
 
 # Report -----------------------------------------------------------------------------
@@ -387,11 +409,14 @@ def main() -> None:
         # virtual environment of their own, from a worktree), so the two sync rows
         # differ by the commit alone and nothing uncommitted is measured.
         hermes = worker_command()
-        if not quick:
+        if quick:
+            compile_bytecode(sys.executable)
+        else:
             head = resolve_baseline("HEAD")
             assert head is not None
             print(f"== building this Hermes: HEAD ({head[1][:12]})", flush=True)
             python = stack.enter_context(previous_hermes(head[1]))
+            compile_bytecode(python)
             hermes = [str(Path(python).parent / "hermes")]
             report.notes.append(f"this Hermes: HEAD, {head[1][:7]}, hermes-core and hermes-redis")
         if baseline is not None:
@@ -399,6 +424,7 @@ def main() -> None:
                 f"== building the previous Hermes: {baseline[0]} ({baseline[1][:12]})", flush=True
             )
             python = stack.enter_context(previous_hermes(baseline[1]))
+            compile_bytecode(python)
             previous = [str(Path(python).parent / "hermes")]
         said = baseline[1][:7] if baseline else None
         systems = [HERMES] + ([ARQ] if arq_python else [])
