@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -99,7 +100,10 @@ def test_the_admin_s_job_list_pages_newest_or_oldest_first_to_its_last_record(
     queue: Queue, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(hermes_admin, "JOBS_SHOWN", 2)
-    sent = [add.enqueue(n, n).id for n in range(5)]  # no worker: each stays waiting
+    sent: list[str] = []
+    for n in range(5):  # no worker: each stays waiting
+        sent.append(add.enqueue(n, n).id)
+        time.sleep(0.005)  # Redis orders by the millisecond (and by key within one)
     admin = user("hermes-admin", superuser=True)
 
     def walk(query: str) -> list[str]:
