@@ -307,7 +307,7 @@ def test_coroutines_started_while_the_event_loop_is_busy_wake_it_once(
         event_loop.close()
 
 
-def test_coroutines_that_end_together_reach_the_settle_threads_in_lots(
+def test_coroutines_that_end_together_are_settled_and_free_their_slots_in_lots(
     driver: SettlesDriver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     lots: list[int] = []
@@ -318,6 +318,14 @@ def test_coroutines_that_end_together_reach_the_settle_threads_in_lots(
         submit(self, fn, *args)
 
     monkeypatch.setattr(_worker._Settlers, "submit", counted)
+    frees: list[None] = []
+    freed = _worker._ConcurrentRun._freed
+
+    def counted_freed(self: _worker._ConcurrentRun) -> None:
+        frees.append(None)
+        freed(self)
+
+    monkeypatch.setattr(_worker._ConcurrentRun, "_freed", counted_freed)
     waiting: list[asyncio.Future[None]] = []
 
     async def job(message: Message) -> None:
@@ -341,6 +349,7 @@ def test_coroutines_that_end_together_reach_the_settle_threads_in_lots(
     releaser.join()
     assert driver.acked() == 40
     assert lots == [16, 16, 8]
+    assert len(frees) == 3  # a thread waiting for a slot is woken once a lot
 
 
 # Around the handler -----------------------------------------------------------------

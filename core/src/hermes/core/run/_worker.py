@@ -880,19 +880,23 @@ class _Coroutines:
         context: contextvars.Context,
         value: Any,
         exc: BaseException | None,
+        free: bool = True,
     ) -> None:
-        """Run the steps up to the next coroutine (started) or to the end (settled)."""
+        """Run the steps up to the next coroutine (started) or to the end (settled).
+
+        Settled, its slot is freed (``free``; else the caller frees it).
+        """
         try:
             if exc is None:
                 awaiting = context.run(steps.send, value)
             else:
                 awaiting = context.run(steps.throw, exc)
         except StopIteration:
-            self._settle(received, "acknowledge", self.loop.consumer.ack)
+            self._settle(received, "acknowledge", self.loop.consumer.ack, free)
             return
         except BaseException as error:
             self.failed(error)  # the run stops first: nothing takes the message back meanwhile
-            self._settle(received, "release", self.loop.consumer.release)
+            self._settle(received, "release", self.loop.consumer.release, free)
             return
         done = functools.partial(self._done, received, steps, context)
         try:
@@ -930,13 +934,18 @@ class _Coroutines:
             self.settlers.submit(self._advance_all, ended[at : at + SETTLE_LOT])
 
     def _advance_all(self, ended: list[tuple[Any, ...]]) -> None:
-        for one in ended:
-            try:
-                self.advance(*one)
-            except BaseException:
-                logger.exception("Hermes: settling a message failed")
+        try:
+            for one in ended:
+                try:
+                    self.advance(*one, free=False)
+                except BaseException:
+                    logger.exception("Hermes: settling a message failed")
+        finally:
+            self.freed()  # once for the lot: a thread waiting for a slot wakes once
 
-    def _settle(self, received: Received, what: str, action: Callable[..., None]) -> None:
+    def _settle(
+        self, received: Received, what: str, action: Callable[..., None], free: bool = True
+    ) -> None:
         loop = self.loop
         settled = False
         try:
@@ -949,7 +958,8 @@ class _Coroutines:
             if settled and what == "acknowledge":
                 with loop.count_lock:
                     loop.stats.processed += 1
-            self.freed()
+            if free:
+                self.freed()
 
 
 def _handlers_busy(loop: _Loop) -> bool:
