@@ -14,6 +14,7 @@ import hermes_test_services as services
 import pytest
 
 from hermes.core import Dispatcher, Emitter, Message, Result, Worker, hookimpl
+from hermes.core.app import _jobs as jobs_module
 from hermes.core.driver import MemoryDriver, SupportsTeardown, isolated_url
 from hermes.core.heartbeat import HeartbeatPublisher
 from hermes.core.jobs import (
@@ -573,6 +574,36 @@ def test_listing_filters_by_state_type_and_priority(broker: MemoryDriver, jobs: 
     assert {r.id for r in jobs.scan(type="a")} == {first.id, third.id}
     assert [r.id for r in jobs.scan(priority=300)] == [third.id]
     assert [r.id for r in jobs.scan(type="a", priority=100)] == [first.id]
+
+
+def test_a_filter_that_matches_few_reads_a_bounded_share_a_page_and_pages_on_to_them(
+    broker: MemoryDriver, jobs: Jobs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(jobs_module, "MIN_SCANNED", 10)  # a page reads 10 x 2 records at most
+    rare = [emit(broker, jobs, Message("rare")).id for _ in range(5)]
+    for _ in range(25):
+        emit(broker, jobs, Message("common"))
+    reads: list[int] = []
+    record_page = jobs.driver.record_page  # type: ignore[attr-defined]
+
+    def counted(after: str | None, limit: int, max_bytes: int, **kw: Any) -> Any:
+        page = record_page(after, limit, max_bytes, **kw)
+        reads.append(len(page.entries))
+        return page
+
+    monkeypatch.setattr(jobs.driver, "record_page", counted)
+
+    first, after = jobs.page(type="rare", limit=2)
+    assert first == [] and after is not None and sum(reads) <= 20
+    found = []
+    while after is not None:
+        page, after = jobs.page(after, type="rare", limit=2)
+        assert len(page) <= 2
+        found += [r.id for r in page]
+    # Each once; in creation order but for Redis, which orders one millisecond's by key.
+    assert sorted(found) == sorted(rare) and len(set(found)) == len(found)
+    oldest, after = jobs.page(type="rare", limit=10, oldest_first=True)
+    assert {r.id for r in oldest} == set(rare) and after is None  # 100 reads reach the end
 
 
 def _race_cancel_against_start() -> tuple[bool, JobRecord]:

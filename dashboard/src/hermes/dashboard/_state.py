@@ -475,8 +475,8 @@ class Dashboard:
         """A page of up to ``limit`` records past ``after`` (None: the first), newest
         first unless ``oldest_first``, of ``state``, ``type`` and ``priority`` when given,
         within :data:`PAGE_BYTES`; and the ``after`` of the next page (None on the last).
-        None without a records store. A filter reads at most
-        :data:`~hermes.core.jobs.MAX_SCANNED` records a page (see :meth:`Jobs.page`)."""
+        None without a records store. A filter reads at most ten times ``limit``
+        records a page (see :meth:`Jobs.page`)."""
         if self.jobs is None:
             return None
         return self.jobs.page(

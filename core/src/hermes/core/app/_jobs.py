@@ -79,8 +79,10 @@ MAX_ATTEMPTS_KEPT = 50
 #: The most bytes of records one :meth:`Jobs.page` reads: a page of large results
 #: lists fewer (one at least), whatever their sizes.
 PAGE_BYTES = 8 * 1024 * 1024
-#: The most records a filtered :meth:`Jobs.page` reads to fill itself.
-MAX_SCANNED = 1000
+#: A filtered :meth:`Jobs.page` reads at most this many times its limit of records
+#: to fill itself (and at least :data:`MIN_SCANNED`), as an unfiltered page reads one.
+FILTER_READS = 10
+MIN_SCANNED = 1000
 #: Compare-and-set rounds before a change gives up (another writer keeps winning).
 _MAX_ROUNDS = 100
 #: Jobs whose last written record a :class:`Jobs` remembers, to change it without a read.
@@ -387,9 +389,10 @@ class Jobs:
         Records are in the order they were created, and paging is stable: a record
         that lived all along is listed once, whatever is written between pages. A
         filter (``state``, ``type``, ``priority``) reads store pages until ``limit``
-        records match, :data:`MAX_SCANNED` records were read, or the bytes read
-        reach ``max_bytes``: a filter that matches few records gives a short (even
-        empty) page with a ``next`` to go on from, never a read of the whole store.
+        records match, :data:`FILTER_READS` times ``limit`` records were read (at
+        least :data:`MIN_SCANNED`), or the bytes read reach ``max_bytes``: a filter
+        that matches few records gives a short (even empty) page with a ``next`` to
+        go on from, never a read of the whole store.
         A store without :class:`~hermes.core.driver.SupportsRecordPages` gives one
         page of its newest records and no ``next``.
         """
@@ -404,11 +407,12 @@ class Jobs:
 
         limit = max(1, limit)
         filtered = wanted is not None or type is not None or priority is not None
+        budget = max(FILTER_READS * limit, MIN_SCANNED)
         found: list[JobRecord] = []
         store = self._store
         if not isinstance(store, SupportsRecordPages):
             with self.driver.translating("listing job records"):
-                raw = store.record_scan(MAX_SCANNED if filtered else limit)
+                raw = store.record_scan(budget if filtered else limit)
             records = (self._decode(data, "?") for data in raw)
             found = [r for r in records if r is not None and matches(r)][:limit]
             return found, None
@@ -432,7 +436,7 @@ class Jobs:
                 or len(found) >= limit
                 or read >= max_bytes
                 or not filtered
-                or scanned >= MAX_SCANNED
+                or scanned >= budget
             ):
                 return found, after
 
