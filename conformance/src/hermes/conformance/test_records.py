@@ -553,7 +553,9 @@ def _walk(
         assert len(page.entries) <= _PAGE, (
             f"record_page(limit={_PAGE}) listed {len(page.entries)} records"
         )
-        listed += [value for _, value in page.entries]
+        for _, value in page.entries:
+            assert type(value) is bytes, f"record_page listed a {type(value).__name__}, not bytes"
+            listed.append(value)
         if page.next is None:
             return listed
         assert isinstance(page.next, str), f"a page's next is {type(page.next).__name__}"

@@ -268,10 +268,14 @@ def write_tmp(directory: str, body: bytes, fsync: bool) -> str:
     return path
 
 
-def _write(directory: str, name: str, body: bytes, fsync: bool, created_ns: int) -> None:
+def _write(
+    directory: str, name: str, body: bytes, fsync: bool, created_ns: int | None = None
+) -> None:
+    """Replace file ``name`` by one holding ``body``, its mtime ``created_ns`` if given."""
     tmp = write_tmp(directory, body, fsync)
     try:
-        os.utime(tmp, ns=(created_ns, created_ns))
+        if created_ns is not None:
+            os.utime(tmp, ns=(created_ns, created_ns))
         os.rename(tmp, os.path.join(directory, name))
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
