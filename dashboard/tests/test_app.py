@@ -22,7 +22,7 @@ import pytest
 from dash_support import eventually
 
 from hermes.core import ExceptionRecord, FailedMessage, FailedStore, Message
-from hermes.core.driver import MemoryDriver
+from hermes.core.driver import MemoryDriver, QueueStats
 from hermes.core.jobs import JobError, Jobs, JobState
 from hermes.core.limits import Limit, Limiter
 from hermes.core.spi._registry import driver_for_url
@@ -554,6 +554,30 @@ def test_the_jobs_list_and_its_api_filter_by_priority(
     assert 'name="priority" value="300"' in page
     answer = json.loads(client.get("/api/jobs?priority=100").content)
     assert [job["id"] for job in answer["jobs"]] == [low.id]
+
+
+def test_in_flight_the_broker_cannot_count_comes_from_the_heartbeats_of_workers_on_its_url(
+    dashboard: Dashboard, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    uncounted = [QueueStats(p, f"q{p}", ready=0, scheduled=0) for p in (100, 300)]
+    monkeypatch.setattr(dashboard.driver, "queue_stats", lambda: uncounted, raising=False)
+    job = {"type": "job", "since": time.time()}
+    url = dashboard.shown_url
+
+    def in_flight() -> dict[int, int | None]:
+        return {row.priority: row.in_flight for row in dashboard.queue_stats() or []}
+
+    assert in_flight() == {100: 0, 300: 0}  # no worker: nothing in flight
+    heartbeat(dashboard, url=url, priorities=[300], in_flight=[{**job, "id": "a"}] * 2)
+    heartbeat(dashboard, url=url, priorities=[300], in_flight=[{**job, "id": "b"}])
+    heartbeat(dashboard, url="memory://another-app", priorities=[100], in_flight=[job])
+    assert in_flight() == {100: 0, 300: 3}
+    page = client_of(dashboard).get("/").text
+    assert re.search(r'<td class="num in-flight">3</td>', page), "the Overview shows it"
+
+    # Reading both with a job in flight: which queue it came from is not said.
+    heartbeat(dashboard, url=url, priorities=[], in_flight=[{**job, "id": "c"}])
+    assert in_flight() == {100: None, 300: None}
 
 
 def test_the_jobs_list_pages_newest_or_oldest_first_and_new_jobs_do_not_shift_its_pages(

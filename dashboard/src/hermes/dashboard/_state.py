@@ -15,7 +15,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Hashable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hermes.core import FailedMessage, FailedStore, HermesError, Message, redact_url
@@ -268,11 +268,43 @@ class Dashboard:
         return redact_url(self.results_url) if self.results_url else None
 
     def queue_stats(self) -> list[QueueStats] | None:
-        """One row per queue this dashboard was started with; None when the broker cannot count."""
+        """One row per queue this dashboard was started with; None when the broker cannot count.
+
+        Where the broker cannot count what is in flight (Redis at most once pops a
+        message and holds nothing), the count comes from the live workers' heartbeats
+        on this dashboard's URL: each job in a worker's handlers now counts on the one
+        queue it reads of this dashboard's. A worker that reads several of them with a
+        job in flight leaves their counts unknown, as a heartbeat does not say which.
+        """
         if not isinstance(self.driver, SupportsStats):
             return None
         with self.driver.translating("counting its queues"):
-            return self.driver.queue_stats()
+            rows = self.driver.queue_stats()
+        if self.registry is None or all(row.in_flight is not None for row in rows):
+            return rows
+        counted = self._in_flight_by_priority([row.priority for row in rows])
+        return [
+            replace(row, in_flight=counted.get(row.priority)) if row.in_flight is None else row
+            for row in rows
+        ]
+
+    def _in_flight_by_priority(self, shown: list[int]) -> dict[int, int | None]:
+        """Priority -> jobs in the handlers of the live workers on this URL (None: unknown)."""
+        counts: dict[int, int | None] = dict.fromkeys(shown, 0)
+        for record in self.workers() or []:
+            if record.get("kind", "worker") != "worker" or record.get("url") != self.shown_url:
+                continue
+            jobs = record.get("in_flight")
+            running = sum(isinstance(job, dict) for job in jobs) if isinstance(jobs, list) else 0
+            read = record.get("priorities")
+            read = [p for p in read if p in counts] if isinstance(read, list) and read else shown
+            if not running:
+                continue
+            if len(read) == 1 and counts[read[0]] is not None:
+                counts[read[0]] = (counts[read[0]] or 0) + running
+            else:
+                counts.update(dict.fromkeys(read))
+        return counts
 
     def limits(self) -> list[LimitUsage] | None:
         """Each limit key the store keeps; None when there is no store that keeps limits."""
