@@ -31,10 +31,15 @@ DEADLINE_S = 30.0
 #: How soon after a click on Pause (or Resume) every worker reading the priority must
 #: skip it (or take it again): what an operator is promised.
 PAUSE_HOLDS_S = 5.0
-#: Where the tests save a screenshot of each page; the README shows the committed ones.
-SCREENSHOTS = (
-    Path(os.environ.get("HERMES_SCREENSHOTS_DIR", ""))
+#: Where the READMEs' screenshots are (docs/img/dashboard links here): with
+#: ``HERMES_SCREENSHOTS=1`` the browser tests write theirs there, to commit;
+#: ``HERMES_SCREENSHOTS_DIR=DIR`` into DIR instead; else none.
+README_SCREENSHOTS = HERE.parent / "docs" / "screenshots"
+SCREENSHOTS: Path | None = (
+    Path(os.environ["HERMES_SCREENSHOTS_DIR"])
     if os.environ.get("HERMES_SCREENSHOTS_DIR")
+    else README_SCREENSHOTS
+    if os.environ.get("HERMES_SCREENSHOTS") == "1"
     else None
 )
 
@@ -159,6 +164,7 @@ class Deployment:
 
 
 def screenshot(browser: Any, name: str) -> None:
+    """The page as the browser shows it, as ``<name>.png`` where the docs show it."""
     if SCREENSHOTS is not None:
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         browser.save_screenshot(str(SCREENSHOTS / f"{name}.png"))

@@ -17,7 +17,7 @@ from typing import Any
 
 import hermes_test_services
 import pytest
-from dash_support import Deployment, deploy, eventually, pause_and_resume
+from dash_support import Deployment, deploy, eventually, pause_and_resume, screenshot
 from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 from selenium.webdriver.common.by import By
 
@@ -164,6 +164,8 @@ def test_the_jobs_list_pages_to_its_last_record_newest_and_oldest_first(
     browser: Any, backlog: tuple[Deployment, list[str]]
 ) -> None:
     deployment, queued = backlog
+    browser.get(deployment.base + "/jobs")
+    screenshot(browser, "jobs")
     newest, pages = _walk_jobs(browser, deployment.base + "/jobs")
     assert pages >= 50, f"{pages} pages of 200: paging was not what was exercised"
     assert len(newest) == len(set(newest)), "a job listed on two pages"
