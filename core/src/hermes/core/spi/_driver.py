@@ -534,7 +534,9 @@ class SupportsRecordPages(Protocol):
     * Stable: following ``next`` from None lists every record that lived all
       along exactly once, whatever is written, created or expires between
       two pages; one created meanwhile is listed on an oldest-first walk
-      that has not passed its place, and on no newest-first one.
+      that has not passed its place, and not on a newest-first one (up to
+      the precision of the store's order: Redis orders the records created
+      in one millisecond by key).
     * Bounded: a page holds at most ``limit`` entries, fewer once their bytes
       reach ``max_bytes`` (one at least), and reads about as many records as
       it shows: a page may end early (even empty) where it met expired ones,

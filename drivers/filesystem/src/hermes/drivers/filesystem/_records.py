@@ -99,7 +99,7 @@ def put(
 
 
 def scan(queue_dir: str, limit: int) -> list[bytes]:
-    """Up to ``limit`` unexpired records, the most recently written first.
+    """Up to ``limit`` unexpired records, the most recently created first.
 
     The names are sorted by mtime from one listing; only the files needed to
     fill ``limit`` (and the expired ones met on the way) are read.
