@@ -827,6 +827,14 @@ class _Settlers:
             self._queue.put(None)
 
 
+if TYPE_CHECKING:
+    #: A coroutine that ended, as the steps of its message take it up again:
+    #: ``(received, steps, context, value, exception)``.
+    _Ended = tuple[
+        Received, Generator[Awaiting, Any, bool], contextvars.Context, Any, BaseException | None
+    ]
+
+
 class _Coroutines:
     """The async path of a run: messages whose handlers are all ``async def``.
 
@@ -861,7 +869,7 @@ class _Coroutines:
         self.failed = failed
         #: Coroutines that ended in this turn of the event loop, for the settle
         #: threads (touched on the event loop thread only).
-        self.ended: list[tuple[Any, ...]] = []
+        self.ended: list[_Ended] = []
 
     def start(self, received: Received, message: Message) -> None:
         loop = self.loop
@@ -933,7 +941,7 @@ class _Coroutines:
         for at in range(0, len(ended), SETTLE_LOT):
             self.settlers.submit(self._advance_all, ended[at : at + SETTLE_LOT])
 
-    def _advance_all(self, ended: list[tuple[Any, ...]]) -> None:
+    def _advance_all(self, ended: list[_Ended]) -> None:
         try:
             for one in ended:
                 try:
