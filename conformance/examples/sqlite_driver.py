@@ -118,7 +118,9 @@ class _SqliteConsumer(Consumer):
         self.marks = ",".join("?" * len(order))
         self.order = order
         self.held: set[int] = set()
-        self.leases = LeaseKeeper(self._renew, LEASE_S / 3, f"the leases in {driver.path}")
+        self.leases = LeaseKeeper(
+            self._renew, LEASE_S / 3, f"the leases in {driver.path}", driver=driver
+        )
         self.leases.start()
 
     def receive(self, timeout_s: float) -> Received | None:
@@ -164,8 +166,8 @@ class _SqliteConsumer(Consumer):
             return
         marks = ",".join("?" * len(held))
         sql = f"UPDATE {self.driver.table} SET lease_until = ? WHERE id IN ({marks})"
-        with self.driver.translating("renewing leases"):  # our own thread: core is not there
-            self.driver.execute(sql, time.time() + LEASE_S, *held)
+        # On the keeper's thread, which translates what it raises.
+        self.driver.execute(sql, time.time() + LEASE_S, *held)
 
 
 def _from_url(url: DriverUrl) -> SqliteDriver:

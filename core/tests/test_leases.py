@@ -5,12 +5,12 @@ from __future__ import annotations
 import threading
 import time
 
-from hermes.core.driver import AckBatch, Handover
+from hermes.core.driver import AckBatch, Handover, MemoryDriver
 
 
 def test_a_settle_on_the_owner_runs_at_once_and_one_from_another_thread_waits_and_wakes() -> None:
     woken: list[int] = []
-    handover = Handover(wake=lambda: woken.append(1))
+    handover = Handover(MemoryDriver(), wake=lambda: woken.append(1))
     handover.claim()
     done: list[str] = []
     handover.call(done.append, "on the owner")
@@ -26,7 +26,7 @@ def test_a_settle_on_the_owner_runs_at_once_and_one_from_another_thread_waits_an
 
 
 def test_once_another_thread_claims_the_client_the_former_owners_settles_are_queued() -> None:
-    handover = Handover()
+    handover = Handover(MemoryDriver())
     done: list[str] = []
     former_claimed = threading.Event()
 
@@ -50,7 +50,7 @@ def test_once_another_thread_claims_the_client_the_former_owners_settles_are_que
 
 
 def test_a_claim_waits_for_a_settle_the_former_owner_is_running_at_once() -> None:
-    handover = Handover()
+    handover = Handover(MemoryDriver())
     in_settle, finish = threading.Event(), threading.Event()
     order: list[str] = []
 

@@ -31,6 +31,7 @@ from hermes.core.model._serializer import MessageSerializer, Serializer
 from hermes.core.spi import _limits as limit_state
 from hermes.core.spi._browse import BrowsePage, page_of
 from hermes.core.spi._consumer import IDLE_WAIT_S, Consumer, Received, current_received
+from hermes.core.spi._door import Door
 from hermes.core.spi._driver import (
     DEFAULT_PRIORITY,
     Callback,
@@ -38,7 +39,6 @@ from hermes.core.spi._driver import (
     Delay,
     Delivery,
     Driver,
-    Outgoing,
     QueueStats,
     SupportsClaim,
     SupportsHeartbeats,
@@ -49,11 +49,11 @@ from hermes.core.spi._driver import (
     SupportsStats,
     SupportsTally,
     SupportsTeardown,
-    outgoing,
 )
 from hermes.core.spi._lazy import lazy_exports
 from hermes.core.spi._leases import AckBatch, Handover, LeaseKeeper
 from hermes.core.spi._limits import LimitRule, SupportsLimits, Take
+from hermes.core.spi._outgoing import Outgoing, outgoing
 from hermes.core.spi._process import PerProcess, owner_id
 from hermes.core.spi._registry import DriverPlugin, hookimpl, isolated_url, plugin_manager
 from hermes.core.spi._shutdown import SHUTDOWN_CHECK_INTERVAL_S
@@ -80,6 +80,7 @@ __all__ = [
     "Delay",
     "Delivery",
     "DeliveryError",
+    "Door",
     "Driver",
     "DriverError",
     "DriverPlugin",

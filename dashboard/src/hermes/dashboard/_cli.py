@@ -22,6 +22,7 @@ from hermes.core._cli._common import (
 from hermes.core._cli._jobs import add_results_url, open_jobs, results_url
 from hermes.core._cli._limits import LIMITS_URL_ENV
 from hermes.core._cli._workers import REGISTRY_URL_ENV
+from hermes.core.app._failed import queue_browser
 from hermes.core.driver import Driver, SupportsHeartbeats, SupportsLimits
 
 if TYPE_CHECKING:
@@ -199,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         _, from_url = named_queues(url, [])
         setup_priorities(driver, args.priority, preset=from_url)
-        dashboard.browser = plugin.browse(driver) if plugin.browse is not None else None
+        dashboard.browser = queue_browser(plugin, driver)
         if args.failed_url:
             dashboard.failed = FailedStore.connect(args.failed_url)
             dashboard.failed_url = args.failed_url

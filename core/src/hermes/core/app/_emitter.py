@@ -10,7 +10,8 @@ from hermes.core.app._jobs import EXPIRES_HEADER, JobHandle, Jobs
 from hermes.core.app._limits import LIMIT_HEADER, Limit, Limiter
 from hermes.core.model._errors import ConfigurationError, NotSupportedError
 from hermes.core.model._message import Message
-from hermes.core.spi._driver import DEFAULT_PRIORITY, Driver, SupportsClaim, outgoing
+from hermes.core.spi._door import Door
+from hermes.core.spi._driver import DEFAULT_PRIORITY, Driver, SupportsClaim
 from hermes.core.spi._registry import enter_emit_calls, exit_calls, notify, plugin_manager
 
 
@@ -146,7 +147,7 @@ class Emitter:
         # Serialized and held to the driver's size limit before the claim: a message
         # that can never be sent must not hold its key, or its corrected re-emit
         # would be skipped as a duplicate for the whole window.
-        driver._check_size(outgoing(message))
+        Door(driver).serialized([message])
         claim_key = f"unique:{message.type}:{key}"
         with driver.translating(f"claiming {claim_key}"):
             won = driver.claim(claim_key, window_s)

@@ -32,8 +32,10 @@ from hermes.core.model._errors import DeliveryError, NotSupportedError, Serializ
 from hermes.core.model._message import Message
 from hermes.core.model._serializer import MessageSerializer
 from hermes.core.spi._browse import BrowsePage
-from hermes.core.spi._driver import DEFAULT_PRIORITY, outgoing
-from hermes.core.spi._registry import driver_for_url
+from hermes.core.spi._door import Door
+from hermes.core.spi._driver import DEFAULT_PRIORITY
+from hermes.core.spi._outgoing import outgoing
+from hermes.core.spi._registry import DriverPlugin, driver_for_url
 from hermes.core.spi._url import redact_url
 
 if TYPE_CHECKING:
@@ -334,6 +336,13 @@ class QueueBrowser(Protocol):
         ...
 
 
+def queue_browser(plugin: DriverPlugin, driver: Driver) -> QueueBrowser | None:
+    """The browser ``plugin`` offers for ``driver``, its calls translated; None when it has none."""
+    if plugin.browse is None:
+        return None
+    return Door(driver).wrap(plugin.browse(driver))
+
+
 class FailedStore:
     """The messages a Dispatcher gave up on, kept on ``driver``'s broker.
 
@@ -354,8 +363,7 @@ class FailedStore:
         """The store at ``url``, with the browser its driver's plugin offers (if any)."""
         plugin, parsed = driver_for_url(url)
         driver = plugin.factory(parsed)
-        browser = plugin.browse(driver) if plugin.browse is not None else None
-        return cls(driver, browser)
+        return cls(driver, queue_browser(plugin, driver))
 
     def __repr__(self) -> str:
         return f"FailedStore({self.driver!r})"

@@ -99,8 +99,15 @@ class DeliveryError(DriverError):
 
 
 def error_text(exc: BaseException) -> str:
-    """``Type: text`` of a client's exception, or the type alone when it has no text."""
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    """``Type: text`` of a client's exception, or the type alone when it has no text.
+
+    Notes added to it (``exc.add_note()``: what a driver knew when it failed) follow in brackets.
+    """
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    notes = getattr(exc, "__notes__", None)
+    if notes:
+        text += f" ({'; '.join(map(str, notes))})"
+    return text
 
 
 class JobResultError(HermesError):

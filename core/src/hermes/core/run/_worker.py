@@ -43,7 +43,8 @@ from hermes.core.spi._consumer import (
     _current,
     decode,
 )
-from hermes.core.spi._driver import SupportsStats, translated
+from hermes.core.spi._door import translated
+from hermes.core.spi._driver import SupportsStats
 from hermes.core.spi._registry import notify, plugin_manager
 from hermes.core.spi._shutdown import Shutdown
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import contextlib
 import enum
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Protocol, runtime_checkable
@@ -11,17 +11,15 @@ from typing import Any, Protocol, runtime_checkable
 from hermes.core.model._errors import (
     BrokerRefusedError,
     BrokerUnavailableError,
-    DeliveryError,
     DriverError,
-    HermesError,
     NotSupportedError,
     UnknownPriorityError,
-    error_text,
 )
 from hermes.core.model._message import Message
-from hermes.core.model._serializer import MessageSerializer, Serializer
 from hermes.core.spi._browse import BrowsePage
 from hermes.core.spi._consumer import Consumer
+from hermes.core.spi._door import Door, translate_errors, translated
+from hermes.core.spi._outgoing import Outgoing
 
 #: The priority of ``send()`` without one, and the one every driver has a queue for.
 #: A higher number is a higher priority.
@@ -85,32 +83,6 @@ class Capabilities:
     #: a broker that pushes or answers a blocking wait, the poll interval for
     #: one that is polled. The conformance kit holds the driver to it.
     wake_up_s: float = 1.0
-
-
-@dataclass(frozen=True, slots=True)
-class Outgoing:
-    """One body for :meth:`Driver.put`: serialized by core, put on the broker as it is."""
-
-    #: The serialized message (or, for the kit's poison, any bytes).
-    body: bytes
-    #: When it may run (a UNIX timestamp), read from the message before it was
-    #: serialized, so a driver that holds delayed messages never decodes a body.
-    execute_at: float | None = None
-    #: The message's id, for log lines and brokers that name entries (None: raw bytes).
-    message_id: str | None = None
-
-
-#: The serializer of ``Driver.send``: the PHP Hermes envelope.
-_serializer: Serializer = MessageSerializer()
-
-
-def outgoing(message: Message, serializer: Serializer | None = None) -> Outgoing:
-    """``message`` serialized once, ready for :meth:`Driver.put`.
-
-    Raises :class:`SerializeError` before anything reaches a broker.
-    """
-    text = (serializer or _serializer).serialize(message)
-    return Outgoing(text.encode(), message.execute_at, message.id)
 
 
 ErrorKinds = tuple[type[BaseException], ...]
@@ -190,50 +162,29 @@ class Driver(ABC):
         message whose serialized bytes exceed ``capabilities.max_message_bytes``:
         a :class:`DeliveryError` naming its size and the limit.
         """
-        item = outgoing(message)
-        self._check_size(item)
-        # What translating() does, without a context manager and its description
-        # built on every send: only a failure pays for them.
-        try:
-            self.put((item,), priority)
-        except Exception as exc:
-            error = translated(self, exc, f"sending message #{message.id}", DeliveryError)
-            if error is None or error is exc:
-                raise
-            raise error from exc
+        Door(self).send((message,), priority)
 
     def send_batch(self, messages: Sequence[Message], priority: int = DEFAULT_PRIORITY) -> None:
         """Serialize every message, then put them all in one :meth:`put`.
 
         One message over ``max_message_bytes`` refuses the whole batch, before any I/O.
         """
-        items = [outgoing(message) for message in messages]
-        for item in items:
-            self._check_size(item)
-        if items:
-            with self.translating(f"sending {len(items)} messages", DeliveryError):
-                self.put(items, priority)
+        Door(self).send(messages, priority)
 
     def send_raw(self, body: bytes, priority: int = DEFAULT_PRIORITY) -> None:
         """Put ``body`` on the broker as it is (the kit's poison, a copy of PHP's bytes).
 
         Not held to ``max_message_bytes``: the bytes go to :meth:`put` unchecked.
         """
-        with self.translating("sending a raw body", DeliveryError):
-            self.put((Outgoing(bytes(body)),), priority)
-
-    def _check_size(self, item: Outgoing) -> None:
-        # Once here rather than in every driver: a body the driver does not
-        # promise to carry is refused before any I/O, never cut or dropped by
-        # the broker later.
-        limit = self.capabilities.max_message_bytes
-        if len(item.body) > limit:
-            raise DeliveryError(
-                f"{self!r}: message #{item.message_id} is {len(item.body)} bytes serialized, "
-                f"over this driver's max_message_bytes of {limit}; nothing was sent"
-            )
+        Door(self).send_raw(body, priority)
 
     # Errors -----------------------------------------------------------------
+
+    @property
+    def broker_errors(self) -> ErrorKinds:
+        """Every client exception declared above: what a driver catches where it
+        handles a broker failure itself (logs it and goes on) instead of raising it to core."""
+        return (*self.refused_errors, *self.unavailable_errors, *self.client_errors)
 
     def classify_error(self, exc: BaseException) -> type[DriverError] | None:
         """The Hermes error ``exc`` means, or None when it is not the client's.
@@ -319,48 +270,6 @@ class Driver(ABC):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__}>"
-
-
-@contextlib.contextmanager
-def translate_errors(driver: Driver, doing: str, failed: type[DriverError]) -> Iterator[None]:
-    try:
-        yield
-    except HermesError:
-        raise
-    except Exception as exc:
-        error = translated(driver, exc, doing, failed)
-        if error is None:
-            raise
-        raise error from exc
-
-
-def translated(
-    driver: Driver, exc: BaseException, doing: str, failed: type[DriverError] = DriverError
-) -> DriverError | None:
-    """The Hermes error for the client's ``exc`` (not yet raised); None when not the client's.
-
-    What :meth:`Driver.translating` raises, for a hot path that catches the
-    exception itself instead of entering a context manager per call.
-    """
-    if isinstance(exc, HermesError):
-        return exc if isinstance(exc, DriverError) else None
-    kind = driver.classify_error(exc)
-    if kind is None:
-        return None
-    if kind is DriverError:
-        kind = failed
-    text = f"{driver!r}: {_verb(kind)} while {doing}: {error_text(exc)}"
-    if kind is BrokerRefusedError:
-        text += "; check the URL's credentials, database or vhost, TLS certificates and permissions"
-    return kind(text)
-
-
-def _verb(kind: type[DriverError]) -> str:
-    if issubclass(kind, BrokerRefusedError):
-        return "refused"
-    if issubclass(kind, BrokerUnavailableError):
-        return "unavailable"
-    return "failed"
 
 
 @runtime_checkable

@@ -21,9 +21,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from hermes.core.model._errors import DriverError
+from hermes.core.spi._door import reraise
+
+if TYPE_CHECKING:
+    from hermes.core.spi._driver import Driver
 
 logger = logging.getLogger("hermes")
 
@@ -37,7 +41,8 @@ ACK_DELAY_S = 0.1
 class LeaseKeeper:
     """Calls ``renew()`` every ``interval_s`` on a daemon thread until :meth:`stop`.
 
-    ``renew`` raises :class:`DriverError` when it cannot reach the broker:
+    ``renew`` may raise ``driver``'s client exceptions: the keeper translates
+    them (:meth:`Driver.classify_error`). When it cannot reach the broker,
     the first failure of an outage is one WARNING naming ``what`` (``"the
     lease of worker X"``), the recovery one INFO; the thread keeps trying.
     Choose ``interval_s`` well inside the lease (a third of it, say), so one
@@ -52,11 +57,13 @@ class LeaseKeeper:
         interval_s: float,
         what: str,
         *,
+        driver: Driver,
         name: str = "hermes-leases",
     ) -> None:
         if not interval_s > 0:
             raise ValueError(f"interval_s must be > 0, got {interval_s!r}")
         self.renew = renew
+        self.driver = driver
         self.interval_s = interval_s
         self.what = what
         self._stopping = threading.Event()
@@ -80,7 +87,10 @@ class LeaseKeeper:
     def renew_now(self) -> None:
         """One renewal on the calling thread, logged like the thread's own."""
         try:
-            self.renew()
+            try:
+                self.renew()
+            except Exception as exc:
+                reraise(self.driver, exc, f"renewing {self.what}")
         except DriverError as exc:
             if not self._failing:
                 logger.warning(
@@ -114,13 +124,17 @@ class Handover:
     comes round to it. The owner runs what is queued with :meth:`run_pending`:
     before each receive, from its client's callback, and in ``close``.
 
+    A queued settle may raise ``driver``'s client exceptions: :meth:`run_pending`
+    translates them, as core does around a settle it calls itself.
+
     A settle the owner runs at once holds a lock that :meth:`claim` takes
     too: once another thread has claimed the client, the former owner's
     settles are queued, and one it was running has finished. So the client
     is never used by two threads at once, whichever thread receives next.
     """
 
-    def __init__(self, wake: Callable[[], None] | None = None) -> None:
+    def __init__(self, driver: Driver, wake: Callable[[], None] | None = None) -> None:
+        self.driver = driver
         self.owner: int | None = None
         self.wake = wake
         self._pending: collections.deque[tuple[Callable[..., None], tuple[Any, ...]]] = (
@@ -161,7 +175,10 @@ class Handover:
         while self._pending:
             fn, args = self._pending.popleft()
             try:
-                fn(*args)
+                try:
+                    fn(*args)
+                except Exception as exc:
+                    reraise(self.driver, exc, "settling a message another thread handled")
             except DriverError as exc:
                 if on_error is not None:
                     on_error(exc)

@@ -22,9 +22,9 @@ from hermes.core.spi._driver import (
     Delay,
     Delivery,
     Driver,
-    Outgoing,
     QueueStats,
 )
+from hermes.core.spi._outgoing import Outgoing
 from hermes.core.spi._registry import DriverPlugin, hookimpl
 from hermes.core.spi._url import DriverUrl
 

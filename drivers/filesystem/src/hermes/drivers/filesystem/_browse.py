@@ -23,8 +23,6 @@ class DirectoryBrowser:
         self.driver = driver
         self._new_dir = os.path.join(driver.path, "new")
 
-    # A store calls these directly, outside core's translation.
-
     def entries(self) -> Iterator[tuple[Hashable, bytes]]:
         for item in self._queued():
             body = self._read(item)
@@ -47,29 +45,26 @@ class DirectoryBrowser:
         return BrowsePage(taken, str(taken[-1][0]) if more else None, shown)
 
     def _queued(self) -> list[QueuedName]:
-        with self.driver.translating("listing new/"):
-            try:
-                names = os.listdir(self._new_dir)
-            except FileNotFoundError:
-                return []  # nothing was ever sent here
+        try:
+            names = os.listdir(self._new_dir)
+        except FileNotFoundError:
+            return []  # nothing was ever sent here
         queued = [parsed for parsed in map(parse, names) if parsed is not None]
         queued.sort(key=_dequeue_order)
         return queued
 
     def _read(self, item: QueuedName) -> bytes | None:
-        with self.driver.translating(f"reading new/{item.name}"):
-            try:
-                with open(os.path.join(self._new_dir, item.name), "rb") as file:
-                    return file.read()
-            except FileNotFoundError:
-                return None  # a worker took it meanwhile
+        try:
+            with open(os.path.join(self._new_dir, item.name), "rb") as file:
+                return file.read()
+        except FileNotFoundError:
+            return None  # a worker took it meanwhile
 
     def remove(self, entry: Hashable) -> bool:
-        with self.driver.translating(f"deleting new/{entry}"):
-            try:
-                os.unlink(os.path.join(self._new_dir, str(entry)))
-            except FileNotFoundError:
-                return False
+        try:
+            os.unlink(os.path.join(self._new_dir, str(entry)))
+        except FileNotFoundError:
+            return False
         return True
 
 

@@ -347,11 +347,10 @@ class FileSystemDriver(Driver):
         the names returned are only labels (this driver keeps none).
         """
         found: dict[int, str] = {}
-        with self.translating("listing new/"):
-            for name in _names_in(self._new_dir):
-                queued = parse(name)
-                if queued is not None and queued.priority not in self._priorities:
-                    found[queued.priority] = f"priority_{queued.priority}"
+        for name in _names_in(self._new_dir):
+            queued = parse(name)
+            if queued is not None and queued.priority not in self._priorities:
+                found[queued.priority] = f"priority_{queued.priority}"
         return found
 
     def queue_stats(self) -> list[QueueStats]:
@@ -371,15 +370,13 @@ class FileSystemDriver(Driver):
                 row = counts.setdefault(priority, collections.Counter())
                 row[what(queued) if queued is not None else "set_aside"] += 1
 
-        # hermes stats calls this directly, outside core's translation.
-        with self.translating("counting the queue"):
-            count(
-                self._new_dir,
-                lambda q: "ready" if q.available_ns <= now_ns else "scheduled",
-            )
-            for worker in _names_in(self._processing_dir):
-                count(os.path.join(self._processing_dir, worker), lambda q: "in_flight")
-            count(self.quarantine_dir, lambda q: "set_aside")
+        count(
+            self._new_dir,
+            lambda q: "ready" if q.available_ns <= now_ns else "scheduled",
+        )
+        for worker in _names_in(self._processing_dir):
+            count(os.path.join(self._processing_dir, worker), lambda q: "in_flight")
+        count(self.quarantine_dir, lambda q: "set_aside")
         return [
             QueueStats(
                 priority,
@@ -397,61 +394,54 @@ class FileSystemDriver(Driver):
         if priority is not None and priority not in self._priorities:
             raise self.unknown_priority(priority, self._priorities)
         removed = 0
-        # hermes purge calls this directly, outside core's translation.
-        with self.translating("purging new/"):
-            for name in _names_in(self._new_dir):
-                queued = parse(name)
-                if queued is None or (priority is not None and queued.priority != priority):
-                    continue
-                try:
-                    os.unlink(os.path.join(self._new_dir, name))
-                except FileNotFoundError:
-                    continue  # a worker claimed it meanwhile: it is not waiting any more
-                removed += 1
+        for name in _names_in(self._new_dir):
+            queued = parse(name)
+            if queued is None or (priority is not None and queued.priority != priority):
+                continue
+            try:
+                os.unlink(os.path.join(self._new_dir, name))
+            except FileNotFoundError:
+                continue  # a worker claimed it meanwhile: it is not waiting any more
+            removed += 1
         return removed
 
     def teardown(self) -> None:
         """Delete the queue: every message (queued, claimed, quarantined) and the directories."""
-        with self.translating("deleting the queue"):
-            workers_dir = os.path.join(self.path, _heartbeat.WORKERS_DIR)
-            for path in (
-                self._new_dir,
-                self._processing_dir,
-                self.quarantine_dir,
-                self._tmp_dir,
-                workers_dir,
-                os.path.join(self.path, _records.RECORDS_DIR),
-                os.path.join(self.path, _limits.LIMITS_DIR),
-                os.path.join(self.path, _tallies.TALLIES_DIR),
-            ):
-                _remove_tree(path)
-            try:
-                os.rmdir(self.path)
-            except FileNotFoundError:
-                # Already gone (another purge): the queue is deleted either way.
-                pass
-            except OSError as exc:
-                if exc.errno != errno.ENOTEMPTY:
-                    raise
-                # Files of the user's own next to our directories: not ours to delete.
+        workers_dir = os.path.join(self.path, _heartbeat.WORKERS_DIR)
+        for path in (
+            self._new_dir,
+            self._processing_dir,
+            self.quarantine_dir,
+            self._tmp_dir,
+            workers_dir,
+            os.path.join(self.path, _records.RECORDS_DIR),
+            os.path.join(self.path, _limits.LIMITS_DIR),
+            os.path.join(self.path, _tallies.TALLIES_DIR),
+        ):
+            _remove_tree(path)
+        try:
+            os.rmdir(self.path)
+        except FileNotFoundError:
+            # Already gone (another purge): the queue is deleted either way.
+            pass
+        except OSError as exc:
+            if exc.errno != errno.ENOTEMPTY:
+                raise
+            # Files of the user's own next to our directories: not ours to delete.
 
     def claim(self, key: str, ttl_s: float) -> bool:
         """A file in ``claims/`` made with ``link``: see :mod:`._claim` and ``SupportsClaim``."""
-        with self.translating(f"claiming {key!r}"):
-            return _claim.claim(self.path, key, ttl_s)
+        return _claim.claim(self.path, key, ttl_s)
 
     def beat(self, record: Mapping[str, Any], ttl_s: float) -> None:
         """A JSON file in ``workers/``, replaced atomically; see ``SupportsHeartbeats``."""
-        with self.translating("publishing a heartbeat"):
-            _heartbeat.beat(self.path, record, ttl_s)
+        _heartbeat.beat(self.path, record, ttl_s)
 
     def forget(self, worker_id: str) -> None:
-        with self.translating("removing a heartbeat"):
-            _heartbeat.forget(self.path, worker_id)
+        _heartbeat.forget(self.path, worker_id)
 
     def heartbeats(self) -> list[dict[str, Any]]:
-        with self.translating("listing heartbeats"):
-            return _heartbeat.heartbeats(self.path)
+        return _heartbeat.heartbeats(self.path)
 
     # Job records: files in records/, see ._records and SupportsRecords ---------
 

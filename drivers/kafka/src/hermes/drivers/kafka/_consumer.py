@@ -17,9 +17,9 @@ from confluent_kafka import Message as Record
 from hermes.core.driver import (
     BrokerUnavailableError,
     Consumer,
-    DeliveryError,
     DriverError,
     Received,
+    error_text,
 )
 from hermes.drivers.kafka._errors import classify, error_of, explained
 from hermes.drivers.kafka._handles import destroy_unused
@@ -398,21 +398,19 @@ class _Session:
                 ("hermes-reason", reason.encode()),
                 ("hermes-origin", str(position).encode()),
             ]
+            errors: tuple[type[BaseException], ...] = (DriverError, *self.driver.broker_errors)
             try:
-                # Translated here: a failed copy is logged, and the reject goes on.
-                with self.driver.translating(
-                    f"copying {position} to {dead_letters}", DeliveryError
-                ):
-                    self.driver.produce(dead_letters, [data], headers=headers)
+                self.driver.produce(dead_letters, [data], headers=headers)
                 where = f"copied to dead-letter topic {dead_letters}"
-            except DriverError as exc:
-                # Committed past all the same: a record that keeps failing must not
+            except errors as exc:
+                # Handled here, not raised: a failed copy is logged, and the reject goes
+                # on. Committed past all the same: a record that keeps failing must not
                 # stop its partition. It stays in the topic, at the position logged.
                 logger.error(
                     "Kafka record %s not copied to dead-letter topic %s - %s",
                     position,
                     dead_letters,
-                    exc,
+                    error_text(exc),
                 )
         logger.warning("Kafka record %s set aside (%s) and committed past", position, where)
         self.finish(position, "set aside")

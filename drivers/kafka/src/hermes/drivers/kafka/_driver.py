@@ -628,7 +628,7 @@ class KafkaDriver(Driver):
         scheduled in delay mode (held in the workers' memory, not on the broker).
         Set aside is the dead-letter topic's size, on the default priority's row.
         """
-        with self.translating(f"reading the offsets of {self.topics}"), self._inspector() as client:
+        with self._inspector() as client:
             rows = []
             for priority in sorted(self.topics, reverse=True):
                 topic = self.topics[priority]
@@ -660,8 +660,7 @@ class KafkaDriver(Driver):
             raise self.unknown_priority(priority, self.topics)
         topics = [self.topics[priority]] if priority is not None else [*self.topics.values()]
         skipped = 0
-        doing = f"committing the end of {topics} for group {self.group_id!r}"
-        with self.translating(doing), self._inspector() as client:
+        with self._inspector() as client:
             ends = []
             for topic in dict.fromkeys(topics):
                 for partition, offset, high in self._positions(client, topic):
@@ -699,8 +698,7 @@ class KafkaDriver(Driver):
 
     def teardown(self) -> None:
         """Delete this driver's topics (and dead-letter topic) and its group's offsets."""
-        with self.translating(f"deleting the topics of {self!r}"):
-            self._delete_topics_and_group()
+        self._delete_topics_and_group()
 
     def _delete_topics_and_group(self) -> None:
         admin = self._admin()

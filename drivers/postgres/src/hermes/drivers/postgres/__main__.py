@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from hermes.core import HermesError, connect, redact_url
+from hermes.core.driver import Door
 from hermes.drivers.postgres._driver import PostgresDriver
 
 
@@ -28,8 +29,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.action == "schema":
                 print(driver.schema_sql(), end="")
             else:
-                with driver.translating("creating the tables"):
-                    driver.create_tables()
+                Door(driver).call("creating the tables", driver.create_tables)
                 print(f"created {driver.names.messages} and {driver.names.rejected}")
     except HermesError as exc:
         print(f"error: {redact_url(str(exc))}", file=sys.stderr)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 import time
@@ -18,7 +19,7 @@ from hermes.core.driver import (
     BrokerRefusedError,
     BrowsePage,
     Consumer,
-    DeliveryError,
+    Door,
     Driver,
     DriverError,
     LeaseKeeper,
@@ -29,7 +30,6 @@ from hermes.core.driver import (
     QueueStats,
     Received,
     Take,
-    outgoing,
     owner_id,
 )
 from hermes.drivers.postgres import _heartbeat, _limits, _records, _tally
@@ -300,19 +300,20 @@ class PostgresDriver(Driver):
         messages: Sequence[Message],
         priority: int = DEFAULT_PRIORITY,
     ) -> None:
-        """:meth:`send_in` for many messages: one INSERT in the caller's transaction."""
-        items = [outgoing(message) for message in messages]  # SerializeError before any I/O
+        """:meth:`send_in` for many messages: one INSERT in the caller's transaction.
+
+        Serialized, size-checked and translated as :meth:`send` is (core's :class:`Door`).
+        """
         if priority not in self.priorities:
             raise self.unknown_priority(priority, self.priorities)
-        if not items:
-            return
+        Door(self).send(messages, priority, functools.partial(self._insert_in, connection))
+
+    def _insert_in(self, connection: Connection, items: Sequence[Outgoing], priority: int) -> None:
         if not self._created:
             # DDL on a connection of our own: the caller's transaction should
             # hold its own work and the insert, not a CREATE TABLE.
-            with self.translating("creating the tables"):
-                self.ensure_tables()
-        with self.translating(f"sending {len(items)} message(s) in a transaction", DeliveryError):
-            connection.execute(self.sql.insert, self._insert_params(items, priority))
+            self.ensure_tables()
+        connection.execute(self.sql.insert, self._insert_params(items, priority))
 
     def _insert_params(self, items: Sequence[Outgoing], priority: int) -> dict[str, Any]:
         now = time.time()
@@ -336,7 +337,7 @@ class PostgresDriver(Driver):
         """
         if not ttl_s > 0:
             raise ValueError(f"a claim's ttl_s must be > 0, got {ttl_s!r}")
-        with self.translating(f"claiming {key!r}"), self.connection() as conn:
+        with self.connection() as conn:
             self.ensure_tables(conn)
             won = conn.execute(
                 self.sql.claim_key, {"queue": self.queue, "key": key, "ttl_s": ttl_s}
@@ -497,6 +498,7 @@ class _PostgresConsumer(Consumer):
             self._renew,
             driver.lease_timeout_s / 3,
             f"the leases of {self.worker} on {driver!r}",
+            driver=driver,
             name="hermes-postgres-leases",
         )
         #: When (monotonic) to look at the table next without a notification.
@@ -607,9 +609,8 @@ class _PostgresConsumer(Consumer):
             held = list(self.held)
         if not held:
             return
-        with self.driver.translating(f"renewing the leases of {self.worker}"):
-            with self.driver.connection(settling=True) as conn:
-                conn.execute(self.sql.renew, [self.driver.lease_timeout_s, held, self.worker])
+        with self.driver.connection(settling=True) as conn:
+            conn.execute(self.sql.renew, [self.driver.lease_timeout_s, held, self.worker])
 
 
 class TableBrowser:
@@ -626,7 +627,7 @@ class TableBrowser:
 
     def entries(self) -> Iterator[tuple[Hashable, bytes | str]]:
         driver = self.driver
-        with driver.translating("listing the waiting messages"), driver.connection() as conn:
+        with driver.connection() as conn:
             driver.ensure_tables(conn)
             rows = conn.execute(driver.sql.browse, [driver.queue]).fetchall()
         for row_id, body in rows:
@@ -647,7 +648,7 @@ class TableBrowser:
         mark = _browse_mark(after)
         if mark is not None:
             params.update(after=True, priority=mark[0], available_at=mark[1], id=mark[2])
-        with driver.translating("listing the waiting messages"), driver.connection() as conn:
+        with driver.connection() as conn:
             driver.ensure_tables(conn)
             rows = conn.execute(driver.sql.browse_page, params).fetchall()
             shown: list[Any] = []
@@ -670,7 +671,7 @@ class TableBrowser:
 
     def remove(self, entry: Hashable) -> bool:
         driver = self.driver
-        with driver.translating("deleting a waiting message"), driver.connection() as conn:
+        with driver.connection() as conn:
             return conn.execute(driver.sql.remove, [entry, driver.queue]).rowcount == 1
 
 

@@ -98,7 +98,7 @@ class RabbitMqConsumer(Consumer):
             lambda: _Session(self), close=_Session.close
         )
         #: Settles made on handler threads, queued for the receiving thread.
-        self._handover = Handover(wake=self._wake)
+        self._handover = Handover(driver, wake=self._wake)
 
     def receive(self, timeout_s: float) -> Received | None:
         deadline = time.monotonic() + min(timeout_s, self._wait_cap_s)
@@ -120,9 +120,12 @@ class RabbitMqConsumer(Consumer):
                     session.handed.add(received.token.delivery_tag)
                 return received
         except pika_exc.AMQPError:
-            # Core says what it means (a lost channel or connection: unavailable);
-            # either way this session is done, and the next receive opens another.
-            self._sessions.discard()
+            # Core says what it means (a lost channel or connection: unavailable).
+            # A failure of this session's channel or connection ends it, and the next
+            # receive opens another; one of the publishing connection (a message
+            # sent on through a delay queue) leaves it to the handlers it serves.
+            if not (session.connection.is_open and session.channel.is_open):
+                self._sessions.discard()
             raise
 
     def service(self) -> None:
@@ -152,17 +155,17 @@ class RabbitMqConsumer(Consumer):
 
     def close(self) -> None:
         session = self._sessions.peek()
+        errors: tuple[type[BaseException], ...] = (DriverError, *self.driver.broker_errors)
         try:
             self._handover.claim()
             self._handover.run_pending(self._not_settled)
             if session is not None and session.lost is None:
-                with self.driver.translating("giving back undelivered messages"):
-                    session.give_back()
-        except DriverError as exc:
+                session.give_back()
+        except errors as exc:
             logger.info(
                 "%s: %s; RabbitMQ requeues what this worker held as its connection closes",
                 self._where,
-                exc,
+                describe(exc),
             )
         finally:
             self._sessions.discard()
@@ -190,12 +193,10 @@ class RabbitMqConsumer(Consumer):
         body = received.body.encode("utf-8") if isinstance(received.body, str) else received.body
         doing = f"delaying message #{message.id} by another {remaining_s:.3f} s"
         try:
-            # The publishing connection's errors are translated here, so that the
-            # except clause of receive does not take them for this session's.
-            with self.driver.translating(doing):
-                self.driver._delay_again(body, received.priority, remaining_s, doing)
-        except DriverError:
+            self.driver._delay_again(body, received.priority, remaining_s, doing)
+        except Exception as exc:
             tag.channel.basic_nack(tag.delivery_tag, requeue=True)
+            exc.add_note(doing)
             raise
         tag.channel.basic_ack(tag.delivery_tag)
         return True
@@ -219,15 +220,12 @@ class RabbitMqConsumer(Consumer):
                 tag.channel.basic_nack(tag.delivery_tag, requeue=True)
             else:
                 tag.channel.basic_reject(tag.delivery_tag, requeue=False)
-        except Exception as exc:
-            if isinstance(exc, pika_exc.AMQPError):
-                session.lost = exc
-            # Translated here as well as by core: a settle handed over from another
-            # thread runs inside pika's wait, where only a DriverError is caught.
-            error = self.driver.translated(exc, f"{how} a message of queue {tag.queue!r}")
-            if error is None or error is exc:
-                raise
-            raise error from exc
+        except pika_exc.AMQPError as exc:
+            # Raised to core, or to the Handover running it for another thread: either
+            # says what it means. This session is done with.
+            session.lost = exc
+            exc.add_note(f"{how} a message of queue {tag.queue!r}")
+            raise
 
     def _wake(self) -> None:
         """From a handler thread: make the receiving thread run the settles queued for it."""
@@ -250,16 +248,14 @@ class RabbitMqConsumer(Consumer):
         if session is not None and session.lost is None and session.acks:
             try:
                 session.send_acks()
-            except Exception as exc:
+            except self.driver.broker_errors as exc:
                 if isinstance(exc, pika_exc.AMQPError):
                     session.lost = exc
-                error = self.driver.translated(exc, "acknowledging messages")
-                if not isinstance(error, DriverError):
-                    raise
-                self._not_settled(error)
+                self._not_settled(exc)
 
-    def _not_settled(self, exc: DriverError) -> None:
-        logger.warning("%s: %s; RabbitMQ delivers the message again", self._where, exc)
+    def _not_settled(self, exc: BaseException) -> None:
+        text = str(exc) if isinstance(exc, DriverError) else describe(exc)
+        logger.warning("%s: %s; RabbitMQ delivers the message again", self._where, text)
 
     def _skip_stale(self, tag: _Tag, how: str) -> None:
         logger.info(

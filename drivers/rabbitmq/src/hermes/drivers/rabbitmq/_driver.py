@@ -523,8 +523,7 @@ class LazyRabbitMqDriver(Driver):
             )
 
         doing = f"counting the messages in {names}"
-        with self.translating(doing):
-            self._with_publisher(count, doing)
+        self._with_publisher(count, doing)
         return [
             QueueStats(
                 priority,
@@ -578,8 +577,7 @@ class LazyRabbitMqDriver(Driver):
                 removed += purged[work.name]
 
         doing = f"purging {[work.name for work in works]} and their delay queues"
-        with self.translating(doing):
-            self._with_publisher(delete_and_purge, doing)
+        self._with_publisher(delete_and_purge, doing)
         return removed
 
     def _dead_letter_queue(self) -> str | None:
@@ -603,8 +601,7 @@ class LazyRabbitMqDriver(Driver):
             self._delay_queues.difference_update(names)
 
         doing = f"deleting queues {names}"
-        with self.translating(doing):
-            self._with_publisher(delete, doing)
+        self._with_publisher(delete, doing)
 
     def close(self) -> None:
         """Close this process's publishing connection (a consumer closes its own). Idempotent."""

@@ -32,16 +32,14 @@ class SetBrowser:
 
     def entries(self) -> Iterator[tuple[Hashable, bytes | str]]:
         for key, _, scheduled in self._segments():
-            # A store calls this directly, outside core's translation.
-            with self.driver.translating(f"listing {key!r}"):
-                client = self.driver.client
-                scan = (
-                    (member for member, _ in client.zscan_iter(key, count=_SCAN_COUNT))
-                    if scheduled
-                    else client.sscan_iter(key, count=_SCAN_COUNT)
-                )
-                # A scan may return a member twice while the key changes; list each once.
-                members = dict.fromkeys(scan)
+            client = self.driver.client
+            scan = (
+                (member for member, _ in client.zscan_iter(key, count=_SCAN_COUNT))
+                if scheduled
+                else client.sscan_iter(key, count=_SCAN_COUNT)
+            )
+            # A scan may return a member twice while the key changes; list each once.
+            members = dict.fromkeys(scan)
             for member in members:
                 yield (key, member), member
 
@@ -59,14 +57,11 @@ class SetBrowser:
         size = 0
         while index < len(segments):
             key, priority, scheduled = segments[index]
-            with self.driver.translating(f"listing {key!r}"):
-                if scheduled:
-                    following, pairs = self.driver.client.zscan(key, cursor, count=_PAGE_SCAN_COUNT)
-                    members = [member for member, _ in pairs]
-                else:
-                    following, members = self.driver.client.sscan(
-                        key, cursor, count=_PAGE_SCAN_COUNT
-                    )
+            if scheduled:
+                following, pairs = self.driver.client.zscan(key, cursor, count=_PAGE_SCAN_COUNT)
+                members = [member for member, _ in pairs]
+            else:
+                following, members = self.driver.client.sscan(key, cursor, count=_PAGE_SCAN_COUNT)
             for member in members:
                 entry = (key, member)
                 taken.append((entry, member))
@@ -86,10 +81,9 @@ class SetBrowser:
             raise TypeError(f"not an entry this browser listed: {entry!r}")
         key, member = entry
         client = self.driver.client
-        with self.driver.translating(f"deleting from {key!r}"):
-            if key == self.driver.schedule_key:
-                return bool(client.zrem(key, member))
-            return bool(client.srem(key, member))
+        if key == self.driver.schedule_key:
+            return bool(client.zrem(key, member))
+        return bool(client.srem(key, member))
 
 
 def _mark(after: str | None) -> tuple[int, int]:

@@ -39,6 +39,7 @@ from hermes.core.driver import (
     QueueStats,
     Received,
     Take,
+    error_text,
     owner_id,
 )
 from hermes.drivers.redis import _claim, _heartbeat, _limits, _records, _scripts, _tally
@@ -423,16 +424,15 @@ class RedisSetDriver(Driver):
         pattern = "".join(f"\\{c}" if c in "*?[]\\" else c for c in base) + "*"
         known = set(self._queues.values())
         found: dict[int, str] = {}
-        with self.translating("listing its sets"):
-            for raw in self.client.scan_iter(match=pattern, count=1000):
-                key = raw.decode() if isinstance(raw, bytes) else str(raw)
-                suffix = key[len(base) :]
-                # <set>_wakeup, <set>_rejected and the lease keys share the pattern.
-                if key in known or not suffix.lstrip("-").isdigit():
-                    continue
-                priority = int(suffix)
-                if priority not in self._queues:
-                    found[priority] = key[len(self.prefix) :]
+        for raw in self.client.scan_iter(match=pattern, count=1000):
+            key = raw.decode() if isinstance(raw, bytes) else str(raw)
+            suffix = key[len(base) :]
+            # <set>_wakeup, <set>_rejected and the lease keys share the pattern.
+            if key in known or not suffix.lstrip("-").isdigit():
+                continue
+            priority = int(suffix)
+            if priority not in self._queues:
+                found[priority] = key[len(self.prefix) :]
         return found
 
     def classify_error(self, exc: BaseException) -> type[DriverError] | None:
@@ -504,17 +504,15 @@ class RedisSetDriver(Driver):
         """
         order = sorted(self._queues.items(), reverse=True)
         in_flight: list[int | None] = [None] * len(order)
-        # hermes stats calls this directly, outside core's translation.
-        with self.translating("counting the queues"):
-            if self.delivery is Delivery.AT_LEAST_ONCE:
-                counts = _scripts.IN_FLIGHT(self._execute, [queue for _, queue in order])
-                in_flight = [int(held) for held in counts]
-            with self.client.pipeline(transaction=False) as pipe:
-                pipe.zcard(self.schedule_key)
-                for _, queue in order:
-                    pipe.scard(queue)
-                    pipe.llen(rejected_key(queue))
-                replies = iter(pipe.execute())
+        if self.delivery is Delivery.AT_LEAST_ONCE:
+            counts = _scripts.IN_FLIGHT(self._execute, [queue for _, queue in order])
+            in_flight = [int(held) for held in counts]
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.zcard(self.schedule_key)
+            for _, queue in order:
+                pipe.scard(queue)
+                pipe.llen(rejected_key(queue))
+            replies = iter(pipe.execute())
         scheduled = int(next(replies))
         rows = []
         for (priority, queue), held in zip(order, in_flight, strict=True):
@@ -544,9 +542,7 @@ class RedisSetDriver(Driver):
             keys, schedule = [self._queue_key(priority)], priority == DEFAULT_PRIORITY
         if schedule:
             keys.append(self.schedule_key)
-        # hermes purge calls this directly, outside core's translation.
-        with self.translating("purging the queues"):
-            removed = _scripts.CLEAR(self._execute, keys, ("1" if schedule else "0",))
+        removed = _scripts.CLEAR(self._execute, keys, ("1" if schedule else "0",))
         return int(removed)
 
     def teardown(self) -> None:
@@ -557,14 +553,13 @@ class RedisSetDriver(Driver):
         keys = {self.schedule_key, _heartbeat.index_key(self.key)}
         for queue in self._queues.values():
             keys |= {queue, wake_key(queue), rejected_key(queue), deliveries_key(queue)}
-        with self.translating("deleting its keys"):
-            _scripts.DROP_LEASES(self._execute, sorted(self._queues.values()))
-            keys.update(_records.keys(self._execute, self.key))
-            keys.update(_limits.keys(self.client, self.key))
-            keys.update(_tally.keys(self.client, self.key))
-            names = sorted(keys)
-            for start in range(0, len(names), _scripts.MAX_SCRIPT_VALUES):
-                self.client.delete(*names[start : start + _scripts.MAX_SCRIPT_VALUES])
+        _scripts.DROP_LEASES(self._execute, sorted(self._queues.values()))
+        keys.update(_records.keys(self._execute, self.key))
+        keys.update(_limits.keys(self.client, self.key))
+        keys.update(_tally.keys(self.client, self.key))
+        names = sorted(keys)
+        for start in range(0, len(names), _scripts.MAX_SCRIPT_VALUES):
+            self.client.delete(*names[start : start + _scripts.MAX_SCRIPT_VALUES])
 
     def close(self) -> None:
         if self._close_client:
@@ -572,21 +567,17 @@ class RedisSetDriver(Driver):
 
     def claim(self, key: str, ttl_s: float) -> bool:
         """``SET <key>_claim:<key> 1 NX PX``: see :class:`~hermes.core.driver.SupportsClaim`."""
-        with self.translating(f"claiming {key!r}"):
-            return _claim.claim(self.client, _claim.claim_key(self.key, key), ttl_s)
+        return _claim.claim(self.client, _claim.claim_key(self.key, key), ttl_s)
 
     def beat(self, record: Mapping[str, Any], ttl_s: float) -> None:
         """``SET <key>_worker:<id> JSON PX ttl``; see ``SupportsHeartbeats``."""
-        with self.translating("publishing a heartbeat"):
-            _heartbeat.beat(self.client, self.key, record, ttl_s)
+        _heartbeat.beat(self.client, self.key, record, ttl_s)
 
     def forget(self, worker_id: str) -> None:
-        with self.translating("removing a heartbeat"):
-            _heartbeat.forget(self.client, self.key, worker_id)
+        _heartbeat.forget(self.client, self.key, worker_id)
 
     def heartbeats(self) -> list[dict[str, Any]]:
-        with self.translating("listing heartbeats"):
-            return _heartbeat.heartbeats(self.client, self.key)
+        return _heartbeat.heartbeats(self.client, self.key)
 
     def record_get(self, key: str) -> bytes | None:
         """``GET <key>_record:<key>``; see :class:`~hermes.core.driver.SupportsRecords`."""
@@ -1007,13 +998,13 @@ class _LeasingConsumer(_RedisConsumer):
             self.leases.stop(_RENEWAL_JOIN_S)
         try:
             if self.claim is not None:
-                # Here, not in core's translation around close: what a failure
-                # costs depends on what was still to acknowledge (and on what a
-                # take whose reply was lost may hold: its lease runs out).
-                with self.driver.translating("closing"):
-                    self._give_back()
-                    self._claim(b"")  # no take number: acknowledge, take nothing, leave
-        except DriverError as error:
+                # Handled here rather than raised to core: what a failure costs
+                # depends on what was still to acknowledge (and on what a take
+                # whose reply was lost may hold: its lease runs out).
+                self._give_back()
+                self._claim(b"")  # no take number: acknowledge, take nothing, leave
+        except self.driver.broker_errors as exc:
+            error = error_text(exc)
             if self.prefetched:
                 logger.warning(
                     "%r: could not give back %d message(s) claimed and never started, which "
@@ -1052,6 +1043,7 @@ class _LeasingConsumer(_RedisConsumer):
             self._renew,
             self.driver.lease_timeout_s / RENEWALS_PER_LEASE,
             f"the lease of {self.owner} on {self.driver!r}",
+            driver=self.driver,
             name="hermes-redis-leases",
         ).start()
 
@@ -1180,15 +1172,13 @@ class _LeasingConsumer(_RedisConsumer):
     def _renew(self) -> None:
         """Extend the lease on each set taken from (the :class:`LeaseKeeper` calls it).
 
-        Runs on the keeper's thread, outside core's translation: it translates
-        for itself, so an outage reaches the keeper as a :class:`DriverError`.
+        Runs on the keeper's thread, which translates what it raises.
         """
         indexes = sorted(self.taken_from)
         if not indexes:
             return
         keys = [self.lease_keys[index - 1] for index in indexes]
-        with self.driver.translating("renewing the lease"):
-            lost = _scripts.RENEW(self.driver._execute, keys, (self.lease_ms, self.owner), raw=True)
+        lost = _scripts.RENEW(self.driver._execute, keys, (self.lease_ms, self.owner), raw=True)
         for position in lost:
             index = indexes[int(position) - 1]
             logger.warning(

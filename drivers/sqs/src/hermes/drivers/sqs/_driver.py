@@ -548,9 +548,7 @@ class AmazonSqsDriver(Driver):
         redrive policy. A queue that does not exist yet (nothing was sent to
         it) counts as empty and is not created.
         """
-        # ``hermes stats`` calls this directly, outside core's translation.
-        with self.translating("counting the messages of SQS queues"):
-            return self._stats_rows()
+        return self._stats_rows()
 
     def _stats_rows(self) -> list[QueueStats]:
         order = sorted(self._names, reverse=True)
@@ -629,12 +627,15 @@ class AmazonSqsDriver(Driver):
         purged = _Purged()
         for name in dict.fromkeys(self._names[p] for p in priorities):
             try:
-                with self.translating(f"purging SQS queue {name!r}"):
-                    self._purge_queue(name, purged)
+                self._purge_queue(name, purged)
             except DriverError as exc:
                 raise type(exc)(
                     f"{exc} (after deleting {purged.deleted} waiting message(s))"
                 ) from exc
+            except Exception as exc:
+                # Core's translation keeps the note in the error's line.
+                exc.add_note(f"purging SQS queue {name!r}, after deleting {purged.deleted}")
+                raise
         if purged.left:
             raise DriverError(
                 f"deleted {purged.deleted} waiting message(s), but not all: "
@@ -767,7 +768,7 @@ class AmazonSqsDriver(Driver):
         if self.dead_letter_queue is not None:
             names.append(self.dead_letter_queue)
         client = self._client.get()
-        with self._setup_lock, self.translating("deleting SQS queues"):
+        with self._setup_lock:
             self._dead_letter_arn = None
             self._urls.clear()
             for name in names:
@@ -821,7 +822,7 @@ class _SqsConsumer(Consumer):
         self.heartbeat = Heartbeat(
             driver._client.get,
             driver.visibility_timeout_s,
-            driver.translating,
+            driver,
             enabled=driver.heartbeat,
             what=f"the visibility of messages held from SQS queue {driver.queue_name!r}",
         )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -10,11 +9,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hermes.core import DriverError
-from hermes.core.driver import LeaseKeeper
-
-#: ``translating(doing)``: the driver's block that turns boto3's errors into Hermes's.
-Translating = Callable[[str], contextlib.AbstractContextManager[None]]
+from hermes.core.driver import Driver, LeaseKeeper, error_text
 
 logger = logging.getLogger("hermes.drivers.sqs")
 
@@ -119,14 +114,14 @@ class Heartbeat:
         self,
         client: Callable[[], Any],
         visibility_timeout_s: int,
-        translating: Translating,
+        driver: Driver,
         *,
         enabled: bool,
         what: str = "the visibility of held SQS messages",
     ) -> None:
         self._client = client
         self._visibility_timeout_s = visibility_timeout_s
-        self._translating = translating
+        self._driver = driver
         self._enabled = enabled
         self._lock = threading.RLock()
         self._held: list[Held] = []
@@ -138,7 +133,9 @@ class Heartbeat:
     def start(self) -> None:
         if self._enabled and self._keeper is None:
             tick_s = min(1.0, self._visibility_timeout_s / 6)
-            self._keeper = LeaseKeeper(self._tick, tick_s, self._what, name="hermes-sqs-heartbeat")
+            self._keeper = LeaseKeeper(
+                self._tick, tick_s, self._what, driver=self._driver, name="hermes-sqs-heartbeat"
+            )
             self._keeper.start()
 
     def stop(self) -> None:
@@ -235,19 +232,20 @@ class Heartbeat:
                     for n, item in enumerate(chunk)
                 ]
                 try:
-                    with self._translating(f"{what} messages on SQS queue {queue.name!r}"):
-                        response = self._client().change_message_visibility_batch(
-                            QueueUrl=queue.url, Entries=entries
-                        )
-                except DriverError as exc:
+                    response = self._client().change_message_visibility_batch(
+                        QueueUrl=queue.url, Entries=entries
+                    )
+                except self._driver.broker_errors as exc:
                     if raising:
+                        exc.add_note(f"{what} messages on SQS queue {queue.name!r}")
                         raise
                     logger.warning(
-                        "Could not %s %d SQS message(s) - %s",
+                        "Could not %s %d SQS message(s) on queue %r - %s",
                         what,
                         len(chunk),
-                        exc,
-                        exc_info=exc.__cause__,
+                        queue.name,
+                        error_text(exc),
+                        exc_info=exc,
                     )
                     continue
                 failed = {entry["Id"]: entry for entry in response.get("Failed", [])}
@@ -270,16 +268,15 @@ class Heartbeat:
     def _delete(self, queue: Queue, chunk: Sequence[Held]) -> None:
         entries = [{"Id": str(n), "ReceiptHandle": item.receipt} for n, item in enumerate(chunk)]
         try:
-            with self._translating(f"deleting handled messages on SQS queue {queue.name!r}"):
-                response = self._client().delete_message_batch(QueueUrl=queue.url, Entries=entries)
-        except DriverError as exc:
+            response = self._client().delete_message_batch(QueueUrl=queue.url, Entries=entries)
+        except self._driver.broker_errors as exc:
             logger.warning(
                 "Could not delete %d handled SQS message(s) from queue %r; "
                 "SQS will deliver them again - %s",
                 len(chunk),
                 queue.name,
-                exc,
-                exc_info=exc.__cause__,
+                error_text(exc),
+                exc_info=exc,
             )
             return
         for entry in response.get("Failed", []):

@@ -17,7 +17,7 @@ from prometheus_client import (
 )
 
 from hermes.core import connect, redact_url
-from hermes.core.driver import SupportsStats
+from hermes.core.driver import Door, SupportsStats
 
 logger = logging.getLogger("hermes.plugins.prometheus")
 
@@ -75,9 +75,10 @@ _STATES = ("ready", "scheduled", "in_flight", "set_aside")
 def sample_queue_depth(url: str) -> None:
     """Sample ``url``'s queue counts into :data:`QUEUE_DEPTH` once."""
     with connect(url) as driver:
-        if not isinstance(driver, SupportsStats):
+        stats = Door(driver).feature(SupportsStats)
+        if stats is None:
             return
-        for row in driver.queue_stats():
+        for row in stats.queue_stats():
             for state in _STATES:
                 value = getattr(row, state)
                 if value is not None:
