@@ -109,6 +109,9 @@ def test_a_store_on_an_unreachable_redis_is_a_broker_error_naming_what_it_did(
 ) -> None:
     with (
         FailedStore.connect(f"redis://127.0.0.1:1/0?prefix={namespace}:") as store,
-        pytest.raises(BrokerUnavailableError, match=f"while listing '{namespace}:hermes'"),
+        pytest.raises(
+            BrokerUnavailableError,
+            match=f"key='{namespace}:hermes'>: unavailable while listing what waits",
+        ),
     ):
         store.messages()

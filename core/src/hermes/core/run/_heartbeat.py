@@ -71,6 +71,7 @@ from hermes.core.spi._driver import (
     SupportsRecords,
     SupportsStats,
 )
+from hermes.core.spi._process import owner_id
 from hermes.core.spi._url import redact_url
 
 if TYPE_CHECKING:
@@ -225,12 +226,6 @@ def _change_paused(
     raise HermesError("the paused priorities kept changing under 100 writes; nothing was written")
 
 
-def new_worker_id() -> str:
-    """``host:pid:random``: unique even when a pid is reused on the host, or in a container."""
-    # os.urandom is what secrets.token_hex reads, without importing hmac and hashlib.
-    return f"{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
-
-
 def hermes_version() -> str:
     return _entry_points.version("hermes-core") or "unknown"
 
@@ -265,7 +260,7 @@ class HeartbeatPublisher:
         #: How long a beat lasts: :data:`MISSED_BEATS` periods.
         self.ttl_s = self.interval_s * MISSED_BEATS
         #: This run's id, ``host:pid:random``.
-        self.id = worker_id or new_worker_id()
+        self.id = worker_id or owner_id()
         self._static: dict[str, Any] = {
             "id": self.id,
             "kind": kind,
