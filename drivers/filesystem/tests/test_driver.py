@@ -23,6 +23,7 @@ from hermes.core import (
 )
 from hermes.core.compat import Dispatcher
 from hermes.core.driver import SupportsPurge, SupportsTeardown
+from hermes.core.spi._door import translate_errors
 from hermes.drivers.filesystem import FileSystemDriver
 from hermes.drivers.filesystem import _driver as driver_module
 
@@ -497,7 +498,7 @@ def test_a_read_error_puts_the_message_back_instead_of_quarantining_it(
     driver.send(Message("job"))
     with driver.consumer(()) as consumer:
         with pytest.raises(BrokerUnavailableError, match="unavailable while receiving") as info:
-            with driver.translating("receiving"):  # as the Worker calls it
+            with translate_errors(driver, "receiving"):  # as the Worker calls it
                 consumer.receive(1.0)
         assert info.value.__cause__.errno == errno.EMFILE
         assert files(queue_dir / "quarantine") == []

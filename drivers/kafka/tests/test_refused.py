@@ -7,6 +7,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from hermes.core import BrokerRefusedError, Message, Worker, connect
 from hermes.core.driver import BrokerUnavailableError, DeliveryError, DriverError
+from hermes.core.spi._door import translate_errors
 from hermes.drivers.kafka import KafkaDriver
 
 #: SASL settings for the test broker, which refuses every login.
@@ -54,7 +55,7 @@ def test_a_broker_that_cannot_be_reached_is_broker_unavailable(
 def test_any_other_code_is_a_failure_and_a_delivery_error_on_send(driver: KafkaDriver) -> None:
     too_large = KafkaException(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE))
     assert driver.classify_error(too_large) is DriverError
-    with pytest.raises(DeliveryError) as info, driver.translating("sending", DeliveryError):
+    with pytest.raises(DeliveryError) as info, translate_errors(driver, "sending", DeliveryError):
         raise too_large
     assert info.value.__cause__ is too_large
 

@@ -12,6 +12,7 @@ import pytest
 
 from hermes.core import BrokerRefusedError, BrokerUnavailableError, Message, connect
 from hermes.core.driver import DriverError
+from hermes.core.spi._door import translate_errors
 from hermes.drivers.postgres._errors import classify
 
 HERMES = Path(sys.executable).with_name("hermes")
@@ -42,7 +43,7 @@ def test_a_missing_role_is_refused(postgres_url, table):
     url = postgres_url.replace("postgres@", f"hermes_nobody_{uuid.uuid4().hex[:6]}@")
     consumer = connect(f"{url}?table={table}").consumer(())
     with pytest.raises(BrokerRefusedError):
-        with consumer.driver.translating("receiving"):  # what core wraps receive in
+        with translate_errors(consumer.driver, "receiving"):  # what core wraps receive in
             consumer.receive(0.1)
 
 

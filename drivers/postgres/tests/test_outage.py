@@ -14,6 +14,7 @@ import pytest
 from hermes_test_support import eventually
 
 from hermes.core import BrokerUnavailableError, Message
+from hermes.core.spi._door import translate_errors
 
 
 def terminate(sql, app_name: str) -> int:
@@ -29,7 +30,7 @@ def terminate(sql, app_name: str) -> int:
 def receive_retrying(driver, consumer):
     """``consumer.receive``, with an unavailable broker meaning "nothing yet", as in core."""
     try:
-        with driver.translating("receiving"):
+        with translate_errors(driver, "receiving"):
             return consumer.receive(0.2)
     except BrokerUnavailableError:
         return None
@@ -65,13 +66,13 @@ def test_an_ack_on_a_dropped_connection_raises_and_the_message_runs_again(
         taken = eventually(lambda: consumer.receive(0.2), "the message")
         terminate(sql, app_name)
         with pytest.raises(BrokerUnavailableError):
-            with driver.translating("acknowledging"):  # what core wraps ack in
+            with translate_errors(driver, "acknowledging"):  # what core wraps ack in
                 consumer.ack(taken)
         again = eventually(
             lambda: receive_retrying(driver, consumer), "the message after its lease"
         )
         assert (again.token, again.delivery_count) == (taken.token, 2)
-        with driver.translating("acknowledging"):
+        with translate_errors(driver, "acknowledging"):
             consumer.ack(again)
     finally:
         consumer.close()

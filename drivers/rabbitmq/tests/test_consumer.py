@@ -13,6 +13,7 @@ import pytest
 
 from hermes.core import BrokerUnavailableError, Message, UnknownPriorityError, compat, connect
 from hermes.core.driver import Consumer, MessageSerializer, Received
+from hermes.core.spi._door import translate_errors
 from hermes.drivers.rabbitmq import LazyRabbitMqDriver
 from hermes.drivers.rabbitmq._delay import DUE_TOLERANCE_S
 
@@ -52,7 +53,7 @@ def test_consumer_checks_priorities_at_once_and_does_no_io() -> None:
 def test_receive_on_an_unreachable_broker_raises_broker_unavailable_naming_it() -> None:
     driver = connect("amqp://guest:guest@127.0.0.1:1/?queue=nowhere")
     with driver.consumer(()) as consumer, pytest.raises(BrokerUnavailableError) as info:
-        with driver.translating("receiving"):  # as core's worker does
+        with translate_errors(driver, "receiving"):  # as core's worker does
             consumer.receive(0.5)
     assert "127.0.0.1:1" in str(info.value)
 
@@ -244,7 +245,7 @@ def test_a_stale_delivery_from_a_lost_connection_is_not_settled_on_the_new_one(
     with driver.consumer(()) as consumer:
         stale = receive(consumer, "the message")
         broker_link.cut()
-        with pytest.raises(BrokerUnavailableError), driver.translating("receiving"):
+        with pytest.raises(BrokerUnavailableError), translate_errors(driver, "receiving"):
             receive(consumer, "nothing: the connection is gone")
         broker_link.restore()
         again = receive(consumer, "the message, delivered again on a new connection")

@@ -11,6 +11,7 @@ from hermes_test_support import refused_worker_line
 from pika import exceptions as pika_exc
 
 from hermes.core import BrokerRefusedError, Message, Worker, connect
+from hermes.core.spi._door import translate_errors
 
 #: Long enough for a refusal that takes milliseconds, on a slow shared machine.
 GENEROUS_S = 20.0
@@ -54,7 +55,7 @@ def test_a_vhost_that_does_not_exist_is_refused_naming_it_and_how_to_create_it(
 ) -> None:
     driver = connect(missing_vhost_url)
     with driver.consumer(()) as consumer, pytest.raises(BrokerRefusedError) as info:
-        with driver.translating("receiving"):  # as core's worker does
+        with translate_errors(driver, "receiving"):  # as core's worker does
             consumer.receive(0.5)
     text = str(info.value)
     assert "\n" not in text

@@ -35,6 +35,7 @@ from hermes.core.driver import (
     SupportsTeardown,
     outgoing,
 )
+from hermes.core.spi._door import translate_errors
 from hermes.drivers.redis import RedisSetDriver, rejected_key, wake_key
 from hermes.drivers.redis import _driver as redis_driver
 from hermes.drivers.redis._driver import WAKE_LIST_CAP
@@ -520,7 +521,7 @@ def test_send_to_a_redis_that_is_not_there_raises_broker_unavailable():
     assert isinstance(info.value.__cause__, redis.ConnectionError)
     with driver.consumer([]) as consumer:  # connects on the first receive, not before
         with pytest.raises(BrokerUnavailableError, match="unavailable while receiving"):
-            with driver.translating("receiving"):  # as the Worker calls it
+            with translate_errors(driver, "receiving"):  # as the Worker calls it
                 consumer.receive(0.1)
     driver.close()
 

@@ -15,6 +15,7 @@ from hermes_test_support import concurrently, eventually
 
 from hermes.core import BrokerUnavailableError, connect
 from hermes.core.driver import Delivery, LimitRule, SupportsLimits, Take, limit_state
+from hermes.core.spi._door import translate_errors
 from hermes.drivers.redis import RedisSetDriver, _limits
 
 
@@ -328,7 +329,10 @@ def test_an_unreachable_server_raises_as_unavailable() -> None:
         lambda: driver.limit_scan(10),
     )
     for call in calls:
-        with pytest.raises(BrokerUnavailableError) as info, driver.translating("using a limit"):
+        with (
+            pytest.raises(BrokerUnavailableError) as info,
+            translate_errors(driver, "using a limit"),
+        ):
             call()
         assert isinstance(info.value.__cause__, redis.ConnectionError)
     driver.close()

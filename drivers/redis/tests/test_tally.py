@@ -10,6 +10,7 @@ from hermes_test_support import concurrently, eventually
 
 from hermes.core import BrokerUnavailableError, connect
 from hermes.core.driver import Delivery, SupportsTally
+from hermes.core.spi._door import translate_errors
 from hermes.drivers.redis import RedisSetDriver, _tally
 
 
@@ -154,7 +155,7 @@ def test_an_unreachable_server_raises_as_unavailable() -> None:
     driver = connect(f"redis://127.0.0.1:{hermes_test_services.free_port()}/0")
     assert isinstance(driver, RedisSetDriver)
     for call in lambda: driver.tally_add("g", "a", b"x", 60), lambda: driver.tally_read("g"):
-        with pytest.raises(BrokerUnavailableError) as info, driver.translating("counting"):
+        with pytest.raises(BrokerUnavailableError) as info, translate_errors(driver, "counting"):
             call()
         assert isinstance(info.value.__cause__, redis.ConnectionError)
     driver.close()

@@ -37,6 +37,7 @@ from hermes.core.driver import (
     QueueStats,
     Received,
 )
+from hermes.core.spi._door import translate_errors
 from hermes.drivers.sqs import AmazonSqsDriver, SqsDelivery, current_delivery
 from hermes.drivers.sqs import _driver as driver_module
 
@@ -1142,6 +1143,6 @@ def test_a_missing_queue_is_a_driver_error_and_so_is_an_unknown_code(
 def test_missing_credentials_stop_the_worker_with_the_cause(make_driver: MakeDriver) -> None:
     driver = make_driver()
     with pytest.raises(BrokerRefusedError) as caught:
-        with driver.translating("sending"):
+        with translate_errors(driver, "sending"):
             raise NoCredentialsError()
     assert isinstance(caught.value.__cause__, NoCredentialsError)

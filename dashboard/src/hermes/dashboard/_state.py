@@ -40,6 +40,7 @@ from hermes.core.heartbeat import (
 from hermes.core.jobs import JobRecord, Jobs, JobState
 from hermes.core.limits import Limiter, LimitUsage, SupportsLimits
 from hermes.core.schedule import Schedule
+from hermes.core.spi._door import translate_errors
 from hermes.core.workflows import ROOT_PREFIX, Workflows
 
 logger = logging.getLogger("hermes.dashboard")
@@ -278,7 +279,7 @@ class Dashboard:
         """
         if not isinstance(self.driver, SupportsStats):
             return None
-        with self.driver.translating("counting its queues"):
+        with translate_errors(self.driver, "counting its queues"):
             rows = self.driver.queue_stats()
         if self.registry is None or all(row.in_flight is not None for row in rows):
             return rows
@@ -311,7 +312,7 @@ class Dashboard:
         store = self.limits_store
         if store is None or not isinstance(store, SupportsLimits):
             return None
-        with store.translating("reading its limits"):
+        with translate_errors(store, "reading its limits"):
             return Limiter(store).usage()
 
     def priorities(self) -> list[int]:
@@ -401,7 +402,7 @@ class Dashboard:
         if priority not in self.priorities():
             raise KeyError(priority)
         assert isinstance(self.driver, SupportsPurge)
-        with self.driver.translating(f"purging priority {priority}"):
+        with translate_errors(self.driver, f"purging priority {priority}"):
             return self.driver.purge(priority)
 
     def failed_messages(
@@ -637,7 +638,7 @@ class Dashboard:
         """How many messages the failed store holds, where its broker can count them cheaply."""
         if self.failed is None or not isinstance(self.failed.driver, SupportsStats):
             return None
-        with self.failed.driver.translating("counting the failed-message store"):
+        with translate_errors(self.failed.driver, "counting the failed-message store"):
             rows = self.failed.driver.queue_stats()
         counts = [row.ready for row in rows]
         return None if any(c is None for c in counts) else sum(c or 0 for c in counts)

@@ -18,6 +18,7 @@ from hermes.core.model._errors import (
     DriverError,
     HermesError,
 )
+from hermes.core.spi._door import translate_errors
 from hermes.core.spi._driver import DEFAULT_PRIORITY, Driver, SupportsStats
 from hermes.core.spi._queues import (
     PRIORITY_QUEUES_OPTION,
@@ -249,7 +250,7 @@ def add_found_queues(driver: Driver) -> bool:
     """
     if not isinstance(driver, FindsPriorityQueues):
         return False
-    with driver.translating("listing its queues"):
+    with translate_errors(driver, "listing its queues"):
         found = driver.find_priority_queues()
     for priority, name in sorted(found.items(), reverse=True):
         driver.setup_priority_queue(name, priority)
@@ -269,7 +270,7 @@ def queues_looked_at(driver: Driver) -> str:
     """``app:hermes_priority_200 (200), app:hermes (100)``: the queues a command covered."""
     if not isinstance(driver, SupportsStats):
         return "every queue this process knows"
-    with driver.translating("counting its queues"):
+    with translate_errors(driver, "counting its queues"):
         rows = driver.queue_stats()
     names = [f"{row.name} ({row.priority})" for row in rows]
     return ", ".join(dict.fromkeys(names))

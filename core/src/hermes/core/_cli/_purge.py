@@ -19,6 +19,7 @@ from hermes.core._cli._common import (
     queues_looked_at,
     setup_priorities,
 )
+from hermes.core.spi._door import translate_errors
 from hermes.core.spi._driver import SupportsPurge
 from hermes.core.spi._registry import connect
 from hermes.core.spi._url import redact_url
@@ -72,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
             if answer.strip().lower() not in ("y", "yes"):
                 print("Nothing deleted", flush=True)
                 return 1
-        with driver.translating("deleting what waits"):
+        with translate_errors(driver, "deleting what waits"):
             removed = driver.purge(args.priority)
     print(
         f"Deleted {removed:,} waiting message{'s' if removed != 1 else ''} from {which}",

@@ -26,6 +26,7 @@ from hermes.core._cli._common import (
     setup_priorities,
 )
 from hermes.core._cli._limits import LIMITS_URL_ENV, limits_table, limits_url, usage_of
+from hermes.core.spi._door import translate_errors
 from hermes.core.spi._driver import Driver, QueueStats, SupportsStats
 from hermes.core.spi._limits import LimitUsage
 from hermes.core.spi._registry import connect
@@ -85,12 +86,12 @@ def _stats(driver: Driver, url: str) -> list[QueueStats]:
             f"{type(driver).__name__} ({redact_url(url)}) cannot count its queues: "
             "it does not implement queue_stats()"
         )
-    with driver.translating("counting its queues"):
+    with translate_errors(driver, "counting its queues"):
         return driver.queue_stats()
 
 
 def _limits(driver: Driver) -> list[LimitUsage] | None:
-    with driver.translating("reading its limits"):
+    with translate_errors(driver, "reading its limits"):
         return usage_of(driver)
 
 

@@ -46,6 +46,7 @@ from hermes.core.app._retry import (
 from hermes.core.app._watch import RecordWatch, RunningJob, entering, leaving, watched_job
 from hermes.core.model._errors import BrokerUnavailableError, ConfigurationError
 from hermes.core.model._message import Message
+from hermes.core.spi._door import translate_errors
 from hermes.core.spi._driver import DEFAULT_PRIORITY, Delay, Delivery, Driver, SupportsHeartbeats
 from hermes.core.spi._registry import enter_calls, exit_calls, notify, plugin_manager
 from hermes.core.spi._shutdown import Shutdown
@@ -655,7 +656,7 @@ class Dispatcher:
             headers[LIMIT_HEADER] = header
         due_at = time.time() + deferred.wait_s
         copy = message.replace(execute_at=due_at, headers=headers)
-        with self.driver.translating(f"defer message #{message.id}"):
+        with translate_errors(self.driver, f"defer message #{message.id}"):
             self.driver.send(copy, priority)
         self._count("deferred")
         self.logger.debug(
@@ -770,7 +771,7 @@ class Dispatcher:
             )
             at = record.priority if record.priority is not None else priority
             copy = message.replace(execute_at=again)
-            with self.driver.translating(f"sending workflow step #{message.id} again"):
+            with translate_errors(self.driver, f"sending workflow step #{message.id} again"):
                 self.driver.send(copy, at if at is not None else DEFAULT_PRIORITY)
 
     def _run_handlers(

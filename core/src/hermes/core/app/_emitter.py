@@ -10,7 +10,7 @@ from hermes.core.app._jobs import EXPIRES_HEADER, JobHandle, Jobs
 from hermes.core.app._limits import LIMIT_HEADER, Limit, Limiter
 from hermes.core.model._errors import ConfigurationError, NotSupportedError
 from hermes.core.model._message import Message
-from hermes.core.spi._door import Door
+from hermes.core.spi._door import Door, translate_errors
 from hermes.core.spi._driver import DEFAULT_PRIORITY, Driver, SupportsClaim
 from hermes.core.spi._registry import enter_emit_calls, exit_calls, notify, plugin_manager
 
@@ -149,7 +149,7 @@ class Emitter:
         # would be skipped as a duplicate for the whole window.
         Door(driver).serialized([message])
         claim_key = f"unique:{message.type}:{key}"
-        with driver.translating(f"claiming {claim_key}"):
+        with translate_errors(driver, f"claiming {claim_key}"):
             won = driver.claim(claim_key, window_s)
         if not won:
             self.logger.info(

@@ -32,7 +32,7 @@ from hermes.core.model._errors import DeliveryError, NotSupportedError, Serializ
 from hermes.core.model._message import Message
 from hermes.core.model._serializer import MessageSerializer
 from hermes.core.spi._browse import BrowsePage
-from hermes.core.spi._door import Door
+from hermes.core.spi._door import Door, translate_errors
 from hermes.core.spi._driver import DEFAULT_PRIORITY
 from hermes.core.spi._outgoing import outgoing
 from hermes.core.spi._registry import DriverPlugin, driver_for_url
@@ -393,7 +393,7 @@ class FailedStore:
         """
         failed = FailedMessage.of(message, reason, failed_at, exceptions, priority)
         item = outgoing(failed, self.serializer)
-        with self.driver.translating(f"keeping message #{message.id}", DeliveryError):
+        with translate_errors(self.driver, f"keeping message #{message.id}", DeliveryError):
             self.driver.put((item,), DEFAULT_PRIORITY)
         return failed
 

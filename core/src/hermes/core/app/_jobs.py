@@ -55,6 +55,7 @@ from hermes.core.model._errors import (
     UnknownJobError,
 )
 from hermes.core.model._message import Message
+from hermes.core.spi._door import translate_errors
 from hermes.core.spi._driver import (
     Driver,
     SupportsRecordPages,
@@ -411,7 +412,7 @@ class Jobs:
         found: list[JobRecord] = []
         store = self._store
         if not isinstance(store, SupportsRecordPages):
-            with self.driver.translating("listing job records"):
+            with translate_errors(self.driver, "listing job records"):
                 raw = store.record_scan(budget if filtered else limit)
             records = (self._decode(data, "?") for data in raw)
             found = [r for r in records if r is not None and matches(r)][:limit]
@@ -420,7 +421,7 @@ class Jobs:
         while True:
             # Never more than the records still wanted: the page's ``next`` is then
             # the store's, and no record past it was read and dropped.
-            with self.driver.translating("listing job records"):
+            with translate_errors(self.driver, "listing job records"):
                 listed = store.record_page(
                     after, limit - len(found), max_bytes - read, oldest_first=oldest_first
                 )
@@ -441,7 +442,7 @@ class Jobs:
                 return found, after
 
     def _read(self, job_id: str) -> tuple[JobRecord | None, bytes | None]:
-        with self.driver.translating(f"reading the record of job #{job_id}"):
+        with translate_errors(self.driver, f"reading the record of job #{job_id}"):
             data = self._store.record_get(_key(job_id))
         return self._decode(data, job_id), data
 
@@ -457,7 +458,7 @@ class Jobs:
             return None
 
     def _wait(self, job_id: str, seen: bytes | None, timeout_s: float) -> bytes | None:
-        with self.driver.translating(f"waiting on the record of job #{job_id}"):
+        with translate_errors(self.driver, f"waiting on the record of job #{job_id}"):
             return self._store.record_wait(_key(job_id), seen, timeout_s)
 
     def wait_any(
@@ -474,7 +475,7 @@ class Jobs:
         if not seen:
             return {}
         keys = {_key(job_id): job_id for job_id in seen}
-        with self.driver.translating("waiting on job records"):
+        with translate_errors(self.driver, "waiting on job records"):
             if isinstance(self._store, SupportsRecordWatch):
                 changed = self._store.record_wait_any(
                     {key: seen[job_id] for key, job_id in keys.items()}, timeout_s
@@ -531,7 +532,7 @@ class Jobs:
             if wanted.state not in _AT_EMIT or wanted.forget_at is None:
                 wanted = replace(wanted, forget_at=time.time() + wanted.ttl_s)
             body = _encoded(wanted)
-            with self.driver.translating(f"writing the record of job #{job_id}"):
+            with translate_errors(self.driver, f"writing the record of job #{job_id}"):
                 written = self._store.record_put(_key(job_id), body, wanted.ttl_s, data)
             if written:
                 self._remember(job_id, body, wanted)

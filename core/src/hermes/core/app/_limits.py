@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from hermes.core.model._errors import ConfigurationError
 from hermes.core.model._message import Message
+from hermes.core.spi._door import translate_errors
 from hermes.core.spi._driver import Delay, Driver
 from hermes.core.spi._limits import (
     DEFAULT_LEASE_S,
@@ -362,7 +363,7 @@ class Limiter:
     ) -> Deferred | None:
         """The store's answer: Deferred, or None when the job may start now. Turns reserved
         ahead are kept for the next jobs of ``key``."""
-        with self.driver.translating(f"take a limit slot of {key!r}"):
+        with translate_errors(self.driver, f"take a limit slot of {key!r}"):
             answer = self.store.limit_take(key, rule, slot, charged, lease_s)
         if answer.wait_s <= 0:
             return None
@@ -406,7 +407,7 @@ class Limiter:
         with self._lock:
             self._held.pop(held.slot, None)
         try:
-            with self.driver.translating(f"free a limit slot of {held.key!r}"):
+            with translate_errors(self.driver, f"free a limit slot of {held.key!r}"):
                 self.store.limit_release(held.key, held.slot)
         except Exception as exc:
             logger.warning(
@@ -419,7 +420,7 @@ class Limiter:
     def usage(self, limit: int = 1000) -> list[LimitUsage]:
         """Every key the store keeps, as ``hermes stats`` shows them."""
         now = time.time()
-        with self.driver.translating("read the limits"):
+        with translate_errors(self.driver, "read the limits"):
             states = self.store.limit_scan(limit)
         return sorted((usage(key, decode(raw), now) for key, raw in states), key=lambda u: u.key)
 
@@ -435,7 +436,7 @@ class Limiter:
                     if one.slot not in self._held:
                         continue
                 try:
-                    with self.driver.translating(f"renew a limit slot of {one.key!r}"):
+                    with translate_errors(self.driver, f"renew a limit slot of {one.key!r}"):
                         kept = self.store.limit_renew(one.key, one.slot, one.lease_s)
                 except Exception as exc:
                     logger.warning("Could not renew a slot of limit %s - %s", one.key, exc)

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from hermes.core.app._jobs import JobRecord, Jobs
 from hermes.core.model._errors import JobCancelled
 from hermes.core.model._message import Message
+from hermes.core.spi._door import translate_errors
 from hermes.core.spi._driver import Driver, SupportsClaim, SupportsHeartbeats
 from hermes.core.spi._registry import notify, plugin_manager
 
@@ -291,11 +292,11 @@ class RecordWatch:
         store = self.jobs.driver
         if isinstance(store, SupportsClaim):
             # Claimed a little short of the interval: the next one is free when it is due.
-            with store.translating("claiming the sweep for lost jobs"):
+            with translate_errors(store, "claiming the sweep for lost jobs"):
                 if not store.claim(SWEEP_CLAIM, max(self._sweep_every_s * 0.9, 0.1)):
                     return
         if isinstance(registry, Driver):
-            with registry.translating("listing heartbeats"):
+            with translate_errors(registry, "listing heartbeats"):
                 beats = registry.heartbeats()
         else:
             beats = registry.heartbeats()

@@ -57,6 +57,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from hermes.core.app._jobs import WORKFLOW_HEADER, JobRecord, Jobs, JobState
 from hermes.core.model._errors import ConfigurationError, HermesError, JobTimeoutError
 from hermes.core.model._message import Message, _new_id
+from hermes.core.spi._door import translate_errors
 from hermes.core.spi._driver import DEFAULT_PRIORITY, SupportsTally
 
 if TYPE_CHECKING:
@@ -383,13 +384,13 @@ class Workflows:
         token = os.urandom(8).hex()
         message = Message(node.type, payload, id=node_id, headers={WORKFLOW_HEADER: token})
         self.jobs.emitted(message, node.priority)
-        with self.driver.translating(f"sending workflow step #{node_id}"):
+        with translate_errors(self.driver, f"sending workflow step #{node_id}"):
             self.driver.send(message, node.priority)
 
     # The records of composite nodes ---------------------------------------------
 
     def _read(self, node_id: str) -> tuple[_NodeState | None, bytes | None]:
-        with self.driver.translating(f"reading workflow node {node_id}"):
+        with translate_errors(self.driver, f"reading workflow node {node_id}"):
             data = self._store.record_get(_node_key(node_id))
         return (None if data is None else _NodeState.from_bytes(data)), data
 
@@ -399,7 +400,7 @@ class Workflows:
             # compare-and-set has only kept the spec a little longer.
             self._keep_spec(node_id)
             state.spec_at = time.time()
-        with self.driver.translating(f"writing workflow node {node_id}"):
+        with translate_errors(self.driver, f"writing workflow node {node_id}"):
             return self._store.record_put(
                 _node_key(node_id), state.to_bytes(), self.jobs.ttl_s, expect
             )
@@ -418,7 +419,7 @@ class Workflows:
 
     def _put_spec(self, node_id: str, node: Node) -> None:
         body = json.dumps(to_json(node), separators=(",", ":")).encode()
-        with self.driver.translating(f"writing workflow node {node_id}"):
+        with translate_errors(self.driver, f"writing workflow node {node_id}"):
             # Refused when there is one already: a start tried again with the
             # same workflow id, whose tree is the same.
             self._store.record_put(_spec_key(node_id), body, self._spec_ttl_s, None)
@@ -429,7 +430,7 @@ class Workflows:
 
     def _keep_spec(self, node_id: str) -> None:
         """Write the spec again, as it is, so it is kept as long as the node's record."""
-        with self.driver.translating(f"writing workflow node {node_id}"):
+        with translate_errors(self.driver, f"writing workflow node {node_id}"):
             data = self._store.record_get(_spec_key(node_id))
             if data is not None:
                 self._store.record_put(_spec_key(node_id), data, self._spec_ttl_s, data)
@@ -491,7 +492,7 @@ class Workflows:
         if tally is not None and isinstance(node, Group):
             key = _tally_key(node_id)
             value = json.dumps(outcome, separators=(",", ":")).encode()
-            with self.driver.translating(f"counting the members of workflow node {node_id}"):
+            with translate_errors(self.driver, f"counting the members of workflow node {node_id}"):
                 _, count = tally.tally_add(key, str(place), value, self.jobs.ttl_s)
                 if count < len(node.members):
                     return None
@@ -552,7 +553,7 @@ class Workflows:
         """What ``node_id`` is (it never changes: kept for the next member of the same node)."""
         node = self._specs.get(node_id)
         if node is None:
-            with self.driver.translating(f"reading workflow node {node_id}"):
+            with translate_errors(self.driver, f"reading workflow node {node_id}"):
                 data = self._store.record_get(_spec_key(node_id))
             if data is None:
                 return None
@@ -729,7 +730,7 @@ class WorkflowHandle:
             if left <= 0:
                 now = "not started" if state is None else state.state
                 raise JobTimeoutError(f"workflow {self.id} is still {now} after {timeout:g} s")
-            with flows.driver.translating(f"waiting on workflow {self.id}"):
+            with translate_errors(flows.driver, f"waiting on workflow {self.id}"):
                 data = flows._store.record_wait(_node_key(self.id), data, min(left, 60.0))
             state = None if data is None else _NodeState.from_bytes(data)
 

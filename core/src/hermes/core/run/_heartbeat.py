@@ -65,6 +65,7 @@ from typing import TYPE_CHECKING, Any
 
 from hermes.core.model._errors import HermesError, NotSupportedError
 from hermes.core.spi import _entry_points
+from hermes.core.spi._door import translate_errors
 from hermes.core.spi._driver import (
     Driver,
     SupportsHeartbeats,
@@ -159,7 +160,7 @@ def _records(registry: SupportsHeartbeats, doing: str) -> SupportsRecords:
 
 def _translating_on(registry: object, doing: str) -> contextlib.AbstractContextManager[None]:
     if isinstance(registry, Driver):
-        return registry.translating(doing)
+        return translate_errors(registry, doing)
     return contextlib.nullcontext()
 
 
@@ -517,7 +518,7 @@ def scheduler_fields(scheduler: Scheduler) -> dict[str, Any]:
 def live_workers(registry: SupportsHeartbeats) -> list[dict[str, Any]]:
     """The live records on ``registry``, oldest start first (what ``hermes workers`` lists)."""
     translating = (
-        registry.translating("listing heartbeats")
+        translate_errors(registry, "listing heartbeats")
         if isinstance(registry, Driver)
         else contextlib.nullcontext()
     )

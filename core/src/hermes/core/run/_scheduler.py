@@ -34,6 +34,7 @@ from hermes.core.model._errors import (
     NotSupportedError,
     error_text,
 )
+from hermes.core.spi._door import translate_errors
 from hermes.core.spi._driver import Driver, SupportsClaim
 from hermes.core.spi._registry import notify, plugin_manager
 
@@ -291,7 +292,7 @@ class Scheduler:
         # Held until the tick has left every scheduler's catch-up window.
         ttl_s = at + self.catch_up_window_s - now + CLAIM_MARGIN_S
         if isinstance(self.claims, Driver):
-            with self.claims.translating(f"claiming tick {key}"):
+            with translate_errors(self.claims, f"claiming tick {key}"):
                 won = self.claims.claim(f"tick:{key}", ttl_s)
         else:
             won = self.claims.claim(f"tick:{key}", ttl_s)

@@ -43,7 +43,7 @@ from hermes.core.spi._consumer import (
     _current,
     decode,
 )
-from hermes.core.spi._door import translated
+from hermes.core.spi._door import translate_errors, translated
 from hermes.core.spi._driver import SupportsStats
 from hermes.core.spi._registry import notify, plugin_manager
 from hermes.core.spi._shutdown import Shutdown
@@ -433,18 +433,18 @@ class Worker:
     def _known_priorities(self) -> list[int] | None:
         if not isinstance(self.driver, SupportsStats):
             return None
-        with self.driver.translating("listing the priorities"):
+        with translate_errors(self.driver, "listing the priorities"):
             return sorted({row.priority for row in self.driver.queue_stats()}, reverse=True)
 
     @contextlib.contextmanager
     def _consumer(self, priorities: Sequence[int]) -> Iterator[Consumer]:
-        with self.driver.translating("starting a consumer"):
+        with translate_errors(self.driver, "starting a consumer"):
             consumer = self.driver.consumer(priorities, concurrency=self.concurrency)
         try:
             yield consumer
         finally:
             try:
-                with self.driver.translating("closing the consumer"):
+                with translate_errors(self.driver, "closing the consumer"):
                     consumer.close()
             except BrokerUnavailableError as exc:
                 self.logger.warning("%r: could not close its consumer - %s", self.driver, exc)
@@ -1035,7 +1035,7 @@ class _Servicer:
     def service(self) -> None:
         driver = self.loop.driver
         try:
-            with driver.translating("servicing the consumer while handlers run"):
+            with translate_errors(driver, "servicing the consumer while handlers run"):
                 self.loop.consumer.service()
         except Exception as exc:
             if not self.failing:

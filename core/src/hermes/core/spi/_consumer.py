@@ -120,8 +120,8 @@ class Consumer(ABC):
       call to the thread that receives now
       (:class:`~hermes.core.driver.Handover`). They raise :class:`BrokerUnavailableError` when
       the broker is gone; core logs it and goes on (an at-least-once broker
-      delivers the message again). Core wraps every call in
-      :meth:`Driver.translating`: raising the client's own exceptions is fine.
+      delivers the message again). Core translates around every call:
+      raising the client's own exceptions is fine.
     * A message whose handler still runs when the worker's grace period ends
       is left unsettled when :meth:`close` is called: close must not hand it
       to another worker (no release of what is held); the broker's own

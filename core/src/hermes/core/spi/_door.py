@@ -215,7 +215,9 @@ def _describe(pattern: str | None, name: str, args: tuple[Any, ...]) -> str:
 
 
 @contextlib.contextmanager
-def translate_errors(driver: Driver, doing: str, failed: type[DriverError]) -> Iterator[None]:
+def translate_errors(
+    driver: Driver, doing: str, failed: type[DriverError] = DriverError
+) -> Iterator[None]:
     """A block in which the client exceptions of ``driver`` become Hermes errors."""
     try:
         yield

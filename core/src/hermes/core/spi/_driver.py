@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import contextlib
 import enum
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -18,7 +17,7 @@ from hermes.core.model._errors import (
 from hermes.core.model._message import Message
 from hermes.core.spi._browse import BrowsePage
 from hermes.core.spi._consumer import Consumer
-from hermes.core.spi._door import Door, translate_errors, translated
+from hermes.core.spi._door import Door
 from hermes.core.spi._outgoing import Outgoing
 
 #: The priority of ``send()`` without one, and the one every driver has a queue for.
@@ -106,9 +105,13 @@ class Driver(ABC):
       (credentials, a missing database or vhost, a permission: the worker
       stops with exit 2 and one line), :attr:`unavailable_errors` (the worker
       reconnects with backoff) and :attr:`client_errors` (any other failure).
-      Core translates them around every call it makes into the driver and its
-      consumers (:meth:`translating`), chaining the client's exception as
-      ``__cause__``; :meth:`classify_error` decides where one class means two things.
+      Raise the client's exceptions as they come: core translates them at
+      every call it makes into the driver (its :class:`~hermes.core.driver.Door`)
+      and its consumers (the Worker), and around what a ``LeaseKeeper`` or
+      ``Handover`` runs, chaining the client's exception as ``__cause__``;
+      :meth:`classify_error` decides where one class means two things. Where a
+      driver handles a failure itself (logs it and goes on), it catches
+      :attr:`broker_errors`; it never translates by hand.
     * A body that is not a Hermes message is logged by core and set aside by
       the consumer (quarantine, dead-letter, or deleted); the run goes on.
     * ``setup_priority_queue(name, priority)`` adds, on this driver object, a
@@ -200,29 +203,6 @@ class Driver(ABC):
         if self.client_errors and isinstance(exc, self.client_errors):
             return DriverError
         return None
-
-    def translating(
-        self, doing: str, failed: type[DriverError] = DriverError
-    ) -> contextlib.AbstractContextManager[None]:
-        """A block in which the client's exceptions become Hermes errors.
-
-        Refused and unavailable keep their meaning; any other declared client
-        error becomes ``failed`` (:class:`DeliveryError` for a send). Hermes's
-        own errors pass through. Core wraps its calls into drivers in it; a
-        driver wraps the calls its own threads make (a lease renewer).
-        """
-        return translate_errors(self, doing, failed)
-
-    def translated(
-        self, exc: BaseException, doing: str, failed: type[DriverError] = DriverError
-    ) -> DriverError | None:
-        """The error :meth:`translating` would raise for ``exc``; None when it is not the client's.
-
-        For a hot path (a settle per message) that catches the exception
-        itself rather than entering a context manager on every call. Hermes's
-        own errors come back as they are.
-        """
-        return translated(self, exc, doing, failed)
 
     # Priorities ---------------------------------------------------------------
 
@@ -350,7 +330,7 @@ class SupportsClaim(Protocol):
     * Keys live in the driver's own namespace (its prefix, its queue
       directory), so two applications on one broker do not claim each other's.
     * Thread-safe and fork-safe like :meth:`Driver.put`; broker failures raise
-      like it (core calls it inside :meth:`Driver.translating`). Nothing here
+      like it (core translates them). Nothing here
       removes a claim early: a claim is a fact about the past, not a lock.
     """
 
