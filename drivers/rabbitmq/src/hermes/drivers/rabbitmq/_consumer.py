@@ -7,7 +7,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from pika import exceptions as pika_exc
 
@@ -18,6 +18,8 @@ from hermes.drivers.rabbitmq._quorum import delivery_count
 
 if TYPE_CHECKING:
     from hermes.drivers.rabbitmq._driver import LazyRabbitMqDriver
+
+T = TypeVar("T")
 
 logger = logging.getLogger("hermes.drivers.rabbitmq")
 
@@ -106,26 +108,34 @@ class RabbitMqConsumer(Consumer):
         self._handover.claim()
         self._handover.run_pending(self._not_settled)
         session = self._session()
+        while True:
+            received = self._on_session(lambda: self._next(session, deadline))
+            if received is not None and self.driver.delay:
+                if self._delayed_again(session, received):
+                    if time.monotonic() >= deadline:
+                        return None
+                    continue
+            if received is not None:
+                session.handed.add(received.token.delivery_tag)
+            return received
+
+    def _next(self, session: _Session, deadline: float) -> Received | None:
+        if session.acks.due():
+            session.send_acks()
+        return session.next(deadline)
+
+    def _on_session(self, call: Callable[[], T]) -> T:
+        """``call()`` on this session's channel: an AMQP error there ends the session.
+
+        Core says what the error means (a lost channel or connection: unavailable);
+        either way the next receive opens another session. The publishing
+        connection's errors (a message sent on through a delay queue) are not
+        this session's, and leave it to the handlers it serves.
+        """
         try:
-            if session.acks.due():
-                session.send_acks()
-            while True:
-                received = session.next(deadline)
-                if received is not None and self.driver.delay:
-                    if self._delayed_again(session, received):
-                        if time.monotonic() >= deadline:
-                            return None
-                        continue
-                if received is not None:
-                    session.handed.add(received.token.delivery_tag)
-                return received
+            return call()
         except pika_exc.AMQPError:
-            # Core says what it means (a lost channel or connection: unavailable).
-            # A failure of this session's channel or connection ends it, and the next
-            # receive opens another; one of the publishing connection (a message
-            # sent on through a delay queue) leaves it to the handlers it serves.
-            if not (session.connection.is_open and session.channel.is_open):
-                self._sessions.discard()
+            self._sessions.discard()
             raise
 
     def service(self) -> None:
@@ -195,10 +205,10 @@ class RabbitMqConsumer(Consumer):
         try:
             self.driver._delay_again(body, received.priority, remaining_s, doing)
         except Exception as exc:
-            tag.channel.basic_nack(tag.delivery_tag, requeue=True)
+            self._on_session(lambda: tag.channel.basic_nack(tag.delivery_tag, requeue=True))
             exc.add_note(doing)
             raise
-        tag.channel.basic_ack(tag.delivery_tag)
+        self._on_session(lambda: tag.channel.basic_ack(tag.delivery_tag))
         return True
 
     # Settling ----------------------------------------------------------------
