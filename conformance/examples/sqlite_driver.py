@@ -17,8 +17,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from hermes.core import DEFAULT_PRIORITY, hookimpl
 from hermes.core.driver import (
+    DEFAULT_PRIORITY,
     BrokerRefusedError,
     BrokerUnavailableError,
     Capabilities,
@@ -33,6 +33,7 @@ from hermes.core.driver import (
     Outgoing,
     PerProcess,
     Received,
+    hookimpl,
 )
 
 #: A taken row is handed out again this long after its worker stopped renewing it.
