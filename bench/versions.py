@@ -2,6 +2,10 @@
 
     python -m bench.versions --other /path/to/other/.venv/bin/hermes [--rounds 5] [-n 5000]
     python -m bench.versions --other-args=--no-heartbeat --name heartbeat --only redis
+    python -m bench.versions --other /tmp/old/bin/hermes --other-script --other-label 601512e
+
+The third form runs the other install's own ``hermes`` script, for a Hermes
+older than ``bench.hermes_cli`` (its environment must hold no observer plugin).
 
 The second form compares one install with itself, run two ways: ``--args``
 and ``--other-args`` add ``hermes worker`` options to each side, and
@@ -106,6 +110,12 @@ def main() -> int:
     parser.add_argument("--observe", default="", help="an observer plugin to let through here")
     parser.add_argument("--other-observe", default="", help="the same for the other side")
     parser.add_argument(
+        "--other-script",
+        action="store_true",
+        help="run the other install's hermes script as it is, not through bench.hermes_cli: "
+        "for a Hermes older than the launcher (its environment must hold no observer plugin)",
+    )
+    parser.add_argument(
         "--name", default="versions", help="output file name: bench/results/NAME.md and .json"
     )
     parser.add_argument("--other-label", default="before", help="its name in the table")
@@ -120,13 +130,17 @@ def main() -> int:
     if args.label == args.other_label:
         parser.error(f"--label and --other-label are both {args.label!r}")
     other_python = str(Path(args.other).with_name("python")) if args.other else sys.executable
+    if args.other_script and (not args.other or args.other_observe):
+        parser.error("--other-script needs --other, and lets no observer through")
 
     def launcher(python: str, observe: str) -> list[str]:
         return [python, "-m", "bench.hermes_cli", *(["--observe", observe] if observe else [])]
 
     commands = {
         args.label: launcher(sys.executable, args.observe),
-        args.other_label: launcher(other_python, args.other_observe),
+        args.other_label: (
+            [args.other] if args.other_script else launcher(other_python, args.other_observe)
+        ),
     }
     extras = {args.label: shlex.split(args.args), args.other_label: shlex.split(args.other_args)}
     started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
