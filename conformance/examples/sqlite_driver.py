@@ -59,9 +59,9 @@ class SqliteDriver(Driver):
             raise ValueError(f"table must be a plain identifier, got {table!r}")
         self.path, self.table = path, table
         self.priorities = {DEFAULT_PRIORITY}
-        # One connection per process (fork-safe), shared by its threads under a lock.
-        self._connection = PerProcess(self._connect, sqlite3.Connection.close)
-        self._lock = threading.Lock()
+        # One connection per process (fork-safe), shared by its threads under a lock
+        # made with it: a lock another thread held at a fork stays in the parent.
+        self._connection = PerProcess(self._connect, lambda held: held[0].close())
 
     def classify_error(self, exc: BaseException) -> type[DriverError] | None:
         # One exception class, OperationalError, means both "cannot ever work"
@@ -73,7 +73,7 @@ class SqliteDriver(Driver):
                 return BrokerUnavailableError  # another process holds the lock
         return super().classify_error(exc)
 
-    def _connect(self) -> sqlite3.Connection:
+    def _connect(self) -> tuple[sqlite3.Connection, threading.Lock]:
         connection = sqlite3.connect(
             self.path, timeout=30, isolation_level=None, check_same_thread=False
         )
@@ -82,12 +82,13 @@ class SqliteDriver(Driver):
             f"CREATE TABLE IF NOT EXISTS {self.table} (id INTEGER PRIMARY KEY, "
             "priority INTEGER, due REAL, body BLOB, lease_until REAL)"
         )
-        return connection
+        return connection, threading.Lock()
 
     def execute(self, sql: str, *args: Any) -> list[Any]:
         """Run one statement on this process's connection."""
-        with self._lock:
-            return self._connection.get().execute(sql, args).fetchall()
+        connection, lock = self._connection.get()
+        with lock:
+            return connection.execute(sql, args).fetchall()
 
     def setup_priority_queue(self, name: str, priority: int) -> None:
         self.priorities.add(priority)  # one table holds every priority
@@ -97,8 +98,9 @@ class SqliteDriver(Driver):
             raise self.unknown_priority(priority, self.priorities)
         rows = [(priority, item.execute_at or 0.0, item.body) for item in items]
         sql = f"INSERT INTO {self.table} (priority, due, body) VALUES (?, ?, ?)"
-        with self._lock:  # one statement for the whole batch: one transaction
-            self._connection.get().executemany(sql, rows)
+        connection, lock = self._connection.get()
+        with lock:  # one statement for the whole batch: one transaction
+            connection.executemany(sql, rows)
 
     def consumer(self, priorities: Sequence[int], *, concurrency: int = 1) -> Consumer:
         return _SqliteConsumer(self, self.check_priorities(self.priorities, priorities))
