@@ -189,7 +189,12 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = {"started": started, "machine": machine(), "load": loads, "rounds": args.rounds}
-    sides = {name: " ".join([*commands[name][1:], "worker", *extras[name]]) for name in commands}
+    sides = {
+        name: " ".join([*commands[name][1:], "worker", *extras[name]])
+        if len(commands[name]) > 1
+        else " ".join(["hermes", "worker", *extras[name]])
+        for name in commands
+    }
     meta["commands"] = sides
     report = {**meta, "n": args.n, "rows": rows}
     (out / f"{args.name}.json").write_text(json.dumps(report, indent=1))
