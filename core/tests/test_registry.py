@@ -211,15 +211,7 @@ print(json.dumps({"names": names, "loaded": loaded}))
 def test_listing_the_installed_drivers_imports_none_of_the_drivers_or_their_clients() -> None:
     # Every connect() loads every plugin: a plugin that imports its driver or client
     # library makes processes that use another broker pay for it in start-up and memory.
-    run = subprocess.run(
-        [sys.executable, "-c", _MODULES_AFTER_LISTING],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert run.returncode == 0, run.stderr
-    seen = json.loads(run.stdout)
+    seen = _in_a_fresh_interpreter(_MODULES_AFTER_LISTING)
     assert "memory" in seen["names"]
     assert seen["loaded"] == [], f"listing {seen['names']} imported {seen['loaded']}"
 
@@ -241,15 +233,7 @@ print(json.dumps({"names": names, "loaded": loaded}))
 def test_registering_the_installed_plugins_imports_none_of_their_client_libraries() -> None:
     # Installed but unconfigured, an observer plugin or the dashboard must cost a
     # worker's start-up nothing: their libraries are imported when they are used.
-    run = subprocess.run(
-        [sys.executable, "-c", _MODULES_AFTER_REGISTERING],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert run.returncode == 0, run.stderr
-    seen = json.loads(run.stdout)
+    seen = _in_a_fresh_interpreter(_MODULES_AFTER_REGISTERING)
     assert {"dashboard", "opentelemetry", "prometheus", "sentry"} <= set(seen["names"])
     assert seen["loaded"] == [], f"registering {seen['names']} imported {seen['loaded']}"
 
@@ -665,3 +649,12 @@ def test_every_hook_states_its_contract_in_a_docstring() -> None:
         "hermes_job_finished",
     }
     assert all(len(inspect.getdoc(f) or "") > 30 for f in hooks)
+
+
+def _in_a_fresh_interpreter(script: str) -> Any:
+    """What ``script`` printed as JSON, run by a new interpreter (nothing imported yet)."""
+    run = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert run.returncode == 0, run.stderr
+    return json.loads(run.stdout)

@@ -25,7 +25,6 @@ from hermes.core.model._errors import (
     DeliveryError,
     DriverError,
     HermesError,
-    NotSupportedError,
     error_text,
 )
 from hermes.core.model._message import Message
@@ -64,8 +63,7 @@ class Door:
     way a message leaves (an emit, a retry, a workflow step, a driver's own
     transactional send). ``door.feature(SupportsStats)`` is the driver seen
     as that protocol with each call translated, or None where the driver does
-    not implement it; :meth:`require` raises :class:`NotSupportedError`
-    instead. :meth:`wrap` translates an object a driver handed out (a queue
+    not implement it. :meth:`wrap` translates an object a driver handed out (a queue
     browser), :meth:`call` one call core makes on a driver's own method.
     """
 
@@ -133,13 +131,6 @@ class Door:
         if not isinstance(self.driver, cast(type, kind)):
             return None
         return cast(T, _Translated(self.driver, self.driver))
-
-    def require(self, kind: Callable[..., T], purpose: str) -> T:
-        """:meth:`feature`, or :class:`NotSupportedError` naming the driver and ``purpose``."""
-        found = self.feature(kind)
-        if found is None:
-            raise NotSupportedError(f"{self.driver!r} cannot {purpose}")
-        return found
 
     def wrap(self, target: T) -> T:
         """``target`` (the driver or an object it made) with every method call translated."""
