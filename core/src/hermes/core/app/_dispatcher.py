@@ -423,12 +423,18 @@ class Dispatcher:
         worker's event loop, and this thread waits for it. Over the limit:
         :class:`TimeLimitExceeded`.
         """
-        return cast("bool | Result", self._drive(self._call_steps(handler, message)))
+        answer = self._call(handler, message)
+        if isinstance(answer, Awaiting):
+            answer = _answer(self._event_loop.run(answer.coroutine, answer.limit_s, answer.job))
+        return answer
 
-    def _call_steps(
-        self, handler: Handler, message: Message
-    ) -> Generator[Awaiting, Any, bool | Result]:
-        """:meth:`call_handler` as steps: a coroutine to await is yielded, its result sent back."""
+    def _call(self, handler: Handler, message: Message) -> bool | Result | Awaiting:
+        """One call of ``handler.handle``: its answer, or the coroutine it made, to await.
+
+        A plain function, not steps: a sync handler's call (most calls) costs no
+        generator; the caller awaits an :class:`Awaiting` and passes what it
+        returned through :func:`_answer`.
+        """
         limit = getattr(handler, "time_limit_s", None)
         if limit is None:
             limit = self.time_limit_s
@@ -437,8 +443,7 @@ class Dispatcher:
         if known is None:
             known = self._async[id(handler)] = (handler, inspect.iscoroutinefunction(handle))
         if known[1]:  # an async def handle: calling it made a coroutine
-            coroutine = cast(Coroutine[Any, Any, Any], handle(message))
-            return _answer((yield Awaiting(coroutine, limit, watched_job())))
+            return Awaiting(cast(Coroutine[Any, Any, Any], handle(message)), limit, watched_job())
         if limit is None:
             result = handle(message)
         else:
@@ -456,7 +461,7 @@ class Dispatcher:
         if result is None or result is True or result is False:  # the usual answers, at once
             return bool(result)
         if inspect.iscoroutine(result):
-            result = yield Awaiting(result, limit, watched_job())
+            return Awaiting(result, limit, watched_job())
         return _answer(result)
 
     def _drive(self, steps: Generator[Awaiting, Any, Any]) -> Any:
@@ -533,15 +538,20 @@ class Dispatcher:
         closed before it finished (the worker abandoned it) writes nothing.
         """
         limit = self.limits.get(message.type) if self.limits else None
-        limiter = held = None
-        if limit is not None:
-            limiter = self.limiter()
-            assert limiter is not None
-            taken = limiter.take(limit, message)
-            if isinstance(taken, Deferred):
-                self._defer(message, priority, limit, taken)
-                return True  # acknowledged: its copy runs at its turn
-            held = taken
+        if limit is None:
+            return self._handle_message(message, priority)
+        return self._limited_steps(message, priority, limit)
+
+    def _limited_steps(
+        self, message: Message, priority: int, limit: Limit
+    ) -> Generator[Awaiting, Any, bool]:
+        """:meth:`_handle_message` within ``limit``: run now, or deferred to its turn."""
+        limiter = self.limiter()
+        assert limiter is not None
+        held = limiter.take(limit, message)
+        if isinstance(held, Deferred):
+            self._defer(message, priority, limit, held)
+            return True  # acknowledged: its copy runs at its turn
         abandoned = False
         try:
             return (yield from self._handle_message(message, priority))
@@ -549,7 +559,7 @@ class Dispatcher:
             abandoned = True  # closed by the worker: the broker delivers it again
             raise
         finally:
-            if held is not None and limiter is not None and not abandoned:
+            if held is not None and not abandoned:
                 limiter.release(held)
 
     def _handle_message(self, message: Message, priority: int) -> Generator[Awaiting, Any, bool]:
@@ -845,13 +855,17 @@ class Dispatcher:
                     around, message=message, priority=priority, handler=handler, driver=self.driver
                 )
                 try:
-                    ok = yield from self._call_steps(handler, message)
+                    ok = self._call(handler, message)
+                    if isinstance(ok, Awaiting):
+                        ok = _answer((yield ok))
                 except BaseException as exc:
                     exit_calls(around, entered, exc)
                     raise
                 exit_calls(around, entered, None)
             else:  # nobody wraps handler calls (most workers)
-                ok = yield from self._call_steps(handler, message)
+                ok = self._call(handler, message)
+                if isinstance(ok, Awaiting):
+                    ok = _answer((yield ok))
         except Exception as exc:
             if debug:
                 self._took(handler, message, started, f"raised {type(exc).__name__}")

@@ -564,7 +564,10 @@ class _Loop:
         self.abandoned = False
         #: Guards ``abandoned`` against ``settling``: each message is either settled
         #: or abandoned, never both -- see :meth:`settle` and ``_ConcurrentRun._abandon``.
-        self.settle_turn = threading.Condition(threading.Lock())
+        #: Taken as a plain lock per settle; the condition is waited on only by the
+        #: abandoning run, which sets ``abandoned`` first, so a settle notifies only then.
+        self.settle_lock = threading.Lock()
+        self.settle_turn = threading.Condition(self.settle_lock)
         #: Settles under way: the run waits for them before it closes the consumer.
         self.settling = 0
         #: id(received) -> (type, id, since) of each message in the handlers now:
@@ -751,7 +754,7 @@ class _Loop:
 
         True if it worked.
         """
-        with self.settle_turn:
+        with self.settle_lock:
             abandoned = self.abandoned
             if not abandoned:
                 self.settling += 1
@@ -767,10 +770,11 @@ class _Loop:
         try:
             return self._settle(what, received, action, *args)
         finally:
-            with self.settle_turn:
+            with self.settle_lock:
                 self.running.pop(id(received), None)  # settled: not left to abandon
                 self.settling -= 1
-                self.settle_turn.notify_all()
+                if self.abandoned:  # the run waits for the settles under way
+                    self.settle_turn.notify_all()
 
     def _settle(
         self, what: str, received: Received, action: Callable[..., None], *args: Any
