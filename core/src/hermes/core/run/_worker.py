@@ -372,7 +372,9 @@ class Worker:
         while True:
             version = self._pause_version
             priorities = self._unpaused(self._fleet_paused)
-            stop.switch = functools.partial(self._pauses_changed, version)
+            # Pauses arrive with the heartbeat: without one, nothing to ask per message.
+            if self.heartbeat is not None:
+                stop.switch = functools.partial(self._pauses_changed, version)
             if priorities is None:
                 self.logger.log(
                     NOTICE,
