@@ -464,11 +464,10 @@ class Dispatcher:
             return Awaiting(result, limit, watched_job())
         return _answer(result)
 
-    def _drive(self, steps: Generator[Awaiting, Any, Any]) -> Any:
-        """Run ``steps`` on this thread, waiting on the event loop for each coroutine it yields."""
+    def _drive(self, steps: Generator[Awaiting, Any, Any], awaiting: Awaiting) -> Any:
+        """Run ``steps`` on from ``awaiting``, the first coroutine they yielded, on this thread."""
         run = self._event_loop.run
         try:
-            awaiting = next(steps)
             while True:
                 try:
                     value = run(awaiting.coroutine, awaiting.limit_s, awaiting.job)
@@ -524,7 +523,12 @@ class Dispatcher:
         What the Worker calls per message. Plugins see ``started`` first and
         ``finished`` last, with the message's :class:`Outcome`, on every path.
         """
-        return bool(self._drive(self.message_steps(message, priority)))
+        steps = self.message_steps(message, priority)
+        try:
+            awaiting = next(steps)  # a message of sync handlers runs to its end here
+        except StopIteration as done:
+            return bool(done.value)
+        return bool(self._drive(steps, awaiting))
 
     def message_steps(self, message: Message, priority: int) -> Generator[Awaiting, Any, bool]:
         """:meth:`handle_message` as steps, for a worker that awaits coroutines itself.

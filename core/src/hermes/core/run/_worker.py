@@ -570,6 +570,9 @@ class _Loop:
         #: abandoning run, which sets ``abandoned`` first, so a settle notifies only then.
         self.settle_lock = threading.Lock()
         self.settle_turn = threading.Condition(self.settle_lock)
+        #: Whether threads share this loop (a concurrent run): only then can a
+        #: message be abandoned while it settles, so only then is a settle guarded.
+        self.shared = False
         #: Settles under way: the run waits for them before it closes the consumer.
         self.settling = 0
         #: id(received) -> (type, id, since) of each message in the handlers now:
@@ -584,6 +587,13 @@ class _Loop:
 
     def run_serial(self) -> None:
         stop, take, deliver = self.stop, self.take, self.deliver
+        if type(self.consumer).service is Consumer.service:  # nothing to service meanwhile
+            while not stop.should_stop():
+                received = take()
+                if received is not None:
+                    stop.started += 1
+                    deliver(received)
+            return
         # Held while this thread receives, and by the servicer while it services.
         turn = threading.Lock()
 
@@ -756,6 +766,8 @@ class _Loop:
 
         True if it worked.
         """
+        if not self.shared:  # a serial run: its one thread settles, nothing abandons
+            return self._settle(what, received, action, *args)
         with self.settle_lock:
             abandoned = self.abandoned
             if not abandoned:
@@ -1100,6 +1112,7 @@ class _ConcurrentRun:
 
     def __init__(self, loop: _Loop, concurrency: int, grace_s: float, mix: str = "sync") -> None:
         self.loop = loop
+        loop.shared = True
         self.concurrency = concurrency
         self.grace_s = grace_s
         #: "sync": a thread per message in flight; "async" and "mixed": messages
