@@ -7,7 +7,7 @@ from pathlib import Path
 from hermes_test_support import walk_pages
 
 from hermes.core import FailedStore, Message
-from hermes.core.driver import MessageSerializer
+from hermes.core.drivertools import MessageSerializer
 from hermes.drivers.filesystem import FileSystemDriver
 from hermes.drivers.filesystem._browse import DirectoryBrowser
 

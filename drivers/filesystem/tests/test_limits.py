@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 from hermes_test_support import DEADLINE_S, concurrently, eventually
 
-from hermes.core.driver import LimitRule, SupportsLimits, Take, limit_state
+from hermes.core.driver import LimitRule, SupportsLimits, Take
+from hermes.core.drivertools import limit_state
 from hermes.drivers.filesystem import FileSystemDriver, _limits
 
 

@@ -7,7 +7,8 @@ import os
 import pytest
 
 from hermes.core import ConfigurationError, Message, available_drivers, connect
-from hermes.core.driver import DriverUrl, isolated_url
+from hermes.core.driver import DriverUrl
+from hermes.core.drivertools import isolated_url
 from hermes.drivers.filesystem import FileSystemDriver, directory_from_url
 
 

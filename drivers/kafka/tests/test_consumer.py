@@ -12,7 +12,8 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from hermes.core import BrokerUnavailableError, Message, connect
 from hermes.core.driver import Consumer as HermesConsumer
-from hermes.core.driver import MessageSerializer, Received
+from hermes.core.driver import Received
+from hermes.core.drivertools import MessageSerializer
 from hermes.drivers.kafka import KafkaDriver, _consumer
 
 MakeDriver = Callable[..., KafkaDriver]

@@ -5,8 +5,15 @@ from __future__ import annotations
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from hermes.core import BrokerRefusedError, Message, Worker, connect
-from hermes.core.driver import BrokerUnavailableError, DeliveryError, DriverError
+from hermes.core import (
+    BrokerRefusedError,
+    BrokerUnavailableError,
+    DeliveryError,
+    DriverError,
+    Message,
+    Worker,
+    connect,
+)
 from hermes.core.spi._door import translate_errors
 from hermes.drivers.kafka import KafkaDriver
 

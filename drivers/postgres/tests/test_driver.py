@@ -9,19 +9,17 @@ import time
 import pytest
 from hermes_test_support import DEADLINE_S, eventually, walk_pages
 
-from hermes.core import Message, UnknownPriorityError
+from hermes.core import BrokerRefusedError, Message, UnknownPriorityError
 from hermes.core.driver import (
-    BrokerRefusedError,
     Consumer,
-    MessageSerializer,
     QueueStats,
     Received,
     SupportsClaim,
     SupportsPurge,
     SupportsStats,
     SupportsTeardown,
-    outgoing,
 )
+from hermes.core.drivertools import MessageSerializer, outgoing
 from hermes.drivers.postgres import PostgresDriver, TableBrowser
 
 HIGH = 200

@@ -10,8 +10,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from hermes.core import BrokerRefusedError, BrokerUnavailableError, Message, connect
-from hermes.core.driver import DriverError
+from hermes.core import BrokerRefusedError, BrokerUnavailableError, DriverError, Message, connect
 from hermes.core.spi._door import translate_errors
 from hermes.drivers.postgres._errors import classify
 

@@ -8,7 +8,8 @@ import uuid
 
 from hermes_test_support import concurrently, eventually
 
-from hermes.core.driver import LimitRule, SupportsLimits, Take, limit_state
+from hermes.core.driver import LimitRule, SupportsLimits, Take
+from hermes.core.drivertools import limit_state
 from hermes.drivers.postgres import PostgresDriver
 
 

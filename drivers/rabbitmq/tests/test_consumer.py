@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from hermes.core import BrokerUnavailableError, Message, UnknownPriorityError, compat, connect
-from hermes.core.driver import Consumer, MessageSerializer, Received
+from hermes.core.driver import Consumer, Received
+from hermes.core.drivertools import MessageSerializer
 from hermes.core.spi._door import translate_errors
 from hermes.drivers.rabbitmq import LazyRabbitMqDriver
 from hermes.drivers.rabbitmq._delay import DUE_TOLERANCE_S

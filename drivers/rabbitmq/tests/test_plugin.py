@@ -6,7 +6,8 @@ import pika
 import pytest
 
 from hermes.core import ConfigurationError, available_drivers, connect
-from hermes.core.driver import Delay, DriverUrl, isolated_url
+from hermes.core.driver import Delay, DriverUrl
+from hermes.core.drivertools import isolated_url
 from hermes.drivers.rabbitmq import LazyRabbitMqDriver
 from hermes.drivers.rabbitmq._plugin import keyword_options
 

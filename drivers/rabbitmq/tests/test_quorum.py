@@ -19,7 +19,8 @@ from hermes_test_support import eventually
 from pika import exceptions as pika_exc
 
 from hermes.core import ConfigurationError, DeliveryError, Message, connect
-from hermes.core.driver import Consumer, MessageSerializer, Received
+from hermes.core.driver import Consumer, Received
+from hermes.core.drivertools import MessageSerializer
 from hermes.drivers.rabbitmq import LazyRabbitMqDriver
 from hermes.drivers.rabbitmq._quorum import NOT_FOR_QUORUM, delivery_count
 

@@ -65,7 +65,7 @@ def test_a_vhost_that_does_not_exist_is_refused_naming_it_and_how_to_create_it(
 
 
 def test_a_403_on_a_channel_is_refused_and_a_lost_channel_is_unavailable() -> None:
-    from hermes.core.driver import BrokerUnavailableError
+    from hermes.core import BrokerUnavailableError
 
     driver = connect("amqp://guest:guest@127.0.0.1:1/?queue=x")
     denied = pika_exc.ChannelClosedByBroker(403, "ACCESS_REFUSED - access to queue 'x' refused")

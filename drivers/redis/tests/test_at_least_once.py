@@ -14,7 +14,8 @@ import redis
 from hermes_test_support import DEADLINE_S
 
 from hermes.core import ConfigurationError, Dispatcher, Message, Worker, compat, connect
-from hermes.core.driver import Delivery, Received, outgoing
+from hermes.core.driver import Delivery, Received
+from hermes.core.drivertools import outgoing
 from hermes.drivers.redis import (
     RedisSetDriver,
     _scripts,

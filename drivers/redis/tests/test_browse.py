@@ -10,7 +10,7 @@ import redis
 from hermes_test_support import walk_pages
 
 from hermes.core import BrokerUnavailableError, FailedStore, Message
-from hermes.core.driver import MessageSerializer
+from hermes.core.drivertools import MessageSerializer
 from hermes.drivers.redis import RedisSetDriver
 from hermes.drivers.redis._browse import SetBrowser
 

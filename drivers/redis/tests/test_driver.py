@@ -27,14 +27,8 @@ from hermes.core import (
     compat,
     connect,
 )
-from hermes.core.driver import (
-    Consumer,
-    Delivery,
-    MessageSerializer,
-    Received,
-    SupportsTeardown,
-    outgoing,
-)
+from hermes.core.driver import Consumer, Delivery, Received, SupportsTeardown
+from hermes.core.drivertools import MessageSerializer, outgoing
 from hermes.core.spi._door import translate_errors
 from hermes.drivers.redis import RedisSetDriver, rejected_key, wake_key
 from hermes.drivers.redis import _driver as redis_driver

@@ -14,7 +14,8 @@ import redis
 from hermes_test_support import concurrently, eventually
 
 from hermes.core import BrokerUnavailableError, connect
-from hermes.core.driver import Delivery, LimitRule, SupportsLimits, Take, limit_state
+from hermes.core.driver import Delivery, LimitRule, SupportsLimits, Take
+from hermes.core.drivertools import limit_state
 from hermes.core.spi._door import translate_errors
 from hermes.drivers.redis import RedisSetDriver, _limits
 

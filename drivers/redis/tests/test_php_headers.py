@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from hermes.core import Message
-from hermes.core.driver import MessageSerializer
+from hermes.core.drivertools import MessageSerializer
 
 SCRIPT = Path(__file__).parent / "php" / "headers_check.php"
 TRACE = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}

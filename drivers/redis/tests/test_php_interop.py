@@ -9,7 +9,7 @@ import pytest
 
 from hermes.core import Message, compat, connect
 from hermes.core.compat import Dispatcher
-from hermes.core.driver import MessageSerializer
+from hermes.core.drivertools import MessageSerializer
 from hermes.drivers.redis import RedisSetDriver
 
 #: Strings as PHP Hermes 4.x's MessageSerializer (json_encode) writes them.

@@ -6,7 +6,8 @@ import pytest
 import redis
 
 from hermes.core import ConfigurationError, Message, available_drivers, compat, connect
-from hermes.core.driver import Delay, Delivery, DriverUrl, isolated_url
+from hermes.core.driver import Delay, Delivery, DriverUrl
+from hermes.core.drivertools import isolated_url
 from hermes.drivers.redis import RedisSetDriver, RedisShutdown
 
 

@@ -19,7 +19,8 @@ import redis
 from hermes_test_support import DEADLINE_S, eventually
 
 from hermes.core import Dispatcher, Emitter, Message, Result, Worker, connect
-from hermes.core.driver import Delivery, MemoryDriver, SupportsRecords
+from hermes.core.driver import Delivery, SupportsRecords
+from hermes.core.drivertools import MemoryDriver
 from hermes.core.heartbeat import HeartbeatPublisher
 from hermes.core.jobs import JobResultError, Jobs, JobState, current_job
 from hermes.drivers.redis import RedisSetDriver, _records

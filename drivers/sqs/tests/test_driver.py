@@ -32,11 +32,11 @@ from hermes.core.driver import (
     Consumer,
     Delay,
     Delivery,
-    MessageSerializer,
     Outgoing,
     QueueStats,
     Received,
 )
+from hermes.core.drivertools import MessageSerializer
 from hermes.core.spi._door import translate_errors
 from hermes.drivers.sqs import AmazonSqsDriver, SqsDelivery, current_delivery
 from hermes.drivers.sqs import _driver as driver_module

@@ -6,7 +6,8 @@ import bisect
 import os
 from collections.abc import Hashable, Iterator
 
-from hermes.core.driver import BrowsePage, Driver, page_of
+from hermes.core.driver import BrowsePage, Driver
+from hermes.core.drivertools import page_of
 from hermes.drivers.filesystem._driver import FileSystemDriver
 from hermes.drivers.filesystem._names import QueuedName, parse
 

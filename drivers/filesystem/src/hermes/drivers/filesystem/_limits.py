@@ -3,19 +3,19 @@
 A file is named like a claim or a record (``k=charge:customer-7``, or ``h=``
 and a hash when long) and holds ``{"key": ..., "state": ...}``: the key, so
 a scan can name it whatever its file is called, and its state as
-:func:`hermes.core.driver.limit_state.encode` writes it.
+:func:`hermes.core.drivertools.limit_state.encode` writes it.
 
 Each decision (take, release, renewal) holds an exclusive ``flock`` on one of
 the lock stripes in ``limits/.locks/``, chosen by the file name, from its
 read to its write, exactly as job records do: reads the state, runs
-:func:`~hermes.core.driver.limit_state.take`, ``release`` or ``renew`` with
+:func:`~hermes.core.drivertools.limit_state.take`, ``release`` or ``renew`` with
 ``time.time()`` (one machine, one clock) and writes the new state to
 ``limits/.tmp/`` and renames it over the key's file, so a reader that takes
 no lock sees one state or the next, never half of one. A file that cannot be
 read as a state (cut short by a crash) counts as a key nothing has used.
 
 A scan lists the keys whose state still says something
-(:func:`~hermes.core.driver.limit_state.keep_for` above 0). A file whose state
+(:func:`~hermes.core.drivertools.limit_state.keep_for` above 0). A file whose state
 says nothing and that nobody wrote for :data:`KEEP_AFTER_S` is deleted, under
 its lock and once seen so again, by the scan that meets it, and by a sweep
 that one process of the machine runs at most once a minute from a take.
@@ -30,7 +30,8 @@ import os
 import time
 from collections.abc import Iterator
 
-from hermes.core.driver import LimitRule, Take, limit_state
+from hermes.core.driver import LimitRule, Take
+from hermes.core.drivertools import limit_state
 from hermes.drivers.filesystem._claim import key_file_name
 from hermes.drivers.filesystem._records import _files as _record_files
 from hermes.drivers.filesystem._records import _locked, _write, sweep_now_and_then

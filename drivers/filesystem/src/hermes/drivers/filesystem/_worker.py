@@ -26,7 +26,7 @@ import logging
 import os
 from collections.abc import Collection
 
-from hermes.core.driver import owner_id
+from hermes.core.drivertools import owner_id
 
 logger = logging.getLogger("hermes.drivers.filesystem")
 

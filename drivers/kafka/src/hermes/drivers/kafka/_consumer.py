@@ -14,13 +14,9 @@ from confluent_kafka import Consumer as Client
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka import Message as Record
 
-from hermes.core.driver import (
-    BrokerUnavailableError,
-    Consumer,
-    DriverError,
-    Received,
-    error_text,
-)
+from hermes.core import BrokerUnavailableError, DriverError
+from hermes.core.driver import Consumer, Received
+from hermes.core.drivertools import error_text
 from hermes.drivers.kafka._errors import classify, error_of, explained
 from hermes.drivers.kafka._handles import destroy_unused
 from hermes.drivers.kafka._offsets import OffsetLedger, Partition, PartitionState
@@ -108,7 +104,7 @@ class _KafkaConsumer(Consumer):
     polls (every :data:`SETTLE_INTERVAL_S`) while it waits. Today's worker
     loop calls ``receive`` right after ``ack``, so each record is still
     committed (synchronously, by default) before the next one is taken. This
-    is not core's :class:`~hermes.core.driver.Handover`, which queues calls:
+    is not core's :class:`~hermes.core.drivertools.Handover`, which queues calls:
     the ledger folds any number of settles into one commit per partition.
 
     Errors: librdkafka's own ``KafkaException`` is raised as it is, and core

@@ -19,20 +19,15 @@ from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 if TYPE_CHECKING:
     from confluent_kafka.admin import AdminClient
 
-from hermes.core.driver import (
-    DEFAULT_PRIORITY,
+from hermes.core import (
     BrokerUnavailableError,
     ConfigurationError,
-    Consumer,
-    Delay,
     DeliveryError,
-    Driver,
     DriverError,
     NotSupportedError,
-    Outgoing,
-    PerProcess,
-    QueueStats,
 )
+from hermes.core.driver import DEFAULT_PRIORITY, Consumer, Delay, Driver, Outgoing, QueueStats
+from hermes.core.drivertools import PerProcess
 from hermes.drivers.kafka import _settings
 from hermes.drivers.kafka._capabilities import (
     CAPABILITIES,
@@ -359,7 +354,8 @@ class KafkaDriver(Driver):
     def per_process(
         self, make: Callable[[], T], close: Callable[[T], None] | None = None
     ) -> PerProcess[T]:
-        """A :class:`~hermes.core.driver.PerProcess` holder for one of its librdkafka handles."""
+        """A :class:`~hermes.core.drivertools.PerProcess` holder for one of its
+        librdkafka handles."""
         return self._handles.per_process(make, close)
 
     def classify_error(self, exc: BaseException) -> type[DriverError] | None:

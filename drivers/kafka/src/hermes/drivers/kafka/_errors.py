@@ -12,12 +12,8 @@ from __future__ import annotations
 
 from confluent_kafka import KafkaError, KafkaException
 
-from hermes.core.driver import (
-    BrokerRefusedError,
-    BrokerUnavailableError,
-    CertificateRefusedError,
-    DriverError,
-)
+from hermes.core import BrokerRefusedError, BrokerUnavailableError, DriverError
+from hermes.core.drivertools import CertificateRefusedError
 
 #: The broker refused this client: SASL credentials, or an ACL on a topic or group.
 REFUSED_CODES = frozenset(

@@ -1,6 +1,6 @@
 """librdkafka handles across ``fork()``: each is destroyed only in the process that made it.
 
-:class:`~hermes.core.driver.PerProcess` makes a new client in a forked child and
+:class:`~hermes.core.drivertools.PerProcess` makes a new client in a forked child and
 drops its reference to the parent's. Destroying a librdkafka handle joins its
 threads, and in a child those threads do not exist: the join waits a second
 per handle (measured) or crashes the child (seen when the parent's handle was
@@ -27,7 +27,7 @@ import weakref
 from collections.abc import Callable
 from typing import TypeVar
 
-from hermes.core.driver import PerProcess
+from hermes.core.drivertools import PerProcess
 
 T = TypeVar("T")
 

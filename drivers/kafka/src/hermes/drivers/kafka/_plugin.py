@@ -13,7 +13,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from hermes.core import ConfigurationError, hookimpl
-from hermes.core.driver import DriverPlugin, DriverUrl, TlsOptions
+from hermes.core.driver import DriverPlugin, DriverUrl
+from hermes.core.drivertools import TlsOptions
 from hermes.drivers.kafka import _settings
 from hermes.drivers.kafka._capabilities import CAPABILITIES
 

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from hermes.core import HermesError, connect, redact_url
-from hermes.core.driver import Door
+from hermes.core.drivertools import Door
 from hermes.drivers.postgres._driver import PostgresDriver
 
 

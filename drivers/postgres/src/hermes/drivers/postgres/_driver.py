@@ -14,24 +14,19 @@ from typing import Any
 import psycopg
 import psycopg_pool
 
+from hermes.core import BrokerRefusedError, DriverError
 from hermes.core.driver import (
     DEFAULT_PRIORITY,
-    BrokerRefusedError,
     BrowsePage,
     Consumer,
-    Door,
     Driver,
-    DriverError,
-    LeaseKeeper,
     LimitRule,
-    Message,
     Outgoing,
-    PerProcess,
     QueueStats,
     Received,
     Take,
-    owner_id,
 )
+from hermes.core.drivertools import Door, LeaseKeeper, Message, PerProcess, owner_id
 from hermes.drivers.postgres import _heartbeat, _limits, _records, _tally
 from hermes.drivers.postgres._capabilities import CAPABILITIES, LEASE_TIMEOUT_S, POLL_INTERVAL_S
 from hermes.drivers.postgres._errors import classify
@@ -58,7 +53,7 @@ class PostgresDriver(Driver):
 
     At-least-once: a worker claims a row by leasing it (``locked_by``,
     ``locked_until``) in one ``UPDATE ... FOR UPDATE SKIP LOCKED``; a
-    :class:`~hermes.core.driver.LeaseKeeper` renews the leases of the rows
+    :class:`~hermes.core.drivertools.LeaseKeeper` renews the leases of the rows
     whose handlers run; a worker that dies stops renewing, and its rows are
     claimed again once their lease ran out. Ack deletes the row, release
     clears the lease, reject moves the row to ``<table>_rejected``. Rows wait

@@ -13,12 +13,8 @@ from __future__ import annotations
 import psycopg
 import psycopg_pool
 
-from hermes.core.driver import (
-    BrokerRefusedError,
-    BrokerUnavailableError,
-    CertificateRefusedError,
-    DriverError,
-)
+from hermes.core import BrokerRefusedError, BrokerUnavailableError, DriverError
+from hermes.core.drivertools import CertificateRefusedError
 
 #: Trying again cannot help: credentials, a database or role that does not
 #: exist, a missing permission, a table missing where ``create=false``.

@@ -1,6 +1,6 @@
 """Fleet-wide limits in PostgreSQL: one row per limit key in ``<table>_limits``.
 
-A row holds a key's state as :func:`hermes.core.driver.limit_state.encode`
+A row holds a key's state as :func:`hermes.core.drivertools.limit_state.encode`
 writes it (JSON text), keyed like claims and records by the driver's
 ``queue`` and the key. Every decision is one transaction on the key's row:
 
@@ -11,14 +11,14 @@ writes it (JSON text), keyed like claims and records by the driver's
    decision on a key sees a clock no earlier than the one before it, and all
    hosts share the server's one clock;
 3. the decision runs in Python on the decoded state
-   (:func:`~hermes.core.driver.limit_state.take`, ``release``, ``renew``),
+   (:func:`~hermes.core.drivertools.limit_state.take`, ``release``, ``renew``),
    and an ``UPDATE`` writes the new state back, unless nothing changed.
 
 Where libpq supports pipeline mode, the statements before the read go in one
 round trip and the write and the commit in another.
 
 ``expires_at`` is when the row may go: once its state says nothing any more
-(:func:`~hermes.core.driver.limit_state.keep_for`), plus a minute. A scan
+(:func:`~hermes.core.drivertools.limit_state.keep_for`), plus a minute. A scan
 lists only the keys whose state still says something; each driver object
 deletes up to 1,000 expired rows (every queue's) at most once a minute, in
 its next take or scan. The table is created on first use, apart from the
@@ -36,7 +36,9 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from hermes.core.driver import DriverError, LimitRule, Take, limit_state
+from hermes.core import DriverError
+from hermes.core.driver import LimitRule, Take
+from hermes.core.drivertools import limit_state
 from hermes.drivers.postgres._schema import Names
 
 if TYPE_CHECKING:

@@ -10,7 +10,8 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from hermes.core import ConfigurationError, hookimpl
-from hermes.core.driver import Driver, DriverPlugin, DriverUrl, TlsOptions
+from hermes.core.driver import Driver, DriverPlugin, DriverUrl
+from hermes.core.drivertools import TlsOptions
 from hermes.drivers.postgres._capabilities import (
     CAPABILITIES,
     LEASE_TIMEOUT_S,

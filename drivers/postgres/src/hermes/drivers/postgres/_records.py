@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
-from hermes.core.driver import BrowsePage, PerProcess
+from hermes.core.driver import BrowsePage
+from hermes.core.drivertools import PerProcess
 from hermes.drivers.postgres._schema import Names
 
 if TYPE_CHECKING:

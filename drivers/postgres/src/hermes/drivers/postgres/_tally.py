@@ -35,7 +35,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from hermes.core.driver import DriverError
+from hermes.core import DriverError
 from hermes.drivers.postgres._limits import _pipeline, _roll_back
 from hermes.drivers.postgres._schema import Names
 

@@ -11,7 +11,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from pika import exceptions as pika_exc
 
-from hermes.core.driver import AckBatch, Consumer, DriverError, Handover, PerProcess, Received
+from hermes.core import DriverError
+from hermes.core.driver import Consumer, Received
+from hermes.core.drivertools import AckBatch, Handover, PerProcess
 from hermes.drivers.rabbitmq._delay import DUE_TOLERANCE_S
 from hermes.drivers.rabbitmq._errors import close_quietly, declaring, describe
 from hermes.drivers.rabbitmq._quorum import delivery_count
@@ -62,13 +64,13 @@ class RabbitMqConsumer(Consumer):
       in a handler or undelivered (else one per tag). They go out once half
       the prefetch window is acknowledged, before the consumer waits on the
       socket, when one has waited a tenth of a second, and in :meth:`close`
-      (core's :class:`~hermes.core.driver.AckBatch`).
+      (core's :class:`~hermes.core.drivertools.AckBatch`).
       At prefetch 50 that is one frame per 25 messages instead of 25. A
       requeue or a reject goes out at once.
     * pika's connection is not thread-safe. The thread that last called
       :meth:`receive` (or :meth:`service` or :meth:`close`) owns it; :meth:`ack`,
       :meth:`release` and :meth:`reject` go through core's
-      :class:`~hermes.core.driver.Handover`: on that thread they settle at
+      :class:`~hermes.core.drivertools.Handover`: on that thread they settle at
       once; from another thread they are queued for it and wake it
       (``connection.add_callback_threadsafe``), so it sends them from inside
       its wait on the socket, or before its next receive. A delivery from a

@@ -14,17 +14,9 @@ from urllib.parse import quote
 import pika
 from pika import exceptions as pika_exc
 
-from hermes.core.driver import (
-    DEFAULT_PRIORITY,
-    ConfigurationError,
-    Consumer,
-    Delay,
-    Driver,
-    DriverError,
-    Outgoing,
-    PerProcess,
-    QueueStats,
-)
+from hermes.core import ConfigurationError, DriverError
+from hermes.core.driver import DEFAULT_PRIORITY, Consumer, Delay, Driver, Outgoing, QueueStats
+from hermes.core.drivertools import PerProcess
 from hermes.drivers.rabbitmq._capabilities import CAPABILITIES
 from hermes.drivers.rabbitmq._consumer import RabbitMqConsumer
 from hermes.drivers.rabbitmq._delay import (
@@ -81,7 +73,7 @@ _IDLE_CHECK_S = 1.0
 class _Publisher:
     """This process's sending side: one connection, opened on first use, used under :attr:`lock`.
 
-    Made per process (:class:`~hermes.core.driver.PerProcess`), so a forked child
+    Made per process (:class:`~hermes.core.drivertools.PerProcess`), so a forked child
     gets its own connection and its own lock, free even if a thread of the
     parent held the parent's at the fork.
     """

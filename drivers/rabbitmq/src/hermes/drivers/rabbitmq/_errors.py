@@ -16,14 +16,8 @@ from typing import Any
 from pika import exceptions as pika_exc
 from pika.adapters.utils.connection_workflow import AMQPConnectorException
 
-from hermes.core.driver import (
-    BrokerRefusedError,
-    BrokerUnavailableError,
-    CertificateRefusedError,
-    ConfigurationError,
-    DriverError,
-    error_text,
-)
+from hermes.core import BrokerRefusedError, BrokerUnavailableError, ConfigurationError, DriverError
+from hermes.core.drivertools import CertificateRefusedError, error_text
 
 logger = logging.getLogger("hermes.drivers.rabbitmq")
 

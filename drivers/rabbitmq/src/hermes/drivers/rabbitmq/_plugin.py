@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
 from hermes.core import ConfigurationError, hookimpl, redact_url
-from hermes.core.driver import DriverPlugin, DriverUrl, TlsOptions
+from hermes.core.driver import DriverPlugin, DriverUrl
+from hermes.core.drivertools import TlsOptions
 from hermes.drivers.rabbitmq._capabilities import CAPABILITIES
 
 if TYPE_CHECKING:

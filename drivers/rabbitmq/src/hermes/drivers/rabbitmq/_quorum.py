@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from hermes.core.driver import ConfigurationError
+from hermes.core import ConfigurationError
 
 #: The queue argument that picks a queue's type, and the type that counts.
 QUEUE_TYPE = "x-queue-type"

@@ -27,18 +27,20 @@ from hermes.core import (
     DriverError,
 )
 from hermes.core.driver import (
-    AckBatch,
     BrowsePage,
-    CertificateRefusedError,
     Consumer,
     Delivery,
     Driver,
-    LeaseKeeper,
     LimitRule,
     Outgoing,
     QueueStats,
     Received,
     Take,
+)
+from hermes.core.drivertools import (
+    AckBatch,
+    CertificateRefusedError,
+    LeaseKeeper,
     error_text,
     owner_id,
 )
@@ -890,7 +892,7 @@ class _LeasingConsumer(_RedisConsumer):
       only one worker puts a body back, and the set hands it to one worker.
     * The lease is the consumer's, not each message's: its owner id in
       :func:`inflight_key` with a deadline, which core's
-      :class:`~hermes.core.driver.LeaseKeeper` renews on a daemon thread
+      :class:`~hermes.core.drivertools.LeaseKeeper` renews on a daemon thread
       :data:`RENEWALS_PER_LEASE` times per lease timeout (one script call,
       however many messages are held), so a handler that runs longer than the
       lease keeps its message. A worker that dies stops renewing; its lease

@@ -1,15 +1,15 @@
 """Fleet-wide limits on Redis: one JSON state per limit key, changed by one script call.
 
 ``<key>_limit:<limit key>`` holds the key's state as
-:func:`hermes.core.driver.limit_state.encode` writes it. Taking a slot,
+:func:`hermes.core.drivertools.limit_state.encode` writes it. Taking a slot,
 releasing it and renewing it are each one script call that reads the state,
 reads the server's clock (``TIME``: one clock for every worker of the fleet),
-runs the same steps as :func:`~hermes.core.driver.limit_state.take`,
-:func:`~hermes.core.driver.limit_state.release` or
-:func:`~hermes.core.driver.limit_state.renew`, and writes the state back,
+runs the same steps as :func:`~hermes.core.drivertools.limit_state.take`,
+:func:`~hermes.core.drivertools.limit_state.release` or
+:func:`~hermes.core.drivertools.limit_state.renew`, and writes the state back,
 atomically among any number of clients.
 
-A state is kept :func:`~hermes.core.driver.limit_state.keep_for` seconds
+A state is kept :func:`~hermes.core.drivertools.limit_state.keep_for` seconds
 (until no slot is held and no turn is promised) plus :data:`GRACE_S`, so a
 key used again soon still knows how long its slots were held. The sorted set
 ``<key>_limits`` lists the limit keys, each scored by the server time until
@@ -29,7 +29,8 @@ from typing import Any
 
 import redis
 
-from hermes.core.driver import LimitRule, Take, limit_state
+from hermes.core.driver import LimitRule, Take
+from hermes.core.drivertools import limit_state
 from hermes.drivers.redis import _scripts
 
 #: Seconds a state is kept after it stops saying anything.

@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from hermes.core import ConfigurationError, Shutdown, hookimpl
-from hermes.core.driver import Driver, DriverPlugin, DriverUrl, TlsOptions
+from hermes.core.driver import Driver, DriverPlugin, DriverUrl
+from hermes.core.drivertools import TlsOptions
 from hermes.drivers.redis._capabilities import CAPABILITIES
 
 if TYPE_CHECKING:

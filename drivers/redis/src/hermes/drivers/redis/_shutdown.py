@@ -8,7 +8,7 @@ from typing import Any
 
 import redis
 
-from hermes.core.driver import SHUTDOWN_CHECK_INTERVAL_S
+from hermes.core.drivertools import SHUTDOWN_CHECK_INTERVAL_S
 
 logger = logging.getLogger("hermes.drivers.redis")
 

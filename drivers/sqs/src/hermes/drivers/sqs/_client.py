@@ -18,7 +18,7 @@ from botocore.exceptions import SSLError as BotoSslError
 from urllib3.util.ssl_match_hostname import CertificateError as HostnameMismatch
 
 from hermes.core import BrokerRefusedError, BrokerUnavailableError, DriverError
-from hermes.core.driver import CertificateRefusedError
+from hermes.core.drivertools import CertificateRefusedError
 
 #: What boto3 raises when this client may never use SQS: no usable keys or no
 #: region. Retrying cannot help; a worker stops (``hermes`` exits 2).

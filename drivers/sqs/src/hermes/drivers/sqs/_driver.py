@@ -25,17 +25,8 @@ from hermes.core import (
     Message,
     redact_url,
 )
-from hermes.core.driver import (
-    CertificateRefusedError,
-    Consumer,
-    Delay,
-    Driver,
-    Outgoing,
-    PerProcess,
-    QueueStats,
-    Received,
-    current_received,
-)
+from hermes.core.driver import Consumer, Delay, Driver, Outgoing, QueueStats, Received
+from hermes.core.drivertools import CertificateRefusedError, PerProcess, current_received
 from hermes.drivers.sqs._capabilities import CAPABILITIES, MAX_MESSAGE_BYTES
 from hermes.drivers.sqs._client import (
     CLIENT_ERRORS,
@@ -89,7 +80,7 @@ def current_delivery() -> SqsDelivery | None:
     """The :class:`SqsDelivery` of the message being handled on this thread, else None.
 
     Core's worker loop marks the message whose handlers run on each thread
-    (:func:`hermes.core.driver.current_received`); this reads its SQS facts, on any
+    (:func:`hermes.core.drivertools.current_received`); this reads its SQS facts, on any
     handler thread of a worker with several handlers at once.
     """
     received = current_received()
@@ -213,7 +204,7 @@ class AmazonSqsDriver(Driver):
     still runs when the worker's grace period ends is left as it is: it
     becomes visible once its visibility timeout runs out, not before.
 
-    With ``heartbeat`` (the default) core's :class:`~hermes.core.driver.LeaseKeeper`
+    With ``heartbeat`` (the default) core's :class:`~hermes.core.drivertools.LeaseKeeper`
     renews the visibility of every message the worker holds -- buffered or
     in a handler -- whenever less than half of the timeout is left, so a
     long handler is never handed to a second worker; a dead worker stops

@@ -9,7 +9,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hermes.core.driver import Driver, LeaseKeeper, error_text
+from hermes.core.driver import Driver
+from hermes.core.drivertools import LeaseKeeper, error_text
 
 logger = logging.getLogger("hermes.drivers.sqs")
 
