@@ -28,31 +28,25 @@ from typing import Any, TypeVar
 import pymysql
 import pymysql.err
 
+from hermes.core import BrokerRefusedError, BrokerUnavailableError, DeliveryError, DriverError
 from hermes.core.driver import (
     DEFAULT_PRIORITY,
-    BrokerRefusedError,
-    BrokerUnavailableError,
     BrowsePage,
     Capabilities,
     Consumer,
     Delay,
     Delivery,
-    DeliveryError,
     Driver,
-    DriverError,
     DriverPlugin,
     DriverUrl,
-    LeaseKeeper,
     LimitRule,
     Outgoing,
-    PerProcess,
     QueueStats,
     Received,
     Take,
     hookimpl,
-    limit_state,
-    owner_id,
 )
+from hermes.core.drivertools import LeaseKeeper, PerProcess, limit_state, owner_id
 
 log = logging.getLogger("hermes.drivers.mariadb")
 

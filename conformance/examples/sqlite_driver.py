@@ -17,24 +17,21 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from hermes.core import BrokerRefusedError, BrokerUnavailableError, DriverError
 from hermes.core.driver import (
     DEFAULT_PRIORITY,
-    BrokerRefusedError,
-    BrokerUnavailableError,
     Capabilities,
     Consumer,
     Delay,
     Delivery,
     Driver,
-    DriverError,
     DriverPlugin,
     DriverUrl,
-    LeaseKeeper,
     Outgoing,
-    PerProcess,
     Received,
     hookimpl,
 )
+from hermes.core.drivertools import LeaseKeeper, PerProcess
 
 #: A taken row is handed out again this long after its worker stopped renewing it.
 LEASE_S = 3.0

@@ -28,16 +28,9 @@ from contextlib import closing
 from dataclasses import replace
 from typing import Any
 
-from hermes.core import DEFAULT_PRIORITY, Message, hookimpl
-from hermes.core.driver import (
-    BrowsePage,
-    Consumer,
-    DriverError,
-    DriverPlugin,
-    Outgoing,
-    Received,
-    outgoing,
-)
+from hermes.core import DEFAULT_PRIORITY, DriverError, Message, hookimpl
+from hermes.core.driver import BrowsePage, Consumer, DriverPlugin, Outgoing, Received
+from hermes.core.drivertools import outgoing
 from hermes.core.spi._memory import MemoryDriver, _Lease, _MemoryConsumer
 
 

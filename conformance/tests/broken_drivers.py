@@ -40,14 +40,12 @@ from hermes.core.driver import (
     Driver,
     DriverPlugin,
     DriverUrl,
-    MessageSerializer,
     Outgoing,
     QueueStats,
     Received,
     SupportsTeardown,
-    isolated_url,
-    outgoing,
 )
+from hermes.core.drivertools import MessageSerializer, isolated_url, outgoing
 from hermes.core.spi._memory import MemoryDriver
 
 

@@ -21,7 +21,8 @@ from dataclasses import replace
 from broken_claim import BrokenMemory, describe_variant, memory_plugin
 
 from hermes.core import hookimpl
-from hermes.core.driver import DriverPlugin, LimitRule, Take, limit_state
+from hermes.core.driver import DriverPlugin, LimitRule, Take
+from hermes.core.drivertools import limit_state
 from hermes.core.spi._memory import MemoryDriver
 
 

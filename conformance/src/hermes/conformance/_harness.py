@@ -57,8 +57,8 @@ from hermes.core.driver import (
     DriverUrl,
     Received,
     SupportsTeardown,
-    isolated_url,
 )
+from hermes.core.drivertools import isolated_url
 
 #: A message sent to a running worker (or before it starts) is handled within this.
 DELIVERY_S = 10.0

@@ -71,8 +71,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="append",
         default=[],
         metavar="MODULE",
-        help="import MODULE and register it with hermes.core.driver.plugin_manager(), here and in "
-        "the kit's worker processes: for a driver not installed as an entry point",
+        help="import MODULE and register it with hermes.core.drivertools.plugin_manager(), "
+        "here and in the kit's worker processes: for a driver not installed as an entry point",
     )
     group.addoption(
         "--hermes-strict",

@@ -32,15 +32,8 @@ import pytest
 
 from hermes.conformance._harness import CLOSE_S, Kit, call_within, namespace_for, scaled, wait_until
 from hermes.core import connect
-from hermes.core.driver import (
-    Driver,
-    LimitRule,
-    SupportsLimits,
-    SupportsTeardown,
-    Take,
-    isolated_url,
-    limit_state,
-)
+from hermes.core.driver import Driver, LimitRule, SupportsLimits, SupportsTeardown, Take
+from hermes.core.drivertools import isolated_url, limit_state
 
 #: The rate of the rate checks, one start per this (scaled), and how far a turn
 #: may be from where it belongs beyond what the calls' own durations explain.

@@ -21,7 +21,7 @@ import pytest
 from hermes.conformance._harness import DELIVERY_S, QUIET_S, Kit, stays_false, wait_until
 from hermes.conformance._worker import JOB
 from hermes.core import DeliveryError, Message
-from hermes.core.driver import MessageSerializer
+from hermes.core.drivertools import MessageSerializer
 
 
 def _of_size(size: int) -> Message:

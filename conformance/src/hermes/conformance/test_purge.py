@@ -27,8 +27,8 @@ from hermes.conformance._harness import (
     wait_until,
 )
 from hermes.conformance.test_settles import _BlocksThenFails
-from hermes.core import DEFAULT_PRIORITY, Message
-from hermes.core.driver import Delay, Delivery, DriverError, SupportsPurge, SupportsStats
+from hermes.core import DEFAULT_PRIORITY, DriverError, Message
+from hermes.core.driver import Delay, Delivery, SupportsPurge, SupportsStats
 
 _HIGH = 200
 _READY = 3

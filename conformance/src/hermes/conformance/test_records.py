@@ -48,8 +48,8 @@ from hermes.core.driver import (
     SupportsRecords,
     SupportsRecordWatch,
     SupportsTeardown,
-    isolated_url,
 )
+from hermes.core.drivertools import isolated_url
 
 T = TypeVar("T")
 

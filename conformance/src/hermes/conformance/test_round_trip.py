@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from hermes.conformance._harness import DELIVERY_S, QUIET_S, Kit, fields, stays_false, wait_until
 from hermes.conformance._worker import JOB
 from hermes.core import Emitter, Message, SerializeError
-from hermes.core.driver import MessageSerializer
+from hermes.core.drivertools import MessageSerializer
 
 _json_scalars = (
     st.none()

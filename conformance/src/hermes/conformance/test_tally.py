@@ -28,7 +28,8 @@ from hermes.conformance._harness import (
     wait_until,
 )
 from hermes.core import connect
-from hermes.core.driver import Driver, SupportsTally, SupportsTeardown, isolated_url
+from hermes.core.driver import Driver, SupportsTally, SupportsTeardown
+from hermes.core.drivertools import isolated_url
 
 #: Threads adding at once, and the distinct members each adds.
 _THREADS = 8
