@@ -59,7 +59,8 @@ import redis
 import services
 
 from hermes.core import Emitter, Limit, Message, connect
-from hermes.core.driver import Driver, SupportsStats, isolated_url
+from hermes.core.driver import Driver, SupportsStats
+from hermes.core.drivertools import isolated_url
 
 #: The limit A is held to, and the bounds stated for it.
 RATE = 50.0

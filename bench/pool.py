@@ -43,7 +43,7 @@ from bench.run import (
     worker,
 )
 from hermes.core import connect
-from hermes.core.driver import isolated_url
+from hermes.core.drivertools import isolated_url
 
 HERMES_1 = "hermes worker --processes 1"
 HERMES_2 = "hermes worker --processes 2"

@@ -82,7 +82,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 import services
 
 from hermes.core import Emitter, Message, connect
-from hermes.core.driver import isolated_url
+from hermes.core.drivertools import isolated_url
 from hermes.core.jobs import Jobs
 
 OFF = "hermes worker"

@@ -49,7 +49,8 @@ PERFORMANCE_PAGE = ROOT / "docs" / "performance.md"
 
 from bench.hermes_cli import block_observers, observers  # noqa: E402
 from hermes.core import Emitter, Message, connect  # noqa: E402
-from hermes.core.driver import Delay, DriverUrl, SupportsTeardown, isolated_url  # noqa: E402
+from hermes.core.driver import Delay, DriverUrl, SupportsTeardown  # noqa: E402
+from hermes.core.drivertools import isolated_url  # noqa: E402
 
 JOBS = ("noop", "incr", "sleep")
 JOB_LABELS = {"noop": "no-op", "incr": "INCR", "sleep": "sleep 20 ms"}

@@ -48,7 +48,7 @@ import redis
 import services
 
 from hermes.core import Emitter, Message, connect
-from hermes.core.driver import isolated_url
+from hermes.core.drivertools import isolated_url
 from hermes.core.jobs import Jobs
 from hermes.core.workflows import Workflows, chain, group, job
 

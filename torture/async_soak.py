@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 import services  # noqa: E402
 
 from hermes.core import connect  # noqa: E402
-from hermes.core.driver import isolated_url  # noqa: E402
+from hermes.core.drivertools import isolated_url  # noqa: E402
 from torture import soak as sigkill  # noqa: E402 - this module has a soak() of its own
 
 WORKERS = 3

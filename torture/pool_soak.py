@@ -56,7 +56,8 @@ sys.path.insert(0, str(ROOT / "tools"))
 import services  # noqa: E402
 
 from hermes.core import Message, connect  # noqa: E402
-from hermes.core.driver import SupportsPurge, SupportsTeardown, isolated_url  # noqa: E402
+from hermes.core.driver import SupportsPurge, SupportsTeardown  # noqa: E402
+from hermes.core.drivertools import isolated_url  # noqa: E402
 
 PROCESSES = 2
 CONCURRENCY = 4

@@ -63,13 +63,8 @@ import services  # noqa: E402
 from readme import replace_section  # noqa: E402
 
 from hermes.core import Emitter, HermesError, Message, connect  # noqa: E402
-from hermes.core.driver import (  # noqa: E402
-    Delivery,
-    Driver,
-    SupportsPurge,
-    SupportsTeardown,
-    isolated_url,
-)
+from hermes.core.driver import Delivery, Driver, SupportsPurge, SupportsTeardown  # noqa: E402
+from hermes.core.drivertools import isolated_url  # noqa: E402
 
 WORKERS = 3
 #: Handlers at once in each worker of the second run per driver.

@@ -36,7 +36,8 @@ from hermes.core import (
     Worker,
     connect,
 )
-from hermes.core.driver import DriverUrl, MessageSerializer, SupportsTeardown, isolated_url
+from hermes.core.driver import DriverUrl, SupportsTeardown
+from hermes.core.drivertools import MessageSerializer, isolated_url
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = int(os.environ.get("HERMES_TORTURE_EXAMPLES", "1000"))

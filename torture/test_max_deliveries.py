@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 
 from hermes.core import FailedStore, Message, connect
-from hermes.core.driver import DriverUrl, SupportsTeardown, isolated_url
+from hermes.core.driver import DriverUrl, SupportsTeardown
+from hermes.core.drivertools import isolated_url
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Service name -> options that bring a dead worker's message back within about a second.

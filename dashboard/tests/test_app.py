@@ -22,7 +22,8 @@ import pytest
 from dash_support import eventually
 
 from hermes.core import ExceptionRecord, FailedMessage, FailedStore, Message
-from hermes.core.driver import MemoryDriver, QueueStats
+from hermes.core.driver import QueueStats
+from hermes.core.drivertools import MemoryDriver
 from hermes.core.jobs import JobError, Jobs, JobState
 from hermes.core.limits import Limit, Limiter
 from hermes.core.spi._registry import driver_for_url

@@ -22,7 +22,8 @@ import pytest
 from dash_support import HERE, eventually, get, serve_dashboard
 
 from hermes.core import Message, connect
-from hermes.core.driver import SupportsHeartbeats, SupportsTeardown, isolated_url
+from hermes.core.driver import SupportsHeartbeats, SupportsTeardown
+from hermes.core.drivertools import isolated_url
 from hermes.core.heartbeat import HeartbeatPublisher
 
 

@@ -23,7 +23,8 @@ from selenium.webdriver.common.by import By
 
 from hermes.core import Emitter, FailedStore, Message, connect
 from hermes.core._cli._common import setup_priorities
-from hermes.core.driver import SupportsStats, isolated_url
+from hermes.core.driver import SupportsStats
+from hermes.core.drivertools import isolated_url
 from hermes.core.jobs import Jobs
 
 WAITING = 10_000

@@ -20,7 +20,7 @@ from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
 
 from hermes.core import Message, connect
-from hermes.core.driver import MemoryDriver
+from hermes.core.drivertools import MemoryDriver
 from hermes.dashboard._app import _environment
 from hermes.dashboard._state import Dashboard, worker_groups
 

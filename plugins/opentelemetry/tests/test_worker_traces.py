@@ -24,7 +24,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from hermes.core import Emitter, Message, connect
-from hermes.core.driver import isolated_url
+from hermes.core.drivertools import isolated_url
 from hermes.plugins.opentelemetry import _tracing
 
 HERE = Path(__file__).parent

@@ -20,7 +20,7 @@ from prometheus_client import REGISTRY
 from hermes.core import Dispatcher as CoreDispatcher
 from hermes.core import Emitter, Limit, Message, RetryableHandler, RetryMixin, Worker, connect
 from hermes.core.compat import Dispatcher
-from hermes.core.driver import MemoryDriver
+from hermes.core.drivertools import MemoryDriver
 from hermes.core.jobs import Jobs
 
 DEADLINE_S = 30.0

@@ -18,12 +18,11 @@ from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from hermes.core import FailedMessage, FailedStore, HermesError, Message, redact_url
+from hermes.core import FailedMessage, FailedStore, HermesError, Message, SerializeError, redact_url
 from hermes.core.driver import (
     Driver,
     QueueBrowser,
     QueueStats,
-    SerializeError,
     SupportsHeartbeats,
     SupportsPurge,
     SupportsRecords,
@@ -652,7 +651,7 @@ class Dashboard:
         return (failed / total if total else None), handled, failed
 
     def _decode(self, body: bytes | str) -> Message:
-        from hermes.core.driver import MessageSerializer
+        from hermes.core.drivertools import MessageSerializer
 
         return MessageSerializer().unserialize(body)
 

@@ -17,7 +17,8 @@ from prometheus_client import (
 )
 
 from hermes.core import connect, redact_url
-from hermes.core.driver import Door, SupportsStats
+from hermes.core.driver import SupportsStats
+from hermes.core.drivertools import Door
 
 logger = logging.getLogger("hermes.plugins.prometheus")
 
