@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from hermes.core import DEFAULT_PRIORITY, Message
-from hermes.core.driver import MemoryDriver
+from hermes.core.drivertools import MemoryDriver
 from hermes.core.spi._consumer import decode
 
 _names = itertools.count()

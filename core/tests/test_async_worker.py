@@ -31,7 +31,8 @@ from hermes.core import (
     hookimpl,
 )
 from hermes.core.app._invoke import Awaiting, EventLoopThread
-from hermes.core.driver import Consumer, MemoryDriver, Received, isolated_url
+from hermes.core.driver import Consumer, Received
+from hermes.core.drivertools import MemoryDriver, isolated_url
 from hermes.core.jobs import Jobs, JobState, current_job
 from hermes.core.run import _worker
 from hermes.core.run._worker import handler_mix

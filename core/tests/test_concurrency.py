@@ -21,7 +21,8 @@ from hermes.core import (
     compat,
 )
 from hermes.core.compat import Dispatcher
-from hermes.core.driver import Consumer, MemoryDriver, Received
+from hermes.core.driver import Consumer, Received
+from hermes.core.drivertools import MemoryDriver
 
 from .conftest import RecordingDriver
 

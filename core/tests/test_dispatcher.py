@@ -26,7 +26,8 @@ from hermes.core import (
 )
 from hermes.core.app._dispatcher import readable_time
 from hermes.core.compat import Dispatcher
-from hermes.core.driver import Delay, MemoryDriver
+from hermes.core.driver import Delay
+from hermes.core.drivertools import MemoryDriver
 from hermes.core.run._worker import NOTICE
 from hermes.core.testing import scheduled
 

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from hermes.core import DEFAULT_PRIORITY, Emitter, Message, UnknownPriorityError
-from hermes.core.driver import MemoryDriver, Outgoing
+from hermes.core.driver import Outgoing
+from hermes.core.drivertools import MemoryDriver
 
 
 def test_the_default_priority_is_100() -> None:

@@ -30,7 +30,7 @@ from hermes.core.app._failed import (
     FailedMessageSerializer,
 )
 from hermes.core.compat import Dispatcher
-from hermes.core.driver import MemoryDriver, MessageSerializer
+from hermes.core.drivertools import MemoryDriver, MessageSerializer
 from hermes.core.spi._memory import _MemoryBrowser as MemoryBrowser
 
 

@@ -20,7 +20,7 @@ from hermes.core import (
 )
 from hermes.core.app._handler import FunctionHandler, RetryableFunctionHandler
 from hermes.core.app._retry import next_retry
-from hermes.core.driver import MemoryDriver
+from hermes.core.drivertools import MemoryDriver
 from hermes.core.model._errors import HandlerResultError
 
 

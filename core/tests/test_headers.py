@@ -21,7 +21,7 @@ from hermes.core import (
     hookimpl,
 )
 from hermes.core.app._failed import FailedMessageSerializer
-from hermes.core.driver import MessageSerializer
+from hermes.core.drivertools import MessageSerializer
 from hermes.core.spi._registry import plugin_manager
 from hermes.core.testing import drain, scheduled
 

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from hermes.core import Emitter, Message, Worker
+from hermes.core import BrokerUnavailableError, Emitter, Message, NotSupportedError, Worker
 from hermes.core._cli._workers import duration, table
-from hermes.core.driver import BrokerUnavailableError, MemoryDriver, NotSupportedError
+from hermes.core.drivertools import MemoryDriver
 from hermes.core.heartbeat import (
     HeartbeatPublisher,
     live_workers,

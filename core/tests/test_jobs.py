@@ -15,7 +15,8 @@ import pytest
 
 from hermes.core import Dispatcher, Emitter, Message, Result, Worker, hookimpl
 from hermes.core.app import _jobs as jobs_module
-from hermes.core.driver import MemoryDriver, SupportsTeardown, isolated_url
+from hermes.core.driver import SupportsTeardown
+from hermes.core.drivertools import MemoryDriver, isolated_url
 from hermes.core.heartbeat import HeartbeatPublisher
 from hermes.core.jobs import (
     JobRecord,

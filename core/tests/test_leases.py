@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from hermes.core.driver import AckBatch, Handover, MemoryDriver
+from hermes.core.drivertools import AckBatch, Handover, MemoryDriver
 
 
 def test_a_settle_on_the_owner_runs_at_once_and_one_from_another_thread_waits_and_wakes() -> None:

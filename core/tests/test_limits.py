@@ -33,7 +33,8 @@ from hermes.core import (
 from hermes.core.app import _limits as limits_module
 from hermes.core.app._limits import LIMIT_HEADER, Deferred, Limiter, parse_limit, parse_rate
 from hermes.core.cli import main
-from hermes.core.driver import Delay, LimitRule, MemoryDriver, limit_state
+from hermes.core.driver import Delay, LimitRule
+from hermes.core.drivertools import MemoryDriver, limit_state
 from hermes.core.spi._registry import plugin_manager
 
 _modules = itertools.count()

@@ -20,15 +20,8 @@ from hermes.core import (
     compat,
     connect,
 )
-from hermes.core.driver import (
-    Delay,
-    Delivery,
-    MemoryDriver,
-    MessageSerializer,
-    SupportsPurge,
-    SupportsTeardown,
-    isolated_url,
-)
+from hermes.core.driver import Delay, Delivery, SupportsPurge, SupportsTeardown
+from hermes.core.drivertools import MemoryDriver, MessageSerializer, isolated_url
 from hermes.core.run._worker import StopConditions
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from hermes.core import Emitter, Message, Worker
-from hermes.core.driver import MemoryDriver
+from hermes.core.drivertools import MemoryDriver
 from hermes.core.heartbeat import HeartbeatPublisher, live_workers, pause, paused_priorities, resume
 from hermes.core.run._heartbeat import PAUSED_KEY
 

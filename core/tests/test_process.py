@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import socket
 
-from hermes.core.driver import owner_id
+from hermes.core.drivertools import owner_id
 
 
 def test_an_owner_id_names_the_host_and_the_process_and_is_new_each_time() -> None:

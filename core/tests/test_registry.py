@@ -30,7 +30,8 @@ from hermes.core import (
     hookspecs,
 )
 from hermes.core.compat import Dispatcher
-from hermes.core.driver import DriverPlugin, DriverUrl, MemoryDriver, isolated_url
+from hermes.core.driver import DriverPlugin, DriverUrl
+from hermes.core.drivertools import MemoryDriver, isolated_url
 from hermes.core.model._errors import UnknownDriverError
 from hermes.core.spi import _entry_points, _memory, _registry
 from hermes.core.spi._entry_points import EntryPoint

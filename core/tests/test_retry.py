@@ -12,7 +12,7 @@ import pytest
 from hermes.core import DEFAULT_PRIORITY, Emitter, Message, RetryableHandler, RetryMixin, compat
 from hermes.core.app._retry import next_retry
 from hermes.core.compat import Dispatcher
-from hermes.core.driver import MemoryDriver
+from hermes.core.drivertools import MemoryDriver
 
 
 class Flaky(RetryMixin, RetryableHandler):

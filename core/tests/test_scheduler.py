@@ -12,7 +12,7 @@ from collections import Counter
 import pytest
 
 from hermes.core import Message, NotSupportedError, hookimpl
-from hermes.core.driver import MessageSerializer
+from hermes.core.drivertools import MessageSerializer
 from hermes.core.schedule import LocalClaims, Schedule, Scheduler
 from hermes.core.spi._memory import MemoryDriver
 from hermes.core.spi._registry import plugin_manager

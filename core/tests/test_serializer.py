@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hermes.core import Emitter, Message, SerializeError
-from hermes.core.driver import MemoryDriver, MessageSerializer, Serializer
+from hermes.core.drivertools import MemoryDriver, MessageSerializer, Serializer
 
 serializer = MessageSerializer()
 

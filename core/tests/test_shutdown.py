@@ -18,7 +18,7 @@ import pytest
 
 from hermes.core import Emitter, Message, SharedFileShutdown, Shutdown, compat
 from hermes.core.compat import Dispatcher
-from hermes.core.driver import MemoryDriver
+from hermes.core.drivertools import MemoryDriver
 from hermes.core.run._worker import NOTICE
 
 # SharedFileShutdown --------------------------------------------------------------------

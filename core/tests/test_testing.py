@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from hermes.core import DEFAULT_PRIORITY, Dispatcher, Emitter, Message, SharedFileShutdown
-from hermes.core.driver import Consumer, Driver, MemoryDriver, Outgoing
+from hermes.core.driver import Consumer, Driver, Outgoing
+from hermes.core.drivertools import MemoryDriver
 from hermes.core.testing import drain, due, scheduled
 
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from hermes.core import BrokerRefusedError, ConfigurationError
-from hermes.core.driver import CertificateRefusedError, DriverUrl, TlsOptions
+from hermes.core.driver import DriverUrl
+from hermes.core.drivertools import CertificateRefusedError, TlsOptions
 
 trustme = pytest.importorskip("trustme")
 

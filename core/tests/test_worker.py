@@ -23,7 +23,8 @@ from hermes.core import (
     hookimpl,
 )
 from hermes.core.app._failed import FailedMessageSerializer
-from hermes.core.driver import Consumer, Driver, MemoryDriver, Received
+from hermes.core.driver import Consumer, Driver, Received
+from hermes.core.drivertools import MemoryDriver
 from hermes.core.spi._registry import plugin_manager
 
 
@@ -382,7 +383,7 @@ def test_max_deliveries_off_or_under_the_limit_hands_the_message_over(
     counts: list[int | None] = []
 
     def handler(message: Message) -> None:
-        from hermes.core.driver import current_received
+        from hermes.core.drivertools import current_received
 
         received = current_received()
         counts.append(received.delivery_count if received else None)

@@ -15,7 +15,8 @@ import hermes_test_services as services
 import pytest
 
 from hermes.core import Dispatcher, Message, Result, Worker, connect
-from hermes.core.driver import Driver, MemoryDriver, SupportsTeardown, isolated_url
+from hermes.core.driver import Driver, SupportsTeardown
+from hermes.core.drivertools import MemoryDriver, isolated_url
 from hermes.core.jobs import Jobs, JobState
 from hermes.core.workflows import (
     FANOUT,

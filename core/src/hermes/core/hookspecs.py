@@ -59,7 +59,7 @@ def hermes_drivers() -> Sequence[DriverPlugin]:  # type: ignore[empty-body]
     """Return the drivers this plugin provides, one :class:`DriverPlugin` each.
 
     Called by :func:`hermes.core.connect`, :func:`hermes.core.available_drivers`
-    and :func:`hermes.core.driver.isolated_url`, on every call (so a plugin registered
+    and :func:`hermes.core.drivertools.isolated_url`, on every call (so a plugin registered
     later is seen): return the same drivers each time, cheaply. Every result of
     every plugin is collected; two plugins claiming one URL scheme is an error
     that names both.

@@ -23,7 +23,7 @@ imports the application, every new child -- after SIGHUP or ``--reload`` --
 runs the code as it is on disk now. An import error is still found before the
 pool runs: the first child exits 2 and the supervisor ends the pool with that
 line. Drivers are connected in each child, after the fork; their clients are
-per process (:class:`~hermes.core.driver.PerProcess`) anyway, and each child
+per process (:class:`~hermes.core.drivertools.PerProcess`) anyway, and each child
 makes its own Dispatcher and so its own event loop for async handlers.
 
 Why the supervisor runs no thread: ``fork()`` copies only the calling thread,

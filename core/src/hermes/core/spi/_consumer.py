@@ -118,7 +118,7 @@ class Consumer(ABC):
       another thread than the one that received the message, and while
       another thread receives; a client that is not thread-safe hands the
       call to the thread that receives now
-      (:class:`~hermes.core.driver.Handover`). They raise :class:`BrokerUnavailableError` when
+      (:class:`~hermes.core.drivertools.Handover`). They raise :class:`BrokerUnavailableError` when
       the broker is gone; core logs it and goes on (an at-least-once broker
       delivers the message again). Core translates around every call:
       raising the client's own exceptions is fine.

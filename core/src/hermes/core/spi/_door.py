@@ -7,8 +7,8 @@ them. It declares which of those mean what (``refused_errors``,
 ``unavailable_errors``, ``client_errors``, ``classify_error``); core turns
 them into Hermes errors, with a line saying what was being done, at the one
 place it calls in: a :class:`Door` for sends and optional features, the
-Worker around a consumer's calls, and the :class:`~hermes.core.driver.LeaseKeeper`
-and :class:`~hermes.core.driver.Handover` around what they run for a driver.
+Worker around a consumer's calls, and the :class:`~hermes.core.drivertools.LeaseKeeper`
+and :class:`~hermes.core.drivertools.Handover` around what they run for a driver.
 """
 
 from __future__ import annotations
