@@ -9,6 +9,7 @@ from pathlib import Path
 
 import hermes.core
 import hermes.core.driver
+import hermes.core.drivertools
 from hermes.core import Dispatcher, Emitter, Message
 
 REQUIRED = {
@@ -17,12 +18,24 @@ REQUIRED = {
     "SharedFileShutdown", "HermesError", "SerializeError", "NotSupportedError",
     "UnknownPriorityError", "BrokerRefusedError", "Outcome", "connect", "available_drivers",
 }  # fmt: skip
-#: What a driver author needs, in its own module.
-DRIVER_AUTHORS = {
-    "Driver", "Consumer", "Received", "Outgoing", "Capabilities", "Delivery", "Delay",
-    "MessageSerializer", "Serializer", "DriverPlugin", "DriverUrl", "PerProcess",
-    "LeaseKeeper", "Handover", "SupportsStats", "SupportsPurge", "SupportsTeardown",
+#: The driver contract: what a driver author implements and declares, and the
+#: types in those signatures.
+DRIVER_CONTRACT = {
+    "Driver", "Consumer", "Received", "Outgoing", "DriverPlugin", "DriverUrl", "hookimpl",
+    "Capabilities", "Delay", "Delivery", "QueueStats", "BrowsePage", "QueueBrowser",
+    "DEFAULT_PRIORITY", "IDLE_WAIT_S", "SupportsClaim", "SupportsHeartbeats", "SupportsPurge",
+    "SupportsRecordPages", "SupportsRecordWatch", "SupportsRecords", "SupportsStats",
+    "SupportsTally", "SupportsTeardown", "SupportsLimits", "LimitRule", "Take",
 }  # fmt: skip
+#: Core's helpers for a driver.
+DRIVER_TOOLS = {
+    "AckBatch", "Handover", "LeaseKeeper", "PerProcess", "owner_id", "current_received",
+    "TlsOptions", "CertificateRefusedError", "isolated_url", "redact_url", "lazy_exports",
+    "outgoing", "page_of", "limit_state", "error_text", "plugin_manager", "Door",
+    "MessageSerializer", "Serializer", "Message", "SHUTDOWN_CHECK_INTERVAL_S", "MemoryDriver",
+}  # fmt: skip
+#: Names both an application and a driver use, in both modules.
+SHARED = {"DEFAULT_PRIORITY", "hookimpl", "Message", "redact_url"}
 
 
 def test_every_required_name_is_exported_and_importable() -> None:
@@ -33,10 +46,15 @@ def test_every_required_name_is_exported_and_importable() -> None:
 
 def test_application_code_and_driver_authors_have_a_module_each() -> None:
     assert len(hermes.core.__all__) <= 31
-    assert set(hermes.core.driver.__all__) >= DRIVER_AUTHORS
-    assert not set(hermes.core.__all__) & DRIVER_AUTHORS
-    for name in hermes.core.driver.__all__:
-        assert getattr(hermes.core.driver, name) is not None, name
+    assert set(hermes.core.driver.__all__) == DRIVER_CONTRACT
+    assert set(hermes.core.drivertools.__all__) == DRIVER_TOOLS
+    assert not DRIVER_CONTRACT & DRIVER_TOOLS
+    assert not [name for name in DRIVER_TOOLS if hasattr(hermes.core.driver, name)]
+    assert set(hermes.core.__all__) & (DRIVER_CONTRACT | DRIVER_TOOLS) == SHARED
+    for module in (hermes.core.driver, hermes.core.drivertools):
+        assert len(module.__all__) == len(set(module.__all__)), module.__name__
+        for name in module.__all__:
+            assert getattr(module, name) is not None, f"{module.__name__}.{name}"
 
 
 def test_a_driver_author_name_is_not_an_application_name() -> None:
@@ -48,7 +66,7 @@ def test_a_driver_author_name_is_not_an_application_name() -> None:
 
 def test_php_spelling_runs_a_worker_from_the_compat_module() -> None:
     from hermes.core import compat
-    from hermes.core.driver import MemoryDriver
+    from hermes.core.drivertools import MemoryDriver
 
     driver = MemoryDriver()
     Emitter(driver).emit(Message("job", {"n": 1})).emit(Message("job", {"n": 2}))

@@ -4,7 +4,8 @@ A web request :class:`Emitter`-emits a :class:`Message` to a broker and returns;
 a :class:`Worker` takes messages from the broker and its :class:`Dispatcher`
 calls the handlers registered for each message type. Brokers are reached
 through driver plugins: ``connect("redis://localhost:6379/0")``. Driver
-authors import from :mod:`hermes.core.driver`.
+authors import the contract from :mod:`hermes.core.driver` and core's helpers
+for it from :mod:`hermes.core.drivertools`.
 """
 
 from typing import TYPE_CHECKING, Any

@@ -16,15 +16,19 @@ Nothing in Hermes imports this module.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from hermes.core.app._dispatcher import Dispatcher as _Dispatcher
+from hermes.core.model._message import Message
 from hermes.core.run._worker import Worker
-from hermes.core.spi._driver import Callback, Driver
+from hermes.core.spi._driver import Driver
 from hermes.core.spi._shutdown import Shutdown
 
 __all__ = ["Dispatcher", "set_max_process_items", "set_shutdown", "wait"]
+
+#: ``callback(message, priority) -> bool``, what :func:`wait` calls per message.
+Callback = Callable[[Message, int], bool]
 
 
 @dataclass(slots=True)

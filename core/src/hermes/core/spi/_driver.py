@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Protocol, runtime_checkable
@@ -23,9 +23,6 @@ from hermes.core.spi._outgoing import Outgoing
 #: The priority of ``send()`` without one, and the one every driver has a queue for.
 #: A higher number is a higher priority.
 DEFAULT_PRIORITY = 100
-
-#: ``callback(message, priority) -> bool``, what ``Driver.wait`` calls per message.
-Callback = Callable[[Message, int], bool]
 
 
 class Delivery(enum.Enum):
@@ -98,7 +95,7 @@ class Driver(ABC):
 
     * :meth:`put` is safe to call from many threads at once, and a driver
       created before ``os.fork()`` works in the child without sharing the
-      parent's sockets (:class:`~hermes.core.driver.PerProcess` holds such
+      parent's sockets (:class:`~hermes.core.drivertools.PerProcess` holds such
       clients). Bodies the broker did not take raise a :class:`DriverError`;
       none vanishes silently.
     * Broker errors are declared, not mapped by hand: :attr:`refused_errors`
@@ -106,7 +103,7 @@ class Driver(ABC):
       stops with exit 2 and one line), :attr:`unavailable_errors` (the worker
       reconnects with backoff) and :attr:`client_errors` (any other failure).
       Raise the client's exceptions as they come: core translates them at
-      every call it makes into the driver (its :class:`~hermes.core.driver.Door`)
+      every call it makes into the driver (its :class:`~hermes.core.drivertools.Door`)
       and its consumers (the Worker), and around what a ``LeaseKeeper`` or
       ``Handover`` runs, chaining the client's exception as ``__cause__``;
       :meth:`classify_error` decides where one class means two things. Where a
