@@ -280,7 +280,7 @@ WORKER = textwrap.dedent(
     from pathlib import Path
 
     from hermes.core import Dispatcher, Emitter, Message, Worker
-    from hermes.core.driver import MemoryDriver
+    from hermes.core.drivertools import MemoryDriver
 
     logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(levelname)s %(message)s")
     work = Path(sys.argv[1])

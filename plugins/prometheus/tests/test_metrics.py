@@ -225,7 +225,7 @@ def test_metrics_port_without_a_metrics_plugin_says_what_to_install(tmp_path: Pa
     code = textwrap.dedent(
         """
         import sys
-        from hermes.core.driver import plugin_manager
+        from hermes.core.drivertools import plugin_manager
         plugin_manager().unregister(name="prometheus")
         from hermes.core.cli import main
         sys.exit(main(sys.argv[1:]))
