@@ -587,28 +587,28 @@ class _Loop:
 
     def run_serial(self) -> None:
         stop, take, deliver = self.stop, self.take, self.deliver
-        if type(self.consumer).service is Consumer.service:  # nothing to service meanwhile
+        servicing: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+        if _needs_service(self.consumer):
+            # Held while this thread receives, and by the servicer while it services.
+            turn = threading.Lock()
+
+            def turn_for_service() -> bool:
+                if not turn.acquire(blocking=False):
+                    return False  # this thread receives: it keeps the connection alive itself
+                if _handlers_busy(self):
+                    return True
+                turn.release()
+                return False
+
+            def take_in_turn() -> Received | None:
+                with turn:
+                    return self.take()
+
+            take = take_in_turn
+            servicing = _Servicer.running(self, turn_for_service, turn.release)
+        with servicing:
             while not stop.should_stop():
                 received = take()
-                if received is not None:
-                    stop.started += 1
-                    deliver(received)
-            return
-        # Held while this thread receives, and by the servicer while it services.
-        turn = threading.Lock()
-
-        def turn_for_service() -> bool:
-            if not turn.acquire(blocking=False):
-                return False  # this thread receives: it keeps the connection alive itself
-            if _handlers_busy(self):
-                return True
-            turn.release()
-            return False
-
-        with _Servicer.running(self, turn_for_service, turn.release):
-            while not stop.should_stop():
-                with turn:
-                    received = take()
                 if received is not None:
                     stop.started += 1
                     deliver(received)
@@ -989,6 +989,11 @@ class _Coroutines:
                 self.freed()
 
 
+def _needs_service(consumer: Consumer) -> bool:
+    """Whether ``consumer`` asks to be serviced while handlers run (it overrides ``service``)."""
+    return type(consumer).service is not Consumer.service
+
+
 def _handlers_busy(loop: _Loop) -> bool:
     """Whether a handler has run for :data:`SERVICE_INTERVAL_S` (nobody received since)."""
     now = time.time()
@@ -1031,7 +1036,7 @@ class _Servicer:
 
         On leaving, waits for a service in progress: the consumer is closed after.
         """
-        if type(loop.consumer).service is Consumer.service:
+        if not _needs_service(loop.consumer):
             yield
             return
         servicer = cls(loop, take, give_back)
